@@ -1,0 +1,110 @@
+//! Ethernet → (one 802.1Q tag) → IPv4 (IHL honoured) → TCP/UDP ports. Classifies every frame;
+//! never fails. Multi-byte fields are kept in network byte order, as the maps store them.
+#![cfg_attr(not(target_arch = "bpf"), allow(dead_code))]
+
+use lb_common::{PROTO_TCP, PROTO_UDP, counter};
+use network_types::{eth::EthHdr, ip::Ipv4Hdr, tcp::TcpHdr, udp::UdpHdr, vlan::VlanHdr};
+
+use crate::{ptr::read_at, stats};
+
+const ETH_P_IP: u16 = 0x0800;
+const ETH_P_8021Q: u16 = 0x8100;
+/// More-fragments flag and fragment offset bits of the IPv4 `frags` field.
+const IP_MF_OFFSET_MASK: u16 = 0x3fff;
+
+/// Where a TCP or UDP packet is going, in network byte order.
+pub struct Flow {
+    pub daddr: u32,
+    pub dport: u16,
+    pub proto: u8,
+}
+
+pub enum Parsed {
+    /// Not IPv4 (ARP, IPv6, stacked VLAN tags, ...).
+    NotIpv4,
+    /// Truncated or inconsistent headers; `daddr` when the IPv4 header could be read.
+    Malformed {
+        daddr: Option<u32>,
+    },
+    /// An IPv4 fragment (first or later).
+    Fragment {
+        daddr: u32,
+    },
+    /// IPv4 that is neither TCP nor UDP.
+    OtherL4,
+    Flow(Flow),
+}
+
+#[inline(always)]
+pub fn parse(data: usize, data_end: usize) -> Parsed {
+    let Some(eth) = read_at::<EthHdr>(data, data_end, 0) else {
+        return Parsed::Malformed { daddr: None };
+    };
+    let mut ether_type = u16::from_be(eth.ether_type);
+    let mut l3_off = EthHdr::LEN;
+    if ether_type == ETH_P_8021Q {
+        let Some(vlan) = read_at::<VlanHdr>(data, data_end, l3_off) else {
+            return Parsed::Malformed { daddr: None };
+        };
+        stats::count(counter::VLAN);
+        ether_type = u16::from_be(vlan.ether_type);
+        l3_off += VlanHdr::LEN;
+    }
+    if ether_type != ETH_P_IP {
+        return Parsed::NotIpv4;
+    }
+
+    let Some(ip) = read_at::<Ipv4Hdr>(data, data_end, l3_off) else {
+        return Parsed::Malformed { daddr: None };
+    };
+    let daddr = u32::from_ne_bytes(ip.dst_addr);
+    let malformed = Parsed::Malformed { daddr: Some(daddr) };
+    let ihl = ((ip.vihl & 0x0f) as usize) * 4;
+    let tot_len = u16::from_be_bytes(ip.tot_len) as usize;
+    // Ethernet padding may follow the datagram (tot_len shorter than the frame); the opposite
+    // means the datagram was cut.
+    if ip.vihl >> 4 != 4
+        || ihl < Ipv4Hdr::LEN
+        || tot_len < ihl
+        || l3_off + tot_len > data_end - data
+    {
+        return malformed;
+    }
+    if ihl > Ipv4Hdr::LEN {
+        stats::count(counter::IP_OPTIONS);
+    }
+    if u16::from_be_bytes(ip.frags) & IP_MF_OFFSET_MASK != 0 {
+        return Parsed::Fragment { daddr };
+    }
+
+    let l4_off = l3_off + ihl;
+    let l4_len = tot_len - ihl;
+    let dport = match ip.proto {
+        PROTO_TCP => {
+            let Some(tcp) = read_at::<TcpHdr>(data, data_end, l4_off) else {
+                return malformed;
+            };
+            let doff = (tcp.doff() as usize) * 4;
+            if doff < TcpHdr::LEN || doff > l4_len {
+                return malformed;
+            }
+            u16::from_ne_bytes(tcp.dest)
+        }
+        PROTO_UDP => {
+            let Some(udp) = read_at::<UdpHdr>(data, data_end, l4_off) else {
+                return malformed;
+            };
+            let len = u16::from_be_bytes(udp.len) as usize;
+            if len < UdpHdr::LEN || len > l4_len {
+                return malformed;
+            }
+            u16::from_ne_bytes(udp.dst)
+        }
+        _ => return Parsed::OtherL4,
+    };
+    Parsed::Flow(Flow {
+        daddr,
+        dport,
+        proto: ip.proto,
+    })
+}

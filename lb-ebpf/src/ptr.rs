@@ -1,0 +1,21 @@
+//! The one way packet memory is read: bounds-checked against `data_end` so the verifier accepts
+//! every access and a short packet yields `None` instead of undefined behaviour.
+
+/// Pointer to a `T` at `offset` bytes into the packet, if the packet holds all of it.
+/// Plain arithmetic on purpose: the verifier tracks `data + offset + len <= data_end` directly.
+#[inline(always)]
+pub fn ptr_at<T>(data: usize, data_end: usize, offset: usize) -> Option<*const T> {
+    if data + offset + core::mem::size_of::<T>() > data_end {
+        return None;
+    }
+    Some((data + offset) as *const T)
+}
+
+/// Copy of the `T` at `offset`. Only for header types made of byte arrays and integers, for which
+/// every bit pattern is valid (network-types headers are).
+#[inline(always)]
+pub fn read_at<T: Copy>(data: usize, data_end: usize, offset: usize) -> Option<T> {
+    let p = ptr_at::<T>(data, data_end, offset)?;
+    // SAFETY: `p` is in bounds (checked above); unaligned read since headers are packed.
+    Some(unsafe { core::ptr::read_unaligned(p) })
+}

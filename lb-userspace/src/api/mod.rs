@@ -1,0 +1,118 @@
+//! The control API. For now it serves the datapath counters; status, events and admin endpoints
+//! are added with the health checker and daemon issues.
+
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+};
+
+use anyhow::Context as _;
+use axum::{
+    Json, Router,
+    extract::State,
+    http::StatusCode,
+    response::{IntoResponse, Response},
+    routing::get,
+};
+use lb_common::counter;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::{config::Config, dataplane::Dataplane};
+
+/// What the API reads from.
+#[derive(Clone)]
+pub struct ApiState {
+    pub config: Arc<Config>,
+    pub dataplane: Arc<Mutex<Dataplane>>,
+}
+
+/// `GET /v1/stats`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StatsReply {
+    /// Datapath counters by name (see README, "Counters").
+    pub counters: Vec<NamedCounter>,
+    pub services: Vec<ServiceStatsReply>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NamedCounter {
+    pub name: String,
+    pub value: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ServiceStatsReply {
+    pub name: String,
+    pub vip: String,
+    pub protocol: String,
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+impl StatsReply {
+    pub fn counter(&self, name: &str) -> Option<u64> {
+        self.counters
+            .iter()
+            .find(|c| c.name == name)
+            .map(|c| c.value)
+    }
+}
+
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .route("/v1/stats", get(stats))
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint") })
+        .with_state(state)
+}
+
+/// Serves until `shutdown` turns true.
+pub async fn serve(
+    addr: SocketAddr,
+    state: ApiState,
+    mut shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the control API to {addr}"))?;
+    tracing::info!(%addr, "control API listening");
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(async move {
+            let _ = shutdown.wait_for(|stop| *stop).await;
+        })
+        .await
+        .context("control API")
+}
+
+async fn stats(State(state): State<ApiState>) -> Response {
+    let stats = match state.dataplane.lock().expect("dataplane lock").stats() {
+        Ok(s) => s,
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e:#}")),
+    };
+    let counters = counter::NAMES
+        .iter()
+        .zip(&stats.counters)
+        .map(|(name, value)| NamedCounter {
+            name: (*name).to_owned(),
+            value: *value,
+        })
+        .collect();
+    let services = state
+        .config
+        .services
+        .iter()
+        .zip(&stats.services)
+        .map(|(s, c)| ServiceStatsReply {
+            name: s.name.clone(),
+            vip: s.vip.to_string(),
+            protocol: s.protocol.as_str().to_owned(),
+            packets: c.packets,
+            bytes: c.bytes,
+        })
+        .collect();
+    Json(StatsReply { counters, services }).into_response()
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    (status, Json(serde_json::json!({ "error": message }))).into_response()
+}

@@ -1,0 +1,72 @@
+//! The command line. Client subcommands talk to the daemon's control API.
+
+use std::{net::SocketAddr, path::PathBuf};
+
+use anyhow::bail;
+use clap::{Parser, Subcommand};
+use lb_common::counter;
+
+use crate::{api::StatsReply, client, config};
+
+#[derive(Debug, Parser)]
+#[command(name = "lb", version, about = "XDP L4 load balancer")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the balancer: attach the XDP program and serve the control API until SIGINT/SIGTERM.
+    Run {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Validate a config file; prints every problem with its path and exits 64 if there are any.
+    CheckConfig { file: PathBuf },
+    /// Datapath counters of the running daemon.
+    Stats {
+        /// Control API address of the daemon.
+        #[arg(long, default_value = config::DEFAULT_API)]
+        api: SocketAddr,
+        /// Print the JSON reply instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `lb stats`.
+pub async fn stats(api: SocketAddr, json: bool) -> anyhow::Result<()> {
+    let (status, body) = client::get(api, "/v1/stats").await?;
+    if status != 200 {
+        bail!("control API answered {status}: {body}");
+    }
+    if json {
+        println!("{body}");
+        return Ok(());
+    }
+    let reply: StatsReply = serde_json::from_str(&body)?;
+    println!("{:<16} {:>14}", "counter", "packets");
+    for c in &reply.counters {
+        let note = if c.name == counter::NAMES[counter::IP_OPTIONS as usize]
+            || c.name == counter::NAMES[counter::VLAN as usize]
+        {
+            "  (informational)"
+        } else {
+            ""
+        };
+        println!("{:<16} {:>14}{note}", c.name, c.value);
+    }
+    println!();
+    println!(
+        "{:<20} {:<22} {:<5} {:>12} {:>14}",
+        "service", "vip", "proto", "packets", "bytes"
+    );
+    for s in &reply.services {
+        println!(
+            "{:<20} {:<22} {:<5} {:>12} {:>14}",
+            s.name, s.vip, s.protocol, s.packets, s.bytes
+        );
+    }
+    Ok(())
+}

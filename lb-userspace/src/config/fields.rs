@@ -1,0 +1,174 @@
+//! A small reader over a parsed TOML table that records every problem with its path instead of
+//! stopping at the first, and reports keys it was not asked about as unknown.
+
+use std::cell::RefCell;
+
+use toml::{Table, Value};
+
+/// One problem in a config file: where (`service[1].backends[0].address`) and what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub path: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.path.is_empty() {
+            write!(f, "{}", self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+/// Collects problems; shared by every reader of one file.
+#[derive(Debug, Default)]
+pub struct Problems(RefCell<Vec<Problem>>);
+
+impl Problems {
+    pub fn push(&self, path: impl Into<String>, message: impl Into<String>) {
+        self.0.borrow_mut().push(Problem {
+            path: path.into(),
+            message: message.into(),
+        });
+    }
+
+    pub fn into_vec(self) -> Vec<Problem> {
+        self.0.into_inner()
+    }
+}
+
+pub fn join(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+/// Reads the keys of one table. Call [`Fields::finish`] after the last read to report unknown keys.
+pub struct Fields<'a> {
+    table: &'a Table,
+    path: String,
+    problems: &'a Problems,
+    seen: RefCell<Vec<&'static str>>,
+}
+
+impl<'a> Fields<'a> {
+    pub fn new(table: &'a Table, path: impl Into<String>, problems: &'a Problems) -> Self {
+        Self {
+            table,
+            path: path.into(),
+            problems,
+            seen: RefCell::default(),
+        }
+    }
+
+    pub fn path(&self, key: &str) -> String {
+        join(&self.path, key)
+    }
+
+    pub fn problem(&self, key: &str, message: impl Into<String>) {
+        self.problems.push(self.path(key), message);
+    }
+
+    fn get(&self, key: &'static str) -> Option<&'a Value> {
+        self.seen.borrow_mut().push(key);
+        self.table.get(key)
+    }
+
+    fn typed<T>(
+        &self,
+        key: &'static str,
+        what: &str,
+        conv: impl FnOnce(&'a Value) -> Option<T>,
+    ) -> Option<T> {
+        let value = self.get(key)?;
+        let out = conv(value);
+        if out.is_none() {
+            self.problem(key, format!("expected {what}, got {}", value.type_str()));
+        }
+        out
+    }
+
+    pub fn str(&self, key: &'static str) -> Option<&'a str> {
+        self.typed(key, "a string", Value::as_str)
+    }
+
+    pub fn int(&self, key: &'static str) -> Option<i64> {
+        self.typed(key, "an integer", Value::as_integer)
+    }
+
+    pub fn array(&self, key: &'static str) -> Option<&'a Vec<Value>> {
+        self.typed(key, "an array", Value::as_array)
+    }
+
+    pub fn table(&self, key: &'static str) -> Option<&'a Table> {
+        self.typed(key, "a table", Value::as_table)
+    }
+
+    /// A required key: reports it missing.
+    pub fn required<T>(
+        &self,
+        key: &'static str,
+        read: impl FnOnce(&Self) -> Option<T>,
+    ) -> Option<T> {
+        if !self.table.contains_key(key) {
+            self.seen.borrow_mut().push(key);
+            self.problem(key, "missing");
+            return None;
+        }
+        read(self)
+    }
+
+    pub fn problems(&self) -> &'a Problems {
+        self.problems
+    }
+
+    /// Each element of an array of tables, with its index (its path is `key[i]`).
+    pub fn tables(&self, key: &'static str) -> Vec<(usize, &'a Table)> {
+        let Some(items) = self.array(key) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            let path = format!("{}[{i}]", self.path(key));
+            match item.as_table() {
+                Some(t) => out.push((i, t)),
+                None => self
+                    .problems
+                    .push(path, format!("expected a table, got {}", item.type_str())),
+            }
+        }
+        out
+    }
+
+    /// Each element of an array of strings, with its index.
+    pub fn strings(&self, key: &'static str) -> Vec<(usize, &'a str)> {
+        let Some(items) = self.array(key) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            let path = format!("{}[{i}]", self.path(key));
+            match item.as_str() {
+                Some(s) => out.push((i, s)),
+                None => self
+                    .problems
+                    .push(path, format!("expected a string, got {}", item.type_str())),
+            }
+        }
+        out
+    }
+
+    /// Reports every key of the table that no read asked for.
+    pub fn finish(&self) {
+        let seen = self.seen.borrow();
+        for key in self.table.keys() {
+            if !seen.contains(&key.as_str()) {
+                self.problems.push(join(&self.path, key), "unknown key");
+            }
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! `lb`: thin entry point. Parses arguments, sets up logging, runs, maps errors to exit codes.
+
+use std::process::ExitCode;
+
+use clap::Parser as _;
+use lb::{
+    cli::{self, Cli, Command},
+    client, config, daemon, exit,
+};
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+
+    let result = match cli.command {
+        Command::CheckConfig { file } => {
+            return match config::load(&file) {
+                Ok(c) => {
+                    println!("{}: ok ({} services)", file.display(), c.services.len());
+                    ExitCode::SUCCESS
+                }
+                Err(errors) => config_failure(&file, &errors),
+            };
+        }
+        Command::Run { config: file } => {
+            let config = match config::load(&file) {
+                Ok(c) => c,
+                Err(errors) => return config_failure(&file, &errors),
+            };
+            runtime().and_then(|rt| rt.block_on(daemon::run(&file, config)))
+        }
+        Command::Stats { api, json } => runtime().and_then(|rt| rt.block_on(cli::stats(api, json))),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lb: {e:#}");
+            let code = if e.is::<client::Unreachable>() {
+                exit::UNAVAILABLE
+            } else {
+                exit::FAILURE
+            };
+            ExitCode::from(code as u8)
+        }
+    }
+}
+
+fn config_failure(file: &std::path::Path, errors: &config::ConfigErrors) -> ExitCode {
+    eprintln!("{}: invalid configuration", file.display());
+    for problem in &errors.0 {
+        eprintln!("  {problem}");
+    }
+    ExitCode::from(exit::CONFIG as u8)
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
+}

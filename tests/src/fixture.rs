@@ -1,0 +1,183 @@
+//! A table of (description, input frame, expected verdict, expected output, expected counter) run
+//! through BPF_PROG_TEST_RUN. Every row runs; all mismatches are reported together, each with
+//! both frames in hex and the differing bytes marked.
+
+use std::fmt::Write as _;
+
+use aya::programs::{TestRun as _, TestRunOptions, Xdp};
+use lb::dataplane::Dataplane;
+use lb_common::counter;
+
+pub const XDP_ABORTED: u32 = 0;
+pub const XDP_DROP: u32 = 1;
+pub const XDP_PASS: u32 = 2;
+pub const XDP_TX: u32 = 3;
+pub const XDP_REDIRECT: u32 = 4;
+
+pub fn verdict_name(v: u32) -> &'static str {
+    [
+        "XDP_ABORTED",
+        "XDP_DROP",
+        "XDP_PASS",
+        "XDP_TX",
+        "XDP_REDIRECT",
+    ]
+    .get(v as usize)
+    .copied()
+    .unwrap_or("unknown")
+}
+
+pub struct Fixture {
+    pub desc: String,
+    pub input: Vec<u8>,
+    pub verdict: u32,
+    /// None: the frame must come out unchanged.
+    pub output: Option<Vec<u8>>,
+    /// The verdict counter (`lb_common::counter`) that must count this frame.
+    pub counter: u32,
+    /// Informational counters that must count it too.
+    pub also: Vec<u32>,
+}
+
+impl Fixture {
+    pub fn new(desc: impl Into<String>, input: Vec<u8>, verdict: u32, counter: u32) -> Self {
+        Self {
+            desc: desc.into(),
+            input,
+            verdict,
+            output: None,
+            counter,
+            also: Vec::new(),
+        }
+    }
+
+    pub fn output(mut self, output: Vec<u8>) -> Self {
+        self.output = Some(output);
+        self
+    }
+
+    pub fn also(mut self, counter: u32) -> Self {
+        self.also.push(counter);
+        self
+    }
+}
+
+/// Output of one run.
+pub struct RunResult {
+    pub verdict: u32,
+    pub output: Vec<u8>,
+    pub duration_ns: u64,
+}
+
+/// Runs `prog` once on `input`.
+pub fn run_once(prog: &Xdp, input: &[u8]) -> anyhow::Result<RunResult> {
+    let mut out = vec![0u8; input.len() + 256];
+    let r = prog.test_run(TestRunOptions {
+        data_in: Some(input),
+        data_out: Some(&mut out),
+        repeat: 1,
+        ..Default::default()
+    })?;
+    out.truncate(r.data_size_out as usize);
+    Ok(RunResult {
+        verdict: r.return_value,
+        output: out,
+        duration_ns: r.duration.as_nanos() as u64,
+    })
+}
+
+/// Runs every fixture against the balancer program of `dp`; panics listing every mismatch.
+pub fn run_fixtures(dp: &Dataplane, fixtures: &[Fixture]) {
+    let mut failures = String::new();
+    for f in fixtures {
+        if let Err(report) = check(dp, f) {
+            let _ = writeln!(failures, "\n--- {} ---\n{report}", f.desc);
+        }
+    }
+    assert!(failures.is_empty(), "fixture mismatches:{failures}");
+}
+
+fn check(dp: &Dataplane, f: &Fixture) -> Result<(), String> {
+    let before = dp.stats().map_err(|e| format!("{e:#}"))?;
+    let r = run_once(dp.program(), &f.input).map_err(|e| format!("test run failed: {e:#}"))?;
+    let after = dp.stats().map_err(|e| format!("{e:#}"))?;
+    let mut report = String::new();
+    if r.verdict != f.verdict {
+        let _ = writeln!(
+            report,
+            "verdict {} (want {})",
+            verdict_name(r.verdict),
+            verdict_name(f.verdict)
+        );
+    }
+    let want = f.output.as_deref().unwrap_or(&f.input);
+    if r.output != want {
+        let _ = writeln!(report, "output differs:\n{}", hex_diff(want, &r.output));
+    }
+    let delta = |i: u32| after.counter(i) - before.counter(i);
+    let verdicts: u64 = (0..counter::VERDICTS).map(delta).sum();
+    if verdicts != 1 || delta(f.counter) != 1 {
+        let moved: Vec<String> = (0..counter::COUNT)
+            .filter(|&i| delta(i) != 0)
+            .map(|i| format!("{}+{}", counter::NAMES[i as usize], delta(i)))
+            .collect();
+        let _ = writeln!(
+            report,
+            "counters moved: [{}], want exactly {}+1",
+            moved.join(", "),
+            counter::NAMES[f.counter as usize]
+        );
+    }
+    for &i in &f.also {
+        if delta(i) != 1 {
+            let _ = writeln!(
+                report,
+                "counter {} moved by {}, want 1",
+                counter::NAMES[i as usize],
+                delta(i)
+            );
+        }
+    }
+    if report.is_empty() {
+        Ok(())
+    } else {
+        Err(report)
+    }
+}
+
+/// Both frames side by side, 16 bytes a line, differing bytes in brackets.
+pub fn hex_diff(want: &[u8], got: &[u8]) -> String {
+    let mut s = String::new();
+    let lines = want.len().max(got.len()).div_ceil(16);
+    for line in 0..lines {
+        let range = line * 16..(line + 1) * 16;
+        let _ = write!(s, "{:04x}  want ", range.start);
+        for i in range.clone() {
+            let mark = want.get(i) != got.get(i);
+            match want.get(i) {
+                Some(b) if mark => {
+                    let _ = write!(s, "[{b:02x}]");
+                }
+                Some(b) => {
+                    let _ = write!(s, " {b:02x} ");
+                }
+                None => s.push_str("    "),
+            }
+        }
+        let _ = write!(s, "\n      got  ");
+        for i in range {
+            let mark = want.get(i) != got.get(i);
+            match got.get(i) {
+                Some(b) if mark => {
+                    let _ = write!(s, "[{b:02x}]");
+                }
+                Some(b) => {
+                    let _ = write!(s, " {b:02x} ");
+                }
+                None => s.push_str("    "),
+            }
+        }
+        s.push('\n');
+    }
+    s
+}

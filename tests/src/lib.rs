@@ -1,0 +1,39 @@
+//! The test kit: RAII network namespaces and veth pairs that always clean up, a packet builder,
+//! and a fixture runner over BPF_PROG_TEST_RUN. Used by the root integration tests and the demo.
+
+pub mod fixture;
+pub mod netns;
+pub mod packet;
+
+use std::path::PathBuf;
+
+/// The `lb` binary under test: `$LB_BIN` (set by `cargo xtask test`), else the one next to the
+/// test executable's directory (target/debug/lb).
+pub fn lb_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("LB_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().expect("exe dir");
+    let dir = if dir.ends_with("deps") {
+        dir.parent().expect("target dir")
+    } else {
+        dir
+    };
+    let lb = dir.join("lb");
+    assert!(
+        lb.exists(),
+        "{} not found: build it (`cargo xtask build`) or set LB_BIN",
+        lb.display()
+    );
+    lb
+}
+
+/// Panics with a clear message unless running as root: these tests create namespaces and load
+/// XDP programs, and a silent skip would hide that they did not run.
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        panic!("this test needs root (network namespaces, XDP): run `cargo xtask test` as root");
+    }
+}

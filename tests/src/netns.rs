@@ -1,0 +1,299 @@
+//! Network namespaces, veth pairs and processes inside them, each removed when its guard drops,
+//! also when a test panics. Names are unique per process (`lbt-<pid>-<n>-<role>`), and namespaces
+//! left by a killed run (whose pid is gone) are swept on first use.
+
+use std::{
+    fs::File,
+    os::fd::AsRawFd as _,
+    path::Path,
+    process::{Child, Command, Output, Stdio},
+    sync::{
+        Arc, Once,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+static SWEEP: Once = Once::new();
+const PREFIX: &str = "lbt-";
+
+fn next_id() -> u32 {
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Runs a command, failing with its output when it fails.
+pub fn sh(cmd: &mut Command) -> anyhow::Result<String> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("cannot start {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed ({}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Deletes `lbt-<pid>-*` namespaces whose process no longer exists.
+fn sweep_stale() {
+    let Ok(entries) = std::fs::read_dir("/run/netns") else {
+        return;
+    };
+    for e in entries.filter_map(Result::ok) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix(PREFIX).and_then(|r| r.split('-').next()) else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid).exists() {
+            eprintln!("removing stale test namespace {name}");
+            let _ = sh(Command::new("ip").args(["netns", "del", &name])); // best effort
+        }
+    }
+}
+
+struct Inner {
+    name: String,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Deleting the namespace removes its interfaces and with them any attached XDP program.
+        if let Err(e) = sh(Command::new("ip").args(["netns", "del", &self.name])) {
+            eprintln!("warning: {e:#}");
+        }
+    }
+}
+
+/// A network namespace; deleted when the last clone drops.
+#[derive(Clone)]
+pub struct Netns(Arc<Inner>);
+
+impl Netns {
+    /// A new namespace with loopback up.
+    pub fn new(role: &str) -> anyhow::Result<Self> {
+        SWEEP.call_once(sweep_stale);
+        let name = format!("{PREFIX}{}-{}-{role}", std::process::id(), next_id());
+        sh(Command::new("ip").args(["netns", "add", &name]))?;
+        let ns = Self(Arc::new(Inner { name }));
+        ns.ip(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.0.name
+    }
+
+    /// `ip -n <ns> ARGS`.
+    pub fn ip(&self, args: &[&str]) -> anyhow::Result<String> {
+        sh(Command::new("ip").arg("-n").arg(self.name()).args(args))
+    }
+
+    /// A command that runs inside the namespace.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", self.name()]).arg(program);
+        cmd
+    }
+
+    /// Runs a command inside the namespace and returns its output (whatever its status).
+    pub fn exec(&self, args: &[&str]) -> anyhow::Result<Output> {
+        let mut cmd = self.command(args[0]);
+        cmd.args(&args[1..]).stdin(Stdio::null());
+        cmd.output()
+            .with_context(|| format!("cannot start {args:?}"))
+    }
+
+    /// Starts a process inside the namespace; it is stopped when the guard drops.
+    pub fn spawn(&self, cmd: &mut Command) -> anyhow::Result<Process> {
+        let child = cmd
+            .stdin(Stdio::null())
+            .spawn()
+            .with_context(|| format!("cannot start {cmd:?}"))?;
+        Ok(Process {
+            child,
+            _ns: self.clone(),
+        })
+    }
+
+    /// Runs `f` on a thread that has entered the namespace: sockets it creates live there (and
+    /// stay there after it returns).
+    pub fn enter<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        let path = format!("/run/netns/{}", self.name());
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let file = File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+                // SAFETY: valid fd; affects only this thread.
+                if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                    panic!("setns {path}: {}", std::io::Error::last_os_error());
+                }
+                f()
+            })
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p))
+        })
+    }
+
+    /// Index of an interface inside the namespace.
+    pub fn ifindex(&self, ifname: &str) -> anyhow::Result<u32> {
+        let name = std::ffi::CString::new(ifname)?;
+        // SAFETY: valid C string.
+        let index = self.enter(|| unsafe { libc::if_nametoindex(name.as_ptr()) });
+        if index == 0 {
+            bail!("no interface {ifname} in {}", self.name());
+        }
+        Ok(index)
+    }
+
+    /// Whether an XDP program is attached to `ifname`.
+    pub fn xdp_attached(&self, ifname: &str) -> anyhow::Result<bool> {
+        Ok(self
+            .ip(&["-d", "link", "show", "dev", ifname])?
+            .contains("prog/xdp"))
+    }
+}
+
+/// One end of a veth pair.
+#[derive(Clone)]
+pub struct Port {
+    pub ns: Netns,
+    pub ifname: String,
+    /// Address with prefix, e.g. `10.0.1.2/24`.
+    pub cidr: String,
+}
+
+impl Port {
+    /// The address without prefix.
+    pub fn addr(&self) -> &str {
+        self.cidr.split('/').next().expect("cidr")
+    }
+
+    pub fn mac(&self) -> anyhow::Result<[u8; 6]> {
+        let path = format!("/sys/class/net/{}/address", self.ifname);
+        let text = self.ns.enter(|| std::fs::read_to_string(&path))?;
+        let mut mac = [0u8; 6];
+        for (i, part) in text.trim().split(':').enumerate().take(6) {
+            mac[i] = u8::from_str_radix(part, 16)?;
+        }
+        Ok(mac)
+    }
+}
+
+/// A veth pair between two namespaces, created in one step (never visible in the root
+/// namespace), addressed, up, with TX checksum offload off (forwarded TCP stalls on partial
+/// checksums otherwise).
+pub fn veth(a: &Netns, a_cidr: &str, b: &Netns, b_cidr: &str) -> anyhow::Result<(Port, Port)> {
+    let id = next_id();
+    let pid = std::process::id();
+    let (an, bn) = (format!("v{pid}x{id}a"), format!("v{pid}x{id}b"));
+    sh(Command::new("ip").args([
+        "link",
+        "add",
+        &an,
+        "netns",
+        a.name(),
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &bn,
+        "netns",
+        b.name(),
+    ]))?;
+    for (ns, ifname, cidr) in [(a, &an, a_cidr), (b, &bn, b_cidr)] {
+        ns.ip(&["addr", "add", cidr, "dev", ifname])?;
+        ns.ip(&["link", "set", ifname, "up"])?;
+        sh(ns.command("ethtool").args(["-K", ifname, "tx", "off"]))?;
+    }
+    Ok((
+        Port {
+            ns: a.clone(),
+            ifname: an,
+            cidr: a_cidr.into(),
+        },
+        Port {
+            ns: b.clone(),
+            ifname: bn,
+            cidr: b_cidr.into(),
+        },
+    ))
+}
+
+/// Turns GRO on for a veth end: with it, frames redirected into the veth by native XDP are
+/// received without a program on the peer.
+pub fn enable_gro(port: &Port) -> anyhow::Result<()> {
+    sh(port
+        .ns
+        .command("ethtool")
+        .args(["-K", &port.ifname, "gro", "on"]))?;
+    Ok(())
+}
+
+/// An XDP_PASS program attached to a veth end: native XDP_TX towards a veth is only received when
+/// the peer has a program. Detached when dropped (or with the namespace).
+pub struct PassProgram {
+    _ebpf: aya::Ebpf,
+}
+
+pub fn attach_pass_program(port: &Port) -> anyhow::Result<PassProgram> {
+    let mut ebpf = aya::Ebpf::load(lb::dataplane::object())?;
+    {
+        let prog: &mut aya::programs::Xdp = ebpf
+            .program_mut(lb_common::PASS_PROGRAM_NAME)
+            .context("pass program missing")?
+            .try_into()?;
+        prog.load()?;
+        let index = port.ns.ifindex(&port.ifname)?;
+        prog.attach(index, aya::programs::XdpMode::Driver)?;
+    }
+    Ok(PassProgram { _ebpf: ebpf })
+}
+
+/// A process started in a namespace: SIGTERM on drop, SIGKILL if it has not ended 5 s later.
+pub struct Process {
+    child: Child,
+    _ns: Netns,
+}
+
+impl Process {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether it is still running.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Sends SIGTERM and waits up to `timeout` for it to end; its exit code, or None if it had to
+    /// be killed.
+    pub fn terminate(&mut self, timeout: Duration) -> Option<i32> {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            return status.code();
+        }
+        // SAFETY: signalling our own child by pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill(); // still running: force it
+        let _ = self.child.wait();
+        None
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.terminate(Duration::from_secs(5));
+    }
+}

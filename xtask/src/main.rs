@@ -1,0 +1,166 @@
+//! `cargo xtask`: orchestration only. Every command first makes sure the toolchain and the
+//! packages it needs are there, installing what is missing.
+
+mod setup;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "lb project tasks")]
+struct Args {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what is missing: pinned toolchains, rust-src, bpf-linker, Debian packages.
+    Setup,
+    /// Build the XDP object and the `lb` binary.
+    Build {
+        #[arg(long)]
+        release: bool,
+    },
+    /// Run `lb run --config FILE` (as root) with a freshly built binary.
+    Run {
+        #[arg(long)]
+        release: bool,
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Build a sandbox in network namespaces, run lb on it and show what it does.
+    Demo {
+        /// No pauses; for CI and scripts.
+        #[arg(long)]
+        unattended: bool,
+    },
+    /// Formatting and lint checks, unit tests and the root integration tests.
+    Test {
+        /// Extra arguments for `cargo test` (e.g. a test name filter), after `--`.
+        #[arg(last = true)]
+        cargo_args: Vec<String>,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let root = workspace_root()?;
+    match args.task {
+        Task::Setup => setup::ensure(&root, setup::Need::Everything),
+        Task::Build { release } => {
+            setup::ensure(&root, setup::Need::Build)?;
+            build(&root, release).map(drop)
+        }
+        Task::Run { release, config } => {
+            setup::ensure(&root, setup::Need::Build)?;
+            require_root("lb run")?;
+            let lb = build(&root, release)?;
+            run(Command::new(lb).arg("run").arg("--config").arg(config))
+        }
+        Task::Demo { unattended } => {
+            setup::ensure(&root, setup::Need::Everything)?;
+            require_root("the demo (network namespaces, XDP)")?;
+            let lb = build(&root, false)?;
+            let mut cmd = cargo(&root);
+            cmd.args([
+                "run",
+                "--quiet",
+                "--package",
+                "lb-tests",
+                "--bin",
+                "lb-demo",
+                "--",
+            ]);
+            if unattended {
+                cmd.arg("--unattended");
+            }
+            run(cmd.env("LB_BIN", lb))
+        }
+        Task::Test { cargo_args } => {
+            setup::ensure(&root, setup::Need::Everything)?;
+            require_root("the integration tests (network namespaces, XDP)")?;
+            test(&root, &cargo_args)
+        }
+    }
+}
+
+fn test(root: &Path, cargo_args: &[String]) -> anyhow::Result<()> {
+    step("cargo fmt --check");
+    run(cargo(root).args(["fmt", "--all", "--", "--check"]))?;
+    step("cargo clippy -D warnings");
+    run(cargo(root).args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    let lb = build(root, false)?;
+    step("cargo test");
+    run(cargo(root)
+        .args(["test", "--workspace", "--no-fail-fast", "--"])
+        .args(cargo_args)
+        .env("LB_BIN", lb))
+}
+
+/// Builds lb (and with it the XDP object) and returns the binary's path.
+fn build(root: &Path, release: bool) -> anyhow::Result<PathBuf> {
+    step(if release {
+        "cargo build --release"
+    } else {
+        "cargo build"
+    });
+    let mut cmd = cargo(root);
+    cmd.args(["build", "--package", "lb-userspace", "--bin", "lb"]);
+    if release {
+        cmd.arg("--release");
+    }
+    run(&mut cmd)?;
+    let lb = root
+        .join("target")
+        .join(if release { "release" } else { "debug" })
+        .join("lb");
+    Ok(lb)
+}
+
+fn cargo(root: &Path) -> Command {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(root);
+    cmd
+}
+
+fn workspace_root() -> anyhow::Result<PathBuf> {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    Ok(manifest
+        .parent()
+        .context("xtask has no parent directory")?
+        .to_path_buf())
+}
+
+fn require_root(what: &str) -> anyhow::Result<()> {
+    if !setup::is_root() {
+        bail!("{what} needs root: run it as root (e.g. `sudo -E cargo xtask ...`)");
+    }
+    Ok(())
+}
+
+pub(crate) fn step(what: &str) {
+    eprintln!("\x1b[1m==> {what}\x1b[0m");
+}
+
+pub(crate) fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot start {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
+}

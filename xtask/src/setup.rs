@@ -1,0 +1,217 @@
+//! Installs what the project needs and skips what is present, printing each step:
+//! the eBPF nightly with rust-src, bpf-linker built against that nightly's own LLVM (into the
+//! git-ignored `.tools/`), and the Debian packages the tests and the demo use.
+//! The host toolchain is pinned by rust-toolchain.toml (`rustup toolchain install` installs it).
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, anyhow, bail};
+
+use crate::{run, step};
+
+/// Debian packages (command they provide): the netns test kit and the demo.
+const PACKAGES: &[(&str, &str)] = &[
+    ("iproute2", "ip"),
+    ("ethtool", "ethtool"),
+    ("iputils-ping", "ping"),
+];
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// Toolchains and bpf-linker.
+    Build,
+    /// Also the packages the tests and the demo run.
+    Everything,
+}
+
+struct Pins {
+    toolchain: String,
+    linker_version: String,
+    llvm_feature: String,
+}
+
+pub fn ensure(root: &Path, need: Need) -> anyhow::Result<()> {
+    let pins = read_pins(root)?;
+    ensure_nightly(&pins.toolchain)?;
+    ensure_bpf_linker(root, &pins)?;
+    if need == Need::Everything {
+        ensure_packages()?;
+    }
+    Ok(())
+}
+
+fn read_pins(root: &Path) -> anyhow::Result<Pins> {
+    let meta = cargo_metadata::MetadataCommand::new()
+        .manifest_path(root.join("Cargo.toml"))
+        .no_deps()
+        .exec()
+        .context("cargo metadata")?;
+    let lb = &meta.workspace_metadata["lb"];
+    let get = |key: &str| {
+        lb[key]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| anyhow!("[workspace.metadata.lb] {key} missing in Cargo.toml"))
+    };
+    Ok(Pins {
+        toolchain: get("ebpf-toolchain")?,
+        linker_version: get("bpf-linker")?,
+        llvm_feature: get("bpf-linker-llvm-feature")?,
+    })
+}
+
+fn output(cmd: &mut Command) -> anyhow::Result<String> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("cannot start {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn rustup() -> Command {
+    let mut cmd = Command::new("rustup");
+    // Do not let the host pin (rust-toolchain.toml / RUSTUP_TOOLCHAIN) leak into nightly calls.
+    cmd.env_remove("RUSTUP_TOOLCHAIN");
+    cmd
+}
+
+fn ensure_nightly(toolchain: &str) -> anyhow::Result<()> {
+    let installed = output(rustup().args(["toolchain", "list"]))
+        .context("rustup is required (https://rustup.rs) and was not found")?;
+    if installed.lines().any(|l| l.starts_with(toolchain)) {
+        let components =
+            output(rustup().args(["component", "list", "--installed", "--toolchain", toolchain]))?;
+        if components.lines().any(|l| l.starts_with("rust-src")) {
+            eprintln!("ok: {toolchain} with rust-src");
+            return Ok(());
+        }
+        step(&format!("installing rust-src for {toolchain}"));
+        return run(rustup().args(["component", "add", "rust-src", "--toolchain", toolchain]));
+    }
+    step(&format!(
+        "installing {toolchain} (eBPF build) with rust-src"
+    ));
+    run(rustup().args([
+        "toolchain",
+        "install",
+        toolchain,
+        "--profile",
+        "minimal",
+        "--component",
+        "rust-src",
+    ]))
+}
+
+/// bpf-linker must be linked against the very libLLVM of the pinned nightly (a mismatch fails
+/// with "Invalid record"); the stamp records which one it was built for.
+fn ensure_bpf_linker(root: &Path, pins: &Pins) -> anyhow::Result<()> {
+    let tools = root.join(".tools");
+    let linker = tools.join("bin").join("bpf-linker");
+    let sysroot_lib = PathBuf::from(
+        output(rustup().args(["run", &pins.toolchain, "rustc", "--print", "sysroot"]))?.trim(),
+    )
+    .join("lib");
+    let libllvm = fs::read_dir(&sysroot_lib)
+        .with_context(|| format!("reading {}", sysroot_lib.display()))?
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| n.starts_with("libLLVM.so."))
+        .ok_or_else(|| anyhow!("no libLLVM.so.* in {}", sysroot_lib.display()))?;
+    let stamp_path = tools.join("bpf-linker.stamp");
+    let stamp = format!(
+        "bpf-linker {} {} {}\n",
+        pins.linker_version,
+        pins.llvm_feature,
+        sysroot_lib.join(&libllvm).display()
+    );
+    if linker.exists() && fs::read_to_string(&stamp_path).is_ok_and(|s| s == stamp) {
+        eprintln!("ok: bpf-linker {} ({libllvm})", pins.linker_version);
+        return Ok(());
+    }
+
+    step(&format!(
+        "building bpf-linker {} against {libllvm} into .tools/ (about 70 s)",
+        pins.linker_version
+    ));
+    let llvm_lib = tools.join("llvm").join("lib");
+    fs::create_dir_all(&llvm_lib)?;
+    for name in ["libLLVM.so", libllvm.as_str()] {
+        let link = llvm_lib.join(name);
+        let _ = fs::remove_file(&link); // absent on a first install; replaced otherwise
+        std::os::unix::fs::symlink(sysroot_lib.join(&libllvm), &link)
+            .with_context(|| format!("linking {}", link.display()))?;
+    }
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    run(Command::new(cargo)
+        .args([
+            "install",
+            &format!("bpf-linker@{}", pins.linker_version),
+            "--locked",
+            "--force",
+            "--no-default-features",
+            "--features",
+            &pins.llvm_feature,
+            "--root",
+        ])
+        .arg(&tools)
+        .env("LLVM_PREFIX", tools.join("llvm")))?;
+    fs::write(&stamp_path, stamp)?;
+    Ok(())
+}
+
+fn ensure_packages() -> anyhow::Result<()> {
+    let missing: Vec<&str> = PACKAGES
+        .iter()
+        .filter(|(pkg, _)| {
+            !Command::new("dpkg-query")
+                .args(["-W", "-f=${Status}", pkg])
+                .output()
+                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+        })
+        .map(|(pkg, _)| *pkg)
+        .collect();
+    if missing.is_empty() {
+        eprintln!(
+            "ok: packages {}",
+            PACKAGES
+                .iter()
+                .map(|(p, _)| *p)
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        return Ok(());
+    }
+    if !is_root() {
+        bail!(
+            "missing Debian packages: {0}\ninstall them as root: apt-get install -y {0}",
+            missing.join(" ")
+        );
+    }
+    step(&format!(
+        "installing Debian packages: {}",
+        missing.join(" ")
+    ));
+    run(Command::new("apt-get").args(["update", "-q"]))?;
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-q", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+pub fn is_root() -> bool {
+    unsafe extern "C" {
+        fn geteuid() -> u32;
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { geteuid() == 0 }
+}
