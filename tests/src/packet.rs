@@ -108,7 +108,7 @@ impl Packet {
     /// IPv4 options, padded with End-of-Options to a multiple of 4 bytes.
     pub fn ip_options(mut self, options: &[u8]) -> Self {
         self.ip_options = options.to_vec();
-        while self.ip_options.len() % 4 != 0 {
+        while !self.ip_options.len().is_multiple_of(4) {
             self.ip_options.push(0);
         }
         self

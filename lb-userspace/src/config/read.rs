@@ -241,3 +241,211 @@ pub(crate) fn parse_addr(s: &str) -> Result<SocketAddrV4, String> {
     }
     Ok(SocketAddrV4::new(ip, port as u16))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[lb]
+interfaces = ["eth1"]
+xdp_mode = "auto"
+api = "127.0.0.1:9090"
+
+[[service]]
+name = "web"
+vip = "10.100.0.1:80"
+protocol = "tcp"
+backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:8080" } ]
+"#;
+
+    fn problems(text: &str) -> Vec<String> {
+        match parse(text) {
+            Ok(c) => panic!("accepted: {c:?}"),
+            Err(e) => e.0.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    #[test]
+    fn the_documented_example_parses_with_defaults() {
+        let c = parse(GOOD).unwrap();
+        assert_eq!(c.lb.interfaces, ["eth1"]);
+        assert_eq!(c.lb.xdp_mode, XdpMode::Auto);
+        assert_eq!(c.lb.api, "127.0.0.1:9090".parse().unwrap());
+        assert_eq!(c.services[0].protocol, Protocol::Tcp);
+        assert_eq!(c.services[0].backends[1].weight, 1, "default weight");
+        let minimal = parse("[lb]\ninterfaces = [\"eth1\"]\n").unwrap();
+        assert_eq!(minimal.lb.api, DEFAULT_API.parse().unwrap());
+        assert!(minimal.services.is_empty());
+    }
+
+    #[test]
+    fn each_bad_input_is_reported_at_its_path() {
+        let cases: &[(&str, &str, &str)] = &[
+            (
+                "address = \"10.0.3.2:8080\"",
+                "address = \"10.0.3.2:70000\"",
+                "service[0].backends[1].address: invalid port 70000",
+            ),
+            (
+                "address = \"10.0.3.2:8080\"",
+                "address = \"10.0.3.2\"",
+                "service[0].backends[1].address: expected IPv4:PORT, got \"10.0.3.2\"",
+            ),
+            (
+                "address = \"10.0.3.2:8080\"",
+                "address = \"10.0.3.300:80\"",
+                "service[0].backends[1].address: invalid IPv4 address \"10.0.3.300\"",
+            ),
+            (
+                "address = \"10.0.3.2:8080\"",
+                "address = \"[fd00::1]:80\"",
+                "service[0].backends[1].address: \"[fd00::1]:80\": IPv6 is not supported yet",
+            ),
+            (
+                "address = \"10.0.3.2:8080\"",
+                "address = \"10.0.2.2:8080\"",
+                "service[0].backends[1].address: duplicate of backends[0]",
+            ),
+            (
+                "address = \"10.0.3.2:8080\"",
+                "address = \"10.100.0.1:80\"",
+                "service[0].backends[1].address: a backend cannot be the VIP itself",
+            ),
+            (
+                "address = \"10.0.3.2:8080\"",
+                "adress = \"10.0.3.2:8080\"",
+                "service[0].backends[1].address: missing",
+            ),
+            (
+                "address = \"10.0.3.2:8080\"",
+                "adress = \"10.0.3.2:8080\"",
+                "service[0].backends[1].adress: unknown key",
+            ),
+            (
+                "weight = 1",
+                "weight = 1001",
+                "service[0].backends[0].weight: invalid weight 1001: 0 to 1000",
+            ),
+            (
+                "weight = 1",
+                "weight = -1",
+                "service[0].backends[0].weight: invalid weight -1: 0 to 1000",
+            ),
+            (
+                "weight = 1",
+                "weight = \"1\"",
+                "service[0].backends[0].weight: expected an integer, got string",
+            ),
+            (
+                "xdp_mode = \"auto\"",
+                "xdp_mode = \"fast\"",
+                "lb.xdp_mode: expected auto, native or skb, got \"fast\"",
+            ),
+            (
+                "api = \"127.0.0.1:9090\"",
+                "api = \"localhost\"",
+                "lb.api: expected IP:PORT, got \"localhost\"",
+            ),
+            (
+                "interfaces = [\"eth1\"]",
+                "interfaces = []",
+                "lb.interfaces: at least one interface is required",
+            ),
+            (
+                "interfaces = [\"eth1\"]",
+                "interfaces = [\"eth1\", \"eth1\"]",
+                "lb.interfaces[1]: duplicate interface \"eth1\"",
+            ),
+            (
+                "interfaces = [\"eth1\"]",
+                "interfaces = [\"a-very-long-interface\"]",
+                "lb.interfaces[0]: invalid interface name \"a-very-long-interface\": 1 to 15 characters",
+            ),
+            (
+                "interfaces = [\"eth1\"]",
+                "interfaces = [1]",
+                "lb.interfaces[0]: expected a string, got integer",
+            ),
+            (
+                "interfaces = [\"eth1\"]",
+                "interfaces = \"eth1\"",
+                "lb.interfaces: expected an array, got string",
+            ),
+            ("interfaces = [\"eth1\"]", "", "lb.interfaces: missing"),
+            (
+                "protocol = \"tcp\"",
+                "protocol = \"sctp\"",
+                "service[0].protocol: expected tcp or udp, got \"sctp\"",
+            ),
+            (
+                "name = \"web\"",
+                "name = \"web site\"",
+                "service[0].name: invalid name \"web site\": 1 to 64 of A-Z a-z 0-9 - _ .",
+            ),
+            (
+                "vip = \"10.100.0.1:80\"",
+                "vip = \"10.100.0.1:0\"",
+                "service[0].vip: invalid port 0",
+            ),
+            (
+                "vip = \"10.100.0.1:80\"",
+                "vip = \"0.0.0.0:80\"",
+                "service[0].vip: 0.0.0.0 cannot be used as a service or backend address",
+            ),
+            (
+                "backends = [",
+                "backendz = [",
+                "service[0].backends: missing",
+            ),
+            ("[lb]", "[lb]\ncolour = \"blue\"", "lb.colour: unknown key"),
+            ("[lb]", "verbose = true\n[lb]", "verbose: unknown key"),
+        ];
+        for (from, to, want) in cases {
+            assert!(
+                GOOD.contains(from),
+                "case {want}: {from:?} not in the base config"
+            );
+            let got = problems(&GOOD.replacen(from, to, 1));
+            assert!(got.iter().any(|p| p == want), "want {want:?}, got {got:?}");
+        }
+    }
+
+    #[test]
+    fn every_problem_is_reported_not_just_the_first() {
+        let text = GOOD
+            .replace("10.0.3.2:8080", "10.0.3.2:70000")
+            .replace("\"auto\"", "\"fast\"")
+            .replace("protocol = \"tcp\"", "protocol = \"tcp\"\ncolour = 1");
+        let got = problems(&text);
+        assert_eq!(got.len(), 3, "{got:?}");
+    }
+
+    #[test]
+    fn services_must_not_collide() {
+        let text = format!(
+            "{GOOD}\n[[service]]\nname = \"web\"\nvip = \"10.100.0.1:80\"\nbackends = [{{ address = \"10.0.9.9:80\" }}]\n"
+        );
+        let got = problems(&text);
+        assert!(
+            got.contains(&"service[1].name: duplicate of service[0] (\"web\")".to_owned()),
+            "{got:?}"
+        );
+        assert!(
+            got.contains(&"service[1].vip: 10.100.0.1:80 tcp is already service[0]".to_owned()),
+            "{got:?}"
+        );
+        // Same VIP and port over UDP is a different service.
+        let udp = format!(
+            "{GOOD}\n[[service]]\nname = \"dns\"\nvip = \"10.100.0.1:80\"\nprotocol = \"udp\"\nbackends = [{{ address = \"10.0.9.9:80\" }}]\n"
+        );
+        assert!(parse(&udp).is_ok());
+    }
+
+    #[test]
+    fn toml_syntax_errors_say_where() {
+        let got = problems("[lb\ninterfaces = 1");
+        assert!(got[0].starts_with("invalid TOML"), "{got:?}");
+        assert!(got[0].contains("line 1"), "{got:?}");
+    }
+}
