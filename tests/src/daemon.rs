@@ -95,8 +95,8 @@ impl Daemon {
         Ok(serde_json::from_slice(&out.stdout)?)
     }
 
-    /// SIGTERM, wait; the exit code (None if it had to be killed).
-    pub fn stop(&mut self) -> Option<i32> {
-        self.process.terminate(Duration::from_secs(10))
+    /// `signal` (SIGTERM, SIGINT), wait; the exit code (None if it had to be killed).
+    pub fn stop(&mut self, signal: libc::c_int) -> Option<i32> {
+        self.process.stop_with(signal, Duration::from_secs(10))
     }
 }

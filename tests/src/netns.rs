@@ -140,17 +140,6 @@ impl Netns {
         })
     }
 
-    /// Index of an interface inside the namespace.
-    pub fn ifindex(&self, ifname: &str) -> anyhow::Result<u32> {
-        let name = std::ffi::CString::new(ifname)?;
-        // SAFETY: valid C string.
-        let index = self.enter(|| unsafe { libc::if_nametoindex(name.as_ptr()) });
-        if index == 0 {
-            bail!("no interface {ifname} in {}", self.name());
-        }
-        Ok(index)
-    }
-
     /// Whether an XDP program is attached to `ifname`.
     pub fn xdp_attached(&self, ifname: &str) -> anyhow::Result<bool> {
         Ok(self
@@ -172,16 +161,6 @@ impl Port {
     /// The address without prefix.
     pub fn addr(&self) -> &str {
         self.cidr.split('/').next().expect("cidr")
-    }
-
-    pub fn mac(&self) -> anyhow::Result<[u8; 6]> {
-        let path = format!("/sys/class/net/{}/address", self.ifname);
-        let text = self.ns.enter(|| std::fs::read_to_string(&path))?;
-        let mut mac = [0u8; 6];
-        for (i, part) in text.trim().split(':').enumerate().take(6) {
-            mac[i] = u8::from_str_radix(part, 16)?;
-        }
-        Ok(mac)
     }
 }
 
@@ -249,8 +228,11 @@ pub fn attach_pass_program(port: &Port) -> anyhow::Result<PassProgram> {
             .context("pass program missing")?
             .try_into()?;
         prog.load()?;
-        let index = port.ns.ifindex(&port.ifname)?;
-        prog.attach(index, aya::programs::XdpMode::Driver)?;
+        // Interface indexes are per namespace: attach from inside it, never by an index that
+        // the root namespace could resolve to one of the host's own interfaces.
+        let ifname = std::ffi::CString::new(port.ifname.as_str())?;
+        port.ns
+            .enter(|| prog.attach(ifname.as_c_str(), aya::programs::XdpMode::Driver))?;
     }
     Ok(PassProgram { _ebpf: ebpf })
 }
@@ -274,11 +256,16 @@ impl Process {
     /// Sends SIGTERM and waits up to `timeout` for it to end; its exit code, or None if it had to
     /// be killed.
     pub fn terminate(&mut self, timeout: Duration) -> Option<i32> {
+        self.stop_with(libc::SIGTERM, timeout)
+    }
+
+    /// Like [`Process::terminate`] with another signal (e.g. SIGINT).
+    pub fn stop_with(&mut self, signal: libc::c_int, timeout: Duration) -> Option<i32> {
         if let Ok(Some(status)) = self.child.try_wait() {
             return status.code();
         }
         // SAFETY: signalling our own child by pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        unsafe { libc::kill(self.child.id() as i32, signal) };
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {

@@ -11,7 +11,7 @@ use lb::api::StatsReply;
 use lb_tests::{
     daemon::{Daemon, TempDir},
     lb_bin,
-    netns::{Netns, Port, veth},
+    netns::{Netns, Port, attach_pass_program, enable_gro, veth},
     require_root,
 };
 
@@ -60,7 +60,7 @@ fn service(r: &StatsReply, name: &str) -> u64 {
     r.services.iter().find(|s| s.name == name).unwrap().packets
 }
 
-fn lb_counts_vip_traffic_and_passes_the_rest(xdp_mode: &str) {
+fn lb_counts_vip_traffic_and_passes_the_rest(xdp_mode: &str, stop_signal: libc::c_int) {
     let (client, lb, mut daemon) = sandbox(xdp_mode);
     assert!(lb.ns.xdp_attached(&lb.ifname).unwrap());
     let before = daemon.stats().unwrap();
@@ -129,8 +129,8 @@ fn lb_counts_vip_traffic_and_passes_the_rest(xdp_mode: &str) {
         assert_eq!(delta(name), 0, "{name}: {after:?}");
     }
 
-    // SIGTERM: clean exit, program detached.
-    let code = daemon.stop();
+    // SIGTERM / SIGINT: clean exit, program detached.
+    let code = daemon.stop(stop_signal);
     let log = daemon.log_text();
     assert_eq!(code, Some(0), "lb exit status; log:\n{log}");
     assert!(
@@ -142,12 +142,13 @@ fn lb_counts_vip_traffic_and_passes_the_rest(xdp_mode: &str) {
 
 #[test]
 fn native_mode_counts_vip_traffic_and_passes_the_rest() {
-    lb_counts_vip_traffic_and_passes_the_rest("native");
+    lb_counts_vip_traffic_and_passes_the_rest("native", libc::SIGTERM);
 }
 
+/// Also stopped with SIGINT instead of SIGTERM.
 #[test]
 fn skb_mode_counts_vip_traffic_and_passes_the_rest() {
-    lb_counts_vip_traffic_and_passes_the_rest("skb");
+    lb_counts_vip_traffic_and_passes_the_rest("skb", libc::SIGINT);
 }
 
 #[test]
@@ -190,4 +191,23 @@ fn a_second_lb_on_the_same_interface_is_refused_and_the_first_keeps_running() {
     assert!(stderr.contains("already attached"), "{stderr}");
     assert!(daemon.stats().is_ok());
     assert!(lb.ns.xdp_attached(&lb.ifname).unwrap());
+}
+
+/// The kit's two ways of making native XDP on veth receive frames: a pass program on the peer, or
+/// GRO. Neither may disturb ordinary traffic.
+#[test]
+fn peer_pass_program_and_gro_leave_traffic_alone() {
+    require_root();
+    let a = Netns::new("a").unwrap();
+    let b = Netns::new("b").unwrap();
+    let (pa, pb) = veth(&a, "10.0.9.1/24", &b, "10.0.9.2/24").unwrap();
+    let pass = attach_pass_program(&pa).unwrap();
+    enable_gro(&pb).unwrap();
+    assert!(pa.ns.xdp_attached(&pa.ifname).unwrap());
+    let ping = a
+        .exec(&["ping", "-c", "2", "-i", "0.2", "-W", "2", pb.addr()])
+        .unwrap();
+    assert!(ping.status.success(), "{ping:?}");
+    drop(pass);
+    assert!(!pa.ns.xdp_attached(&pa.ifname).unwrap(), "detached on drop");
 }

@@ -4,8 +4,9 @@
 mod setup;
 
 use std::{
+    io::{BufRead as _, BufReader},
     path::{Path, PathBuf},
-    process::Command,
+    process::{Command, Stdio},
 };
 
 use anyhow::{Context as _, bail};
@@ -104,10 +105,62 @@ fn test(root: &Path, cargo_args: &[String]) -> anyhow::Result<()> {
     ]))?;
     let lb = build(root, false)?;
     step("cargo test");
-    run(cargo(root)
+    let mut child = cargo(root)
         .args(["test", "--workspace", "--no-fail-fast", "--"])
         .args(cargo_args)
-        .env("LB_BIN", lb))
+        .env("LB_BIN", lb)
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("cannot start cargo test")?;
+    // Echo the output and add up every binary's "test result:" line, so the run ends with one
+    // total (cargo's own last line is often a doc-test binary with 0 tests).
+    let mut total = Totals::default();
+    for line in BufReader::new(child.stdout.take().context("cargo test stdout")?).lines() {
+        let line = line?;
+        println!("{line}");
+        total.add(&line);
+    }
+    let status = child.wait()?;
+    println!(
+        "total: {} passed, {} failed, {} skipped",
+        total.passed, total.failed, total.ignored
+    );
+    if !status.success() {
+        bail!("cargo test failed: {status}");
+    }
+    if total.passed == 0 {
+        bail!("no test ran");
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct Totals {
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+}
+
+impl Totals {
+    /// Adds `test result: ok. 3 passed; 0 failed; 1 ignored; ...`.
+    fn add(&mut self, line: &str) {
+        let Some(rest) = line.strip_prefix("test result: ") else {
+            return;
+        };
+        for part in rest.split(['.', ';']) {
+            let mut words = part.split_whitespace();
+            let (Some(n), Some(what)) = (words.next(), words.next()) else {
+                continue;
+            };
+            let Ok(n) = n.parse::<u64>() else { continue };
+            match what {
+                "passed" => self.passed += n,
+                "failed" => self.failed += n,
+                "ignored" => self.ignored += n,
+                _ => {}
+            }
+        }
+    }
 }
 
 /// Builds lb (and with it the XDP object) and returns the binary's path.

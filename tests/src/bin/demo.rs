@@ -165,7 +165,7 @@ backends = [{{ address = "10.0.2.2:5353" }}]
     }
     checkpoint().ok(); // interrupted or not, stop lb properly
     say("6. stopping lb (SIGTERM)");
-    let code = daemon.stop();
+    let code = daemon.stop(libc::SIGTERM);
     let attached = lb.ns.xdp_attached(&lb.ifname)?;
     println!(
         "   lb exited with {}; XDP program {}",
