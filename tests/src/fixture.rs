@@ -145,30 +145,13 @@ fn check(dp: &Dataplane, f: &Fixture) -> Result<(), String> {
     }
 }
 
-/// Both frames side by side, 16 bytes a line, differing bytes in brackets.
+/// Both frames, 16 bytes a line, differing bytes in brackets.
 pub fn hex_diff(want: &[u8], got: &[u8]) -> String {
-    let mut s = String::new();
-    let lines = want.len().max(got.len()).div_ceil(16);
-    for line in 0..lines {
-        let range = line * 16..(line + 1) * 16;
-        let _ = write!(s, "{:04x}  want ", range.start);
-        for i in range.clone() {
-            let mark = want.get(i) != got.get(i);
-            match want.get(i) {
-                Some(b) if mark => {
-                    let _ = write!(s, "[{b:02x}]");
-                }
-                Some(b) => {
-                    let _ = write!(s, " {b:02x} ");
-                }
-                None => s.push_str("    "),
-            }
-        }
-        let _ = write!(s, "\n      got  ");
-        for i in range {
-            let mark = want.get(i) != got.get(i);
-            match got.get(i) {
-                Some(b) if mark => {
+    let row = |s: &mut String, label: &str, this: &[u8], other: &[u8], start: usize| {
+        let _ = write!(s, "{label} ");
+        for i in start..start + 16 {
+            match this.get(i) {
+                Some(b) if this.get(i) != other.get(i) => {
                     let _ = write!(s, "[{b:02x}]");
                 }
                 Some(b) => {
@@ -178,6 +161,26 @@ pub fn hex_diff(want: &[u8], got: &[u8]) -> String {
             }
         }
         s.push('\n');
+    };
+    let mut s = String::new();
+    for start in (0..want.len().max(got.len())).step_by(16) {
+        let _ = write!(s, "{start:04x}  ");
+        row(&mut s, "want", want, got, start);
+        row(&mut s, "      got ", got, want, start);
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_diff_marks_differing_and_missing_bytes() {
+        let d = hex_diff(&[1, 2, 3], &[1, 9]);
+        let lines: Vec<&str> = d.lines().collect();
+        assert_eq!(lines.len(), 2, "{d}");
+        assert!(lines[0].starts_with("0000  want  01 [02][03]"), "{d}");
+        assert!(lines[1].starts_with("      got   01 [09]    "), "{d}");
+    }
 }

@@ -128,35 +128,32 @@ impl<'a> Fields<'a> {
 
     /// Each element of an array of tables, with its index (its path is `key[i]`).
     pub fn tables(&self, key: &'static str) -> Vec<(usize, &'a Table)> {
-        let Some(items) = self.array(key) else {
-            return Vec::new();
-        };
-        let mut out = Vec::new();
-        for (i, item) in items.iter().enumerate() {
-            let path = format!("{}[{i}]", self.path(key));
-            match item.as_table() {
-                Some(t) => out.push((i, t)),
-                None => self
-                    .problems
-                    .push(path, format!("expected a table, got {}", item.type_str())),
-            }
-        }
-        out
+        self.items(key, "a table", Value::as_table)
     }
 
     /// Each element of an array of strings, with its index.
     pub fn strings(&self, key: &'static str) -> Vec<(usize, &'a str)> {
+        self.items(key, "a string", Value::as_str)
+    }
+
+    /// The elements of an array that `conv` accepts; the others are reported at `key[i]`.
+    fn items<T>(
+        &self,
+        key: &'static str,
+        what: &str,
+        conv: impl Fn(&'a Value) -> Option<T>,
+    ) -> Vec<(usize, T)> {
         let Some(items) = self.array(key) else {
             return Vec::new();
         };
         let mut out = Vec::new();
         for (i, item) in items.iter().enumerate() {
-            let path = format!("{}[{i}]", self.path(key));
-            match item.as_str() {
-                Some(s) => out.push((i, s)),
-                None => self
-                    .problems
-                    .push(path, format!("expected a string, got {}", item.type_str())),
+            match conv(item) {
+                Some(v) => out.push((i, v)),
+                None => self.problems.push(
+                    format!("{}[{i}]", self.path(key)),
+                    format!("expected {what}, got {}", item.type_str()),
+                ),
             }
         }
         out

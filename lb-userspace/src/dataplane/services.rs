@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use anyhow::Context as _;
-use aya::{Ebpf, maps::HashMap as BpfHashMap};
+use aya::{Ebpf, Pod, maps::HashMap as BpfHashMap};
 use lb_common::{ServiceInfo, ServiceKey, map_name};
 
 use crate::config::Service;
@@ -26,40 +26,40 @@ pub fn service_entries(services: &[Service]) -> ServiceEntries {
     out
 }
 
+/// Makes both service maps hold exactly `want`.
+pub fn sync(ebpf: &mut Ebpf, want: &ServiceEntries) -> anyhow::Result<()> {
+    sync_map::<ServiceKey, ServiceInfo>(ebpf, map_name::SERVICES, want.services.iter().copied())?;
+    sync_map::<u32, u32>(
+        ebpf,
+        map_name::VIP_ADDRS,
+        want.vip_addrs.iter().map(|(k, v)| (*k, *v)),
+    )
+}
+
 /// Inserts every wanted entry, then removes the ones no longer wanted, so a packet never sees a
 /// service missing that exists in both the old and the new set.
-pub fn sync(ebpf: &mut Ebpf, want: &ServiceEntries) -> anyhow::Result<()> {
-    {
-        let mut map: BpfHashMap<_, ServiceKey, ServiceInfo> = BpfHashMap::try_from(
-            ebpf.map_mut(map_name::SERVICES)
-                .context("service map missing")?,
-        )?;
-        for (k, v) in &want.services {
-            map.insert(k, v, 0).context("writing the service map")?;
-        }
-        let stale: Vec<ServiceKey> = map
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| !want.services.iter().any(|(w, _)| w == k))
-            .collect();
-        for k in stale {
-            map.remove(&k).context("pruning the service map")?;
-        }
-    }
-    let mut map: BpfHashMap<_, u32, u32> = BpfHashMap::try_from(
-        ebpf.map_mut(map_name::VIP_ADDRS)
-            .context("VIP address map missing")?,
+fn sync_map<K: Pod + PartialEq, V: Pod>(
+    ebpf: &mut Ebpf,
+    name: &str,
+    want: impl Iterator<Item = (K, V)>,
+) -> anyhow::Result<()> {
+    let mut map: BpfHashMap<_, K, V> = BpfHashMap::try_from(
+        ebpf.map_mut(name)
+            .with_context(|| format!("map {name} missing"))?,
     )?;
-    for (k, v) in &want.vip_addrs {
-        map.insert(k, v, 0).context("writing the VIP address map")?;
+    let want: Vec<(K, V)> = want.collect();
+    for (k, v) in &want {
+        map.insert(k, v, 0)
+            .with_context(|| format!("writing map {name}"))?;
     }
-    let stale: Vec<u32> = map
+    let stale: Vec<K> = map
         .keys()
         .filter_map(Result::ok)
-        .filter(|k| !want.vip_addrs.contains_key(k))
+        .filter(|k| !want.iter().any(|(w, _)| w == k))
         .collect();
     for k in stale {
-        map.remove(&k).context("pruning the VIP address map")?;
+        map.remove(&k)
+            .with_context(|| format!("pruning map {name}"))?;
     }
     Ok(())
 }
