@@ -1,25 +1,42 @@
 //! The one definition of everything the XDP program and userspace share: map names and sizes,
-//! map key/value layouts and counter indices. Both sides use these types; nothing is re-declared.
+//! map key/value layouts, flag bits and counter indices. Nothing here is re-declared elsewhere.
 //!
-//! Layout rules for map types: `#[repr(C)]`, explicit padding fields, only integers (no `bool`,
-//! enum or `Option`), so that the bytes the kernel stores are fully defined on both sides.
+//! Layout rules for map types: `#[repr(C)]`, explicit padding fields, only integers and byte
+//! arrays (no `bool`, enum or `Option`), so the bytes the kernel stores are fully defined on both
+//! sides. Addresses and ports are kept in network byte order, as in the packet.
 #![no_std]
 
 pub const PROTO_TCP: u8 = 6;
 pub const PROTO_UDP: u8 = 17;
 
-/// Names of the maps declared in lb-ebpf (`#[map(name = ...)]`), as userspace looks them up.
+/// Names of the maps declared in lb-ebpf, as userspace looks them up.
 pub mod map_name {
+    /// `HashMap<u32, u32>`: IPv4 address → [`crate::addr_flags`]. The first lookup of every
+    /// IPv4 packet: a miss means "not lb's traffic", passed after one lookup.
+    pub const ADDRS: &str = "LB_ADDRS";
     /// `HashMap<ServiceKey, ServiceInfo>`: the virtual services.
     pub const SERVICES: &str = "LB_SERVICES";
-    /// `HashMap<u32, u32>`: every VIP address (network byte order) → number of services on it.
-    /// Consulted only for fragments and malformed packets, to decide pass or drop.
-    pub const VIP_ADDRS: &str = "LB_VIP_ADDRS";
-    /// `PerCpuArray<u64>` indexed by [`crate::counter`]: packets by verdict reason.
+    /// `Array<BackendInfo>` indexed by backend id.
+    pub const BACKENDS: &str = "LB_BACKENDS";
+    /// `Array<u32>` of backend ids: service `s`'s Maglev ring is `[s * ring_size, (s+1) * ring_size)`.
+    pub const RINGS: &str = "LB_RINGS";
+    /// `LruHashMap<FlowKey, CtEntry>`: client → VIP flows.
+    pub const CONNTRACK: &str = "LB_CONNTRACK";
+    /// `LruHashMap<FlowKey, NatEntry>`: backend → SNAT address flows (the return path), which
+    /// also reserves each SNAT port.
+    pub const NAT: &str = "LB_NAT";
+    /// `DevMapHash`: ifindex → ifindex of every interface lb is attached to (redirect targets).
+    pub const TX_PORTS: &str = "LB_TX_PORTS";
+    /// `PerCpuArray<u64>` indexed by [`crate::counter`].
     pub const STATS: &str = "LB_STATS";
-    /// `PerCpuArray<ServiceStats>` indexed by [`crate::ServiceInfo::id`].
+    /// `PerCpuArray<TrafficStats>` indexed by service id.
     pub const SERVICE_STATS: &str = "LB_SERVICE_STATS";
+    /// `PerCpuArray<TrafficStats>` indexed by backend id.
+    pub const BACKEND_STATS: &str = "LB_BACKEND_STATS";
 }
+
+/// Name of the global [`Params`] in the object, set by userspace at load time.
+pub const PARAMS_GLOBAL: &str = "LB_PARAMS";
 
 /// Name of the XDP program in the object file.
 pub const PROGRAM_NAME: &str = "lb_xdp";
@@ -27,13 +44,99 @@ pub const PROGRAM_NAME: &str = "lb_xdp";
 /// native XDP on veth needs to receive XDP_TX / redirected frames.
 pub const PASS_PROGRAM_NAME: &str = "lb_pass";
 
-/// Upper bound of service ids, and so the size of the per-service maps.
-pub const MAX_SERVICES: u32 = 1024;
-/// Upper bound of distinct VIP addresses.
-pub const MAX_VIP_ADDRS: u32 = MAX_SERVICES;
+/// Compile-time defaults of the maps' sizes; userspace sets the real sizes at load time.
+pub const DEFAULT_MAX_SERVICES: u32 = 64;
+pub const DEFAULT_MAX_BACKENDS: u32 = 4096;
+pub const DEFAULT_RING_SIZE: u32 = 65537;
+pub const DEFAULT_CONNTRACK_SIZE: u32 = 1 << 20;
+/// Upper bound of distinct addresses (VIPs and SNAT addresses).
+pub const MAX_ADDRS: u32 = 4096;
+/// Upper bound of interfaces lb attaches to.
+pub const MAX_TX_PORTS: u32 = 64;
+/// Ring slot value meaning "no backend".
+pub const NO_BACKEND: u32 = u32::MAX;
+/// Candidate SNAT ports tried for a new flow before giving up (counted).
+pub const SNAT_PORT_TRIES: u32 = 8;
+/// Ring slots tried for a new flow whose slot's backend cannot take it (its flag was written
+/// before the ring is rebuilt). With one of three backends out, all 16 miss with p = 2e-8.
+pub const SELECT_TRIES: u32 = 16;
 
-/// Key of the service map. `addr` and `port` are in network byte order, exactly as read from the
-/// packet, so the datapath compares without conversion.
+/// Flag bits of [`map_name::ADDRS`] values.
+pub mod addr_flags {
+    /// Destination of at least one service.
+    pub const VIP: u32 = 1;
+    /// Source address lb gives forwarded flows; replies come back to it.
+    pub const SNAT: u32 = 2;
+}
+
+/// Datapath parameters, a read-only global set by userspace when loading the program.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Params {
+    /// Slots per Maglev ring (a prime).
+    pub ring_size: u32,
+    /// SNAT source ports are `snat_port_min .. snat_port_min + snat_port_count` (host order).
+    pub snat_port_min: u16,
+    pub snat_port_count: u16,
+    /// Idle timeouts in nanoseconds, indexed by [`ct_state`] (an array, so the datapath indexes
+    /// it with a masked state instead of a branch table).
+    pub timeout_ns: [u64; 4],
+}
+
+impl Params {
+    pub const DEFAULT: Self = Self {
+        ring_size: DEFAULT_RING_SIZE,
+        snat_port_min: 20000,
+        snat_port_count: 12768,
+        // UDP 60 s, TCP SYN 30 s, established 15 min, closing 10 s (IPVS-like).
+        timeout_ns: [
+            60_000_000_000,
+            30_000_000_000,
+            900_000_000_000,
+            10_000_000_000,
+        ],
+    };
+
+    /// Idle timeout of a flow in `state`.
+    #[inline(always)]
+    pub const fn timeout(&self, state: u8) -> u64 {
+        self.timeout_ns[(state & 3) as usize]
+    }
+}
+
+/// murmur3's 64-bit finalizer: cheap and well mixed.
+#[inline(always)]
+pub const fn fmix64(mut k: u64) -> u64 {
+    k ^= k >> 33;
+    k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    k ^= k >> 33;
+    k = k.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    k ^ (k >> 33)
+}
+
+/// The hash that places a flow on a ring slot and picks its first SNAT port candidate. Fixed (no
+/// seed) so that two balancers with the same config pick the same backend for a flow: changing it
+/// is a compatibility break. Arguments in network byte order, as in the packet.
+#[inline(always)]
+pub const fn flow_hash(saddr: u32, daddr: u32, sport: u16, dport: u16, proto: u8) -> u64 {
+    let addrs = ((saddr as u64) << 32) | daddr as u64;
+    let ports = ((sport as u64) << 24) | ((dport as u64) << 8) | proto as u64;
+    fmix64(addrs ^ fmix64(ports))
+}
+
+/// The `try`-th SNAT port candidate (host order) for a flow with `hash`.
+#[inline(always)]
+pub const fn snat_port_candidate(hash: u64, try_: u32, p: &Params) -> u16 {
+    // checked_rem: a zero count must not become a division trap (the verifier rejects those).
+    let count = p.snat_port_count as u32;
+    let offset = match (((hash >> 32) as u32).wrapping_add(try_)).checked_rem(count) {
+        Some(o) => o,
+        None => 0,
+    };
+    (p.snat_port_min as u32 + offset) as u16
+}
+
+/// Key of the service map.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ServiceKey {
@@ -55,80 +158,222 @@ impl ServiceKey {
     }
 }
 
+/// Flag bits of [`ServiceInfo::flags`].
+pub mod service_flags {
+    /// Existing flows stay on a backend that became unavailable (`existing_flows = "keep"`).
+    pub const KEEP_FLOWS: u32 = 1;
+    /// No backend may take new flows and the policy says drop.
+    pub const DROP: u32 = 2;
+    /// No backend may take new flows and the policy says use them anyway (`use-all`, `first`):
+    /// the ring holds unavailable backends on purpose, take its pick as it is.
+    pub const USE_UNAVAILABLE: u32 = 4;
+}
+
 /// Value of the service map.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ServiceInfo {
-    /// Index into the per-service maps, `< MAX_SERVICES`.
+    /// Index into the ring and per-service maps, `< max_services`.
     pub id: u32,
+    pub flags: u32,
 }
 
-/// Per-service traffic, one slot per CPU.
+/// Flag bits of [`BackendInfo::flags`].
+pub mod backend_flags {
+    /// Health says available: takes new flows (unless drained) and keeps its flows.
+    pub const UP: u32 = 1;
+    /// Weight 0 / drained: no new flows, existing flows continue.
+    pub const DRAINED: u32 = 2;
+}
+
+/// A backend of one service (a host:port used by two services is two backends).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ServiceStats {
+pub struct BackendInfo {
+    pub addr: u32,
+    /// Source address of forwarded flows (its replies come back here).
+    pub snat_addr: u32,
+    pub port: u16,
+    pub _pad: u16,
+    pub flags: u32,
+}
+
+/// A flow's addressing in one direction.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FlowKey {
+    pub src: u32,
+    pub dst: u32,
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+
+/// Values of [`CtEntry::state`].
+pub mod ct_state {
+    pub const UDP: u8 = 0;
+    /// A client SYN was seen, the handshake is not complete.
+    pub const TCP_SYN: u8 = 1;
+    pub const TCP_ESTABLISHED: u8 = 2;
+    /// FIN or RST seen in either direction.
+    pub const TCP_CLOSING: u8 = 3;
+}
+
+/// Flag bits of [`CtEntry::flags`].
+pub mod ct_flags {
+    /// Copied from the service at creation: keep the flow on an unavailable backend.
+    pub const KEEP: u8 = 1;
+}
+
+/// Connection table entry of a client → VIP flow, with the next hop towards the backend cached
+/// so established packets need no route lookup (refreshed every second of activity).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtEntry {
+    pub backend_id: u32,
+    pub service_id: u32,
+    /// Last packet of the flow, coarse monotonic nanoseconds (refreshed at most once a second).
+    pub last_seen: u64,
+    pub egress_ifindex: u32,
+    pub dmac: [u8; 6],
+    pub smac: [u8; 6],
+    /// Network byte order.
+    pub snat_port: u16,
+    pub state: u8,
+    pub flags: u8,
+    pub _pad: [u8; 4],
+}
+
+/// Return-path entry: how to turn a backend's reply back into the VIP's, and where to send it
+/// (back to the MAC and interface the client's packets came from).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NatEntry {
+    pub client_addr: u32,
+    pub vip_addr: u32,
+    pub client_port: u16,
+    pub vip_port: u16,
+    pub ifindex: u32,
+    pub backend_id: u32,
+    pub client_mac: [u8; 6],
+    pub lb_mac: [u8; 6],
+}
+
+/// Per-service or per-backend traffic (client → backend direction), one slot per CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TrafficStats {
     pub packets: u64,
     pub bytes: u64,
+    pub new_flows: u64,
 }
 
 /// Indices into the `STATS` per-CPU array. Every packet increments exactly one verdict counter
-/// (the ones below [`counter::VERDICTS`]); the informational counters after it are extra.
+/// (those below [`counter::VERDICTS`]); the informational counters after it are extra.
 pub mod counter {
     /// Not IPv4 (ARP, IPv6, a second VLAN tag, ...): passed.
     pub const PASS_NOT_IPV4: u32 = 0;
-    /// IPv4 not addressed to a service (other address, port or protocol): passed.
+    /// IPv4 that is not lb's: no service, no return flow. Passed.
     pub const PASS_NOT_VIP: u32 = 1;
-    /// Addressed to a service.
-    pub const VIP_HIT: u32 = 2;
-    /// Could not be parsed (truncated, bad version, IHL or lengths), not for a VIP address:
-    /// passed, the kernel validates and drops it itself.
-    pub const PASS_MALFORMED: u32 = 3;
-    /// Could not be parsed and addressed to a VIP address: dropped.
-    pub const DROP_MALFORMED: u32 = 4;
-    /// An IPv4 fragment not for a VIP address: passed.
-    pub const PASS_FRAGMENT: u32 = 5;
-    /// An IPv4 fragment for a VIP address: dropped (fragments carry no ports to balance on).
-    pub const DROP_FRAGMENT: u32 = 6;
-    /// Number of verdict counters: each packet counts in exactly one of `0..VERDICTS`.
-    pub const VERDICTS: u32 = 7;
-    /// Informational: IPv4 header with options (IHL > 5); parsed past them, verdict as usual.
-    pub const IP_OPTIONS: u32 = 7;
-    /// Informational: frame with one 802.1Q tag; parsed past it, verdict as usual.
-    pub const VLAN: u32 = 8;
+    /// Could not be parsed and not for an lb address: passed (the kernel drops it itself).
+    pub const PASS_MALFORMED: u32 = 2;
+    /// Could not be parsed and addressed to an lb address: dropped.
+    pub const DROP_MALFORMED: u32 = 3;
+    /// An IPv4 fragment not for an lb address: passed.
+    pub const PASS_FRAGMENT: u32 = 4;
+    /// An IPv4 fragment for an lb address: dropped (fragments carry no ports to balance on).
+    pub const DROP_FRAGMENT: u32 = 5;
+    /// Forwarded (either direction) out of the interface it came in on.
+    pub const FWD_TX: u32 = 6;
+    /// Forwarded (either direction) out of another interface lb is attached to.
+    pub const FWD_REDIRECT: u32 = 7;
+    /// TTL 0 or 1: dropped.
+    pub const DROP_TTL: u32 = 8;
+    /// A new flow found no backend (policy `drop`, or an empty ring): dropped.
+    pub const DROP_NO_BACKEND: u32 = 9;
+    /// No route to the backend, or its egress interface is not one of lb's: dropped.
+    pub const DROP_NO_ROUTE: u32 = 10;
+    /// The backend's next hop has no resolved MAC yet (lb keeps backends' neighbours resolved,
+    /// so this is transient): dropped, the client retransmits.
+    pub const DROP_NO_NEIGH: u32 = 11;
+    /// No free SNAT port among the candidates: dropped.
+    pub const DROP_NO_SNAT_PORT: u32 = 12;
+    /// Number of verdict counters.
+    pub const VERDICTS: u32 = 13;
+    /// Informational: IPv4 header with options (IHL > 5); parsed past them.
+    pub const IP_OPTIONS: u32 = 13;
+    /// Informational: frame with one 802.1Q tag; parsed past it.
+    pub const VLAN: u32 = 14;
+    /// Informational: connection table entries created.
+    pub const CT_NEW: u32 = 15;
+    /// Informational: TCP packets without SYN and without a live entry (evicted from a full
+    /// table, expired, or lb restarted): the flow is re-created on the same backend and SNAT port
+    /// while the ring and ports allow.
+    pub const CT_MISS_MIDSTREAM: u32 = 16;
+    /// Informational: flows moved off a backend that became unavailable.
+    pub const CT_RESCHEDULED: u32 = 17;
+    /// Informational: SNAT port candidates found taken.
+    pub const SNAT_PORT_RETRY: u32 = 18;
+    /// Informational: return-path packets (backend → client).
+    pub const REPLY: u32 = 19;
     /// Size of the `STATS` array.
-    pub const COUNT: u32 = 9;
+    pub const COUNT: u32 = 20;
 
-    /// Stable names, indexed like the constants (used in status output and metrics).
+    /// Stable names, indexed like the constants (status output and metrics).
     pub const NAMES: [&str; COUNT as usize] = [
         "pass_not_ipv4",
         "pass_not_vip",
-        "vip_hit",
         "pass_malformed",
         "drop_malformed",
         "pass_fragment",
         "drop_fragment",
+        "fwd_tx",
+        "fwd_redirect",
+        "drop_ttl",
+        "drop_no_backend",
+        "drop_no_route",
+        "drop_no_neigh",
+        "drop_no_snat_port",
         "ip_options",
         "vlan",
+        "ct_new",
+        "ct_miss_midstream",
+        "ct_rescheduled",
+        "snat_port_retry",
+        "reply",
     ];
 }
 
 #[cfg(feature = "user")]
 mod pod {
-    // SAFETY: all are #[repr(C)] plain integers with explicit padding, valid for any bit pattern.
+    // SAFETY: all are #[repr(C)] integers and byte arrays with explicit padding, valid for any
+    // bit pattern.
+    unsafe impl aya::Pod for super::Params {}
     unsafe impl aya::Pod for super::ServiceKey {}
     unsafe impl aya::Pod for super::ServiceInfo {}
-    unsafe impl aya::Pod for super::ServiceStats {}
+    unsafe impl aya::Pod for super::BackendInfo {}
+    unsafe impl aya::Pod for super::FlowKey {}
+    unsafe impl aya::Pod for super::CtEntry {}
+    unsafe impl aya::Pod for super::NatEntry {}
+    unsafe impl aya::Pod for super::TrafficStats {}
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use core::mem::size_of;
 
     #[test]
     fn layouts_have_no_implicit_padding() {
-        assert_eq!(core::mem::size_of::<ServiceKey>(), 8);
-        assert_eq!(core::mem::size_of::<ServiceInfo>(), 4);
-        assert_eq!(core::mem::size_of::<ServiceStats>(), 16);
+        assert_eq!(size_of::<Params>(), 40);
+        assert_eq!(size_of::<ServiceKey>(), 8);
+        assert_eq!(size_of::<ServiceInfo>(), 8);
+        assert_eq!(size_of::<BackendInfo>(), 16);
+        assert_eq!(size_of::<FlowKey>(), 16);
+        assert_eq!(size_of::<CtEntry>(), 40);
+        assert_eq!(size_of::<NatEntry>(), 32);
+        assert_eq!(size_of::<TrafficStats>(), 24);
     }
 
     #[test]
@@ -136,5 +381,12 @@ mod tests {
         let k = ServiceKey::new([10, 0, 0, 1], 80, PROTO_TCP);
         assert_eq!(k.addr.to_ne_bytes(), [10, 0, 0, 1]);
         assert_eq!(k.port.to_ne_bytes(), [0, 80]);
+    }
+
+    #[test]
+    fn counter_names_are_unique() {
+        for (i, a) in counter::NAMES.iter().enumerate() {
+            assert!(!counter::NAMES[i + 1..].contains(a), "{a}");
+        }
     }
 }

@@ -3,7 +3,11 @@
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
+mod csum;
+mod fib;
+mod flow;
 mod maps;
+mod nat;
 mod parse;
 mod ptr;
 mod stats;
@@ -11,10 +15,11 @@ mod stats;
 #[cfg(target_arch = "bpf")]
 mod prog {
     use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
-    use lb_common::{ServiceKey, counter};
+    use lb_common::{addr_flags, counter};
 
     use crate::{
-        maps::{SERVICES, VIP_ADDRS},
+        flow,
+        maps::ADDRS,
         parse::{self, Parsed},
         stats,
     };
@@ -46,28 +51,35 @@ mod prog {
             Parsed::OtherL4 => return (xdp_action::XDP_PASS, counter::PASS_NOT_VIP),
             Parsed::Flow(flow) => flow,
         };
-        let key = ServiceKey {
-            addr: flow.daddr,
-            port: flow.dport,
-            proto: flow.proto,
-            _pad: 0,
-        };
-        // SAFETY: the value is only read, and the map holds plain integers.
-        let Some(service) = (unsafe { SERVICES.get(&key) }) else {
+        // One u32 lookup decides whether the packet is lb's at all.
+        // SAFETY: read-only use of a plain-integer value.
+        let Some(flags) = (unsafe { ADDRS.get(&flow.daddr) }).copied() else {
             return (xdp_action::XDP_PASS, counter::PASS_NOT_VIP);
         };
-        stats::count_service(service.id, ctx.data_end() - ctx.data());
-        // Forwarding is not built yet: VIP traffic goes to the kernel, counted.
-        (xdp_action::XDP_PASS, counter::VIP_HIT)
+        if flags & addr_flags::SNAT != 0 {
+            if let Some(v) = flow::reply(ctx, &flow) {
+                return v;
+            }
+        }
+        if flags & addr_flags::VIP != 0 {
+            return flow::forward(ctx, &flow);
+        }
+        (xdp_action::XDP_PASS, counter::PASS_NOT_VIP)
     }
 
-    /// Fragments and unparseable packets: dropped when addressed to a VIP address (lb owns that
-    /// address but cannot balance the packet), passed otherwise (not ours to judge).
+    /// Fragments and unparseable packets: dropped when addressed to a VIP (lb owns that address
+    /// but cannot balance the packet), passed otherwise, also to SNAT addresses, which are the
+    /// host's own (not ours to judge).
     #[inline(always)]
     fn odd_packet(daddr: Option<u32>, pass: u32, drop: u32) -> (u32, u32) {
-        match daddr {
-            Some(addr) if VIP_ADDRS.get_ptr(&addr).is_some() => (xdp_action::XDP_DROP, drop),
-            _ => (xdp_action::XDP_PASS, pass),
+        let vip = daddr
+            .and_then(|a| ADDRS.get_ptr(&a))
+            // SAFETY: a map value, read once.
+            .is_some_and(|f| unsafe { *f } & addr_flags::VIP != 0);
+        if vip {
+            (xdp_action::XDP_DROP, drop)
+        } else {
+            (xdp_action::XDP_PASS, pass)
         }
     }
 

@@ -1,26 +1,70 @@
-//! The program's maps. Names, key and value types come from lb-common; userspace sizes and fills
-//! them.
+//! The program's maps and its parameters. Names, key and value types come from lb-common;
+//! userspace sizes the maps at load time and fills them.
 #![cfg_attr(not(target_arch = "bpf"), allow(dead_code))]
 
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, PerCpuArray},
+    maps::{Array, DevMapHash, HashMap, LruHashMap, PerCpuArray},
 };
-use lb_common::{MAX_SERVICES, MAX_VIP_ADDRS, ServiceInfo, ServiceKey, ServiceStats, counter};
+use lb_common::{
+    BackendInfo, CtEntry, DEFAULT_CONNTRACK_SIZE, DEFAULT_MAX_BACKENDS, DEFAULT_MAX_SERVICES,
+    DEFAULT_RING_SIZE, FlowKey, MAX_ADDRS, MAX_TX_PORTS, NatEntry, Params, ServiceInfo, ServiceKey,
+    TrafficStats, counter,
+};
 
-/// (VIP, port, protocol) → service. Written by userspace on start and on config changes.
+/// Datapath parameters; userspace overrides this read-only global when loading.
+#[unsafe(no_mangle)]
+static LB_PARAMS: Params = Params::DEFAULT;
+
+/// The parameters, read in place (fields are loaded where used; copying the struct to the stack
+/// would let LLVM index it with a variable offset, which the verifier refuses).
+#[inline(always)]
+pub fn params() -> &'static Params {
+    let p: *const Params = &LB_PARAMS;
+    // SAFETY: a valid pointer to a read-only global. Read through a volatile load of the pointer
+    // so the compiler cannot fold the compile-time default into the code.
+    unsafe { &*core::ptr::read_volatile(&p) }
+}
+
+/// Address → VIP / SNAT flags: the first lookup of every IPv4 packet.
+#[map(name = "LB_ADDRS")]
+pub static ADDRS: HashMap<u32, u32> = HashMap::with_max_entries(MAX_ADDRS, 0);
+
+/// (VIP, port, protocol) → service.
 #[map(name = "LB_SERVICES")]
-pub static SERVICES: HashMap<ServiceKey, ServiceInfo> = HashMap::with_max_entries(MAX_SERVICES, 0);
+pub static SERVICES: HashMap<ServiceKey, ServiceInfo> =
+    HashMap::with_max_entries(DEFAULT_MAX_SERVICES, 0);
 
-/// VIP address → number of services on it; decides pass or drop for odd packets.
-#[map(name = "LB_VIP_ADDRS")]
-pub static VIP_ADDRS: HashMap<u32, u32> = HashMap::with_max_entries(MAX_VIP_ADDRS, 0);
+/// Backend id → address, SNAT address, flags (health, drain).
+#[map(name = "LB_BACKENDS")]
+pub static BACKENDS: Array<BackendInfo> = Array::with_max_entries(DEFAULT_MAX_BACKENDS, 0);
+
+/// Maglev rings of all services, back to back: slot → backend id.
+#[map(name = "LB_RINGS")]
+pub static RINGS: Array<u32> = Array::with_max_entries(DEFAULT_MAX_SERVICES * DEFAULT_RING_SIZE, 0);
+
+/// Client → VIP flows.
+#[map(name = "LB_CONNTRACK")]
+pub static CONNTRACK: LruHashMap<FlowKey, CtEntry> =
+    LruHashMap::with_max_entries(DEFAULT_CONNTRACK_SIZE, 0);
+
+/// Backend → SNAT address flows: the return path, and the SNAT port reservations.
+#[map(name = "LB_NAT")]
+pub static NAT: LruHashMap<FlowKey, NatEntry> =
+    LruHashMap::with_max_entries(DEFAULT_CONNTRACK_SIZE, 0);
+
+/// Interfaces lb is attached to: targets of XDP_REDIRECT.
+#[map(name = "LB_TX_PORTS")]
+pub static TX_PORTS: DevMapHash = DevMapHash::with_max_entries(MAX_TX_PORTS, 0);
 
 /// Packets by verdict reason, per CPU (no atomics on the hot path).
 #[map(name = "LB_STATS")]
 pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
 
-/// Packets and bytes per service id, per CPU.
 #[map(name = "LB_SERVICE_STATS")]
-pub static SERVICE_STATS: PerCpuArray<ServiceStats> =
-    PerCpuArray::with_max_entries(MAX_SERVICES, 0);
+pub static SERVICE_STATS: PerCpuArray<TrafficStats> =
+    PerCpuArray::with_max_entries(DEFAULT_MAX_SERVICES, 0);
+
+#[map(name = "LB_BACKEND_STATS")]
+pub static BACKEND_STATS: PerCpuArray<TrafficStats> =
+    PerCpuArray::with_max_entries(DEFAULT_MAX_BACKENDS, 0);

@@ -12,11 +12,23 @@ const ETH_P_8021Q: u16 = 0x8100;
 /// More-fragments flag and fragment offset bits of the IPv4 `frags` field.
 const IP_MF_OFFSET_MASK: u16 = 0x3fff;
 
-/// Where a TCP or UDP packet is going, in network byte order.
+pub const TCP_FIN: u8 = 0x01;
+pub const TCP_SYN: u8 = 0x02;
+pub const TCP_RST: u8 = 0x04;
+pub const TCP_ACK: u8 = 0x10;
+
+/// A TCP or UDP packet's addressing (network byte order) and where its headers are.
 pub struct Flow {
+    pub saddr: u32,
     pub daddr: u32,
+    pub sport: u16,
     pub dport: u16,
     pub proto: u8,
+    /// TCP flags (FIN, SYN, RST, ACK bits); 0 for UDP.
+    pub tcp_flags: u8,
+    pub ttl: u8,
+    pub l3_off: usize,
+    pub l4_off: usize,
 }
 
 pub enum Parsed {
@@ -79,7 +91,7 @@ pub fn parse(data: usize, data_end: usize) -> Parsed {
 
     let l4_off = l3_off + ihl;
     let l4_len = tot_len - ihl;
-    let dport = match ip.proto {
+    let (sport, dport, tcp_flags) = match ip.proto {
         PROTO_TCP => {
             let Some(tcp) = read_at::<TcpHdr>(data, data_end, l4_off) else {
                 return malformed;
@@ -88,7 +100,15 @@ pub fn parse(data: usize, data_end: usize) -> Parsed {
             if doff < TcpHdr::LEN || doff > l4_len {
                 return malformed;
             }
-            u16::from_ne_bytes(tcp.dest)
+            // Byte 13 of the header holds the flags (CWR ECE URG ACK PSH RST SYN FIN).
+            // SAFETY: TcpHdr is 20 bytes of plain data.
+            let raw: [u8; TcpHdr::LEN] = unsafe { core::mem::transmute(tcp) };
+            let flags = raw[13] & (TCP_FIN | TCP_SYN | TCP_RST | TCP_ACK);
+            (
+                u16::from_ne_bytes(tcp.source),
+                u16::from_ne_bytes(tcp.dest),
+                flags,
+            )
         }
         PROTO_UDP => {
             let Some(udp) = read_at::<UdpHdr>(data, data_end, l4_off) else {
@@ -98,13 +118,19 @@ pub fn parse(data: usize, data_end: usize) -> Parsed {
             if len < UdpHdr::LEN || len > l4_len {
                 return malformed;
             }
-            u16::from_ne_bytes(udp.dst)
+            (u16::from_ne_bytes(udp.src), u16::from_ne_bytes(udp.dst), 0)
         }
         _ => return Parsed::OtherL4,
     };
     Parsed::Flow(Flow {
+        saddr: u32::from_ne_bytes(ip.src_addr),
         daddr,
+        sport,
         dport,
         proto: ip.proto,
+        tcp_flags,
+        ttl: ip.ttl,
+        l3_off,
+        l4_off,
     })
 }

@@ -19,3 +19,9 @@ pub fn read_at<T: Copy>(data: usize, data_end: usize, offset: usize) -> Option<T
     // SAFETY: `p` is in bounds (checked above); unaligned read since headers are packed.
     Some(unsafe { core::ptr::read_unaligned(p) })
 }
+
+/// Mutable pointer to a `T` at `offset`, if the packet holds all of it.
+#[inline(always)]
+pub fn ptr_at_mut<T>(data: usize, data_end: usize, offset: usize) -> Option<*mut T> {
+    ptr_at::<T>(data, data_end, offset).map(|p| p as *mut T)
+}

@@ -1,7 +1,9 @@
 //! Per-CPU counters: plain adds, no atomics, since each CPU owns its slot.
 #![cfg_attr(not(target_arch = "bpf"), allow(dead_code))]
 
-use crate::maps::{SERVICE_STATS, STATS};
+use lb_common::TrafficStats;
+
+use crate::maps::{BACKEND_STATS, SERVICE_STATS, STATS};
 
 #[inline(always)]
 pub fn count(index: u32) {
@@ -11,13 +13,25 @@ pub fn count(index: u32) {
     }
 }
 
+/// One forwarded packet of a flow of `service` to `backend`; `new_flow` when it created the flow.
 #[inline(always)]
-pub fn count_service(id: u32, bytes: usize) {
-    if let Some(s) = SERVICE_STATS.get_ptr_mut(id) {
-        // SAFETY: as above.
-        unsafe {
-            (*s).packets += 1;
-            (*s).bytes += bytes as u64;
-        }
+pub fn count_traffic(service: u32, backend: u32, bytes: usize, new_flow: bool) {
+    // Two separate checks on purpose: combined null checks make LLVM OR the pointers, which
+    // the verifier refuses.
+    if let Some(s) = SERVICE_STATS.get_ptr_mut(service) {
+        add(s, bytes, new_flow);
+    }
+    if let Some(b) = BACKEND_STATS.get_ptr_mut(backend) {
+        add(b, bytes, new_flow);
+    }
+}
+
+#[inline(always)]
+fn add(t: *mut TrafficStats, bytes: usize, new_flow: bool) {
+    // SAFETY: a per-CPU map value, only this CPU writes it while the program runs.
+    unsafe {
+        (*t).packets += 1;
+        (*t).bytes += bytes as u64;
+        (*t).new_flows += u64::from(new_flow);
     }
 }

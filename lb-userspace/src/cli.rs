@@ -48,9 +48,8 @@ pub async fn stats(api: SocketAddr, json: bool) -> anyhow::Result<()> {
     let reply: StatsReply = serde_json::from_str(&body)?;
     println!("{:<16} {:>14}", "counter", "packets");
     for c in &reply.counters {
-        let note = if c.name == counter::NAMES[counter::IP_OPTIONS as usize]
-            || c.name == counter::NAMES[counter::VLAN as usize]
-        {
+        let informational = counter::NAMES[counter::VERDICTS as usize..].contains(&c.name.as_str());
+        let note = if informational {
             "  (informational)"
         } else {
             ""

@@ -1,9 +1,12 @@
-//! `lb run`: load the config, load and fill the datapath, attach, serve the API, and on SIGINT or
-//! SIGTERM detach and exit.
+//! `lb run`: load the config, load and fill the datapath, attach, serve the API, keep the
+//! backends' neighbour entries resolved, and on SIGINT or SIGTERM detach and exit.
 
 use std::{
+    collections::BTreeSet,
+    net::{Ipv4Addr, SocketAddrV4, UdpSocket},
     path::Path,
     sync::{Arc, Mutex},
+    time::Duration,
 };
 
 use anyhow::Context as _;
@@ -12,18 +15,33 @@ use tokio::{
     signal::unix::{SignalKind, signal},
     sync::watch,
 };
-use tracing::{Instrument as _, error, info, info_span};
+use tracing::{Instrument as _, debug, error, info, info_span};
 
 use crate::{
     api::{self, ApiState},
+    balancer::Balancer,
     config::Config,
     dataplane::Dataplane,
 };
 
+/// How often lb re-announces itself to the backends' neighbour entries.
+const NEIGHBOUR_REFRESH: Duration = Duration::from_secs(10);
+
 pub async fn run(config_path: &Path, config: Config) -> anyhow::Result<()> {
-    let mut dataplane = Dataplane::load()?;
-    // Fill the maps before attaching: the program never sees a half-written service set.
-    dataplane.set_services(&config.services)?;
+    let mut dataplane = Dataplane::load(&config.lb)?;
+    // Fill the maps before attaching: the program never sees a half-written state.
+    let balancer = Balancer::new(
+        &config,
+        |sid, backend| snat_address(&config, sid, backend),
+        &mut dataplane,
+    )?;
+    dataplane.set_counts(config.services.len() as u32, balancer.backend_count());
+    let backends: BTreeSet<Ipv4Addr> = balancer
+        .backend_addresses()
+        .iter()
+        .map(|a| *a.ip())
+        .collect();
+    resolve_neighbours(&backends);
     for iface in &config.lb.interfaces {
         dataplane.attach(iface, config.lb.xdp_mode)?;
     }
@@ -39,9 +57,13 @@ pub async fn run(config_path: &Path, config: Config) -> anyhow::Result<()> {
     let state = ApiState {
         config: Arc::new(config.clone()),
         dataplane: dataplane.clone(),
+        balancer: Arc::new(Mutex::new(balancer)),
     };
-    let mut api =
-        tokio::spawn(api::serve(config.lb.api, state, stop_rx).instrument(info_span!("api")));
+    let mut api = tokio::spawn(
+        api::serve(config.lb.api, state, stop_rx.clone()).instrument(info_span!("api")),
+    );
+    let neighbours =
+        tokio::spawn(keep_neighbours(backends, stop_rx).instrument(info_span!("neighbours")));
 
     let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("SIGINT handler")?;
@@ -55,7 +77,7 @@ pub async fn run(config_path: &Path, config: Config) -> anyhow::Result<()> {
             Err(e) => Err(anyhow::Error::new(e).context("control API task")),
         },
     };
-    // Receivers may already be gone when the API task ended; nothing else listens.
+    // Receivers may already be gone when a task ended; nothing else listens.
     stop_tx.send_replace(true);
     if !api.is_finished() {
         match api.await {
@@ -64,15 +86,63 @@ pub async fn run(config_path: &Path, config: Config) -> anyhow::Result<()> {
             Ok(Ok(())) => {}
         }
     }
+    if let Err(e) = neighbours.await {
+        error!(error = %e, "neighbour task");
+    }
 
     let mut dataplane = dataplane.lock().expect("dataplane lock");
     if let Ok(stats) = dataplane.stats() {
         info!(
-            vip_hit = stats.counter(counter::VIP_HIT),
-            pass_not_vip = stats.counter(counter::PASS_NOT_VIP),
+            forwarded = stats.counter(counter::FWD_TX) + stats.counter(counter::FWD_REDIRECT),
+            new_flows = stats.counter(counter::CT_NEW),
+            passed = stats.counter(counter::PASS_NOT_VIP),
             "final counters"
         );
     }
     dataplane.detach_all();
     result
+}
+
+/// A backend's SNAT address: the service's, else `lb.snat_address`, else the source address the
+/// kernel uses towards the backend (its egress interface's address).
+pub fn snat_address(
+    config: &Config,
+    sid: usize,
+    backend: SocketAddrV4,
+) -> anyhow::Result<Ipv4Addr> {
+    if let Some(a) = config.services[sid].snat_address.or(config.lb.snat_address) {
+        return Ok(a);
+    }
+    let socket = UdpSocket::bind("0.0.0.0:0")?;
+    socket
+        .connect(SocketAddrV4::new(*backend.ip(), 9))
+        .with_context(|| format!("no route to backend {}", backend.ip()))?;
+    match socket.local_addr()?.ip() {
+        std::net::IpAddr::V4(a) => Ok(a),
+        std::net::IpAddr::V6(_) => anyhow::bail!("IPv6 source towards {}", backend.ip()),
+    }
+}
+
+/// The datapath needs each backend's MAC in the kernel's neighbour table (bpf_fib_lookup reads
+/// it but cannot resolve it). An empty datagram to the discard port makes the kernel resolve
+/// and refresh the entry; whatever the backend answers (ICMP port unreachable) is ignored.
+pub fn resolve_neighbours(backends: &BTreeSet<Ipv4Addr>) {
+    let socket = match UdpSocket::bind("0.0.0.0:0") {
+        Ok(s) => s,
+        Err(e) => return debug!(error = %e, "neighbour refresh socket"),
+    };
+    for ip in backends {
+        if let Err(e) = socket.send_to(&[], SocketAddrV4::new(*ip, 9)) {
+            debug!(%ip, error = %e, "neighbour refresh");
+        }
+    }
+}
+
+async fn keep_neighbours(backends: BTreeSet<Ipv4Addr>, mut stop: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(NEIGHBOUR_REFRESH) => resolve_neighbours(&backends),
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
 }

@@ -2,11 +2,13 @@
 //! integration tests drive directly (config, dataplane).
 
 pub mod api;
+pub mod balancer;
 pub mod cli;
 pub mod client;
 pub mod config;
 pub mod daemon;
 pub mod dataplane;
+pub mod maglev;
 
 /// Exit codes scripts can rely on.
 pub mod exit {

@@ -36,7 +36,7 @@ fn an_invalid_file_lists_every_problem_and_exits_64() {
     );
     assert_eq!(code, Some(64), "{stderr}");
     assert!(
-        stderr.contains("  lb.xdp_mode: expected auto, native or skb, got \"fast\""),
+        stderr.contains("  lb.xdp_mode: expected one of auto, native, skb, got \"fast\""),
         "{stderr}"
     );
     assert!(

@@ -37,6 +37,8 @@ pub struct Fixture {
     pub counter: u32,
     /// Informational counters that must count it too.
     pub also: Vec<u32>,
+    /// Interface index the frame arrives on (0: loopback), in the namespace of the calling thread.
+    pub ingress: u32,
 }
 
 impl Fixture {
@@ -48,7 +50,13 @@ impl Fixture {
             output: None,
             counter,
             also: Vec::new(),
+            ingress: 0,
         }
+    }
+
+    pub fn ingress(mut self, ifindex: u32) -> Self {
+        self.ingress = ifindex;
+        self
     }
 
     pub fn output(mut self, output: Vec<u8>) -> Self {
@@ -69,12 +77,17 @@ pub struct RunResult {
     pub duration_ns: u64,
 }
 
-/// Runs `prog` once on `input`.
-pub fn run_once(prog: &Xdp, input: &[u8]) -> anyhow::Result<RunResult> {
+/// Runs `prog` once on `input`, arriving on interface `ingress` (0: the default, loopback) of the
+/// calling thread's network namespace, where its route lookups happen too.
+pub fn run_once(prog: &Xdp, input: &[u8], ingress: u32) -> anyhow::Result<RunResult> {
     let mut out = vec![0u8; input.len() + 256];
+    // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex.
+    let md: [u32; 6] = [0, input.len() as u32, 0, ingress, 0, 0];
+    let md_bytes: Vec<u8> = md.iter().flat_map(|v| v.to_ne_bytes()).collect();
     let r = prog.test_run(TestRunOptions {
         data_in: Some(input),
         data_out: Some(&mut out),
+        ctx_in: (ingress != 0).then_some(&md_bytes[..]),
         repeat: 1,
         ..Default::default()
     })?;
@@ -99,7 +112,8 @@ pub fn run_fixtures(dp: &Dataplane, fixtures: &[Fixture]) {
 
 fn check(dp: &Dataplane, f: &Fixture) -> Result<(), String> {
     let before = dp.stats().map_err(|e| format!("{e:#}"))?;
-    let r = run_once(dp.program(), &f.input).map_err(|e| format!("test run failed: {e:#}"))?;
+    let r = run_once(dp.program(), &f.input, f.ingress)
+        .map_err(|e| format!("test run failed: {e:#}"))?;
     let after = dp.stats().map_err(|e| format!("{e:#}"))?;
     let mut report = String::new();
     if r.verdict != f.verdict {

@@ -3,8 +3,11 @@
 
 pub mod daemon;
 pub mod fixture;
+pub mod inproc;
 pub mod netns;
 pub mod packet;
+pub mod servers;
+pub mod topology;
 
 use std::path::PathBuf;
 

@@ -140,6 +140,38 @@ impl Netns {
         })
     }
 
+    /// Writes a sysctl of this namespace, e.g. `("net/ipv4/ip_forward", "1")`.
+    pub fn sysctl(&self, key: &str, value: &str) -> anyhow::Result<()> {
+        let path = format!("/proc/sys/{key}");
+        // /proc/sys/net follows the network namespace of the thread that opens it.
+        self.enter(|| std::fs::write(&path, value))
+            .with_context(|| format!("writing {path} in {}", self.name()))
+    }
+
+    /// Index of an interface of this namespace (only meaningful inside it).
+    pub fn ifindex(&self, ifname: &str) -> anyhow::Result<u32> {
+        let out = self.ip(&["-o", "link", "show", "dev", ifname])?;
+        out.split(':')
+            .next()
+            .and_then(|n| n.trim().parse().ok())
+            .with_context(|| format!("no index in {out:?}"))
+    }
+
+    /// MAC address of an interface of this namespace.
+    pub fn mac(&self, ifname: &str) -> anyhow::Result<[u8; 6]> {
+        let out = self.ip(&["-o", "link", "show", "dev", ifname])?;
+        let text = out
+            .split("link/ether ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .with_context(|| format!("no MAC in {out:?}"))?;
+        let mut mac = [0u8; 6];
+        for (i, part) in text.split(':').enumerate().take(6) {
+            mac[i] = u8::from_str_radix(part, 16)?;
+        }
+        Ok(mac)
+    }
+
     /// Whether an XDP program is attached to `ifname`.
     pub fn xdp_attached(&self, ifname: &str) -> anyhow::Result<bool> {
         Ok(self
@@ -168,6 +200,16 @@ impl Port {
 /// namespace), addressed, up, with TX checksum offload off (forwarded TCP stalls on partial
 /// checksums otherwise).
 pub fn veth(a: &Netns, a_cidr: &str, b: &Netns, b_cidr: &str) -> anyhow::Result<(Port, Port)> {
+    veth_maybe_addressed(a, Some(a_cidr), b, Some(b_cidr))
+}
+
+/// Like [`veth`], with either end left without an address (e.g. a bridge port).
+pub fn veth_maybe_addressed(
+    a: &Netns,
+    a_cidr: Option<&str>,
+    b: &Netns,
+    b_cidr: Option<&str>,
+) -> anyhow::Result<(Port, Port)> {
     let id = next_id();
     let pid = std::process::id();
     let (an, bn) = (format!("v{pid}x{id}a"), format!("v{pid}x{id}b"));
@@ -186,22 +228,18 @@ pub fn veth(a: &Netns, a_cidr: &str, b: &Netns, b_cidr: &str) -> anyhow::Result<
         b.name(),
     ]))?;
     for (ns, ifname, cidr) in [(a, &an, a_cidr), (b, &bn, b_cidr)] {
-        ns.ip(&["addr", "add", cidr, "dev", ifname])?;
+        if let Some(cidr) = cidr {
+            ns.ip(&["addr", "add", cidr, "dev", ifname])?;
+        }
         ns.ip(&["link", "set", ifname, "up"])?;
         sh(ns.command("ethtool").args(["-K", ifname, "tx", "off"]))?;
     }
-    Ok((
-        Port {
-            ns: a.clone(),
-            ifname: an,
-            cidr: a_cidr.into(),
-        },
-        Port {
-            ns: b.clone(),
-            ifname: bn,
-            cidr: b_cidr.into(),
-        },
-    ))
+    let port = |ns: &Netns, ifname: String, cidr: Option<&str>| Port {
+        ns: ns.clone(),
+        ifname,
+        cidr: cidr.unwrap_or_default().into(),
+    };
+    Ok((port(a, an, a_cidr), port(b, bn, b_cidr)))
 }
 
 /// Turns GRO on for a veth end: with it, frames redirected into the veth by native XDP are

@@ -18,13 +18,18 @@ use lb_common::counter;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::{config::Config, dataplane::Dataplane};
+use crate::{
+    balancer::Balancer,
+    config::Config,
+    dataplane::{Dataplane, TrafficCounters},
+};
 
 /// What the API reads from.
 #[derive(Clone)]
 pub struct ApiState {
     pub config: Arc<Config>,
     pub dataplane: Arc<Mutex<Dataplane>>,
+    pub balancer: Arc<Mutex<Balancer>>,
 }
 
 /// `GET /v1/stats`.
@@ -48,6 +53,17 @@ pub struct ServiceStatsReply {
     pub protocol: String,
     pub packets: u64,
     pub bytes: u64,
+    pub new_flows: u64,
+    pub backends: Vec<BackendStatsReply>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BackendStatsReply {
+    pub address: String,
+    pub weight: u32,
+    pub packets: u64,
+    pub bytes: u64,
+    pub new_flows: u64,
 }
 
 impl StatsReply {
@@ -97,17 +113,41 @@ async fn stats(State(state): State<ApiState>) -> Response {
             value: *value,
         })
         .collect();
+    let balancer = state.balancer.lock().expect("balancer lock");
     let services = state
         .config
         .services
         .iter()
-        .zip(&stats.services)
-        .map(|(s, c)| ServiceStatsReply {
-            name: s.name.clone(),
-            vip: s.vip.to_string(),
-            protocol: s.protocol.as_str().to_owned(),
-            packets: c.packets,
-            bytes: c.bytes,
+        .enumerate()
+        .map(|(sid, s)| {
+            let c = stats.services.get(sid).copied().unwrap_or_default();
+            let backends = s
+                .backends
+                .iter()
+                .enumerate()
+                .map(|(bi, b)| {
+                    let t: TrafficCounters = balancer
+                        .backend_id(sid, bi)
+                        .and_then(|id| stats.backends.get(id as usize).copied())
+                        .unwrap_or_default();
+                    BackendStatsReply {
+                        address: b.address.to_string(),
+                        weight: b.weight,
+                        packets: t.packets,
+                        bytes: t.bytes,
+                        new_flows: t.new_flows,
+                    }
+                })
+                .collect();
+            ServiceStatsReply {
+                name: s.name.clone(),
+                vip: s.vip.to_string(),
+                protocol: s.protocol.as_str().to_owned(),
+                packets: c.packets,
+                bytes: c.bytes,
+                new_flows: c.new_flows,
+                backends,
+            }
         })
         .collect();
     Json(StatsReply { counters, services }).into_response()

@@ -108,6 +108,80 @@ impl<'a> Fields<'a> {
         self.typed(key, "a table", Value::as_table)
     }
 
+    /// One of `options` by name; `default` when absent.
+    pub fn choice<T: Copy>(
+        &self,
+        key: &'static str,
+        options: &[(&str, T)],
+        default: T,
+    ) -> Option<T> {
+        let Some(name) = self.str(key) else {
+            return (!self.table.contains_key(key)).then_some(default);
+        };
+        let found = options.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
+        if found.is_none() {
+            let names: Vec<&str> = options.iter().map(|(n, _)| *n).collect();
+            self.problem(
+                key,
+                format!("expected one of {}, got {name:?}", names.join(", ")),
+            );
+        }
+        found
+    }
+
+    /// An integer in `range`; `default` when absent.
+    pub fn int_in(
+        &self,
+        key: &'static str,
+        range: std::ops::RangeInclusive<i64>,
+        default: i64,
+    ) -> Option<i64> {
+        match self.int(key) {
+            None => (!self.table.contains_key(key)).then_some(default),
+            Some(v) if range.contains(&v) => Some(v),
+            Some(v) => {
+                self.problem(
+                    key,
+                    format!("{v} is out of range {}-{}", range.start(), range.end()),
+                );
+                None
+            }
+        }
+    }
+
+    /// A duration like `500ms`, `2s`, `15m`, `1h` in `range`; `default` when absent.
+    pub fn duration(
+        &self,
+        key: &'static str,
+        range: std::ops::RangeInclusive<std::time::Duration>,
+        default: std::time::Duration,
+    ) -> Option<std::time::Duration> {
+        let Some(text) = self.str(key) else {
+            return (!self.table.contains_key(key)).then_some(default);
+        };
+        match parse_duration(text) {
+            Some(d) if range.contains(&d) => Some(d),
+            Some(_) => {
+                self.problem(
+                    key,
+                    format!(
+                        "{text} is out of range {}-{}",
+                        show(*range.start()),
+                        show(*range.end())
+                    ),
+                );
+                None
+            }
+            None => {
+                self.problem(
+                    key,
+                    format!("expected a duration like \"500ms\", \"2s\", \"15m\", got {text:?}"),
+                );
+                None
+            }
+        }
+    }
+
     /// A required key: reports it missing.
     pub fn required<T>(
         &self,
@@ -120,6 +194,12 @@ impl<'a> Fields<'a> {
             return None;
         }
         read(self)
+    }
+
+    /// Whether the table has `key` (marks it as known).
+    pub fn has(&self, key: &'static str) -> bool {
+        self.seen.borrow_mut().push(key);
+        self.table.contains_key(key)
     }
 
     pub fn problems(&self) -> &'a Problems {
@@ -167,5 +247,36 @@ impl<'a> Fields<'a> {
                 self.problems.push(join(&self.path, key), "unknown key");
             }
         }
+    }
+}
+
+/// `500ms`, `2s`, `1.5s`, `15m`, `1h`.
+pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
+    let split = text.find(|c: char| !c.is_ascii_digit() && c != '.')?;
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let scale = match unit {
+        "ms" => 0.001,
+        "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        "d" => 86400.0,
+        _ => return None,
+    };
+    let secs = number * scale;
+    (secs.is_finite() && secs >= 0.0).then(|| std::time::Duration::from_secs_f64(secs))
+}
+
+/// A duration the way the config writes it.
+pub fn show(d: std::time::Duration) -> String {
+    let ms = d.as_millis();
+    if !ms.is_multiple_of(1000) {
+        format!("{ms}ms")
+    } else if ms.is_multiple_of(3_600_000) {
+        format!("{}h", ms / 3_600_000)
+    } else if ms.is_multiple_of(60_000) {
+        format!("{}m", ms / 60_000)
+    } else {
+        format!("{}s", ms / 1000)
     }
 }

@@ -5,11 +5,13 @@ mod fields;
 mod read;
 
 use std::{
-    net::{SocketAddr, SocketAddrV4},
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4},
+    ops::RangeInclusive,
     path::Path,
+    time::Duration,
 };
 
-pub use fields::Problem;
+pub use fields::{Problem, parse_duration, show as show_duration};
 pub use read::parse;
 
 /// The default control API listener.
@@ -30,6 +32,65 @@ pub struct Lb {
     pub xdp_mode: XdpMode,
     /// Control API listener.
     pub api: SocketAddr,
+    /// Source address of forwarded flows; None: the address the kernel would use towards each
+    /// backend (its egress interface's).
+    pub snat_address: Option<Ipv4Addr>,
+    /// SNAT source ports (keep them out of net.ipv4.ip_local_port_range).
+    pub snat_ports: RangeInclusive<u16>,
+    /// Slots per Maglev ring (a prime).
+    pub ring_size: u32,
+    /// Map sizes, fixed at load time.
+    pub max_services: u32,
+    pub max_backends: u32,
+    pub conntrack: Conntrack,
+}
+
+pub const RING_SIZE_RANGE: RangeInclusive<i64> = 7..=1_048_573;
+/// Ring map entries (max_services × ring_size) at most: 1 GiB of u32.
+pub const MAX_RING_ENTRIES: u64 = 1 << 28;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conntrack {
+    /// Flows tracked (LRU: when full, the least recently used flow is evicted).
+    pub size: u32,
+    pub tcp_syn_timeout: Duration,
+    pub tcp_established_timeout: Duration,
+    pub tcp_closing_timeout: Duration,
+    pub udp_timeout: Duration,
+}
+
+impl Default for Conntrack {
+    fn default() -> Self {
+        use lb_common::ct_state;
+        let p = lb_common::Params::DEFAULT;
+        let t = |state| Duration::from_nanos(p.timeout(state));
+        Self {
+            size: lb_common::DEFAULT_CONNTRACK_SIZE,
+            tcp_syn_timeout: t(ct_state::TCP_SYN),
+            tcp_established_timeout: t(ct_state::TCP_ESTABLISHED),
+            tcp_closing_timeout: t(ct_state::TCP_CLOSING),
+            udp_timeout: t(ct_state::UDP),
+        }
+    }
+}
+
+/// What happens to a flow whose backend became unavailable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExistingFlows {
+    /// Move it to an available backend (the default).
+    Reschedule,
+    /// Keep it where it is.
+    Keep,
+}
+
+/// New flows when no backend is available.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllUnhealthy {
+    /// Spread over all backends as if they were healthy (the default: never cut traffic).
+    UseAll,
+    /// Everything to the first backend.
+    First,
+    Drop,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,6 +140,10 @@ pub struct Service {
     pub vip: SocketAddrV4,
     pub protocol: Protocol,
     pub backends: Vec<Backend>,
+    /// Overrides `lb.snat_address` for this service.
+    pub snat_address: Option<Ipv4Addr>,
+    pub existing_flows: ExistingFlows,
+    pub on_all_unhealthy: AllUnhealthy,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

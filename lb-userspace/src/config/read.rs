@@ -3,11 +3,12 @@
 use std::{
     collections::HashMap,
     net::{Ipv4Addr, SocketAddr, SocketAddrV4},
+    time::Duration,
 };
 
 use super::{
-    Backend, Config, ConfigErrors, DEFAULT_API, Lb, MAX_WEIGHT, Problem, Protocol, Service,
-    XdpMode,
+    AllUnhealthy, Backend, Config, ConfigErrors, Conntrack, DEFAULT_API, ExistingFlows, Lb,
+    MAX_RING_ENTRIES, MAX_WEIGHT, Problem, Protocol, RING_SIZE_RANGE, Service, XdpMode,
     fields::{Fields, Problems},
 };
 
@@ -39,8 +40,9 @@ fn read_config(table: &toml::Table, problems: &Problems) -> Option<Config> {
         .collect();
     top.finish();
     let services: Vec<Service> = services.into_iter().collect::<Option<_>>()?;
-    check_services(&services, problems);
-    Some(Config { lb: lb?, services })
+    let lb = lb?;
+    check_services(&lb, &services, problems);
+    Some(Config { lb, services })
 }
 
 fn read_lb(f: &Fields) -> Option<Lb> {
@@ -61,19 +63,15 @@ fn read_lb(f: &Fields) -> Option<Lb> {
         }
         names
     });
-    let xdp_mode = match f.str("xdp_mode") {
-        None => Some(XdpMode::Auto),
-        Some("auto") => Some(XdpMode::Auto),
-        Some("native") => Some(XdpMode::Native),
-        Some("skb") => Some(XdpMode::Skb),
-        Some(other) => {
-            f.problem(
-                "xdp_mode",
-                format!("expected auto, native or skb, got {other:?}"),
-            );
-            None
-        }
-    };
+    let xdp_mode = f.choice(
+        "xdp_mode",
+        &[
+            ("auto", XdpMode::Auto),
+            ("native", XdpMode::Native),
+            ("skb", XdpMode::Skb),
+        ],
+        XdpMode::Auto,
+    );
     let api = match f.str("api") {
         None => DEFAULT_API.parse().ok(),
         Some(s) => s
@@ -81,13 +79,121 @@ fn read_lb(f: &Fields) -> Option<Lb> {
             .map_err(|_| f.problem("api", format!("expected IP:PORT, got {s:?}")))
             .ok(),
     };
+    let snat_address = read_ipv4(f, "snat_address");
+    let snat_ports = match f.str("snat_ports") {
+        None => Some(20000..=32767),
+        Some(text) => {
+            let range = text
+                .split_once('-')
+                .and_then(|(a, b)| {
+                    Some((a.trim().parse::<u16>().ok()?, b.trim().parse::<u16>().ok()?))
+                })
+                .filter(|(a, b)| *a >= 1024 && a <= b);
+            if range.is_none() {
+                f.problem(
+                    "snat_ports",
+                    format!("expected FIRST-LAST within 1024-65535, got {text:?}"),
+                );
+            }
+            range.map(|(a, b)| a..=b)
+        }
+    };
+    let ring_size = f
+        .int_in(
+            "ring_size",
+            RING_SIZE_RANGE,
+            i64::from(lb_common::DEFAULT_RING_SIZE),
+        )
+        .and_then(|n| {
+            let n = n as u32;
+            if !crate::maglev::is_prime(n) {
+                f.problem("ring_size", format!("{n} is not a prime"));
+                return None;
+            }
+            Some(n)
+        });
+    let max_services = f
+        .int_in(
+            "max_services",
+            1..=65536,
+            i64::from(lb_common::DEFAULT_MAX_SERVICES),
+        )
+        .map(|n| n as u32);
+    let max_backends = f
+        .int_in(
+            "max_backends",
+            1..=1 << 20,
+            i64::from(lb_common::DEFAULT_MAX_BACKENDS),
+        )
+        .map(|n| n as u32);
+    if let (Some(r), Some(s)) = (ring_size, max_services)
+        && u64::from(r) * u64::from(s) > MAX_RING_ENTRIES
+    {
+        f.problem(
+            "ring_size",
+            format!(
+                "ring_size × max_services = {} exceeds {MAX_RING_ENTRIES}",
+                u64::from(r) * u64::from(s)
+            ),
+        );
+    }
+    let conntrack = match f.table("conntrack") {
+        None if f.has("conntrack") => None,
+        None => Some(Conntrack::default()),
+        Some(t) => read_conntrack(&Fields::new(t, f.path("conntrack"), f.problems())),
+    };
     f.finish();
-    let (interfaces, xdp_mode, api) = (interfaces?, xdp_mode?, api?);
     Some(Lb {
-        interfaces,
-        xdp_mode,
-        api,
+        interfaces: interfaces?,
+        xdp_mode: xdp_mode?,
+        api: api?,
+        snat_address: snat_address?,
+        snat_ports: snat_ports?,
+        ring_size: ring_size?,
+        max_services: max_services?,
+        max_backends: max_backends?,
+        conntrack: conntrack?,
     })
+}
+
+fn read_conntrack(f: &Fields) -> Option<Conntrack> {
+    let d = Conntrack::default();
+    let range = Duration::from_secs(1)..=Duration::from_secs(7 * 86400);
+    let size = f
+        .int_in("size", 1024..=1 << 27, i64::from(d.size))
+        .map(|n| n as u32);
+    let syn = f.duration("tcp_syn_timeout", range.clone(), d.tcp_syn_timeout);
+    let established = f.duration(
+        "tcp_established_timeout",
+        range.clone(),
+        d.tcp_established_timeout,
+    );
+    let closing = f.duration("tcp_closing_timeout", range.clone(), d.tcp_closing_timeout);
+    let udp = f.duration("udp_timeout", range, d.udp_timeout);
+    f.finish();
+    Some(Conntrack {
+        size: size?,
+        tcp_syn_timeout: syn?,
+        tcp_established_timeout: established?,
+        tcp_closing_timeout: closing?,
+        udp_timeout: udp?,
+    })
+}
+
+/// An optional IPv4 address: `Some(None)` when absent, `None` when invalid (reported).
+fn read_ipv4(f: &Fields, key: &'static str) -> Option<Option<Ipv4Addr>> {
+    match f.str(key) {
+        None => (!f.has(key)).then_some(None),
+        Some(text) => match text.parse::<Ipv4Addr>() {
+            Ok(ip) if !(ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast()) => {
+                Some(Some(ip))
+            }
+            _ => {
+                f.problem(key, format!("invalid IPv4 address {text:?}"));
+                None
+            }
+        },
+    }
 }
 
 fn check_ifname(name: &str) -> Result<(), String> {
@@ -124,14 +230,29 @@ fn read_service(f: &Fields) -> Option<Service> {
     let vip = f
         .required("vip", |f| f.str("vip"))
         .and_then(|s| parse_addr(s).map_err(|e| f.problem("vip", e)).ok());
-    let protocol = match f.str("protocol") {
-        None | Some("tcp") => Some(Protocol::Tcp),
-        Some("udp") => Some(Protocol::Udp),
-        Some(other) => {
-            f.problem("protocol", format!("expected tcp or udp, got {other:?}"));
-            None
-        }
-    };
+    let protocol = f.choice(
+        "protocol",
+        &[("tcp", Protocol::Tcp), ("udp", Protocol::Udp)],
+        Protocol::Tcp,
+    );
+    let snat_address = read_ipv4(f, "snat_address");
+    let existing_flows = f.choice(
+        "existing_flows",
+        &[
+            ("reschedule", ExistingFlows::Reschedule),
+            ("keep", ExistingFlows::Keep),
+        ],
+        ExistingFlows::Reschedule,
+    );
+    let on_all_unhealthy = f.choice(
+        "on_all_unhealthy",
+        &[
+            ("use-all", AllUnhealthy::UseAll),
+            ("first", AllUnhealthy::First),
+            ("drop", AllUnhealthy::Drop),
+        ],
+        AllUnhealthy::UseAll,
+    );
     let backends = f
         .required("backends", |f| Some(f.tables("backends")))
         .map(|list| {
@@ -155,6 +276,9 @@ fn read_service(f: &Fields) -> Option<Service> {
         vip: vip?,
         protocol: protocol?,
         backends,
+        snat_address: snat_address?,
+        existing_flows: existing_flows?,
+        on_all_unhealthy: on_all_unhealthy?,
     };
     let mut seen = HashMap::new();
     for (i, b) in service.backends.iter().enumerate() {
@@ -189,8 +313,8 @@ fn read_backend(f: &Fields) -> Option<Backend> {
     })
 }
 
-/// Problems that span services: unique names and unique (VIP, port, protocol).
-fn check_services(services: &[Service], problems: &Problems) {
+/// Problems that span services: unique names and (VIP, port, protocol), map capacities.
+fn check_services(lb: &Lb, services: &[Service], problems: &Problems) {
     let mut names = HashMap::new();
     let mut vips = HashMap::new();
     for (i, s) in services.iter().enumerate() {
@@ -211,10 +335,24 @@ fn check_services(services: &[Service], problems: &Problems) {
             );
         }
     }
-    if services.len() > lb_common::MAX_SERVICES as usize {
+    if services.len() > lb.max_services as usize {
         problems.push(
             "service",
-            format!("at most {} services", lb_common::MAX_SERVICES),
+            format!(
+                "{} services, more than lb.max_services = {}",
+                services.len(),
+                lb.max_services
+            ),
+        );
+    }
+    let backends: usize = services.iter().map(|s| s.backends.len()).sum();
+    if backends > lb.max_backends as usize {
+        problems.push(
+            "service",
+            format!(
+                "{backends} backends in all, more than lb.max_backends = {}",
+                lb.max_backends
+            ),
         );
     }
 }
@@ -269,6 +407,16 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
     #[test]
     fn the_documented_example_parses_with_defaults() {
         let c = parse(GOOD).unwrap();
+        assert_eq!(c.lb.ring_size, 65537);
+        assert_eq!(c.lb.snat_ports, 20000..=32767);
+        assert_eq!(c.lb.conntrack, Conntrack::default());
+        assert_eq!(c.services[0].existing_flows, ExistingFlows::Reschedule);
+        assert_eq!(c.services[0].on_all_unhealthy, AllUnhealthy::UseAll);
+        let tuned = parse(&GOOD.replace("[lb]", "[lb]\nring_size = 1009\nsnat_ports = \"40000-40099\"\nconntrack = { size = 4096, udp_timeout = \"1.5s\" }")).unwrap();
+        assert_eq!(tuned.lb.ring_size, 1009);
+        assert_eq!(tuned.lb.snat_ports, 40000..=40099);
+        assert_eq!(tuned.lb.conntrack.size, 4096);
+        assert_eq!(tuned.lb.conntrack.udp_timeout, Duration::from_millis(1500));
         assert_eq!(c.lb.interfaces, ["eth1"]);
         assert_eq!(c.lb.xdp_mode, XdpMode::Auto);
         assert_eq!(c.lb.api, "127.0.0.1:9090".parse().unwrap());
@@ -340,7 +488,7 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
             (
                 "xdp_mode = \"auto\"",
                 "xdp_mode = \"fast\"",
-                "lb.xdp_mode: expected auto, native or skb, got \"fast\"",
+                "lb.xdp_mode: expected one of auto, native, skb, got \"fast\"",
             ),
             (
                 "api = \"127.0.0.1:9090\"",
@@ -376,7 +524,7 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
             (
                 "protocol = \"tcp\"",
                 "protocol = \"sctp\"",
-                "service[0].protocol: expected tcp or udp, got \"sctp\"",
+                "service[0].protocol: expected one of tcp, udp, got \"sctp\"",
             ),
             (
                 "name = \"web\"",
@@ -401,7 +549,59 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
             ("[lb]", "[lb]\ncolour = \"blue\"", "lb.colour: unknown key"),
             ("[lb]", "verbose = true\n[lb]", "verbose: unknown key"),
         ];
-        for (from, to, want) in cases {
+        let more: &[(&str, &str, &str)] = &[
+            (
+                "[lb]",
+                "[lb]\nring_size = 65536",
+                "lb.ring_size: 65536 is not a prime",
+            ),
+            (
+                "[lb]",
+                "[lb]\nring_size = 3",
+                "lb.ring_size: 3 is out of range 7-1048573",
+            ),
+            (
+                "[lb]",
+                "[lb]\nsnat_ports = \"100-200\"",
+                "lb.snat_ports: expected FIRST-LAST within 1024-65535, got \"100-200\"",
+            ),
+            (
+                "[lb]",
+                "[lb]\nsnat_address = \"10.0.0\"",
+                "lb.snat_address: invalid IPv4 address \"10.0.0\"",
+            ),
+            (
+                "[lb]",
+                "[lb]\nmax_services = 0",
+                "lb.max_services: 0 is out of range 1-65536",
+            ),
+            (
+                "[lb]",
+                "[lb]\nconntrack = { udp_timeout = \"soon\" }",
+                "lb.conntrack.udp_timeout: expected a duration like \"500ms\", \"2s\", \"15m\", got \"soon\"",
+            ),
+            (
+                "[lb]",
+                "[lb]\nconntrack = { tcp_syn_timeout = \"10d\" }",
+                "lb.conntrack.tcp_syn_timeout: 10d is out of range 1s-168h",
+            ),
+            (
+                "[lb]",
+                "[lb]\nconntrack = { size = 10, colour = 1 }",
+                "lb.conntrack.colour: unknown key",
+            ),
+            (
+                "protocol = \"tcp\"",
+                "protocol = \"tcp\"\nexisting_flows = \"move\"",
+                "service[0].existing_flows: expected one of reschedule, keep, got \"move\"",
+            ),
+            (
+                "protocol = \"tcp\"",
+                "protocol = \"tcp\"\non_all_unhealthy = \"all\"",
+                "service[0].on_all_unhealthy: expected one of use-all, first, drop, got \"all\"",
+            ),
+        ];
+        for (from, to, want) in cases.iter().chain(more) {
             assert!(
                 GOOD.contains(from),
                 "case {want}: {from:?} not in the base config"

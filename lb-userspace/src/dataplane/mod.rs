@@ -1,26 +1,44 @@
-//! The XDP program and its maps: load, attach, fill, read counters. Everything that touches the
-//! kernel's BPF objects lives here.
+//! The XDP program and its maps: load (sized from the config), attach, write, read counters.
+//! Everything that touches the kernel's BPF objects lives here.
 
-mod services;
 mod stats;
 
-use std::{ffi::CString, io};
+use std::{ffi::CString, io, net::Ipv4Addr};
 
 use anyhow::{Context as _, anyhow, bail};
 use aya::{
-    Ebpf, EbpfLoader,
+    Ebpf, EbpfLoader, Pod,
+    maps::{Array, DevMapHash, HashMap as BpfHashMap, MapData},
     programs::{Xdp, XdpMode, xdp::XdpLinkId},
 };
-use lb_common::{PASS_PROGRAM_NAME, PROGRAM_NAME};
+use lb_common::{
+    BackendInfo, PARAMS_GLOBAL, PASS_PROGRAM_NAME, PROGRAM_NAME, Params, ServiceInfo, ServiceKey,
+    map_name,
+};
 use tracing::{info, warn};
 
-use crate::config::{self, Service};
-pub use services::{ServiceEntries, service_entries};
-pub use stats::{ServiceCounters, Stats};
+use crate::{balancer::MapWriter, config};
+pub use stats::{Stats, TrafficCounters};
 
 /// The XDP object built by build.rs (empty when built with LB_EBPF_STUB=1).
 pub fn object() -> &'static [u8] {
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lb-xdp"))
+}
+
+/// Datapath parameters and map sizes from the config.
+pub fn params(lb: &config::Lb) -> Params {
+    let ns = |d: std::time::Duration| d.as_nanos() as u64;
+    Params {
+        ring_size: lb.ring_size,
+        snat_port_min: *lb.snat_ports.start(),
+        snat_port_count: lb.snat_ports.end() - lb.snat_ports.start() + 1,
+        timeout_ns: [
+            ns(lb.conntrack.udp_timeout),
+            ns(lb.conntrack.tcp_syn_timeout),
+            ns(lb.conntrack.tcp_established_timeout),
+            ns(lb.conntrack.tcp_closing_timeout),
+        ],
+    }
 }
 
 /// The loaded program and maps, and the interfaces it is attached to. Dropping it detaches the
@@ -28,12 +46,14 @@ pub fn object() -> &'static [u8] {
 pub struct Dataplane {
     ebpf: Ebpf,
     attached: Vec<(String, XdpLinkId)>,
+    ring_size: u32,
     services: u32,
+    backends: u32,
 }
 
 impl Dataplane {
-    /// Loads the object and verifies both programs; attaches nothing.
-    pub fn load() -> anyhow::Result<Self> {
+    /// Loads the object with maps sized for `lb`, and verifies both programs; attaches nothing.
+    pub fn load(lb: &config::Lb) -> anyhow::Result<Self> {
         let object = object();
         if object.is_empty() {
             bail!(
@@ -41,7 +61,17 @@ impl Dataplane {
             );
         }
         raise_memlock_limit();
+        let params = params(lb);
+        let ring_entries = lb.max_services * lb.ring_size;
         let mut ebpf = EbpfLoader::new()
+            .override_global(PARAMS_GLOBAL, &params, true)
+            .map_max_entries(map_name::SERVICES, lb.max_services)
+            .map_max_entries(map_name::SERVICE_STATS, lb.max_services)
+            .map_max_entries(map_name::RINGS, ring_entries)
+            .map_max_entries(map_name::BACKENDS, lb.max_backends)
+            .map_max_entries(map_name::BACKEND_STATS, lb.max_backends)
+            .map_max_entries(map_name::CONNTRACK, lb.conntrack.size)
+            .map_max_entries(map_name::NAT, lb.conntrack.size)
             .load(object)
             .context("loading the XDP object")?;
         for name in [PROGRAM_NAME, PASS_PROGRAM_NAME] {
@@ -55,7 +85,9 @@ impl Dataplane {
         Ok(Self {
             ebpf,
             attached: Vec::new(),
+            ring_size: lb.ring_size,
             services: 0,
+            backends: 0,
         })
     }
 
@@ -75,14 +107,13 @@ impl Dataplane {
             .expect("verified in load()")
     }
 
-    /// Makes the service maps hold exactly `services` (ids are their positions).
-    pub fn set_services(&mut self, services: &[Service]) -> anyhow::Result<()> {
-        services::sync(&mut self.ebpf, &service_entries(services))?;
-        self.services = services.len() as u32;
-        Ok(())
+    /// How many services and backends the counters should report.
+    pub fn set_counts(&mut self, services: u32, backends: u32) {
+        self.services = services;
+        self.backends = backends;
     }
 
-    /// Attaches the balancer to `iface` and returns the mode it runs in.
+    /// Attaches the balancer to `iface` and makes it a redirect target; returns the mode used.
     pub fn attach(&mut self, iface: &str, mode: config::XdpMode) -> anyhow::Result<XdpMode> {
         let ifname = CString::new(iface).context("interface name")?;
         // SAFETY: `ifname` is a valid NUL-terminated string.
@@ -90,6 +121,15 @@ impl Dataplane {
         if index == 0 {
             bail!("interface {iface:?} does not exist (in this network namespace)");
         }
+        check_forwarding(iface)?;
+        let mut ports: DevMapHash<&mut MapData> = DevMapHash::try_from(
+            self.ebpf
+                .map_mut(map_name::TX_PORTS)
+                .context("devmap missing")?,
+        )?;
+        ports
+            .insert(index, index, None, 0)
+            .with_context(|| format!("adding {iface} to the redirect map"))?;
         let prog: &mut Xdp = self
             .ebpf
             .program_mut(PROGRAM_NAME)
@@ -137,8 +177,72 @@ impl Dataplane {
 
     /// Counters summed over CPUs.
     pub fn stats(&self) -> anyhow::Result<Stats> {
-        stats::read(&self.ebpf, self.services)
+        stats::read(&self.ebpf, self.services, self.backends)
     }
+
+    fn hash_map<K: Pod, V: Pod>(
+        &mut self,
+        name: &str,
+    ) -> anyhow::Result<BpfHashMap<&mut MapData, K, V>> {
+        Ok(BpfHashMap::try_from(
+            self.ebpf
+                .map_mut(name)
+                .with_context(|| format!("map {name} missing"))?,
+        )?)
+    }
+
+    fn array<V: Pod>(&mut self, name: &str) -> anyhow::Result<Array<&mut MapData, V>> {
+        Ok(Array::try_from(
+            self.ebpf
+                .map_mut(name)
+                .with_context(|| format!("map {name} missing"))?,
+        )?)
+    }
+}
+
+impl MapWriter for Dataplane {
+    fn set_addr(&mut self, addr: Ipv4Addr, flags: u32) -> anyhow::Result<()> {
+        let key = u32::from_ne_bytes(addr.octets());
+        self.hash_map::<u32, u32>(map_name::ADDRS)?
+            .insert(&key, &flags, 0)
+            .with_context(|| format!("writing address {addr}"))
+    }
+
+    fn set_service(&mut self, key: ServiceKey, info: ServiceInfo) -> anyhow::Result<()> {
+        self.hash_map::<ServiceKey, ServiceInfo>(map_name::SERVICES)?
+            .insert(&key, &info, 0)
+            .context("writing the service map")
+    }
+
+    fn set_backend(&mut self, id: u32, info: BackendInfo) -> anyhow::Result<()> {
+        self.array::<BackendInfo>(map_name::BACKENDS)?
+            .set(id, &info, 0)
+            .with_context(|| format!("writing backend {id}"))
+    }
+
+    fn set_ring_slots(&mut self, service_id: u32, slots: &[(u32, u32)]) -> anyhow::Result<()> {
+        let base = service_id * self.ring_size;
+        let mut rings = self.array::<u32>(map_name::RINGS)?;
+        for &(slot, id) in slots {
+            rings
+                .set(base + slot, &id, 0)
+                .with_context(|| format!("writing ring slot {slot} of service {service_id}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// bpf_fib_lookup refuses to route when IPv4 forwarding is off on the ingress interface.
+fn check_forwarding(iface: &str) -> anyhow::Result<()> {
+    let path = format!("/proc/sys/net/ipv4/conf/{iface}/forwarding");
+    let value = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    if value.trim() != "1" {
+        bail!(
+            "IPv4 forwarding is off on {iface}; lb routes through the kernel's tables \
+             (bpf_fib_lookup) and needs it: sysctl -w net.ipv4.conf.{iface}.forwarding=1"
+        );
+    }
+    Ok(())
 }
 
 fn attach_mode(

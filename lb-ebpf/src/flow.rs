@@ -1,0 +1,334 @@
+//! The two directions of a balanced flow. Forward (client → VIP): connection table, or Maglev
+//! selection + SNAT port reservation for a new flow, then full NAT to the backend. Return
+//! (backend → SNAT address): the NAT entry turns the reply back into the VIP's.
+#![cfg_attr(not(target_arch = "bpf"), allow(dead_code))]
+
+use aya_ebpf::{
+    bindings::{BPF_ANY, BPF_NOEXIST, xdp_action},
+    helpers::bpf_ktime_get_coarse_ns,
+    programs::XdpContext,
+};
+use lb_common::{
+    BackendInfo, CtEntry, FlowKey, NO_BACKEND, NatEntry, PROTO_TCP, Params, SELECT_TRIES,
+    SNAT_PORT_TRIES, ServiceKey, backend_flags, counter, ct_flags, ct_state, flow_hash, fmix64,
+    service_flags, snat_port_candidate,
+};
+use network_types::eth::EthHdr;
+
+use crate::{
+    fib,
+    maps::{BACKENDS, CONNTRACK, NAT, RINGS, SERVICES, TX_PORTS, params},
+    nat::{self, Rewrite},
+    parse::{Flow, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
+    ptr::read_at,
+    stats,
+};
+
+/// (XDP action, verdict counter).
+pub type Verdict = (u32, u32);
+
+/// How often an active flow refreshes its timestamp and cached next hop.
+const REFRESH_NS: u64 = 1_000_000_000;
+
+#[inline(always)]
+fn key(src: u32, dst: u32, sport: u16, dport: u16, proto: u8) -> FlowKey {
+    FlowKey {
+        src,
+        dst,
+        sport,
+        dport,
+        proto,
+        _pad: [0; 3],
+    }
+}
+
+#[inline(always)]
+fn hash_of(f: &Flow) -> u64 {
+    flow_hash(f.saddr, f.daddr, f.sport, f.dport, f.proto)
+}
+
+#[inline(always)]
+fn live(e: &CtEntry, now: u64, p: &Params) -> bool {
+    now.wrapping_sub(e.last_seen) <= p.timeout(e.state)
+}
+
+#[inline(always)]
+fn is_new_syn(flags: u8) -> bool {
+    flags & (TCP_SYN | TCP_ACK) == TCP_SYN
+}
+
+/// Client → VIP. `None`: not a service (passed by the caller).
+#[inline(always)]
+pub fn forward(ctx: &XdpContext, flow: &Flow) -> Verdict {
+    if flow.ttl <= 1 {
+        return (xdp_action::XDP_DROP, counter::DROP_TTL);
+    }
+    let p = params();
+    // SAFETY: helper without arguments.
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let k = key(flow.saddr, flow.daddr, flow.sport, flow.dport, flow.proto);
+    if let Some(e) = CONNTRACK.get_ptr_mut(&k) {
+        // SAFETY: a map value; other CPUs may write it too, all fields are plain integers.
+        let e = unsafe { &mut *e };
+        // A SYN on a closing flow is the client reusing its port: a new connection.
+        let reused = e.state == ct_state::TCP_CLOSING && is_new_syn(flow.tcp_flags);
+        if live(e, now, p) && !reused {
+            if let Some(v) = established(ctx, flow, e, now) {
+                return v;
+            }
+            stats::count(counter::CT_RESCHEDULED);
+        }
+    }
+    new_flow(ctx, flow, &k, now, p)
+}
+
+/// A packet of a live flow. `None`: its backend became unavailable and the flow must move.
+#[inline(always)]
+fn established(ctx: &XdpContext, flow: &Flow, e: &mut CtEntry, now: u64) -> Option<Verdict> {
+    let backend = *BACKENDS.get(e.backend_id)?;
+    if backend.flags & backend_flags::UP == 0 && e.flags & ct_flags::KEEP == 0 {
+        return None;
+    }
+    if flow.proto == PROTO_TCP {
+        if flow.tcp_flags & (TCP_FIN | TCP_RST) != 0 {
+            e.state = ct_state::TCP_CLOSING;
+        } else if e.state == ct_state::TCP_SYN && flow.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_ACK {
+            e.state = ct_state::TCP_ESTABLISHED;
+        }
+    }
+    if now.wrapping_sub(e.last_seen) > REFRESH_NS {
+        e.last_seen = now;
+        let len = (ctx.data_end() - ctx.data() - flow.l3_off) as u16;
+        if let Ok(nh) = fib::lookup(ctx, backend.snat_addr, backend.addr, flow.proto, len) {
+            e.egress_ifindex = nh.ifindex;
+            e.smac = nh.smac;
+            e.dmac = nh.dmac;
+        }
+    }
+    stats::count_traffic(
+        e.service_id,
+        e.backend_id,
+        ctx.data_end() - ctx.data(),
+        false,
+    );
+    let rw = Rewrite {
+        src: backend.snat_addr,
+        dst: backend.addr,
+        sport: e.snat_port,
+        dport: backend.port,
+        smac: e.smac,
+        dmac: e.dmac,
+    };
+    Some(transmit(ctx, flow, &rw, e.egress_ifindex))
+}
+
+#[inline(always)]
+fn new_flow(ctx: &XdpContext, flow: &Flow, k: &FlowKey, now: u64, p: &Params) -> Verdict {
+    let skey = ServiceKey {
+        addr: flow.daddr,
+        port: flow.dport,
+        proto: flow.proto,
+        _pad: 0,
+    };
+    // SAFETY: read-only use of a plain-integer value.
+    let Some(svc) = (unsafe { SERVICES.get(&skey) }).copied() else {
+        return (xdp_action::XDP_PASS, counter::PASS_NOT_VIP);
+    };
+    if svc.flags & service_flags::DROP != 0 {
+        return (xdp_action::XDP_DROP, counter::DROP_NO_BACKEND);
+    }
+    let hash = hash_of(flow);
+    let Some((backend_id, backend)) = select(svc.id, svc.flags, hash, p.ring_size) else {
+        return (xdp_action::XDP_DROP, counter::DROP_NO_BACKEND);
+    };
+    let len = (ctx.data_end() - ctx.data() - flow.l3_off) as u16;
+    let nh = match fib::lookup(ctx, backend.snat_addr, backend.addr, flow.proto, len) {
+        Ok(nh) => nh,
+        Err(reason) => return (xdp_action::XDP_DROP, reason),
+    };
+    let Some(eth) = read_at::<EthHdr>(ctx.data(), ctx.data_end(), 0) else {
+        return (xdp_action::XDP_DROP, counter::DROP_MALFORMED);
+    };
+    let reply = NatEntry {
+        client_addr: flow.saddr,
+        vip_addr: flow.daddr,
+        client_port: flow.sport,
+        vip_port: flow.dport,
+        ifindex: ctx.ingress_ifindex() as u32,
+        backend_id,
+        client_mac: eth.src_addr,
+        lb_mac: eth.dst_addr,
+    };
+    let Some(snat_port) = reserve_snat_port(&backend, flow.proto, hash, &reply, now, p) else {
+        return (xdp_action::XDP_DROP, counter::DROP_NO_SNAT_PORT);
+    };
+    let state = if flow.proto != PROTO_TCP {
+        ct_state::UDP
+    } else if is_new_syn(flow.tcp_flags) {
+        ct_state::TCP_SYN
+    } else {
+        stats::count(counter::CT_MISS_MIDSTREAM);
+        ct_state::TCP_ESTABLISHED
+    };
+    let entry = CtEntry {
+        backend_id,
+        service_id: svc.id,
+        last_seen: now,
+        egress_ifindex: nh.ifindex,
+        dmac: nh.dmac,
+        smac: nh.smac,
+        snat_port,
+        state,
+        flags: if svc.flags & service_flags::KEEP_FLOWS != 0 {
+            ct_flags::KEEP
+        } else {
+            0
+        },
+        _pad: [0; 4],
+    };
+    // LRU: a full table evicts its least recently used flow. Should the insert still fail
+    // (memory), the next packet of the flow creates it again.
+    let _ = CONNTRACK.insert(k, &entry, u64::from(BPF_ANY));
+    stats::count(counter::CT_NEW);
+    stats::count_traffic(svc.id, backend_id, ctx.data_end() - ctx.data(), true);
+    let rw = Rewrite {
+        src: backend.snat_addr,
+        dst: backend.addr,
+        sport: snat_port,
+        dport: backend.port,
+        smac: nh.smac,
+        dmac: nh.dmac,
+    };
+    transmit(ctx, flow, &rw, nh.ifindex)
+}
+
+/// The backend for a new flow: the ring's slot for `hash`. If that backend cannot take new flows
+/// (its flag is written before the ring is rebuilt, so a verdict acts at once), further slots;
+/// none found: no backend (dropped, the client retries). Under `USE_UNAVAILABLE` the ring's
+/// pick is taken as it is.
+#[inline(always)]
+fn select(
+    service_id: u32,
+    service_flags: u32,
+    hash: u64,
+    ring_size: u32,
+) -> Option<(u32, BackendInfo)> {
+    let base = service_id.checked_mul(ring_size)?;
+    let mut h = hash;
+    for _ in 0..SELECT_TRIES {
+        let id = *RINGS.get(base + (h as u32).checked_rem(ring_size)?)?;
+        if id == NO_BACKEND {
+            return None;
+        }
+        let b = *BACKENDS.get(id)?;
+        if service_flags & service_flags::USE_UNAVAILABLE != 0
+            || b.flags & (backend_flags::UP | backend_flags::DRAINED) == backend_flags::UP
+        {
+            return Some((id, b));
+        }
+        h = fmix64(h);
+    }
+    None
+}
+
+/// Reserves a SNAT source port for (SNAT address → backend): no two live flows may share
+/// (SNAT address, port, backend address, port, protocol). The first candidate depends only on
+/// the flow, so a flow re-created after eviction usually gets its old port back. Network order.
+#[inline(always)]
+fn reserve_snat_port(
+    backend: &BackendInfo,
+    proto: u8,
+    hash: u64,
+    reply: &NatEntry,
+    now: u64,
+    p: &Params,
+) -> Option<u16> {
+    if p.snat_port_count == 0 {
+        return None;
+    }
+    for i in 0..SNAT_PORT_TRIES {
+        let port = snat_port_candidate(hash, i, p).to_be();
+        let k = key(backend.addr, backend.snat_addr, backend.port, port, proto);
+        if NAT.insert(&k, reply, u64::from(BPF_NOEXIST)).is_ok() {
+            return Some(port);
+        }
+        // SAFETY: read-only use of a plain-integer value.
+        let taken = unsafe { NAT.get(&k) }.copied();
+        if taken.is_none_or(|t| same_client(&t, reply) || abandoned(&t, port, proto, now, p))
+            && NAT.insert(&k, reply, u64::from(BPF_ANY)).is_ok()
+        {
+            return Some(port);
+        }
+        stats::count(counter::SNAT_PORT_RETRY);
+    }
+    None
+}
+
+#[inline(always)]
+fn same_client(a: &NatEntry, b: &NatEntry) -> bool {
+    a.client_addr == b.client_addr
+        && a.client_port == b.client_port
+        && a.vip_addr == b.vip_addr
+        && a.vip_port == b.vip_port
+}
+
+/// Whether the flow holding a SNAT port is gone: no live connection table entry using it.
+#[inline(always)]
+fn abandoned(t: &NatEntry, port: u16, proto: u8, now: u64, p: &Params) -> bool {
+    let k = key(t.client_addr, t.vip_addr, t.client_port, t.vip_port, proto);
+    // SAFETY: read-only use of a plain-integer value.
+    match unsafe { CONNTRACK.get(&k) } {
+        None => true,
+        Some(e) => !live(e, now, p) || e.backend_id != t.backend_id || e.snat_port != port,
+    }
+}
+
+/// Backend → SNAT address. `None`: no such flow (the host's own traffic; passed by the caller).
+#[inline(always)]
+pub fn reply(ctx: &XdpContext, flow: &Flow) -> Option<Verdict> {
+    let k = key(flow.saddr, flow.daddr, flow.sport, flow.dport, flow.proto);
+    // SAFETY: read-only use of a plain-integer value.
+    let nat = unsafe { NAT.get(&k) }.copied()?;
+    if flow.ttl <= 1 {
+        return Some((xdp_action::XDP_DROP, counter::DROP_TTL));
+    }
+    if flow.tcp_flags & (TCP_FIN | TCP_RST) != 0 {
+        let fwd = key(
+            nat.client_addr,
+            nat.vip_addr,
+            nat.client_port,
+            nat.vip_port,
+            flow.proto,
+        );
+        if let Some(e) = CONNTRACK.get_ptr_mut(&fwd) {
+            // SAFETY: a map value of plain integers.
+            unsafe { (*e).state = ct_state::TCP_CLOSING };
+        }
+    }
+    stats::count(counter::REPLY);
+    let rw = Rewrite {
+        src: nat.vip_addr,
+        dst: nat.client_addr,
+        sport: nat.vip_port,
+        dport: nat.client_port,
+        smac: nat.lb_mac,
+        dmac: nat.client_mac,
+    };
+    Some(transmit(ctx, flow, &rw, nat.ifindex))
+}
+
+/// Rewrites the frame and sends it out of `ifindex`: XDP_TX when that is where it came in,
+/// XDP_REDIRECT through the devmap otherwise.
+#[inline(always)]
+fn transmit(ctx: &XdpContext, flow: &Flow, rw: &Rewrite, ifindex: u32) -> Verdict {
+    if nat::apply(ctx.data(), ctx.data_end(), flow, rw).is_none() {
+        return (xdp_action::XDP_DROP, counter::DROP_MALFORMED);
+    }
+    if ifindex == ctx.ingress_ifindex() as u32 {
+        return (xdp_action::XDP_TX, counter::FWD_TX);
+    }
+    match TX_PORTS.redirect(ifindex, 0) {
+        Ok(action) => (action, counter::FWD_REDIRECT),
+        Err(_) => (xdp_action::XDP_DROP, counter::DROP_NO_ROUTE),
+    }
+}

@@ -1,0 +1,98 @@
+//! Backend servers for end-to-end tests, running in a namespace on their own thread: a TCP server
+//! that greets each connection with its name and then echoes, and a UDP server that answers
+//! `<name>:<datagram>`. Stopped when the guard drops.
+
+use std::{
+    net::{SocketAddr, TcpListener, UdpSocket},
+    thread::JoinHandle,
+};
+
+use anyhow::Context as _;
+use tokio::{io::AsyncWriteExt as _, sync::watch};
+
+use crate::netns::Netns;
+
+pub struct Servers {
+    stop: watch::Sender<bool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join(); // a panicked server thread already failed its test loudly
+        }
+    }
+}
+
+/// Starts both servers on `addr` (TCP and UDP, same port) inside `ns`.
+pub fn start(ns: &Netns, addr: SocketAddr, name: &str) -> anyhow::Result<Servers> {
+    // Sockets are created in the namespace; the runtime that serves them can live anywhere.
+    let (tcp, udp) = ns.enter(|| -> anyhow::Result<_> {
+        let tcp = TcpListener::bind(addr).with_context(|| format!("TCP bind {addr}"))?;
+        let udp = UdpSocket::bind(addr).with_context(|| format!("UDP bind {addr}"))?;
+        tcp.set_nonblocking(true)?;
+        udp.set_nonblocking(true)?;
+        Ok((tcp, udp))
+    })?;
+    let (stop, stop_rx) = watch::channel(false);
+    let name = name.to_owned();
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(serve(tcp, udp, name, stop_rx));
+    });
+    Ok(Servers {
+        stop,
+        thread: Some(thread),
+    })
+}
+
+async fn serve(tcp: TcpListener, udp: UdpSocket, name: String, mut stop: watch::Receiver<bool>) {
+    let tcp = tokio::net::TcpListener::from_std(tcp).expect("tcp");
+    let udp = tokio::net::UdpSocket::from_std(udp).expect("udp");
+    let greeting = format!("{name}\n");
+    let mut buf = vec![0u8; 65536];
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            accepted = tcp.accept() => {
+                let Ok((mut conn, _)) = accepted else { continue };
+                let greeting = greeting.clone();
+                tokio::spawn(async move {
+                    if conn.write_all(greeting.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    let (mut r, mut w) = conn.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await; // echo until the client closes
+                    let _ = w.shutdown().await;
+                });
+            }
+            received = udp.recv_from(&mut buf) => {
+                let Ok((n, from)) = received else { continue };
+                let mut reply = format!("{name}:").into_bytes();
+                reply.extend_from_slice(&buf[..n]);
+                let _ = udp.send_to(&reply, from).await;
+            }
+        }
+    }
+}
+
+/// Connects to `addr` from inside `ns`, reads the greeting line, returns (stream, backend name).
+pub fn connect(ns: &Netns, addr: SocketAddr) -> anyhow::Result<(std::net::TcpStream, String)> {
+    use std::io::BufRead as _;
+    let stream = ns
+        .enter(|| std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(5)))?;
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+    let mut reader = std::io::BufReader::new(stream.try_clone()?);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    anyhow::ensure!(
+        line.ends_with('\n'),
+        "no greeting from {addr} (got {line:?})"
+    );
+    Ok((stream, line.trim_end().to_owned()))
+}

@@ -1,0 +1,485 @@
+//! The XDP program through BPF_PROG_TEST_RUN: every parse path and the forwarding paths, each
+//! with its verdict, exact output bytes and the counter that must count it. The program runs in
+//! a namespace whose routes and (permanent) neighbours make every result deterministic:
+//!
+//! ```text
+//!  client 10.0.1.2 ─ vc 10.0.1.1 [lb] vb 10.0.2.1 ─ backend 10.0.2.2
+//!  one-arm backend 10.0.1.20 on the client side
+//! ```
+
+use std::net::Ipv4Addr;
+
+use lb::{
+    balancer::Balancer,
+    config::{self, Config, XdpMode},
+    dataplane::{self, Dataplane},
+};
+use lb_common::{Params, counter::*, flow_hash, snat_port_candidate};
+use lb_tests::{
+    fixture::{Fixture, XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX, run_fixtures},
+    netns::{Netns, veth},
+    packet::{CLIENT_MAC, LB_MAC, Packet, TCP_ACK, TCP_FIN, TCP_PSH, TCP_SYN, verify_checksums},
+    require_root,
+};
+
+const BACKEND_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xb2];
+const ONE_ARM_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x20];
+const CLIENT: &str = "10.0.1.2";
+
+struct Env {
+    ns: Netns,
+    _peer: Netns,
+    dp: Dataplane,
+    _balancer: Balancer,
+    params: Params,
+    vc: u32,
+    vb: u32,
+    vc_mac: [u8; 6],
+    vb_mac: [u8; 6],
+}
+
+fn config(vc: &str, vb: &str) -> Config {
+    config::parse(&format!(
+        r#"
+[lb]
+interfaces = ["{vc}", "{vb}"]
+ring_size = 1009
+
+[[service]]
+name = "web"
+vip = "10.100.0.1:80"
+backends = [{{ address = "10.0.2.2:8080" }}]
+
+[[service]]
+name = "dns"
+vip = "10.100.0.1:53"
+protocol = "udp"
+backends = [{{ address = "10.0.2.2:5353" }}]
+
+[[service]]
+name = "one-arm"
+vip = "10.100.0.2:80"
+backends = [{{ address = "10.0.1.20:8080" }}]
+
+[[service]]
+name = "drained"
+vip = "10.100.0.3:80"
+backends = [{{ address = "10.0.2.2:9000", weight = 0 }}]
+"#
+    ))
+    .expect("fixture config")
+}
+
+fn env() -> Env {
+    require_root();
+    let ns = Netns::new("fx").unwrap();
+    let peer = Netns::new("fxpeer").unwrap();
+    let (vc, _) = veth(&ns, "10.0.1.1/24", &peer, "10.0.1.254/24").unwrap();
+    let (vb, _) = veth(&ns, "10.0.2.1/24", &peer, "10.0.2.254/24").unwrap();
+    for (ip, mac, dev) in [
+        ("10.0.1.2", "02:00:00:00:00:01", &vc.ifname),
+        ("10.0.1.20", "02:00:00:00:00:20", &vc.ifname),
+        ("10.0.2.2", "02:00:00:00:00:b2", &vb.ifname),
+    ] {
+        ns.ip(&[
+            "neigh",
+            "replace",
+            ip,
+            "lladdr",
+            mac,
+            "dev",
+            dev,
+            "nud",
+            "permanent",
+        ])
+        .unwrap();
+    }
+    ns.sysctl("net/ipv4/ip_forward", "1").unwrap();
+    let config = config(&vc.ifname, &vb.ifname);
+    let (dp, balancer) = ns.enter(|| {
+        let mut dp = Dataplane::load(&config.lb).unwrap();
+        let b = Balancer::new(
+            &config,
+            |s, a| lb::daemon::snat_address(&config, s, a),
+            &mut dp,
+        )
+        .unwrap();
+        dp.set_counts(config.services.len() as u32, b.backend_count());
+        for iface in &config.lb.interfaces {
+            dp.attach(iface, config::XdpMode::Skb).unwrap();
+        }
+        (dp, b)
+    });
+    let _ = XdpMode::Auto;
+    Env {
+        params: dataplane::params(&config.lb),
+        vc: ns.ifindex(&vc.ifname).unwrap(),
+        vb: ns.ifindex(&vb.ifname).unwrap(),
+        vc_mac: ns.mac(&vc.ifname).unwrap(),
+        vb_mac: ns.mac(&vb.ifname).unwrap(),
+        ns,
+        _peer: peer,
+        dp,
+        _balancer: balancer,
+    }
+}
+
+fn ne(ip: &str) -> u32 {
+    u32::from_ne_bytes(ip.parse::<Ipv4Addr>().unwrap().octets())
+}
+
+/// The SNAT port the datapath picks first for a client flow (no collision in these fixtures).
+fn snat_port(e: &Env, client: &str, cport: u16, vip: &str, vport: u16, proto: u8) -> u16 {
+    let h = flow_hash(ne(client), ne(vip), cport.to_be(), vport.to_be(), proto);
+    snat_port_candidate(h, 0, &e.params)
+}
+
+impl Env {
+    fn run(&self, fixtures: &[Fixture]) {
+        self.ns.enter(|| run_fixtures(&self.dp, fixtures));
+    }
+}
+
+#[test]
+fn forwarding_and_return_paths() {
+    let e = env();
+    let vip = "10.100.0.1";
+    let p = snat_port(&e, CLIENT, 40000, vip, 80, 6);
+    let client_syn = Packet::tcp("10.0.1.2:40000", "10.100.0.1:80", TCP_SYN);
+    let to_backend = |pkt: Packet| pkt.ttl(63).macs(e.vb_mac, BACKEND_MAC).build();
+    let snat = format!("10.0.2.1:{p}");
+    let pu = snat_port(&e, CLIENT, 40001, vip, 53, 17);
+    let snat_udp = format!("10.0.2.1:{pu}");
+    let pz = snat_port(&e, CLIENT, 40002, vip, 53, 17);
+    let p1 = snat_port(&e, CLIENT, 40003, "10.100.0.2", 80, 6);
+    let pm = snat_port(&e, CLIENT, 40004, vip, 80, 6);
+    let fixtures = vec![
+        Fixture::new(
+            "SYN to the VIP: full NAT to the backend, redirected to the backend side",
+            client_syn.clone().build(),
+            XDP_REDIRECT,
+            FWD_REDIRECT,
+        )
+        .ingress(e.vc)
+        .output(to_backend(Packet::tcp(&snat, "10.0.2.2:8080", TCP_SYN)))
+        .also(CT_NEW),
+        Fixture::new(
+            "established packet with data: same backend and SNAT port",
+            Packet::tcp("10.0.1.2:40000", "10.100.0.1:80", TCP_ACK | TCP_PSH).seq(1001, 5001).payload(b"GET / HTTP/1.1\r\n\r\n").build(),
+            XDP_REDIRECT,
+            FWD_REDIRECT,
+        )
+        .ingress(e.vc)
+        .output(to_backend(Packet::tcp(&snat, "10.0.2.2:8080", TCP_ACK | TCP_PSH).seq(1001, 5001).payload(b"GET / HTTP/1.1\r\n\r\n"))),
+        Fixture::new(
+            "reply from the backend: back to VIP → client, to the client's MAC, redirected to its side",
+            Packet::tcp("10.0.2.2:8080", &snat, TCP_SYN | TCP_ACK).seq(5000, 1001).macs(BACKEND_MAC, e.vb_mac).build(),
+            XDP_REDIRECT,
+            FWD_REDIRECT,
+        )
+        .ingress(e.vb)
+        .output(Packet::tcp("10.100.0.1:80", "10.0.1.2:40000", TCP_SYN | TCP_ACK).seq(5000, 1001).ttl(63).macs(LB_MAC, CLIENT_MAC).build())
+        .also(REPLY),
+        Fixture::new(
+            "reply to a SNAT port no flow holds: the host's own traffic, passed",
+            Packet::tcp("10.0.2.2:8080", "10.0.2.1:12345", TCP_SYN | TCP_ACK).macs(BACKEND_MAC, e.vb_mac).build(),
+            XDP_PASS,
+            PASS_NOT_VIP,
+        )
+        .ingress(e.vb),
+        Fixture::new(
+            "client FIN: forwarded",
+            Packet::tcp("10.0.1.2:40000", "10.100.0.1:80", TCP_FIN | TCP_ACK).seq(1019, 5001).build(),
+            XDP_REDIRECT,
+            FWD_REDIRECT,
+        )
+        .ingress(e.vc)
+        .output(to_backend(Packet::tcp(&snat, "10.0.2.2:8080", TCP_FIN | TCP_ACK).seq(1019, 5001))),
+        Fixture::new(
+            "UDP to the VIP",
+            Packet::udp("10.0.1.2:40001", "10.100.0.1:53").payload(b"query").build(),
+            XDP_REDIRECT,
+            FWD_REDIRECT,
+        )
+        .ingress(e.vc)
+        .output(to_backend(Packet::udp(&snat_udp, "10.0.2.2:5353").payload(b"query")))
+        .also(CT_NEW),
+        Fixture::new(
+            "UDP reply",
+            Packet::udp("10.0.2.2:5353", &snat_udp).payload(b"answer").macs(BACKEND_MAC, e.vb_mac).build(),
+            XDP_REDIRECT,
+            FWD_REDIRECT,
+        )
+        .ingress(e.vb)
+        .output(Packet::udp("10.100.0.1:53", "10.0.1.2:40001").payload(b"answer").ttl(63).macs(LB_MAC, CLIENT_MAC).build())
+        .also(REPLY),
+        Fixture::new(
+            "UDP with checksum 0: stays 0",
+            Packet::udp("10.0.1.2:40002", "10.100.0.1:53").payload(b"q").udp_zero_checksum().build(),
+            XDP_REDIRECT,
+            FWD_REDIRECT,
+        )
+        .ingress(e.vc)
+        .output(to_backend(Packet::udp(&format!("10.0.2.1:{pz}"), "10.0.2.2:5353").payload(b"q").udp_zero_checksum())),
+        Fixture::new(
+            "one-arm: the backend is on the ingress side, XDP_TX",
+            Packet::tcp("10.0.1.2:40003", "10.100.0.2:80", TCP_SYN).build(),
+            XDP_TX,
+            FWD_TX,
+        )
+        .ingress(e.vc)
+        .output(Packet::tcp(&format!("10.0.1.1:{p1}"), "10.0.1.20:8080", TCP_SYN).ttl(63).macs(e.vc_mac, ONE_ARM_MAC).build()),
+        Fixture::new(
+            "TCP without SYN and without a table entry: re-created, counted",
+            Packet::tcp("10.0.1.2:40004", "10.100.0.1:80", TCP_ACK).seq(7, 7).build(),
+            XDP_REDIRECT,
+            FWD_REDIRECT,
+        )
+        .ingress(e.vc)
+        .output(to_backend(Packet::tcp(&format!("10.0.2.1:{pm}"), "10.0.2.2:8080", TCP_ACK).seq(7, 7)))
+        .also(CT_MISS_MIDSTREAM),
+        Fixture::new(
+            "802.1Q-tagged SYN with IP options: tag and options kept",
+            client_syn.clone().vlan(10).ip_options(&[1, 1, 1, 1]).build(),
+            XDP_REDIRECT,
+            FWD_REDIRECT,
+        )
+        .ingress(e.vc)
+        .output(to_backend(Packet::tcp(&snat, "10.0.2.2:8080", TCP_SYN).vlan(10).ip_options(&[1, 1, 1, 1])))
+        .also(VLAN)
+        .also(IP_OPTIONS),
+        Fixture::new("TTL 1 to the VIP", client_syn.clone().ttl(1).build(), XDP_DROP, DROP_TTL).ingress(e.vc),
+        Fixture::new(
+            "only backend drained (weight 0): no backend for a new flow",
+            Packet::tcp("10.0.1.2:40005", "10.100.0.3:80", TCP_SYN).build(),
+            XDP_DROP,
+            DROP_NO_BACKEND,
+        )
+        .ingress(e.vc),
+        Fixture::new(
+            "to the balancer's own address (a SNAT address): passed",
+            Packet::tcp("10.0.1.2:40006", "10.0.1.1:22", TCP_SYN).build(),
+            XDP_PASS,
+            PASS_NOT_VIP,
+        )
+        .ingress(e.vc),
+        Fixture::new(
+            "fragment to a SNAT address (the host's own): passed",
+            Packet::udp("10.0.1.2:40007", "10.0.1.1:53").fragment(true, 0).build(),
+            XDP_PASS,
+            PASS_FRAGMENT,
+        )
+        .ingress(e.vc),
+    ];
+    for f in &fixtures {
+        if let Some(out) = &f.output {
+            verify_checksums(out).unwrap_or_else(|err| panic!("{}: expected frame: {err}", f.desc));
+        }
+    }
+    e.run(&fixtures);
+}
+
+#[test]
+fn parse_paths_have_defined_counted_verdicts() {
+    let e = env();
+    let syn = Packet::tcp("10.0.1.2:40100", "10.100.0.1:80", TCP_SYN);
+    let syn_frame = syn.build();
+    let udp = Packet::udp("10.0.1.2:40101", "10.100.0.1:53").payload(b"query");
+    let other = "10.0.1.9:22";
+    let truncated = |mut f: Vec<u8>, len: usize| {
+        f.truncate(len);
+        f
+    };
+    let with_byte = |mut f: Vec<u8>, at: usize, v: u8| {
+        f[at] = v;
+        f
+    };
+    let fixtures = vec![
+        Fixture::new(
+            "TCP to another address",
+            Packet::tcp("10.0.1.2:1000", other, TCP_SYN).build(),
+            XDP_PASS,
+            PASS_NOT_VIP,
+        ),
+        Fixture::new(
+            "TCP to the VIP address, other port",
+            Packet::tcp("10.0.1.2:1", "10.100.0.1:443", TCP_SYN).build(),
+            XDP_PASS,
+            PASS_NOT_VIP,
+        ),
+        Fixture::new(
+            "UDP to the TCP service's port",
+            Packet::udp("10.0.1.2:1", "10.100.0.1:80").build(),
+            XDP_PASS,
+            PASS_NOT_VIP,
+        ),
+        Fixture::new(
+            "TCP to the UDP service's port",
+            Packet::tcp("10.0.1.2:1", "10.100.0.1:53", TCP_SYN).build(),
+            XDP_PASS,
+            PASS_NOT_VIP,
+        ),
+        Fixture::new(
+            "ICMP to the VIP address",
+            Packet::ip_proto("10.0.1.2:0", "10.100.0.1:0", 1)
+                .payload(&[8, 0, 0, 0, 0, 1, 0, 1])
+                .build(),
+            XDP_PASS,
+            PASS_NOT_VIP,
+        ),
+        Fixture::new(
+            "tagged TCP to another address",
+            Packet::tcp("10.0.1.2:1000", other, TCP_SYN).vlan(3).build(),
+            XDP_PASS,
+            PASS_NOT_VIP,
+        )
+        .also(VLAN),
+        Fixture::new(
+            "ARP",
+            syn.clone().ether_type(0x0806).build(),
+            XDP_PASS,
+            PASS_NOT_IPV4,
+        ),
+        Fixture::new(
+            "IPv6 EtherType",
+            syn.clone().ether_type(0x86dd).build(),
+            XDP_PASS,
+            PASS_NOT_IPV4,
+        ),
+        Fixture::new(
+            "two stacked 802.1Q tags",
+            syn.clone().vlan(5).ether_type(0x8100).build(),
+            XDP_PASS,
+            PASS_NOT_IPV4,
+        )
+        .also(VLAN),
+        Fixture::new(
+            "first fragment to the VIP",
+            syn.clone().fragment(true, 0).build(),
+            XDP_DROP,
+            DROP_FRAGMENT,
+        ),
+        Fixture::new(
+            "later fragment to the VIP",
+            syn.clone().fragment(false, 100).build(),
+            XDP_DROP,
+            DROP_FRAGMENT,
+        ),
+        Fixture::new(
+            "fragment to another address",
+            Packet::udp("10.0.1.2:1000", other)
+                .fragment(true, 0)
+                .build(),
+            XDP_PASS,
+            PASS_FRAGMENT,
+        ),
+        // (Frames shorter than 14 bytes never reach XDP: the kernel and BPF_PROG_TEST_RUN refuse them.)
+        Fixture::new(
+            "Ethernet header only",
+            truncated(syn_frame.clone(), 14),
+            XDP_PASS,
+            PASS_MALFORMED,
+        ),
+        Fixture::new(
+            "VLAN tag cut",
+            truncated(syn.clone().vlan(1).build(), 16),
+            XDP_PASS,
+            PASS_MALFORMED,
+        ),
+        Fixture::new(
+            "IPv4 header cut at 19 bytes",
+            truncated(syn_frame.clone(), 33),
+            XDP_PASS,
+            PASS_MALFORMED,
+        ),
+        Fixture::new(
+            "IPv4 version 6 in an IPv4 EtherType",
+            with_byte(syn_frame.clone(), 14, 0x65),
+            XDP_DROP,
+            DROP_MALFORMED,
+        ),
+        Fixture::new(
+            "IHL 4",
+            with_byte(syn_frame.clone(), 14, 0x44),
+            XDP_DROP,
+            DROP_MALFORMED,
+        ),
+        Fixture::new(
+            "IHL beyond the datagram",
+            with_byte(syn_frame.clone(), 14, 0x4f),
+            XDP_DROP,
+            DROP_MALFORMED,
+        ),
+        Fixture::new(
+            "total length beyond the frame",
+            with_byte(syn_frame.clone(), 16, 0x05),
+            XDP_DROP,
+            DROP_MALFORMED,
+        ),
+        Fixture::new(
+            "TCP header cut",
+            truncated(syn_frame.clone(), 14 + 20 + 10),
+            XDP_DROP,
+            DROP_MALFORMED,
+        ),
+        Fixture::new(
+            "TCP data offset 4",
+            with_byte(syn_frame.clone(), 14 + 20 + 12, 0x40),
+            XDP_DROP,
+            DROP_MALFORMED,
+        ),
+        Fixture::new(
+            "TCP data offset beyond the datagram",
+            with_byte(syn_frame.clone(), 14 + 20 + 12, 0xf0),
+            XDP_DROP,
+            DROP_MALFORMED,
+        ),
+        Fixture::new(
+            "UDP header cut",
+            truncated(udp.build(), 14 + 20 + 4),
+            XDP_DROP,
+            DROP_MALFORMED,
+        ),
+        Fixture::new(
+            "UDP length 7",
+            with_byte(udp.build(), 14 + 20 + 5, 7),
+            XDP_DROP,
+            DROP_MALFORMED,
+        ),
+        Fixture::new(
+            "UDP length beyond the datagram",
+            with_byte(udp.build(), 14 + 20 + 5, 200),
+            XDP_DROP,
+            DROP_MALFORMED,
+        ),
+        Fixture::new(
+            "cut TCP to another address",
+            truncated(Packet::tcp("10.0.1.2:1000", other, TCP_SYN).build(), 40),
+            XDP_PASS,
+            PASS_MALFORMED,
+        ),
+    ];
+    let fixtures: Vec<Fixture> = fixtures.into_iter().map(|f| f.ingress(e.vc)).collect();
+    e.run(&fixtures);
+}
+
+#[test]
+fn padding_after_the_datagram_is_forwarded_as_is() {
+    let e = env();
+    let mut frame = Packet::tcp("10.0.1.2:40200", "10.100.0.1:80", TCP_SYN).build();
+    frame.extend_from_slice(&[0; 6]);
+    let p = snat_port(&e, CLIENT, 40200, "10.100.0.1", 80, 6);
+    let mut want = Packet::tcp(&format!("10.0.2.1:{p}"), "10.0.2.2:8080", TCP_SYN)
+        .ttl(63)
+        .macs(e.vb_mac, BACKEND_MAC)
+        .build();
+    want.extend_from_slice(&[0; 6]);
+    e.run(&[Fixture::new(
+        "SYN with Ethernet padding",
+        frame,
+        XDP_REDIRECT,
+        FWD_REDIRECT,
+    )
+    .ingress(e.vc)
+    .output(want)]);
+}
