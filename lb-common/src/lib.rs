@@ -33,6 +33,8 @@ pub mod map_name {
     pub const SERVICE_STATS: &str = "LB_SERVICE_STATS";
     /// `PerCpuArray<TrafficStats>` indexed by backend id.
     pub const BACKEND_STATS: &str = "LB_BACKEND_STATS";
+    /// `PerCpuArray<NextHop>` indexed by backend id.
+    pub const NEXTHOPS: &str = "LB_NEXTHOPS";
 }
 
 /// Name of the global [`Params`] in the object, set by userspace at load time.
@@ -226,8 +228,7 @@ pub mod ct_flags {
     pub const KEEP: u8 = 1;
 }
 
-/// Connection table entry of a client → VIP flow, with the next hop towards the backend cached
-/// so established packets need no route lookup (refreshed every second of activity).
+/// Connection table entry of a client → VIP flow.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CtEntry {
@@ -235,14 +236,23 @@ pub struct CtEntry {
     pub service_id: u32,
     /// Last packet of the flow, coarse monotonic nanoseconds (refreshed at most once a second).
     pub last_seen: u64,
-    pub egress_ifindex: u32,
-    pub dmac: [u8; 6],
-    pub smac: [u8; 6],
     /// Network byte order.
     pub snat_port: u16,
     pub state: u8,
     pub flags: u8,
     pub _pad: [u8; 4],
+}
+
+/// The next hop towards a backend, cached per CPU so packets need no route lookup: refreshed
+/// from the kernel's tables (bpf_fib_lookup) when older than a second.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NextHop {
+    /// When it was looked up, coarse monotonic nanoseconds; 0 = never.
+    pub updated: u64,
+    pub ifindex: u32,
+    pub smac: [u8; 6],
+    pub dmac: [u8; 6],
 }
 
 /// Return-path entry: how to turn a backend's reply back into the VIP's, and where to send it
@@ -355,6 +365,7 @@ mod pod {
     unsafe impl aya::Pod for super::BackendInfo {}
     unsafe impl aya::Pod for super::FlowKey {}
     unsafe impl aya::Pod for super::CtEntry {}
+    unsafe impl aya::Pod for super::NextHop {}
     unsafe impl aya::Pod for super::NatEntry {}
     unsafe impl aya::Pod for super::TrafficStats {}
 }
@@ -371,7 +382,8 @@ mod tests {
         assert_eq!(size_of::<ServiceInfo>(), 8);
         assert_eq!(size_of::<BackendInfo>(), 16);
         assert_eq!(size_of::<FlowKey>(), 16);
-        assert_eq!(size_of::<CtEntry>(), 40);
+        assert_eq!(size_of::<CtEntry>(), 24);
+        assert_eq!(size_of::<NextHop>(), 24);
         assert_eq!(size_of::<NatEntry>(), 32);
         assert_eq!(size_of::<TrafficStats>(), 24);
     }

@@ -7,16 +7,37 @@ use aya_ebpf::{
     helpers::bpf_fib_lookup,
     programs::XdpContext,
 };
-use lb_common::counter;
+use lb_common::{BackendInfo, NextHop, counter};
 
-use crate::maps::TX_PORTS;
+use crate::maps::{NEXTHOPS, TX_PORTS};
 
 const AF_INET: u8 = 2;
+/// Age after which a cached next hop is looked up again.
+const REFRESH_NS: u64 = 1_000_000_000;
 
-pub struct NextHop {
-    pub ifindex: u32,
-    pub smac: [u8; 6],
-    pub dmac: [u8; 6],
+/// The next hop towards backend `id`: this CPU's cached one, looked up again when older than
+/// a second. `Err(drop counter)` if there is none.
+#[inline(always)]
+pub fn to_backend(
+    ctx: &XdpContext,
+    id: u32,
+    b: &BackendInfo,
+    proto: u8,
+    tot_len: u16,
+    now: u64,
+) -> Result<NextHop, u32> {
+    let Some(cached) = NEXTHOPS.get_ptr_mut(id) else {
+        return Err(counter::DROP_NO_ROUTE);
+    };
+    // SAFETY: this CPU's slot of a per-CPU array of plain integers.
+    let cached = unsafe { &mut *cached };
+    if cached.updated != 0 && now.wrapping_sub(cached.updated) <= REFRESH_NS {
+        return Ok(*cached);
+    }
+    let mut nh = lookup(ctx, b.snat_addr, b.addr, proto, tot_len)?;
+    nh.updated = now;
+    *cached = nh;
+    Ok(nh)
 }
 
 /// Route `src → dst` as the kernel would forward it; `Err(drop counter)` if it cannot be used.
@@ -56,6 +77,7 @@ pub fn lookup(
     // SAFETY: on success the kernel filled the MAC variant of the union.
     let macs = unsafe { p.__bindgen_anon_6.__bindgen_anon_2 };
     Ok(NextHop {
+        updated: 0,
         ifindex: p.ifindex,
         smac: macs.smac,
         dmac: macs.dmac,

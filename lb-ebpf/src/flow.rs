@@ -27,7 +27,7 @@ use crate::{
 /// (XDP action, verdict counter).
 pub type Verdict = (u32, u32);
 
-/// How often an active flow refreshes its timestamp and cached next hop.
+/// How often an active flow refreshes its timestamp.
 const REFRESH_NS: u64 = 1_000_000_000;
 
 #[inline(always)]
@@ -98,13 +98,12 @@ fn established(ctx: &XdpContext, flow: &Flow, e: &mut CtEntry, now: u64) -> Opti
     }
     if now.wrapping_sub(e.last_seen) > REFRESH_NS {
         e.last_seen = now;
-        let len = (ctx.data_end() - ctx.data() - flow.l3_off) as u16;
-        if let Ok(nh) = fib::lookup(ctx, backend.snat_addr, backend.addr, flow.proto, len) {
-            e.egress_ifindex = nh.ifindex;
-            e.smac = nh.smac;
-            e.dmac = nh.dmac;
-        }
     }
+    let len = (ctx.data_end() - ctx.data() - flow.l3_off) as u16;
+    let nh = match fib::to_backend(ctx, e.backend_id, &backend, flow.proto, len, now) {
+        Ok(nh) => nh,
+        Err(reason) => return Some((xdp_action::XDP_DROP, reason)),
+    };
     stats::count_traffic(
         e.service_id,
         e.backend_id,
@@ -116,10 +115,10 @@ fn established(ctx: &XdpContext, flow: &Flow, e: &mut CtEntry, now: u64) -> Opti
         dst: backend.addr,
         sport: e.snat_port,
         dport: backend.port,
-        smac: e.smac,
-        dmac: e.dmac,
+        smac: nh.smac,
+        dmac: nh.dmac,
     };
-    Some(transmit(ctx, flow, &rw, e.egress_ifindex))
+    Some(transmit(ctx, flow, &rw, nh.ifindex))
 }
 
 #[inline(always)]
@@ -142,7 +141,7 @@ fn new_flow(ctx: &XdpContext, flow: &Flow, k: &FlowKey, now: u64, p: &Params) ->
         return (xdp_action::XDP_DROP, counter::DROP_NO_BACKEND);
     };
     let len = (ctx.data_end() - ctx.data() - flow.l3_off) as u16;
-    let nh = match fib::lookup(ctx, backend.snat_addr, backend.addr, flow.proto, len) {
+    let nh = match fib::to_backend(ctx, backend_id, &backend, flow.proto, len, now) {
         Ok(nh) => nh,
         Err(reason) => return (xdp_action::XDP_DROP, reason),
     };
@@ -174,9 +173,6 @@ fn new_flow(ctx: &XdpContext, flow: &Flow, k: &FlowKey, now: u64, p: &Params) ->
         backend_id,
         service_id: svc.id,
         last_seen: now,
-        egress_ifindex: nh.ifindex,
-        dmac: nh.dmac,
-        smac: nh.smac,
         snat_port,
         state,
         flags: if svc.flags & service_flags::KEEP_FLOWS != 0 {

@@ -8,8 +8,8 @@ use aya_ebpf::{
 };
 use lb_common::{
     BackendInfo, CtEntry, DEFAULT_CONNTRACK_SIZE, DEFAULT_MAX_BACKENDS, DEFAULT_MAX_SERVICES,
-    DEFAULT_RING_SIZE, FlowKey, MAX_ADDRS, MAX_TX_PORTS, NatEntry, Params, ServiceInfo, ServiceKey,
-    TrafficStats, counter,
+    DEFAULT_RING_SIZE, FlowKey, MAX_ADDRS, MAX_TX_PORTS, NatEntry, NextHop, Params, ServiceInfo,
+    ServiceKey, TrafficStats, counter,
 };
 
 /// Datapath parameters; userspace overrides this read-only global when loading.
@@ -52,6 +52,10 @@ pub static CONNTRACK: LruHashMap<FlowKey, CtEntry> =
 #[map(name = "LB_NAT")]
 pub static NAT: LruHashMap<FlowKey, NatEntry> =
     LruHashMap::with_max_entries(DEFAULT_CONNTRACK_SIZE, 0);
+
+/// Backend id → cached next hop, per CPU.
+#[map(name = "LB_NEXTHOPS")]
+pub static NEXTHOPS: PerCpuArray<NextHop> = PerCpuArray::with_max_entries(DEFAULT_MAX_BACKENDS, 0);
 
 /// Interfaces lb is attached to: targets of XDP_REDIRECT.
 #[map(name = "LB_TX_PORTS")]

@@ -7,6 +7,7 @@ pub mod inproc;
 pub mod netns;
 pub mod packet;
 pub mod servers;
+pub mod testnet;
 pub mod topology;
 
 use std::path::PathBuf;

@@ -1,143 +1,47 @@
 //! The XDP program through BPF_PROG_TEST_RUN: every parse path and the forwarding paths, each
-//! with its verdict, exact output bytes and the counter that must count it. The program runs in
-//! a namespace whose routes and (permanent) neighbours make every result deterministic:
-//!
-//! ```text
-//!  client 10.0.1.2 ─ vc 10.0.1.1 [lb] vb 10.0.2.1 ─ backend 10.0.2.2
-//!  one-arm backend 10.0.1.20 on the client side
-//! ```
+//! with its verdict, exact output bytes and the counter that must count it, in the fixed
+//! network of [`lb_tests::testnet`].
 
-use std::net::Ipv4Addr;
-
-use lb::{
-    balancer::Balancer,
-    config::{self, Config, XdpMode},
-    dataplane::{self, Dataplane},
-};
-use lb_common::{Params, counter::*, flow_hash, snat_port_candidate};
+use lb_common::counter::*;
 use lb_tests::{
-    fixture::{Fixture, XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX, run_fixtures},
-    netns::{Netns, veth},
+    fixture::{Fixture, XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX},
     packet::{CLIENT_MAC, LB_MAC, Packet, TCP_ACK, TCP_FIN, TCP_PSH, TCP_SYN, verify_checksums},
     require_root,
+    testnet::{BACKEND_MAC, ONE_ARM_MAC, TestNet},
 };
 
-const BACKEND_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xb2];
-const ONE_ARM_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x20];
 const CLIENT: &str = "10.0.1.2";
 
-struct Env {
-    ns: Netns,
-    _peer: Netns,
-    dp: Dataplane,
-    _balancer: Balancer,
-    params: Params,
-    vc: u32,
-    vb: u32,
-    vc_mac: [u8; 6],
-    vb_mac: [u8; 6],
-}
-
-fn config(vc: &str, vb: &str) -> Config {
-    config::parse(&format!(
-        r#"
-[lb]
-interfaces = ["{vc}", "{vb}"]
-ring_size = 1009
-
+const SERVICES: &str = r#"
 [[service]]
 name = "web"
 vip = "10.100.0.1:80"
-backends = [{{ address = "10.0.2.2:8080" }}]
+backends = [{ address = "10.0.2.2:8080" }]
 
 [[service]]
 name = "dns"
 vip = "10.100.0.1:53"
 protocol = "udp"
-backends = [{{ address = "10.0.2.2:5353" }}]
+backends = [{ address = "10.0.2.2:5353" }]
 
 [[service]]
 name = "one-arm"
 vip = "10.100.0.2:80"
-backends = [{{ address = "10.0.1.20:8080" }}]
+backends = [{ address = "10.0.1.20:8080" }]
 
 [[service]]
 name = "drained"
 vip = "10.100.0.3:80"
-backends = [{{ address = "10.0.2.2:9000", weight = 0 }}]
-"#
-    ))
-    .expect("fixture config")
-}
+backends = [{ address = "10.0.2.2:9000", weight = 0 }]
+"#;
 
-fn env() -> Env {
+fn env() -> TestNet {
     require_root();
-    let ns = Netns::new("fx").unwrap();
-    let peer = Netns::new("fxpeer").unwrap();
-    let (vc, _) = veth(&ns, "10.0.1.1/24", &peer, "10.0.1.254/24").unwrap();
-    let (vb, _) = veth(&ns, "10.0.2.1/24", &peer, "10.0.2.254/24").unwrap();
-    for (ip, mac, dev) in [
-        ("10.0.1.2", "02:00:00:00:00:01", &vc.ifname),
-        ("10.0.1.20", "02:00:00:00:00:20", &vc.ifname),
-        ("10.0.2.2", "02:00:00:00:00:b2", &vb.ifname),
-    ] {
-        ns.ip(&[
-            "neigh",
-            "replace",
-            ip,
-            "lladdr",
-            mac,
-            "dev",
-            dev,
-            "nud",
-            "permanent",
-        ])
-        .unwrap();
-    }
-    ns.sysctl("net/ipv4/ip_forward", "1").unwrap();
-    let config = config(&vc.ifname, &vb.ifname);
-    let (dp, balancer) = ns.enter(|| {
-        let mut dp = Dataplane::load(&config.lb).unwrap();
-        let b = Balancer::new(
-            &config,
-            |s, a| lb::daemon::snat_address(&config, s, a),
-            &mut dp,
-        )
-        .unwrap();
-        dp.set_counts(config.services.len() as u32, b.backend_count());
-        for iface in &config.lb.interfaces {
-            dp.attach(iface, config::XdpMode::Skb).unwrap();
-        }
-        (dp, b)
-    });
-    let _ = XdpMode::Auto;
-    Env {
-        params: dataplane::params(&config.lb),
-        vc: ns.ifindex(&vc.ifname).unwrap(),
-        vb: ns.ifindex(&vb.ifname).unwrap(),
-        vc_mac: ns.mac(&vc.ifname).unwrap(),
-        vb_mac: ns.mac(&vb.ifname).unwrap(),
-        ns,
-        _peer: peer,
-        dp,
-        _balancer: balancer,
-    }
+    TestNet::new("ring_size = 1009", SERVICES).unwrap()
 }
 
-fn ne(ip: &str) -> u32 {
-    u32::from_ne_bytes(ip.parse::<Ipv4Addr>().unwrap().octets())
-}
-
-/// The SNAT port the datapath picks first for a client flow (no collision in these fixtures).
-fn snat_port(e: &Env, client: &str, cport: u16, vip: &str, vport: u16, proto: u8) -> u16 {
-    let h = flow_hash(ne(client), ne(vip), cport.to_be(), vport.to_be(), proto);
-    snat_port_candidate(h, 0, &e.params)
-}
-
-impl Env {
-    fn run(&self, fixtures: &[Fixture]) {
-        self.ns.enter(|| run_fixtures(&self.dp, fixtures));
-    }
+fn snat_port(e: &TestNet, client: &str, cport: u16, vip: &str, vport: u16, proto: u8) -> u16 {
+    e.snat_port(client, cport, vip, vport, proto)
 }
 
 #[test]

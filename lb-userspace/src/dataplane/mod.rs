@@ -8,12 +8,12 @@ use std::{ffi::CString, io, net::Ipv4Addr};
 use anyhow::{Context as _, anyhow, bail};
 use aya::{
     Ebpf, EbpfLoader, Pod,
-    maps::{Array, DevMapHash, HashMap as BpfHashMap, MapData},
+    maps::{Array, DevMapHash, HashMap as BpfHashMap, MapData, MapError},
     programs::{Xdp, XdpMode, xdp::XdpLinkId},
 };
 use lb_common::{
-    BackendInfo, PARAMS_GLOBAL, PASS_PROGRAM_NAME, PROGRAM_NAME, Params, ServiceInfo, ServiceKey,
-    map_name,
+    BackendInfo, CtEntry, FlowKey, NatEntry, PARAMS_GLOBAL, PASS_PROGRAM_NAME, PROGRAM_NAME,
+    Params, ServiceInfo, ServiceKey, map_name,
 };
 use tracing::{info, warn};
 
@@ -70,6 +70,7 @@ impl Dataplane {
             .map_max_entries(map_name::RINGS, ring_entries)
             .map_max_entries(map_name::BACKENDS, lb.max_backends)
             .map_max_entries(map_name::BACKEND_STATS, lb.max_backends)
+            .map_max_entries(map_name::NEXTHOPS, lb.max_backends)
             .map_max_entries(map_name::CONNTRACK, lb.conntrack.size)
             .map_max_entries(map_name::NAT, lb.conntrack.size)
             .load(object)
@@ -172,6 +173,37 @@ impl Dataplane {
                 Ok(()) => info!(%iface, "XDP program detached"),
                 Err(e) => warn!(%iface, error = %e, "detaching the XDP program failed"),
             }
+        }
+    }
+
+    /// Removes a client flow (client → VIP key) and the return-path entry holding its SNAT port.
+    /// Returns whether the flow was there. Its next packet creates it again.
+    pub fn forget_flow(&mut self, client: &FlowKey) -> anyhow::Result<bool> {
+        let mut ct = self.hash_map::<FlowKey, CtEntry>(map_name::CONNTRACK)?;
+        let entry = match ct.get(client, 0) {
+            Ok(e) => e,
+            Err(MapError::KeyNotFound) => return Ok(false),
+            Err(e) => return Err(e).context("reading the connection table"),
+        };
+        ct.remove(client).context("removing the flow")?;
+        let backend = self
+            .array::<BackendInfo>(map_name::BACKENDS)?
+            .get(&entry.backend_id, 0)
+            .context("reading the flow's backend")?;
+        let nat_key = FlowKey {
+            src: backend.addr,
+            dst: backend.snat_addr,
+            sport: backend.port,
+            dport: entry.snat_port,
+            proto: client.proto,
+            _pad: [0; 3],
+        };
+        match self
+            .hash_map::<FlowKey, NatEntry>(map_name::NAT)?
+            .remove(&nat_key)
+        {
+            Ok(()) | Err(MapError::KeyNotFound) => Ok(true),
+            Err(e) => Err(e).context("removing the flow's return path"),
         }
     }
 

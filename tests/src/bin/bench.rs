@@ -1,0 +1,220 @@
+//! `cargo xtask bench`: datapath cost per packet through BPF_PROG_TEST_RUN, as ns/packet and as
+//! a ratio to an empty XDP program measured in the same run. Each sample is one run with
+//! repeat = 1 (the kernel does not restore the frame between repeats, so repeat > 1 would time a
+//! rewriting program on its own output); cases are interleaved so drift hits all alike.
+
+use std::{fmt::Write as _, path::PathBuf};
+
+use anyhow::{Context as _, bail};
+use aya::programs::Xdp;
+use clap::Parser;
+use lb_common::FlowKey;
+use lb_tests::{
+    fixture::{XDP_PASS, XDP_REDIRECT, run_once, verdict_name},
+    packet::{Packet, TCP_ACK, TCP_PSH, TCP_SYN},
+    testnet::{BACKEND_MAC, TestNet, ne},
+};
+
+#[derive(Parser)]
+struct Args {
+    /// Samples per case.
+    #[arg(long, default_value_t = 20000)]
+    iterations: usize,
+    /// Also write the table (markdown) to this file.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+const SERVICES: &str = r#"
+[[service]]
+name = "web"
+vip = "10.100.0.1:80"
+backends = [{ address = "10.0.2.2:8080" }, { address = "10.0.2.3:8080" }, { address = "10.0.2.4:8080" }, { address = "10.0.2.5:8080" }]
+"#;
+
+struct Case {
+    name: &'static str,
+    /// Frames cycled through (new flows need a fresh one each time).
+    frames: Vec<Vec<u8>>,
+    ingress: u32,
+    verdict: u32,
+    /// Forget this flow before each sample (untimed), so the frame creates it anew.
+    forget: Option<FlowKey>,
+    samples: Vec<u64>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    lb_tests::require_root();
+    if args.iterations == 0 || args.iterations > 60000 {
+        bail!("--iterations must be 1..=60000 (one new flow per sample)");
+    }
+    let net = TestNet::new(
+        "snat_ports = \"1024-65535\"\nconntrack = { size = 262144 }",
+        SERVICES,
+    )?;
+    let mut net = net;
+    let table = {
+        let ns = net.ns.clone();
+        ns.enter(|| measure(&mut net, args.iterations))?
+    };
+    print!("{table}");
+    if let Some(out) = args.out {
+        std::fs::write(&out, &table).with_context(|| format!("writing {}", out.display()))?;
+    }
+    Ok(())
+}
+
+fn measure(net: &mut TestNet, n: usize) -> anyhow::Result<String> {
+    // An established flow and its return direction.
+    let syn = Packet::tcp("10.0.1.2:40000", "10.100.0.1:80", TCP_SYN).build();
+    let out = run_once(net.dp.program(), &syn, net.vc)?;
+    if out.verdict != XDP_REDIRECT {
+        bail!("setup SYN: {}", verdict_name(out.verdict));
+    }
+    let backend = format!(
+        "{}.{}.{}.{}",
+        out.output[30], out.output[31], out.output[32], out.output[33]
+    );
+    let snat_port = u16::from_be_bytes([out.output[34], out.output[35]]);
+    let data = Packet::tcp("10.0.1.2:40000", "10.100.0.1:80", TCP_ACK | TCP_PSH)
+        .payload(&[0x55; 64])
+        .build();
+    let reply = Packet::tcp(
+        &format!("{backend}:8080"),
+        &format!("10.0.2.1:{snat_port}"),
+        TCP_ACK | TCP_PSH,
+    )
+    .payload(&[0x66; 64])
+    .macs(BACKEND_MAC, net.vb_mac)
+    .build();
+    let new_flows = (0..n)
+        .map(|i| {
+            let client = format!("10.0.1.{}:{}", 2 + (i / 50000) as u8, 1024 + (i % 50000));
+            Packet::tcp(&client, "10.100.0.1:80", TCP_SYN).build()
+        })
+        .collect();
+    let other = Packet::tcp("10.0.1.2:40000", "10.0.1.9:22", TCP_ACK)
+        .payload(&[0x77; 64])
+        .build();
+    let recreated = Packet::tcp("10.0.1.3:40000", "10.100.0.1:80", TCP_SYN).build();
+    let recreated_key = FlowKey {
+        src: ne("10.0.1.3"),
+        dst: ne("10.100.0.1"),
+        sport: 40000u16.to_be(),
+        dport: 80u16.to_be(),
+        proto: lb_common::PROTO_TCP,
+        _pad: [0; 3],
+    };
+    let mut cases = vec![
+        Case::new(
+            "empty XDP program (baseline)",
+            vec![data.clone()],
+            net.vc,
+            XDP_PASS,
+        ),
+        Case::new("not for a VIP: pass", vec![other], net.vc, XDP_PASS),
+        Case::new(
+            "new flow (SYN), each a different flow: cold table memory",
+            new_flows,
+            net.vc,
+            XDP_REDIRECT,
+        ),
+        Case::new(
+            "new flow (SYN), the same flow created anew each time",
+            vec![recreated],
+            net.vc,
+            XDP_REDIRECT,
+        )
+        .forget(recreated_key),
+        Case::new("established flow", vec![data], net.vc, XDP_REDIRECT),
+        Case::new(
+            "return path (backend → client)",
+            vec![reply],
+            net.vb,
+            XDP_REDIRECT,
+        ),
+    ];
+    // Warm up, then sample the cases round-robin.
+    for _ in 0..200 {
+        run(net, 0, &cases[0], 0)?;
+    }
+    for i in 0..n {
+        for (c, case) in cases.iter_mut().enumerate() {
+            let ns = run(net, c, case, i)?;
+            case.samples.push(ns);
+        }
+    }
+    Ok(report(&mut cases, n))
+}
+
+impl Case {
+    fn new(name: &'static str, frames: Vec<Vec<u8>>, ingress: u32, verdict: u32) -> Self {
+        Self {
+            name,
+            frames,
+            ingress,
+            verdict,
+            forget: None,
+            samples: Vec::new(),
+        }
+    }
+
+    fn forget(mut self, key: FlowKey) -> Self {
+        self.forget = Some(key);
+        self
+    }
+}
+
+/// One sample of case number `c` (0 is the empty program).
+fn run(net: &mut TestNet, c: usize, case: &Case, i: usize) -> anyhow::Result<u64> {
+    if let Some(key) = &case.forget {
+        net.dp.forget_flow(key)?;
+    }
+    let prog: &Xdp = if c == 0 {
+        net.dp.pass_program()
+    } else {
+        net.dp.program()
+    };
+    let frame = &case.frames[i % case.frames.len()];
+    let r = run_once(prog, frame, case.ingress)?;
+    if r.verdict != case.verdict {
+        bail!(
+            "{}: sample {i}: verdict {}, want {}",
+            case.name,
+            verdict_name(r.verdict),
+            verdict_name(case.verdict)
+        );
+    }
+    Ok(r.duration_ns)
+}
+
+fn report(cases: &mut [Case], n: usize) -> String {
+    let stats = |s: &mut Vec<u64>| {
+        s.sort_unstable();
+        let mean = s.iter().sum::<u64>() as f64 / s.len() as f64;
+        (mean, s[s.len() / 2] as f64)
+    };
+    let (base_mean, base_median) = stats(&mut cases[0].samples);
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Datapath cost per packet, BPF_PROG_TEST_RUN, repeat = 1, {n} interleaved samples per case\n"
+    );
+    let _ = writeln!(
+        out,
+        "| case | mean ns | median ns | mean / empty | median / empty |"
+    );
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|");
+    for case in cases.iter_mut() {
+        let (mean, median) = stats(&mut case.samples);
+        let _ = writeln!(
+            out,
+            "| {} | {mean:.1} | {median:.0} | {:.2}× | {:.2}× |",
+            case.name,
+            mean / base_mean,
+            median / base_median
+        );
+    }
+    out
+}

@@ -1,0 +1,133 @@
+//! A fixed little network for BPF_PROG_TEST_RUN: the program runs in a namespace whose routes
+//! and permanent neighbours make every route lookup deterministic. Shared by the fixture tests
+//! and the benchmark.
+//!
+//! ```text
+//!  client 10.0.1.2 ─ vc 10.0.1.1 [lb] vb 10.0.2.1 ─ backends 10.0.2.2, 10.0.2.3, ...
+//!  one-arm backend 10.0.1.20 on the client side
+//! ```
+
+use std::net::Ipv4Addr;
+
+use lb::{
+    balancer::Balancer,
+    config::{self, XdpMode},
+    dataplane::{self, Dataplane},
+};
+use lb_common::{Params, flow_hash, snat_port_candidate};
+
+use crate::{
+    fixture::{Fixture, run_fixtures},
+    netns::{Netns, veth},
+};
+
+pub const BACKEND_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xb2];
+pub const ONE_ARM_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x20];
+/// Backends 10.0.2.2 ..= 10.0.2.(1 + BACKENDS) have permanent neighbour entries.
+pub const BACKENDS: u8 = 8;
+
+pub struct TestNet {
+    pub ns: Netns,
+    _peer: Netns,
+    pub dp: Dataplane,
+    pub balancer: Balancer,
+    pub params: Params,
+    /// Client-side and backend-side interface indexes and MACs of the balancer.
+    pub vc: u32,
+    pub vb: u32,
+    pub vc_mac: [u8; 6],
+    pub vb_mac: [u8; 6],
+}
+
+impl TestNet {
+    /// Loads the datapath with `[lb]` extra lines `lb_extra` and the given services (TOML), with
+    /// `interfaces` filled in.
+    pub fn new(lb_extra: &str, services: &str) -> anyhow::Result<Self> {
+        let ns = Netns::new("fx")?;
+        let peer = Netns::new("fxpeer")?;
+        let (vc, _) = veth(&ns, "10.0.1.1/24", &peer, "10.0.1.254/24")?;
+        let (vb, _) = veth(&ns, "10.0.2.1/24", &peer, "10.0.2.254/24")?;
+        let mut neighbours = vec![
+            (
+                "10.0.1.2".to_owned(),
+                "02:00:00:00:00:01".to_owned(),
+                &vc.ifname,
+            ),
+            (
+                "10.0.1.20".to_owned(),
+                "02:00:00:00:00:20".to_owned(),
+                &vc.ifname,
+            ),
+        ];
+        for i in 0..BACKENDS {
+            // 10.0.2.2 gets BACKEND_MAC; the others 02:00:00:00:01:<i>.
+            let mac = if i == 0 {
+                "02:00:00:00:00:b2".to_owned()
+            } else {
+                format!("02:00:00:00:01:{i:02x}")
+            };
+            neighbours.push((format!("10.0.2.{}", i + 2), mac, &vb.ifname));
+        }
+        for (ip, mac, dev) in &neighbours {
+            ns.ip(&[
+                "neigh",
+                "replace",
+                ip,
+                "lladdr",
+                mac,
+                "dev",
+                dev,
+                "nud",
+                "permanent",
+            ])?;
+        }
+        ns.sysctl("net/ipv4/ip_forward", "1")?;
+        let text = format!(
+            "[lb]\ninterfaces = [\"{}\", \"{}\"]\n{lb_extra}\n{services}",
+            vc.ifname, vb.ifname
+        );
+        let config = config::parse(&text).map_err(|e| anyhow::anyhow!("test config: {e}"))?;
+        let (dp, balancer) = ns.enter(|| -> anyhow::Result<_> {
+            let mut dp = Dataplane::load(&config.lb)?;
+            let b = Balancer::new(
+                &config,
+                |s, a| lb::daemon::snat_address(&config, s, a),
+                &mut dp,
+            )?;
+            dp.set_counts(config.services.len() as u32, b.backend_count());
+            for iface in &config.lb.interfaces {
+                // Attached only to make both interfaces redirect targets; frames come from
+                // BPF_PROG_TEST_RUN.
+                dp.attach(iface, XdpMode::Skb)?;
+            }
+            Ok((dp, b))
+        })?;
+        Ok(Self {
+            params: dataplane::params(&config.lb),
+            vc: ns.ifindex(&vc.ifname)?,
+            vb: ns.ifindex(&vb.ifname)?,
+            vc_mac: ns.mac(&vc.ifname)?,
+            vb_mac: ns.mac(&vb.ifname)?,
+            ns,
+            _peer: peer,
+            dp,
+            balancer,
+        })
+    }
+
+    /// Runs fixtures inside the namespace (route lookups happen there).
+    pub fn run(&self, fixtures: &[Fixture]) {
+        self.ns.enter(|| run_fixtures(&self.dp, fixtures));
+    }
+
+    /// The SNAT port the datapath tries first for a client flow.
+    pub fn snat_port(&self, client: &str, cport: u16, vip: &str, vport: u16, proto: u8) -> u16 {
+        let h = flow_hash(ne(client), ne(vip), cport.to_be(), vport.to_be(), proto);
+        snat_port_candidate(h, 0, &self.params)
+    }
+}
+
+/// An IPv4 address as the datapath stores it (network byte order in a u32).
+pub fn ne(ip: &str) -> u32 {
+    u32::from_ne_bytes(ip.parse::<Ipv4Addr>().expect("IPv4 address").octets())
+}
