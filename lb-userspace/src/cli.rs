@@ -46,7 +46,7 @@ pub async fn stats(api: SocketAddr, json: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     let reply: StatsReply = serde_json::from_str(&body)?;
-    println!("{:<16} {:>14}", "counter", "packets");
+    println!("{:<20} {:>14}", "counter", "packets");
     for c in &reply.counters {
         let informational = counter::NAMES[counter::VERDICTS as usize..].contains(&c.name.as_str());
         let note = if informational {
@@ -54,18 +54,29 @@ pub async fn stats(api: SocketAddr, json: bool) -> anyhow::Result<()> {
         } else {
             ""
         };
-        println!("{:<16} {:>14}{note}", c.name, c.value);
+        println!("{:<20} {:>14}{note}", c.name, c.value);
     }
     println!();
     println!(
-        "{:<20} {:<22} {:<5} {:>12} {:>14}",
-        "service", "vip", "proto", "packets", "bytes"
+        "{:<24} {:<22} {:<5} {:>10} {:>12} {:>14}",
+        "service / backend", "address", "proto", "new flows", "packets", "bytes"
     );
     for s in &reply.services {
         println!(
-            "{:<20} {:<22} {:<5} {:>12} {:>14}",
-            s.name, s.vip, s.protocol, s.packets, s.bytes
+            "{:<24} {:<22} {:<5} {:>10} {:>12} {:>14}",
+            s.name, s.vip, s.protocol, s.new_flows, s.packets, s.bytes
         );
+        for b in &s.backends {
+            println!(
+                "  {:<22} {:<22} {:<5} {:>10} {:>12} {:>14}",
+                format!("weight {}", b.weight),
+                b.address,
+                "",
+                b.new_flows,
+                b.packets,
+                b.bytes
+            );
+        }
     }
     Ok(())
 }

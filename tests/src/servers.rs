@@ -81,6 +81,58 @@ async fn serve(tcp: TcpListener, udp: UdpSocket, name: String, mut stop: watch::
     }
 }
 
+/// Starts a minimal HTTP/1.1 server on `addr` inside `ns`: every request gets
+/// `200 OK` with the body `hello from <name>\n`, then the connection closes.
+pub fn start_http(ns: &Netns, addr: SocketAddr, name: &str) -> anyhow::Result<Servers> {
+    let tcp = ns.enter(|| -> anyhow::Result<_> {
+        let tcp = TcpListener::bind(addr).with_context(|| format!("HTTP bind {addr}"))?;
+        tcp.set_nonblocking(true)?;
+        Ok(tcp)
+    })?;
+    let (stop, mut stop_rx) = watch::channel(false);
+    let body = format!("hello from {name}\n");
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let tcp = tokio::net::TcpListener::from_std(tcp).expect("tcp");
+            loop {
+                tokio::select! {
+                    _ = stop_rx.wait_for(|s| *s) => return,
+                    accepted = tcp.accept() => {
+                        let Ok((conn, _)) = accepted else { continue };
+                        tokio::spawn(http_reply(conn, body.clone()));
+                    }
+                }
+            }
+        });
+    });
+    Ok(Servers {
+        stop,
+        thread: Some(thread),
+    })
+}
+
+async fn http_reply(mut conn: tokio::net::TcpStream, body: String) {
+    use tokio::io::AsyncReadExt as _;
+    let mut request = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+        match conn.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => request.extend_from_slice(&buf[..n]),
+        }
+    }
+    let response = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = conn.write_all(response.as_bytes()).await;
+    let _ = conn.shutdown().await;
+}
+
 /// Connects to `addr` from inside `ns`, reads the greeting line, returns (stream, backend name).
 pub fn connect(ns: &Netns, addr: SocketAddr) -> anyhow::Result<(std::net::TcpStream, String)> {
     use std::io::BufRead as _;

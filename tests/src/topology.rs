@@ -43,6 +43,8 @@ pub struct Sandbox {
 }
 
 pub const VIP: Ipv4Addr = Ipv4Addr::new(10, 100, 0, 1);
+/// Every backend also serves HTTP here (see [`servers::start_http`]).
+pub const HTTP_PORT: u16 = 8000;
 
 impl Sandbox {
     pub fn build(arms: Arms, backends: usize, service_port: u16) -> anyhow::Result<Self> {
@@ -91,6 +93,11 @@ impl Sandbox {
             servers.push(servers::start(
                 &ns,
                 SocketAddr::from((addr, service_port)),
+                &name,
+            )?);
+            servers.push(servers::start_http(
+                &ns,
+                SocketAddr::from((addr, HTTP_PORT)),
                 &name,
             )?);
             hosts.push(BackendHost { ns, addr, name });

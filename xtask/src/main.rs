@@ -41,6 +41,12 @@ enum Task {
         #[arg(long)]
         unattended: bool,
     },
+    /// Benchmarks (root): datapath cost per packet against an empty XDP program.
+    Bench {
+        /// Extra arguments for lb-bench (e.g. --iterations 50000), after `--`.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
     /// Formatting and lint checks, unit tests and the root integration tests.
     Test {
         /// Extra arguments for `cargo test` (e.g. a test name filter), after `--`.
@@ -82,6 +88,27 @@ fn main() -> anyhow::Result<()> {
                 cmd.arg("--unattended");
             }
             run(cmd.env("LB_BIN", lb))
+        }
+        Task::Bench { args } => {
+            setup::ensure(&root, setup::Need::Everything)?;
+            require_root("the benchmarks (network namespaces, XDP)")?;
+            step("lb-bench (release)");
+            let out = root.join("target").join("bench");
+            std::fs::create_dir_all(&out)?;
+            run(cargo(&root)
+                .args([
+                    "run",
+                    "--quiet",
+                    "--release",
+                    "--package",
+                    "lb-tests",
+                    "--bin",
+                    "lb-bench",
+                    "--",
+                ])
+                .arg("--out")
+                .arg(out.join("datapath.md"))
+                .args(args))
         }
         Task::Test { cargo_args } => {
             setup::ensure(&root, setup::Need::Everything)?;

@@ -18,6 +18,7 @@ const PACKAGES: &[(&str, &str)] = &[
     ("iproute2", "ip"),
     ("ethtool", "ethtool"),
     ("iputils-ping", "ping"),
+    ("curl", "curl"),
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq)]
