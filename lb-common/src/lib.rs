@@ -20,10 +20,10 @@ pub mod map_name {
     pub const BACKENDS: &str = "LB_BACKENDS";
     /// `Array<u32>` of backend ids: service `s`'s Maglev ring is `[s * ring_size, (s+1) * ring_size)`.
     pub const RINGS: &str = "LB_RINGS";
-    /// `LruHashMap<FlowKey, CtEntry>`: client → VIP flows.
+    /// `Array<CtSlot>`: client → VIP flows, a 2-way set-associative table (see [`crate::ways`]).
     pub const CONNTRACK: &str = "LB_CONNTRACK";
-    /// `LruHashMap<FlowKey, NatEntry>`: backend → SNAT address flows (the return path), which
-    /// also reserves each SNAT port.
+    /// `Array<NatSlot>`: backend → SNAT address flows (the return path), which also reserves
+    /// each SNAT port; same layout.
     pub const NAT: &str = "LB_NAT";
     /// `DevMapHash`: ifindex → ifindex of every interface lb is attached to (redirect targets).
     pub const TX_PORTS: &str = "LB_TX_PORTS";
@@ -77,9 +77,12 @@ pub mod addr_flags {
 pub struct Params {
     /// Slots per Maglev ring (a prime).
     pub ring_size: u32,
+    /// Connection and NAT table size - 1 (sizes are powers of two).
+    pub table_mask: u32,
     /// SNAT source ports are `snat_port_min .. snat_port_min + snat_port_count` (host order).
     pub snat_port_min: u16,
     pub snat_port_count: u16,
+    pub _pad: u32,
     /// Idle timeouts in nanoseconds, indexed by [`ct_state`] (an array, so the datapath indexes
     /// it with a masked state instead of a branch table).
     pub timeout_ns: [u64; 4],
@@ -88,8 +91,10 @@ pub struct Params {
 impl Params {
     pub const DEFAULT: Self = Self {
         ring_size: DEFAULT_RING_SIZE,
+        table_mask: DEFAULT_CONNTRACK_SIZE - 1,
         snat_port_min: 20000,
         snat_port_count: 12768,
+        _pad: 0,
         // UDP 60 s, TCP SYN 30 s, established 15 min, closing 10 s (IPVS-like).
         timeout_ns: [
             60_000_000_000,
@@ -202,7 +207,7 @@ pub struct BackendInfo {
 
 /// A flow's addressing in one direction.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct FlowKey {
     pub src: u32,
     pub dst: u32,
@@ -253,6 +258,31 @@ pub struct NextHop {
     pub ifindex: u32,
     pub smac: [u8; 6],
     pub dmac: [u8; 6],
+}
+
+/// A connection table slot; empty while `key.proto == 0`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtSlot {
+    pub key: FlowKey,
+    pub entry: CtEntry,
+}
+
+/// A NAT table slot; empty while `key.proto == 0`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NatSlot {
+    pub key: FlowKey,
+    pub entry: NatEntry,
+}
+
+/// The two slots a key with `hash` may occupy in a table of `mask + 1` slots (2-way
+/// set-associative: an insert takes a free, dead or the older of the two; a lookup reads two
+/// adjacent slots). Plain array memory makes a new flow one store instead of a hash-map insert.
+#[inline(always)]
+pub const fn ways(hash: u64, mask: u32) -> (u32, u32) {
+    let first = (hash as u32) & mask & !1;
+    (first, first | 1)
 }
 
 /// Return-path entry: how to turn a backend's reply back into the VIP's, and where to send it
@@ -327,8 +357,11 @@ pub mod counter {
     pub const SNAT_PORT_RETRY: u32 = 18;
     /// Informational: return-path packets (backend → client).
     pub const REPLY: u32 = 19;
+    /// Informational: live flows overwritten in a full connection table (both ways of their
+    /// set were taken). Their next packet re-creates them (see `CT_MISS_MIDSTREAM`).
+    pub const CT_EVICTED: u32 = 20;
     /// Size of the `STATS` array.
-    pub const COUNT: u32 = 20;
+    pub const COUNT: u32 = 21;
 
     /// Stable names, indexed like the constants (status output and metrics).
     pub const NAMES: [&str; COUNT as usize] = [
@@ -352,6 +385,7 @@ pub mod counter {
         "ct_rescheduled",
         "snat_port_retry",
         "reply",
+        "ct_evicted",
     ];
 }
 
@@ -367,6 +401,8 @@ mod pod {
     unsafe impl aya::Pod for super::CtEntry {}
     unsafe impl aya::Pod for super::NextHop {}
     unsafe impl aya::Pod for super::NatEntry {}
+    unsafe impl aya::Pod for super::CtSlot {}
+    unsafe impl aya::Pod for super::NatSlot {}
     unsafe impl aya::Pod for super::TrafficStats {}
 }
 
@@ -377,7 +413,9 @@ mod tests {
 
     #[test]
     fn layouts_have_no_implicit_padding() {
-        assert_eq!(size_of::<Params>(), 40);
+        assert_eq!(size_of::<Params>(), 48);
+        assert_eq!(size_of::<CtSlot>(), 40);
+        assert_eq!(size_of::<NatSlot>(), 48);
         assert_eq!(size_of::<ServiceKey>(), 8);
         assert_eq!(size_of::<ServiceInfo>(), 8);
         assert_eq!(size_of::<BackendInfo>(), 16);
@@ -393,6 +431,16 @@ mod tests {
         let k = ServiceKey::new([10, 0, 0, 1], 80, PROTO_TCP);
         assert_eq!(k.addr.to_ne_bytes(), [10, 0, 0, 1]);
         assert_eq!(k.port.to_ne_bytes(), [0, 80]);
+    }
+
+    #[test]
+    fn ways_are_an_aligned_pair_within_the_table() {
+        for h in [0u64, 1, 2, 3, 0xffff_ffff, 0xdead_beef_1234_5679] {
+            let (a, b) = ways(h, 1023);
+            assert_eq!(a % 2, 0);
+            assert_eq!(b, a + 1);
+            assert!(b <= 1023);
+        }
     }
 
     #[test]

@@ -3,11 +3,7 @@
 //! (backend → SNAT address): the NAT entry turns the reply back into the VIP's.
 #![cfg_attr(not(target_arch = "bpf"), allow(dead_code))]
 
-use aya_ebpf::{
-    bindings::{BPF_ANY, BPF_NOEXIST, xdp_action},
-    helpers::bpf_ktime_get_coarse_ns,
-    programs::XdpContext,
-};
+use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_coarse_ns, programs::XdpContext};
 use lb_common::{
     BackendInfo, CtEntry, FlowKey, NO_BACKEND, NatEntry, PROTO_TCP, Params, SELECT_TRIES,
     SNAT_PORT_TRIES, ServiceKey, backend_flags, counter, ct_flags, ct_state, flow_hash, fmix64,
@@ -17,11 +13,12 @@ use network_types::eth::EthHdr;
 
 use crate::{
     fib,
-    maps::{BACKENDS, CONNTRACK, NAT, RINGS, SERVICES, TX_PORTS, params},
+    maps::{BACKENDS, RINGS, SERVICES, TX_PORTS, params},
     nat::{self, Rewrite},
     parse::{Flow, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     ptr::read_at,
     stats,
+    table::{ct_find, ct_live, ct_store, nat_claim, nat_find},
 };
 
 /// (XDP action, verdict counter).
@@ -43,13 +40,8 @@ fn key(src: u32, dst: u32, sport: u16, dport: u16, proto: u8) -> FlowKey {
 }
 
 #[inline(always)]
-fn hash_of(f: &Flow) -> u64 {
-    flow_hash(f.saddr, f.daddr, f.sport, f.dport, f.proto)
-}
-
-#[inline(always)]
-fn live(e: &CtEntry, now: u64, p: &Params) -> bool {
-    now.wrapping_sub(e.last_seen) <= p.timeout(e.state)
+fn hash_of(k: &FlowKey) -> u64 {
+    flow_hash(k.src, k.dst, k.sport, k.dport, k.proto)
 }
 
 #[inline(always)]
@@ -67,19 +59,20 @@ pub fn forward(ctx: &XdpContext, flow: &Flow) -> Verdict {
     // SAFETY: helper without arguments.
     let now = unsafe { bpf_ktime_get_coarse_ns() };
     let k = key(flow.saddr, flow.daddr, flow.sport, flow.dport, flow.proto);
-    if let Some(e) = CONNTRACK.get_ptr_mut(&k) {
+    let hash = hash_of(&k);
+    if let Some(slot) = ct_find(&k, hash, p) {
         // SAFETY: a map value; other CPUs may write it too, all fields are plain integers.
-        let e = unsafe { &mut *e };
+        let e = unsafe { &mut (*slot).entry };
         // A SYN on a closing flow is the client reusing its port: a new connection.
         let reused = e.state == ct_state::TCP_CLOSING && is_new_syn(flow.tcp_flags);
-        if live(e, now, p) && !reused {
+        if ct_live(e, now, p) && !reused {
             if let Some(v) = established(ctx, flow, e, now) {
                 return v;
             }
             stats::count(counter::CT_RESCHEDULED);
         }
     }
-    new_flow(ctx, flow, &k, now, p)
+    new_flow(ctx, flow, &k, hash, now, p)
 }
 
 /// A packet of a live flow. `None`: its backend became unavailable and the flow must move.
@@ -122,7 +115,14 @@ fn established(ctx: &XdpContext, flow: &Flow, e: &mut CtEntry, now: u64) -> Opti
 }
 
 #[inline(always)]
-fn new_flow(ctx: &XdpContext, flow: &Flow, k: &FlowKey, now: u64, p: &Params) -> Verdict {
+fn new_flow(
+    ctx: &XdpContext,
+    flow: &Flow,
+    k: &FlowKey,
+    hash: u64,
+    now: u64,
+    p: &Params,
+) -> Verdict {
     let skey = ServiceKey {
         addr: flow.daddr,
         port: flow.dport,
@@ -136,7 +136,6 @@ fn new_flow(ctx: &XdpContext, flow: &Flow, k: &FlowKey, now: u64, p: &Params) ->
     if svc.flags & service_flags::DROP != 0 {
         return (xdp_action::XDP_DROP, counter::DROP_NO_BACKEND);
     }
-    let hash = hash_of(flow);
     let Some((backend_id, backend)) = select(svc.id, svc.flags, hash, p.ring_size) else {
         return (xdp_action::XDP_DROP, counter::DROP_NO_BACKEND);
     };
@@ -182,9 +181,7 @@ fn new_flow(ctx: &XdpContext, flow: &Flow, k: &FlowKey, now: u64, p: &Params) ->
         },
         _pad: [0; 4],
     };
-    // LRU: a full table evicts its least recently used flow. Should the insert still fail
-    // (memory), the next packet of the flow creates it again.
-    let _ = CONNTRACK.insert(k, &entry, u64::from(BPF_ANY));
+    ct_store(k, hash, &entry, now, p);
     stats::count(counter::CT_NEW);
     stats::count_traffic(svc.id, backend_id, ctx.data_end() - ctx.data(), true);
     let rw = Rewrite {
@@ -245,14 +242,7 @@ fn reserve_snat_port(
     for i in 0..SNAT_PORT_TRIES {
         let port = snat_port_candidate(hash, i, p).to_be();
         let k = key(backend.addr, backend.snat_addr, backend.port, port, proto);
-        if NAT.insert(&k, reply, u64::from(BPF_NOEXIST)).is_ok() {
-            return Some(port);
-        }
-        // SAFETY: read-only use of a plain-integer value.
-        let taken = unsafe { NAT.get(&k) }.copied();
-        if taken.is_none_or(|t| same_client(&t, reply) || abandoned(&t, port, proto, now, p))
-            && NAT.insert(&k, reply, u64::from(BPF_ANY)).is_ok()
-        {
+        if nat_claim(&k, hash_of(&k), reply, now, p) {
             return Some(port);
         }
         stats::count(counter::SNAT_PORT_RETRY);
@@ -260,31 +250,13 @@ fn reserve_snat_port(
     None
 }
 
-#[inline(always)]
-fn same_client(a: &NatEntry, b: &NatEntry) -> bool {
-    a.client_addr == b.client_addr
-        && a.client_port == b.client_port
-        && a.vip_addr == b.vip_addr
-        && a.vip_port == b.vip_port
-}
-
-/// Whether the flow holding a SNAT port is gone: no live connection table entry using it.
-#[inline(always)]
-fn abandoned(t: &NatEntry, port: u16, proto: u8, now: u64, p: &Params) -> bool {
-    let k = key(t.client_addr, t.vip_addr, t.client_port, t.vip_port, proto);
-    // SAFETY: read-only use of a plain-integer value.
-    match unsafe { CONNTRACK.get(&k) } {
-        None => true,
-        Some(e) => !live(e, now, p) || e.backend_id != t.backend_id || e.snat_port != port,
-    }
-}
-
 /// Backend → SNAT address. `None`: no such flow (the host's own traffic; passed by the caller).
 #[inline(always)]
 pub fn reply(ctx: &XdpContext, flow: &Flow) -> Option<Verdict> {
     let k = key(flow.saddr, flow.daddr, flow.sport, flow.dport, flow.proto);
-    // SAFETY: read-only use of a plain-integer value.
-    let nat = unsafe { NAT.get(&k) }.copied()?;
+    let p = params();
+    // SAFETY: a map value of plain integers, copied.
+    let nat = unsafe { (*nat_find(&k, hash_of(&k), p)?).entry };
     if flow.ttl <= 1 {
         return Some((xdp_action::XDP_DROP, counter::DROP_TTL));
     }
@@ -296,9 +268,9 @@ pub fn reply(ctx: &XdpContext, flow: &Flow) -> Option<Verdict> {
             nat.vip_port,
             flow.proto,
         );
-        if let Some(e) = CONNTRACK.get_ptr_mut(&fwd) {
+        if let Some(slot) = ct_find(&fwd, hash_of(&fwd), p) {
             // SAFETY: a map value of plain integers.
-            unsafe { (*e).state = ct_state::TCP_CLOSING };
+            unsafe { (*slot).entry.state = ct_state::TCP_CLOSING };
         }
     }
     stats::count(counter::REPLY);

@@ -11,6 +11,7 @@ mod nat;
 mod parse;
 mod ptr;
 mod stats;
+mod table;
 
 #[cfg(target_arch = "bpf")]
 mod prog {

@@ -4,12 +4,12 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, DevMapHash, HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, DevMapHash, HashMap, PerCpuArray},
 };
 use lb_common::{
-    BackendInfo, CtEntry, DEFAULT_CONNTRACK_SIZE, DEFAULT_MAX_BACKENDS, DEFAULT_MAX_SERVICES,
-    DEFAULT_RING_SIZE, FlowKey, MAX_ADDRS, MAX_TX_PORTS, NatEntry, NextHop, Params, ServiceInfo,
-    ServiceKey, TrafficStats, counter,
+    BackendInfo, CtSlot, DEFAULT_CONNTRACK_SIZE, DEFAULT_MAX_BACKENDS, DEFAULT_MAX_SERVICES,
+    DEFAULT_RING_SIZE, MAX_ADDRS, MAX_TX_PORTS, NatSlot, NextHop, Params, ServiceInfo, ServiceKey,
+    TrafficStats, counter,
 };
 
 /// Datapath parameters; userspace overrides this read-only global when loading.
@@ -43,15 +43,13 @@ pub static BACKENDS: Array<BackendInfo> = Array::with_max_entries(DEFAULT_MAX_BA
 #[map(name = "LB_RINGS")]
 pub static RINGS: Array<u32> = Array::with_max_entries(DEFAULT_MAX_SERVICES * DEFAULT_RING_SIZE, 0);
 
-/// Client → VIP flows.
+/// Client → VIP flows: a 2-way set-associative table in plain array memory (see table.rs).
 #[map(name = "LB_CONNTRACK")]
-pub static CONNTRACK: LruHashMap<FlowKey, CtEntry> =
-    LruHashMap::with_max_entries(DEFAULT_CONNTRACK_SIZE, 0);
+pub static CONNTRACK: Array<CtSlot> = Array::with_max_entries(DEFAULT_CONNTRACK_SIZE, 0);
 
 /// Backend → SNAT address flows: the return path, and the SNAT port reservations.
 #[map(name = "LB_NAT")]
-pub static NAT: LruHashMap<FlowKey, NatEntry> =
-    LruHashMap::with_max_entries(DEFAULT_CONNTRACK_SIZE, 0);
+pub static NAT: Array<NatSlot> = Array::with_max_entries(DEFAULT_CONNTRACK_SIZE, 0);
 
 /// Backend id → cached next hop, per CPU.
 #[map(name = "LB_NEXTHOPS")]

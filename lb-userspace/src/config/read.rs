@@ -161,7 +161,18 @@ fn read_conntrack(f: &Fields) -> Option<Conntrack> {
     let range = Duration::from_secs(1)..=Duration::from_secs(7 * 86400);
     let size = f
         .int_in("size", 1024..=1 << 27, i64::from(d.size))
-        .map(|n| n as u32);
+        .and_then(|n| {
+            // The tables are indexed by hash bits.
+            let n = n as u32;
+            if !n.is_power_of_two() {
+                f.problem(
+                    "size",
+                    format!("{n} is not a power of two (e.g. {})", n.next_power_of_two()),
+                );
+                return None;
+            }
+            Some(n)
+        });
     let syn = f.duration("tcp_syn_timeout", range.clone(), d.tcp_syn_timeout);
     let established = f.duration(
         "tcp_established_timeout",
@@ -587,8 +598,13 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
             ),
             (
                 "[lb]",
-                "[lb]\nconntrack = { size = 10, colour = 1 }",
+                "[lb]\nconntrack = { size = 4096, colour = 1 }",
                 "lb.conntrack.colour: unknown key",
+            ),
+            (
+                "[lb]",
+                "[lb]\nconntrack = { size = 5000 }",
+                "lb.conntrack.size: 5000 is not a power of two (e.g. 8192)",
             ),
             (
                 "protocol = \"tcp\"",

@@ -8,12 +8,12 @@ use std::{ffi::CString, io, net::Ipv4Addr};
 use anyhow::{Context as _, anyhow, bail};
 use aya::{
     Ebpf, EbpfLoader, Pod,
-    maps::{Array, DevMapHash, HashMap as BpfHashMap, MapData, MapError},
+    maps::{Array, DevMapHash, HashMap as BpfHashMap, MapData},
     programs::{Xdp, XdpMode, xdp::XdpLinkId},
 };
 use lb_common::{
-    BackendInfo, CtEntry, FlowKey, NatEntry, PARAMS_GLOBAL, PASS_PROGRAM_NAME, PROGRAM_NAME,
-    Params, ServiceInfo, ServiceKey, map_name,
+    BackendInfo, CtSlot, FlowKey, NatSlot, PARAMS_GLOBAL, PASS_PROGRAM_NAME, PROGRAM_NAME, Params,
+    ServiceInfo, ServiceKey, flow_hash, map_name, ways,
 };
 use tracing::{info, warn};
 
@@ -30,6 +30,8 @@ pub fn params(lb: &config::Lb) -> Params {
     let ns = |d: std::time::Duration| d.as_nanos() as u64;
     Params {
         ring_size: lb.ring_size,
+        table_mask: lb.conntrack.size - 1,
+        _pad: 0,
         snat_port_min: *lb.snat_ports.start(),
         snat_port_count: lb.snat_ports.end() - lb.snat_ports.start() + 1,
         timeout_ns: [
@@ -47,6 +49,7 @@ pub struct Dataplane {
     ebpf: Ebpf,
     attached: Vec<(String, XdpLinkId)>,
     ring_size: u32,
+    table_mask: u32,
     services: u32,
     backends: u32,
 }
@@ -87,6 +90,7 @@ impl Dataplane {
             ebpf,
             attached: Vec::new(),
             ring_size: lb.ring_size,
+            table_mask: lb.conntrack.size - 1,
             services: 0,
             backends: 0,
         })
@@ -179,32 +183,37 @@ impl Dataplane {
     /// Removes a client flow (client → VIP key) and the return-path entry holding its SNAT port.
     /// Returns whether the flow was there. Its next packet creates it again.
     pub fn forget_flow(&mut self, client: &FlowKey) -> anyhow::Result<bool> {
-        let mut ct = self.hash_map::<FlowKey, CtEntry>(map_name::CONNTRACK)?;
-        let entry = match ct.get(client, 0) {
-            Ok(e) => e,
-            Err(MapError::KeyNotFound) => return Ok(false),
-            Err(e) => return Err(e).context("reading the connection table"),
+        let mask = self.table_mask;
+        let Some((ct_index, slot)) =
+            find_slot::<CtSlot>(&mut self.array(map_name::CONNTRACK)?, client, mask, |s| {
+                s.key
+            })?
+        else {
+            return Ok(false);
         };
-        ct.remove(client).context("removing the flow")?;
+        self.array::<CtSlot>(map_name::CONNTRACK)?
+            .set(ct_index, &CtSlot::default(), 0)
+            .context("clearing the connection table slot")?;
         let backend = self
             .array::<BackendInfo>(map_name::BACKENDS)?
-            .get(&entry.backend_id, 0)
+            .get(&slot.entry.backend_id, 0)
             .context("reading the flow's backend")?;
         let nat_key = FlowKey {
             src: backend.addr,
             dst: backend.snat_addr,
             sport: backend.port,
-            dport: entry.snat_port,
+            dport: slot.entry.snat_port,
             proto: client.proto,
             _pad: [0; 3],
         };
-        match self
-            .hash_map::<FlowKey, NatEntry>(map_name::NAT)?
-            .remove(&nat_key)
+        if let Some((nat_index, _)) =
+            find_slot::<NatSlot>(&mut self.array(map_name::NAT)?, &nat_key, mask, |s| s.key)?
         {
-            Ok(()) | Err(MapError::KeyNotFound) => Ok(true),
-            Err(e) => Err(e).context("removing the flow's return path"),
+            self.array::<NatSlot>(map_name::NAT)?
+                .set(nat_index, &NatSlot::default(), 0)
+                .context("clearing the NAT slot")?;
         }
+        Ok(true)
     }
 
     /// Counters summed over CPUs.
@@ -262,6 +271,24 @@ impl MapWriter for Dataplane {
         }
         Ok(())
     }
+}
+
+/// The slot (index, content) holding `key` in a 2-way table, like the datapath's lookup.
+fn find_slot<T: Pod>(
+    table: &mut Array<&mut MapData, T>,
+    key: &FlowKey,
+    mask: u32,
+    key_of: impl Fn(&T) -> FlowKey,
+) -> anyhow::Result<Option<(u32, T)>> {
+    let hash = flow_hash(key.src, key.dst, key.sport, key.dport, key.proto);
+    let (a, b) = ways(hash, mask);
+    for i in [a, b] {
+        let slot = table.get(&i, 0).context("reading a table slot")?;
+        if key_of(&slot) == *key {
+            return Ok(Some((i, slot)));
+        }
+    }
+    Ok(None)
 }
 
 /// bpf_fib_lookup refuses to route when IPv4 forwarding is off on the ingress interface.

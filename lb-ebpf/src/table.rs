@@ -1,0 +1,157 @@
+//! The connection and NAT tables: 2-way set-associative hash tables in array maps. A key lives in
+//! one of two adjacent slots chosen by its hash ([`lb_common::ways`]); a lookup reads both, an
+//! insert is a plain store (no allocation, no lock), which keeps new flows cheap.
+//!
+//! Concurrency: a flow's packets arrive on one CPU (RSS), so a slot is written by one CPU at a
+//! time in practice. Two CPUs writing the same slot at the same instant for different flows can
+//! leave it torn; the cost is one lost entry, which the flow re-creates (same backend through
+//! the ring, same SNAT port through its hash) like an eviction.
+#![cfg_attr(not(target_arch = "bpf"), allow(dead_code))]
+
+use lb_common::{CtEntry, CtSlot, FlowKey, NatEntry, NatSlot, Params, counter, ways};
+
+use crate::{
+    maps::{CONNTRACK, NAT},
+    stats,
+};
+
+#[inline(always)]
+fn live(e: &CtEntry, now: u64, p: &Params) -> bool {
+    now.wrapping_sub(e.last_seen) <= p.timeout(e.state)
+}
+
+/// Whether a connection table entry is still in use.
+#[inline(always)]
+pub fn ct_live(e: &CtEntry, now: u64, p: &Params) -> bool {
+    live(e, now, p)
+}
+
+/// The connection table slot holding `key`.
+#[inline(always)]
+pub fn ct_find(key: &FlowKey, hash: u64, p: &Params) -> Option<*mut CtSlot> {
+    let (a, b) = ways(hash, p.table_mask);
+    for i in [a, b] {
+        let slot = CONNTRACK.get_ptr_mut(i)?;
+        // SAFETY: an array map value of plain integers.
+        if unsafe { (*slot).key == *key } {
+            return Some(slot);
+        }
+    }
+    None
+}
+
+/// Stores `entry` for `key`: in its own slot, else a free or dead one, else over the older of
+/// the two (counted: a live flow evicted).
+#[inline(always)]
+pub fn ct_store(key: &FlowKey, hash: u64, entry: &CtEntry, now: u64, p: &Params) {
+    let (a, b) = ways(hash, p.table_mask);
+    let (Some(sa), Some(sb)) = (CONNTRACK.get_ptr_mut(a), CONNTRACK.get_ptr_mut(b)) else {
+        return;
+    };
+    // SAFETY: array map values of plain integers.
+    let (ea, eb) = unsafe { (&*sa, &*sb) };
+    let target = if ea.key == *key || ea.key.proto == 0 || !live(&ea.entry, now, p) {
+        sa
+    } else if eb.key == *key || eb.key.proto == 0 || !live(&eb.entry, now, p) {
+        sb
+    } else {
+        stats::count(counter::CT_EVICTED);
+        if ea.entry.last_seen <= eb.entry.last_seen {
+            sa
+        } else {
+            sb
+        }
+    };
+    // SAFETY: as above; the whole slot is written at once.
+    unsafe {
+        *target = CtSlot {
+            key: *key,
+            entry: *entry,
+        }
+    };
+}
+
+/// The NAT table slot holding `key`.
+#[inline(always)]
+pub fn nat_find(key: &FlowKey, hash: u64, p: &Params) -> Option<*mut NatSlot> {
+    let (a, b) = ways(hash, p.table_mask);
+    for i in [a, b] {
+        let slot = NAT.get_ptr_mut(i)?;
+        // SAFETY: an array map value of plain integers.
+        if unsafe { (*slot).key == *key } {
+            return Some(slot);
+        }
+    }
+    None
+}
+
+/// Claims `key` (a SNAT port towards a backend) for `entry`. Refused while a live flow other than
+/// this client's holds the key, or while both slots of its set hold live flows.
+#[inline(always)]
+pub fn nat_claim(key: &FlowKey, hash: u64, entry: &NatEntry, now: u64, p: &Params) -> bool {
+    let (a, b) = ways(hash, p.table_mask);
+    let (Some(sa), Some(sb)) = (NAT.get_ptr_mut(a), NAT.get_ptr_mut(b)) else {
+        return false;
+    };
+    // SAFETY: array map values of plain integers.
+    let (na, nb) = unsafe { (&*sa, &*sb) };
+    let target = if na.key == *key {
+        (same_client(&na.entry, entry) || abandoned(na, now, p)).then_some(sa)
+    } else if nb.key == *key {
+        (same_client(&nb.entry, entry) || abandoned(nb, now, p)).then_some(sb)
+    } else if na.key.proto == 0 || abandoned(na, now, p) {
+        Some(sa)
+    } else if nb.key.proto == 0 || abandoned(nb, now, p) {
+        Some(sb)
+    } else {
+        None
+    };
+    let Some(target) = target else {
+        return false;
+    };
+    // SAFETY: as above.
+    unsafe {
+        *target = NatSlot {
+            key: *key,
+            entry: *entry,
+        }
+    };
+    true
+}
+
+#[inline(always)]
+fn same_client(a: &NatEntry, b: &NatEntry) -> bool {
+    a.client_addr == b.client_addr
+        && a.client_port == b.client_port
+        && a.vip_addr == b.vip_addr
+        && a.vip_port == b.vip_port
+}
+
+/// Whether the flow holding a NAT slot is gone: no live connection table entry using it.
+#[inline(always)]
+fn abandoned(slot: &NatSlot, now: u64, p: &Params) -> bool {
+    let t = &slot.entry;
+    let client = FlowKey {
+        src: t.client_addr,
+        dst: t.vip_addr,
+        sport: t.client_port,
+        dport: t.vip_port,
+        proto: slot.key.proto,
+        _pad: [0; 3],
+    };
+    let hash = lb_common::flow_hash(
+        client.src,
+        client.dst,
+        client.sport,
+        client.dport,
+        client.proto,
+    );
+    match ct_find(&client, hash, p) {
+        None => true,
+        // SAFETY: an array map value of plain integers.
+        Some(s) => {
+            let e = unsafe { &(*s).entry };
+            !live(e, now, p) || e.backend_id != t.backend_id || e.snat_port != slot.key.dport
+        }
+    }
+}
