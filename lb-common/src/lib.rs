@@ -57,8 +57,9 @@ pub const MAX_ADDRS: u32 = 4096;
 pub const MAX_TX_PORTS: u32 = 64;
 /// Ring slot value meaning "no backend".
 pub const NO_BACKEND: u32 = u32::MAX;
-/// Candidate SNAT ports tried for a new flow before giving up (counted).
-pub const SNAT_PORT_TRIES: u32 = 8;
+/// Candidate SNAT ports tried for a new flow before giving up (counted). The NAT table is at
+/// most half full of live flows, so all 16 sets are full with p < 2.5e-10.
+pub const SNAT_PORT_TRIES: u32 = 16;
 /// Ring slots tried for a new flow whose slot's backend cannot take it (its flag was written
 /// before the ring is rebuilt). With one of three backends out, all 16 miss with p = 2e-8.
 pub const SELECT_TRIES: u32 = 16;
@@ -77,12 +78,14 @@ pub mod addr_flags {
 pub struct Params {
     /// Slots per Maglev ring (a prime).
     pub ring_size: u32,
-    /// Connection and NAT table size - 1 (sizes are powers of two).
+    /// Connection table size - 1 (sizes are powers of two).
     pub table_mask: u32,
     /// SNAT source ports are `snat_port_min .. snat_port_min + snat_port_count` (host order).
     pub snat_port_min: u16,
     pub snat_port_count: u16,
-    pub _pad: u32,
+    /// NAT table size - 1: twice the connection table, so the ports of flows the connection
+    /// table evicted under pressure are always there to reclaim.
+    pub nat_mask: u32,
     /// Idle timeouts in nanoseconds, indexed by [`ct_state`] (an array, so the datapath indexes
     /// it with a masked state instead of a branch table).
     pub timeout_ns: [u64; 4],
@@ -94,7 +97,7 @@ impl Params {
         table_mask: DEFAULT_CONNTRACK_SIZE - 1,
         snat_port_min: 20000,
         snat_port_count: 12768,
-        _pad: 0,
+        nat_mask: 2 * DEFAULT_CONNTRACK_SIZE - 1,
         // UDP 60 s, TCP SYN 30 s, established 15 min, closing 10 s (IPVS-like).
         timeout_ns: [
             60_000_000_000,
@@ -298,6 +301,11 @@ pub struct NatEntry {
     pub backend_id: u32,
     pub client_mac: [u8; 6],
     pub lb_mac: [u8; 6],
+    /// Last reply from the backend, coarse monotonic nanoseconds, refreshed at most once a
+    /// second; 0 until the first. A flow that has had replies and left the connection table keeps
+    /// its port until this is older than the TCP closing timeout, so a live flow evicted under
+    /// pressure gets it back; a flow that never had one (half-open, flood) does not.
+    pub last_seen: u64,
 }
 
 /// Per-service or per-backend traffic (client → backend direction), one slot per CPU.
@@ -415,14 +423,14 @@ mod tests {
     fn layouts_have_no_implicit_padding() {
         assert_eq!(size_of::<Params>(), 48);
         assert_eq!(size_of::<CtSlot>(), 40);
-        assert_eq!(size_of::<NatSlot>(), 48);
+        assert_eq!(size_of::<NatSlot>(), 56);
         assert_eq!(size_of::<ServiceKey>(), 8);
         assert_eq!(size_of::<ServiceInfo>(), 8);
         assert_eq!(size_of::<BackendInfo>(), 16);
         assert_eq!(size_of::<FlowKey>(), 16);
         assert_eq!(size_of::<CtEntry>(), 24);
         assert_eq!(size_of::<NextHop>(), 24);
-        assert_eq!(size_of::<NatEntry>(), 32);
+        assert_eq!(size_of::<NatEntry>(), 40);
         assert_eq!(size_of::<TrafficStats>(), 24);
     }
 

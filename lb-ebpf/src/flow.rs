@@ -156,17 +156,20 @@ fn new_flow(
         backend_id,
         client_mac: eth.src_addr,
         lb_mac: eth.dst_addr,
+        last_seen: 0,
     };
-    let Some(snat_port) = reserve_snat_port(&backend, flow.proto, hash, &reply, now, p) else {
+    let midstream = flow.proto == PROTO_TCP && !is_new_syn(flow.tcp_flags);
+    let Some(snat_port) = reserve_snat_port(&backend, flow.proto, hash, &reply, midstream, now, p)
+    else {
         return (xdp_action::XDP_DROP, counter::DROP_NO_SNAT_PORT);
     };
     let state = if flow.proto != PROTO_TCP {
         ct_state::UDP
-    } else if is_new_syn(flow.tcp_flags) {
-        ct_state::TCP_SYN
-    } else {
+    } else if midstream {
         stats::count(counter::CT_MISS_MIDSTREAM);
         ct_state::TCP_ESTABLISHED
+    } else {
+        ct_state::TCP_SYN
     };
     let entry = CtEntry {
         backend_id,
@@ -233,11 +236,32 @@ fn reserve_snat_port(
     proto: u8,
     hash: u64,
     reply: &NatEntry,
+    recreated: bool,
     now: u64,
     p: &Params,
 ) -> Option<u16> {
     if p.snat_port_count == 0 {
         return None;
+    }
+    if recreated {
+        // A flow that lost its connection table entry keeps its port if its NAT entry is there,
+        // even when an earlier candidate is free now.
+        for i in 0..SNAT_PORT_TRIES {
+            let port = snat_port_candidate(hash, i, p).to_be();
+            let k = key(backend.addr, backend.snat_addr, backend.port, port, proto);
+            if let Some(slot) = nat_find(&k, hash_of(&k), p) {
+                // SAFETY: a map value of plain integers.
+                let held = unsafe { &mut (*slot).entry };
+                if held.client_addr == reply.client_addr
+                    && held.client_port == reply.client_port
+                    && held.vip_addr == reply.vip_addr
+                    && held.vip_port == reply.vip_port
+                {
+                    *held = *reply;
+                    return Some(port);
+                }
+            }
+        }
     }
     for i in 0..SNAT_PORT_TRIES {
         let port = snat_port_candidate(hash, i, p).to_be();
@@ -255,8 +279,15 @@ fn reserve_snat_port(
 pub fn reply(ctx: &XdpContext, flow: &Flow) -> Option<Verdict> {
     let k = key(flow.saddr, flow.daddr, flow.sport, flow.dport, flow.proto);
     let p = params();
-    // SAFETY: a map value of plain integers, copied.
-    let nat = unsafe { (*nat_find(&k, hash_of(&k), p)?).entry };
+    let slot = nat_find(&k, hash_of(&k), p)?;
+    // SAFETY: a map value of plain integers.
+    let held = unsafe { &mut (*slot).entry };
+    // SAFETY: helper without arguments.
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    if now.wrapping_sub(held.last_seen) > REFRESH_NS {
+        held.last_seen = now;
+    }
+    let nat = *held;
     if flow.ttl <= 1 {
         return Some((xdp_action::XDP_DROP, counter::DROP_TTL));
     }

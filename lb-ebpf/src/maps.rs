@@ -49,7 +49,7 @@ pub static CONNTRACK: Array<CtSlot> = Array::with_max_entries(DEFAULT_CONNTRACK_
 
 /// Backend → SNAT address flows: the return path, and the SNAT port reservations.
 #[map(name = "LB_NAT")]
-pub static NAT: Array<NatSlot> = Array::with_max_entries(DEFAULT_CONNTRACK_SIZE, 0);
+pub static NAT: Array<NatSlot> = Array::with_max_entries(2 * DEFAULT_CONNTRACK_SIZE, 0);
 
 /// Backend id → cached next hop, per CPU.
 #[map(name = "LB_NEXTHOPS")]

@@ -8,7 +8,7 @@
 //! the ring, same SNAT port through its hash) like an eviction.
 #![cfg_attr(not(target_arch = "bpf"), allow(dead_code))]
 
-use lb_common::{CtEntry, CtSlot, FlowKey, NatEntry, NatSlot, Params, counter, ways};
+use lb_common::{CtEntry, CtSlot, FlowKey, NatEntry, NatSlot, Params, counter, ct_state, ways};
 
 use crate::{
     maps::{CONNTRACK, NAT},
@@ -40,8 +40,9 @@ pub fn ct_find(key: &FlowKey, hash: u64, p: &Params) -> Option<*mut CtSlot> {
     None
 }
 
-/// Stores `entry` for `key`: in its own slot, else a free or dead one, else over the older of
-/// the two (counted: a live flow evicted).
+/// Stores `entry` for `key`: in its own slot, else a free or dead one, else over a live one
+/// (counted): a half-open flow before an established one (a SYN flood does not push out
+/// established flows), else the older.
 #[inline(always)]
 pub fn ct_store(key: &FlowKey, hash: u64, entry: &CtEntry, now: u64, p: &Params) {
     let (a, b) = ways(hash, p.table_mask);
@@ -56,10 +57,12 @@ pub fn ct_store(key: &FlowKey, hash: u64, entry: &CtEntry, now: u64, p: &Params)
         sb
     } else {
         stats::count(counter::CT_EVICTED);
-        if ea.entry.last_seen <= eb.entry.last_seen {
-            sa
-        } else {
-            sb
+        let half_open = |e: &CtEntry| e.state == ct_state::TCP_SYN;
+        match (half_open(&ea.entry), half_open(&eb.entry)) {
+            (true, false) => sa,
+            (false, true) => sb,
+            _ if ea.entry.last_seen <= eb.entry.last_seen => sa,
+            _ => sb,
         }
     };
     // SAFETY: as above; the whole slot is written at once.
@@ -74,7 +77,7 @@ pub fn ct_store(key: &FlowKey, hash: u64, entry: &CtEntry, now: u64, p: &Params)
 /// The NAT table slot holding `key`.
 #[inline(always)]
 pub fn nat_find(key: &FlowKey, hash: u64, p: &Params) -> Option<*mut NatSlot> {
-    let (a, b) = ways(hash, p.table_mask);
+    let (a, b) = ways(hash, p.nat_mask);
     for i in [a, b] {
         let slot = NAT.get_ptr_mut(i)?;
         // SAFETY: an array map value of plain integers.
@@ -89,7 +92,7 @@ pub fn nat_find(key: &FlowKey, hash: u64, p: &Params) -> Option<*mut NatSlot> {
 /// this client's holds the key, or while both slots of its set hold live flows.
 #[inline(always)]
 pub fn nat_claim(key: &FlowKey, hash: u64, entry: &NatEntry, now: u64, p: &Params) -> bool {
-    let (a, b) = ways(hash, p.table_mask);
+    let (a, b) = ways(hash, p.nat_mask);
     let (Some(sa), Some(sb)) = (NAT.get_ptr_mut(a), NAT.get_ptr_mut(b)) else {
         return false;
     };
@@ -127,10 +130,15 @@ fn same_client(a: &NatEntry, b: &NatEntry) -> bool {
         && a.vip_port == b.vip_port
 }
 
-/// Whether the flow holding a NAT slot is gone: no live connection table entry using it.
+/// Whether the flow holding a NAT slot is gone: no live connection table entry uses it, and, if
+/// it ever had a reply, none for the TCP closing timeout (a live flow evicted from the connection
+/// table must find its port again when its next packet re-creates it).
 #[inline(always)]
 fn abandoned(slot: &NatSlot, now: u64, p: &Params) -> bool {
     let t = &slot.entry;
+    if t.last_seen != 0 && now.wrapping_sub(t.last_seen) <= p.timeout(ct_state::TCP_CLOSING) {
+        return false;
+    }
     let client = FlowKey {
         src: t.client_addr,
         dst: t.vip_addr,

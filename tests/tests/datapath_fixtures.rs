@@ -387,3 +387,102 @@ fn padding_after_the_datagram_is_forwarded_as_is() {
     .ingress(e.vc)
     .output(want)]);
 }
+
+#[test]
+fn all_backends_unavailable_policies() {
+    require_root();
+    let services = |policy: &str| {
+        format!(
+            "[[service]]\nname = \"web\"\nvip = \"10.100.0.1:80\"\non_all_unhealthy = \"{policy}\"\n\
+             backends = [{{ address = \"10.0.2.2:8080\" }}, {{ address = \"10.0.2.3:8080\" }}]\n"
+        )
+    };
+    for (policy, verdict, counter) in [
+        ("drop", XDP_DROP, DROP_NO_BACKEND),
+        ("use-all", XDP_REDIRECT, FWD_REDIRECT),
+        ("first", XDP_REDIRECT, FWD_REDIRECT),
+    ] {
+        let mut e = TestNet::new("ring_size = 1009", &services(policy)).unwrap();
+        for b in 0..2 {
+            e.balancer.set_up(0, b, false, &mut e.dp).unwrap();
+        }
+        let syn = Packet::tcp("10.0.1.2:41000", "10.100.0.1:80", TCP_SYN).build();
+        let mut f = Fixture::new(
+            format!("{policy}: SYN while every backend is down"),
+            syn,
+            verdict,
+            counter,
+        )
+        .ingress(e.vc);
+        if policy == "first" {
+            let p = e.snat_port(CLIENT, 41000, "10.100.0.1", 80, 6);
+            f = f.output(
+                Packet::tcp(&format!("10.0.2.1:{p}"), "10.0.2.2:8080", TCP_SYN)
+                    .ttl(63)
+                    .macs(e.vb_mac, BACKEND_MAC)
+                    .build(),
+            );
+        } else if policy == "use-all" {
+            // Forwarded somewhere; which backend is the ring's business.
+            let out =
+                e.ns.enter(|| lb_tests::fixture::run_once(e.dp.program(), &f.input, e.vc))
+                    .unwrap();
+            assert_eq!(out.verdict, XDP_REDIRECT, "{policy}");
+            continue;
+        }
+        e.run(&[f]);
+    }
+}
+
+/// A SYN flood cannot exhaust the table into silence: live flows it overwrites are counted,
+/// and an overwritten flow's next packet re-creates it on the same backend.
+#[test]
+fn a_flood_overwrites_counted_entries_and_flows_recover() {
+    require_root();
+    let e = TestNet::new(
+        "ring_size = 1009\nsnat_ports = \"1024-65535\"\nconntrack = { size = 1024 }",
+        SERVICES,
+    )
+    .unwrap();
+    let run = |frame: &[u8]| {
+        e.ns.enter(|| lb_tests::fixture::run_once(e.dp.program(), frame, e.vc))
+            .unwrap()
+    };
+    let first = run(&Packet::tcp("10.0.1.2:42000", "10.100.0.1:80", TCP_SYN).build());
+    assert_eq!(first.verdict, XDP_REDIRECT);
+    // Handshake done: an established flow, which a flood of half-open ones must not push out.
+    assert_eq!(
+        run(&Packet::tcp("10.0.1.2:42000", "10.100.0.1:80", TCP_ACK).build()).verdict,
+        XDP_REDIRECT
+    );
+    for i in 0..4000u32 {
+        let client = format!("10.0.{}.{}:{}", 3 + i / 250, 1 + i % 250, 1024 + i);
+        let out = run(&Packet::tcp(&client, "10.100.0.1:80", TCP_SYN).build());
+        if out.verdict != XDP_REDIRECT {
+            let stats = e.dp.stats().unwrap();
+            let moved: Vec<String> = NAMES
+                .iter()
+                .zip(&stats.counters)
+                .map(|(n, v)| format!("{n}={v}"))
+                .collect();
+            panic!(
+                "flood SYN {i}: {}; {}",
+                lb_tests::fixture::verdict_name(out.verdict),
+                moved.join(" ")
+            );
+        }
+    }
+    let stats = e.dp.stats().unwrap();
+    assert!(
+        stats.counter(CT_EVICTED) > 1000,
+        "evictions counted: {}",
+        stats.counter(CT_EVICTED)
+    );
+    let again = run(&Packet::tcp("10.0.1.2:42000", "10.100.0.1:80", TCP_ACK).build());
+    assert_eq!(again.verdict, XDP_REDIRECT);
+    assert_eq!(
+        &again.output[30..34],
+        &first.output[30..34],
+        "same backend after re-creation"
+    );
+}

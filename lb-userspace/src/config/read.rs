@@ -160,7 +160,7 @@ fn read_conntrack(f: &Fields) -> Option<Conntrack> {
     let d = Conntrack::default();
     let range = Duration::from_secs(1)..=Duration::from_secs(7 * 86400);
     let size = f
-        .int_in("size", 1024..=1 << 27, i64::from(d.size))
+        .int_in("size", 1024..=1 << 26, i64::from(d.size))
         .and_then(|n| {
             // The tables are indexed by hash bits.
             let n = n as u32;

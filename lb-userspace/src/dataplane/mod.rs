@@ -31,7 +31,7 @@ pub fn params(lb: &config::Lb) -> Params {
     Params {
         ring_size: lb.ring_size,
         table_mask: lb.conntrack.size - 1,
-        _pad: 0,
+        nat_mask: 2 * lb.conntrack.size - 1,
         snat_port_min: *lb.snat_ports.start(),
         snat_port_count: lb.snat_ports.end() - lb.snat_ports.start() + 1,
         timeout_ns: [
@@ -49,7 +49,7 @@ pub struct Dataplane {
     ebpf: Ebpf,
     attached: Vec<(String, XdpLinkId)>,
     ring_size: u32,
-    table_mask: u32,
+    params: Params,
     services: u32,
     backends: u32,
 }
@@ -75,7 +75,7 @@ impl Dataplane {
             .map_max_entries(map_name::BACKEND_STATS, lb.max_backends)
             .map_max_entries(map_name::NEXTHOPS, lb.max_backends)
             .map_max_entries(map_name::CONNTRACK, lb.conntrack.size)
-            .map_max_entries(map_name::NAT, lb.conntrack.size)
+            .map_max_entries(map_name::NAT, 2 * lb.conntrack.size)
             .load(object)
             .context("loading the XDP object")?;
         for name in [PROGRAM_NAME, PASS_PROGRAM_NAME] {
@@ -90,7 +90,7 @@ impl Dataplane {
             ebpf,
             attached: Vec::new(),
             ring_size: lb.ring_size,
-            table_mask: lb.conntrack.size - 1,
+            params,
             services: 0,
             backends: 0,
         })
@@ -183,7 +183,7 @@ impl Dataplane {
     /// Removes a client flow (client → VIP key) and the return-path entry holding its SNAT port.
     /// Returns whether the flow was there. Its next packet creates it again.
     pub fn forget_flow(&mut self, client: &FlowKey) -> anyhow::Result<bool> {
-        let mask = self.table_mask;
+        let (mask, nat_mask) = (self.params.table_mask, self.params.nat_mask);
         let Some((ct_index, slot)) =
             find_slot::<CtSlot>(&mut self.array(map_name::CONNTRACK)?, client, mask, |s| {
                 s.key
@@ -207,7 +207,9 @@ impl Dataplane {
             _pad: [0; 3],
         };
         if let Some((nat_index, _)) =
-            find_slot::<NatSlot>(&mut self.array(map_name::NAT)?, &nat_key, mask, |s| s.key)?
+            find_slot::<NatSlot>(&mut self.array(map_name::NAT)?, &nat_key, nat_mask, |s| {
+                s.key
+            })?
         {
             self.array::<NatSlot>(map_name::NAT)?
                 .set(nat_index, &NatSlot::default(), 0)
