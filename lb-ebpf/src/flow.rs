@@ -18,7 +18,7 @@ use crate::{
     parse::{Flow, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     ptr::read_at,
     stats,
-    table::{ct_find, ct_live, ct_store, nat_claim, nat_find},
+    table::{ct_find, ct_live, ct_store, nat_claim, nat_find, same_client},
 };
 
 /// (XDP action, verdict counter).
@@ -49,7 +49,7 @@ fn is_new_syn(flags: u8) -> bool {
     flags & (TCP_SYN | TCP_ACK) == TCP_SYN
 }
 
-/// Client → VIP. `None`: not a service (passed by the caller).
+/// Client → VIP (the destination is a VIP address; a port that is no service is passed).
 #[inline(always)]
 pub fn forward(ctx: &XdpContext, flow: &Flow) -> Verdict {
     if flow.ttl <= 1 {
@@ -252,12 +252,12 @@ fn reserve_snat_port(
             if let Some(slot) = nat_find(&k, hash_of(&k), p) {
                 // SAFETY: a map value of plain integers.
                 let held = unsafe { &mut (*slot).entry };
-                if held.client_addr == reply.client_addr
-                    && held.client_port == reply.client_port
-                    && held.vip_addr == reply.vip_addr
-                    && held.vip_port == reply.vip_port
-                {
-                    *held = *reply;
+                if same_client(held, reply) {
+                    // Keep when it last had a reply: it still protects the port.
+                    *held = NatEntry {
+                        last_seen: held.last_seen,
+                        ..*reply
+                    };
                     return Some(port);
                 }
             }

@@ -15,15 +15,10 @@ use crate::{
     stats,
 };
 
-#[inline(always)]
-fn live(e: &CtEntry, now: u64, p: &Params) -> bool {
-    now.wrapping_sub(e.last_seen) <= p.timeout(e.state)
-}
-
 /// Whether a connection table entry is still in use.
 #[inline(always)]
 pub fn ct_live(e: &CtEntry, now: u64, p: &Params) -> bool {
-    live(e, now, p)
+    now.wrapping_sub(e.last_seen) <= p.timeout(e.state)
 }
 
 /// The connection table slot holding `key`.
@@ -51,9 +46,9 @@ pub fn ct_store(key: &FlowKey, hash: u64, entry: &CtEntry, now: u64, p: &Params)
     };
     // SAFETY: array map values of plain integers.
     let (ea, eb) = unsafe { (&*sa, &*sb) };
-    let target = if ea.key == *key || ea.key.proto == 0 || !live(&ea.entry, now, p) {
+    let target = if ea.key == *key || ea.key.proto == 0 || !ct_live(&ea.entry, now, p) {
         sa
-    } else if eb.key == *key || eb.key.proto == 0 || !live(&eb.entry, now, p) {
+    } else if eb.key == *key || eb.key.proto == 0 || !ct_live(&eb.entry, now, p) {
         sb
     } else {
         stats::count(counter::CT_EVICTED);
@@ -122,8 +117,9 @@ pub fn nat_claim(key: &FlowKey, hash: u64, entry: &NatEntry, now: u64, p: &Param
     true
 }
 
+/// Whether two NAT entries belong to the same client flow.
 #[inline(always)]
-fn same_client(a: &NatEntry, b: &NatEntry) -> bool {
+pub fn same_client(a: &NatEntry, b: &NatEntry) -> bool {
     a.client_addr == b.client_addr
         && a.client_port == b.client_port
         && a.vip_addr == b.vip_addr
@@ -159,7 +155,7 @@ fn abandoned(slot: &NatSlot, now: u64, p: &Params) -> bool {
         // SAFETY: an array map value of plain integers.
         Some(s) => {
             let e = unsafe { &(*s).entry };
-            !live(e, now, p) || e.backend_id != t.backend_id || e.snat_port != slot.key.dport
+            !ct_live(e, now, p) || e.backend_id != t.backend_id || e.snat_port != slot.key.dport
         }
     }
 }
