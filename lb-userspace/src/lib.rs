@@ -8,6 +8,7 @@ pub mod client;
 pub mod config;
 pub mod daemon;
 pub mod dataplane;
+pub mod health;
 pub mod maglev;
 
 /// Exit codes scripts can rely on.

@@ -124,7 +124,8 @@ fn forwarding_and_return_paths() {
             FWD_REDIRECT,
         )
         .ingress(e.vc)
-        .output(to_backend(Packet::udp(&format!("10.0.2.1:{pz}"), "10.0.2.2:5353").payload(b"q").udp_zero_checksum())),
+        .output(to_backend(Packet::udp(&format!("10.0.2.1:{pz}"), "10.0.2.2:5353").payload(b"q").udp_zero_checksum()))
+        .also(CT_NEW),
         Fixture::new(
             "one-arm: the backend is on the ingress side, XDP_TX",
             Packet::tcp("10.0.1.2:40003", "10.100.0.2:80", TCP_SYN).build(),
@@ -132,7 +133,8 @@ fn forwarding_and_return_paths() {
             FWD_TX,
         )
         .ingress(e.vc)
-        .output(Packet::tcp(&format!("10.0.1.1:{p1}"), "10.0.1.20:8080", TCP_SYN).ttl(63).macs(e.vc_mac, ONE_ARM_MAC).build()),
+        .output(Packet::tcp(&format!("10.0.1.1:{p1}"), "10.0.1.20:8080", TCP_SYN).ttl(63).macs(e.vc_mac, ONE_ARM_MAC).build())
+        .also(CT_NEW),
         Fixture::new(
             "TCP without SYN and without a table entry: re-created, counted",
             Packet::tcp("10.0.1.2:40004", "10.100.0.1:80", TCP_ACK).seq(7, 7).build(),
@@ -141,9 +143,10 @@ fn forwarding_and_return_paths() {
         )
         .ingress(e.vc)
         .output(to_backend(Packet::tcp(&format!("10.0.2.1:{pm}"), "10.0.2.2:8080", TCP_ACK).seq(7, 7)))
-        .also(CT_MISS_MIDSTREAM),
+        .also(CT_MISS_MIDSTREAM)
+        .also(CT_NEW),
         Fixture::new(
-            "802.1Q-tagged SYN with IP options: tag and options kept",
+            "802.1Q-tagged SYN with IP options after the FIN: a new connection, tag and options kept",
             client_syn.clone().vlan(10).ip_options(&[1, 1, 1, 1]).build(),
             XDP_REDIRECT,
             FWD_REDIRECT,
@@ -151,7 +154,8 @@ fn forwarding_and_return_paths() {
         .ingress(e.vc)
         .output(to_backend(Packet::tcp(&snat, "10.0.2.2:8080", TCP_SYN).vlan(10).ip_options(&[1, 1, 1, 1])))
         .also(VLAN)
-        .also(IP_OPTIONS),
+        .also(IP_OPTIONS)
+        .also(CT_NEW),
         Fixture::new("TTL 1 to the VIP", client_syn.clone().ttl(1).build(), XDP_DROP, DROP_TTL).ingress(e.vc),
         Fixture::new(
             "only backend drained (weight 0): no backend for a new flow",
@@ -385,7 +389,8 @@ fn padding_after_the_datagram_is_forwarded_as_is() {
         FWD_REDIRECT,
     )
     .ingress(e.vc)
-    .output(want)]);
+    .output(want)
+    .also(CT_NEW)]);
 }
 
 #[test]
@@ -416,12 +421,14 @@ fn all_backends_unavailable_policies() {
         .ingress(e.vc);
         if policy == "first" {
             let p = e.snat_port(CLIENT, 41000, "10.100.0.1", 80, 6);
-            f = f.output(
-                Packet::tcp(&format!("10.0.2.1:{p}"), "10.0.2.2:8080", TCP_SYN)
-                    .ttl(63)
-                    .macs(e.vb_mac, BACKEND_MAC)
-                    .build(),
-            );
+            f = f
+                .output(
+                    Packet::tcp(&format!("10.0.2.1:{p}"), "10.0.2.2:8080", TCP_SYN)
+                        .ttl(63)
+                        .macs(e.vb_mac, BACKEND_MAC)
+                        .build(),
+                )
+                .also(CT_NEW);
         } else if policy == "use-all" {
             // Forwarded somewhere; which backend is the ring's business.
             let out =
@@ -485,4 +492,26 @@ fn a_flood_overwrites_counted_entries_and_flows_recover() {
         &first.output[30..34],
         "same backend after re-creation"
     );
+}
+
+#[test]
+fn a_syn_on_a_closing_flow_starts_a_new_one() {
+    let e = env();
+    let syn = Packet::tcp("10.0.1.2:43000", "10.100.0.1:80", TCP_SYN).build();
+    let fin = Packet::tcp("10.0.1.2:43000", "10.100.0.1:80", TCP_FIN | TCP_ACK).build();
+    let row = |desc: &str, frame: &Vec<u8>| {
+        Fixture::new(desc, frame.clone(), XDP_REDIRECT, FWD_REDIRECT)
+            .ingress(e.vc)
+            .any_output()
+    };
+    e.run(&[
+        row("SYN", &syn).also(CT_NEW),
+        row("FIN: closing", &fin),
+        row(
+            "SYN after FIN: the client reuses its port, a new connection",
+            &syn,
+        )
+        .also(CT_NEW),
+        row("retransmitted SYN of a live flow: not new", &syn),
+    ]);
 }

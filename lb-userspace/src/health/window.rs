@@ -1,0 +1,603 @@
+//! The failure-window state machine of one health-check target (SPEC §2; seeds 001, 002, 003).
+//!
+//! Each probe result updates four counters (seed 002): `success`, `tcp_failure`, `http_failure`,
+//! `timeout_failure`. A success zeroes the three failure counters and a failure zeroes `success`,
+//! so the counters always describe the current run of consecutive results. A failure bumps only
+//! its own kind, yet the streak that moves the state is the *sum* of the three: every failure
+//! since the last success, whatever its kind. One threshold for all kinds keeps the failure
+//! window formula true when a dying backend first refuses and then stops answering.
+//!
+//! `healthy_threshold` consecutive successes make a target `healthy`, `unhealthy_threshold`
+//! consecutive failures make it `unhealthy`; a result against the current verdict below the
+//! threshold gives the `mostly_*` state, which keeps the verdict's availability. A new target is
+//! `initializing` until its first verdict (seed 001's 初始化中), which needs the full threshold
+//! either way, so one early blip neither ejects nor confirms it. Time is passed in, so the
+//! machine is pure and the timing bounds are tested in simulated time below.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// Timing and thresholds of one service's checks. Ranges are validated by the config reader;
+/// a threshold of 0 is treated as 1 so nothing here can misbehave on unchecked input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowSettings {
+    /// How long a probe waits for an answer.
+    pub timeout: Duration,
+    /// Pause between the end of one probe and the start of the next while the target is available.
+    pub interval: Duration,
+    /// The same pause while the target is not available (seed 002's per-state intervals).
+    pub unhealthy_interval: Duration,
+    /// Consecutive successes that make a target healthy (1–10).
+    pub healthy_threshold: u32,
+    /// Consecutive failures that make a target unhealthy (1–10).
+    pub unhealthy_threshold: u32,
+}
+
+impl Default for WindowSettings {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(2),
+            interval: Duration::from_secs(2),
+            unhealthy_interval: Duration::from_secs(2),
+            healthy_threshold: 3,
+            unhealthy_threshold: 3,
+        }
+    }
+}
+
+impl WindowSettings {
+    /// Longest time a dead target keeps its traffic, counted from the first probe that finds it
+    /// dead: `timeout × unhealthy_threshold + interval × (unhealthy_threshold − 1)` (seed 001).
+    /// Counted from the moment it died, add up to one `interval` of phase.
+    pub fn failure_window(&self) -> Duration {
+        let n = self.unhealthy_threshold.max(1);
+        let pauses = self.interval.saturating_mul(n - 1);
+        self.timeout.saturating_mul(n).saturating_add(pauses)
+    }
+
+    /// Time a recovered target waits for traffic when probes take `response_time`:
+    /// `response_time × healthy_threshold + interval × (healthy_threshold − 1)`, SPEC's formula,
+    /// shown to operators as is. The seeds know a single interval; with seed 002's per-state
+    /// intervals the pauses of a recovery run at `unhealthy_interval` (the target is not
+    /// available until the verdict), so the real bound uses that interval in its place. The two
+    /// agree with the default `unhealthy_interval = interval`.
+    pub fn success_window(&self, response_time: Duration) -> Duration {
+        let n = self.healthy_threshold.max(1);
+        let pauses = self.interval.saturating_mul(n - 1);
+        response_time.saturating_mul(n).saturating_add(pauses)
+    }
+}
+
+/// What one probe found, independent of the probe kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeResult {
+    /// The expected answer arrived after `latency`.
+    Success { latency: Duration },
+    /// Connection refused / RST / ICMP unreachable.
+    TcpFailure,
+    /// An answer, but the wrong one: unexpected status code or payload mismatch.
+    HttpFailure,
+    /// No answer within `timeout`.
+    Timeout,
+}
+
+/// Consecutive results of one target (seed 002, `GET /v1/healthcheck` `counter`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Counters {
+    pub success: u32,
+    pub tcp_failure: u32,
+    pub http_failure: u32,
+    pub timeout_failure: u32,
+}
+
+impl Counters {
+    /// Failures of any kind since the last success: what `unhealthy_threshold` is compared with.
+    pub fn failure_streak(&self) -> u32 {
+        self.tcp_failure
+            .saturating_add(self.http_failure)
+            .saturating_add(self.timeout_failure)
+    }
+
+    fn record(&mut self, result: ProbeResult) {
+        let failures = match result {
+            ProbeResult::Success { .. } => {
+                *self = Self {
+                    success: self.success.saturating_add(1),
+                    ..Self::default()
+                };
+                return;
+            }
+            ProbeResult::TcpFailure => &mut self.tcp_failure,
+            ProbeResult::HttpFailure => &mut self.http_failure,
+            ProbeResult::Timeout => &mut self.timeout_failure,
+        };
+        *failures = failures.saturating_add(1);
+        self.success = 0;
+    }
+}
+
+/// Health state of one target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HealthState {
+    /// Checks are on but no verdict yet.
+    Initializing,
+    Healthy,
+    /// Healthy, but failures seen below `unhealthy_threshold`.
+    MostlyHealthy,
+    /// Unhealthy, but successes seen below `healthy_threshold`.
+    MostlyUnhealthy,
+    Unhealthy,
+    /// Checks are off for this target.
+    Disabled,
+    /// Weight 0 (drained) or not referenced by any service.
+    Unused,
+}
+
+impl HealthState {
+    pub const ALL: [Self; 7] = [
+        Self::Initializing,
+        Self::Healthy,
+        Self::MostlyHealthy,
+        Self::MostlyUnhealthy,
+        Self::Unhealthy,
+        Self::Disabled,
+        Self::Unused,
+    ];
+
+    /// Whether the target may receive new flows. `Initializing` counts as available so that a
+    /// daemon restart or a config reload does not cut traffic while the first verdicts are
+    /// pending (a dead target then goes within one failure window, as from `healthy`).
+    /// `Disabled` is available as SPEC says for unchecked backends; `Unused` has no traffic.
+    pub fn is_available(self) -> bool {
+        matches!(
+            self,
+            Self::Initializing | Self::Healthy | Self::MostlyHealthy | Self::Disabled
+        )
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Initializing => "initializing",
+            Self::Healthy => "healthy",
+            Self::MostlyHealthy => "mostly_healthy",
+            Self::MostlyUnhealthy => "mostly_unhealthy",
+            Self::Unhealthy => "unhealthy",
+            Self::Disabled => "disabled",
+            Self::Unused => "unused",
+        }
+    }
+}
+
+/// A state change: every one is an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transition {
+    pub from: HealthState,
+    pub to: HealthState,
+    /// The `now` of the call that caused it.
+    pub at: Duration,
+    /// Counters right after the result that caused it.
+    pub counters: Counters,
+    /// `Some(new availability)` when availability flipped, so the caller knows to update the
+    /// datapath flag; `None` when it did not (e.g. healthy → mostly_healthy).
+    pub became_available: Option<bool>,
+}
+
+/// The health of one target: settings, counters and state.
+#[derive(Debug, Clone)]
+pub struct Window {
+    settings: WindowSettings,
+    state: HealthState,
+    counters: Counters,
+    disabled: bool,
+    unused: bool,
+    last_latency: Option<Duration>,
+    since: Duration,
+}
+
+impl Window {
+    /// A target with checks on and no verdict yet.
+    pub fn new(settings: WindowSettings) -> Self {
+        Self {
+            settings,
+            state: HealthState::Initializing,
+            counters: Counters::default(),
+            disabled: false,
+            unused: false,
+            last_latency: None,
+            since: Duration::ZERO,
+        }
+    }
+
+    pub fn settings(&self) -> &WindowSettings {
+        &self.settings
+    }
+    pub fn state(&self) -> HealthState {
+        self.state
+    }
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+    /// Latency of the last probe if it succeeded; `None` after a failure, so a dead target does
+    /// not show a stale figure.
+    pub fn last_latency(&self) -> Option<Duration> {
+        self.last_latency
+    }
+    /// When the current state was entered (the `now` of that call).
+    pub fn since(&self) -> Duration {
+        self.since
+    }
+
+    /// Pause before the next probe: seed 002's per-state intervals.
+    pub fn next_interval(&self) -> Duration {
+        if self.state.is_available() {
+            self.settings.interval
+        } else {
+            self.settings.unhealthy_interval
+        }
+    }
+
+    /// Feeds one probe result. A result that arrives while `Disabled` or `Unused` was in flight
+    /// when the target left the checks, and is dropped.
+    pub fn observe(&mut self, result: ProbeResult, now: Duration) -> Option<Transition> {
+        use HealthState::*;
+        if matches!(self.state, Disabled | Unused) {
+            return None;
+        }
+        self.counters.record(result);
+        self.last_latency = match result {
+            ProbeResult::Success { latency } => Some(latency),
+            _ => None,
+        };
+        let to = if let ProbeResult::Success { .. } = result {
+            let enough = self.counters.success >= self.settings.healthy_threshold.max(1);
+            match self.state {
+                MostlyHealthy => Healthy,
+                Initializing | MostlyUnhealthy | Unhealthy if enough => Healthy,
+                Unhealthy => MostlyUnhealthy,
+                same => same,
+            }
+        } else {
+            let enough = self.counters.failure_streak() >= self.settings.unhealthy_threshold.max(1);
+            match self.state {
+                MostlyUnhealthy => Unhealthy,
+                Initializing | Healthy | MostlyHealthy if enough => Unhealthy,
+                Healthy => MostlyHealthy,
+                same => same,
+            }
+        };
+        self.change(to, now)
+    }
+
+    /// Checks off (`true`: `Disabled`, available, unless `Unused`) or back on (`false`: the
+    /// target starts over at `Initializing`).
+    pub fn set_disabled(&mut self, disabled: bool, now: Duration) -> Option<Transition> {
+        self.disabled = disabled;
+        self.apply_flags(now)
+    }
+
+    /// Weight 0 / drained / unreferenced (`true`) or back in use (`false`). `Unused` wins over
+    /// `Disabled`: a drained target takes no new flows whether or not it is checked.
+    pub fn set_unused(&mut self, unused: bool, now: Duration) -> Option<Transition> {
+        self.unused = unused;
+        self.apply_flags(now)
+    }
+
+    fn apply_flags(&mut self, now: Duration) -> Option<Transition> {
+        let to = match (self.unused, self.disabled, self.state) {
+            (true, _, _) => HealthState::Unused,
+            (false, true, _) => HealthState::Disabled,
+            // Back from a pause: nothing was observed meanwhile, so the old verdict and
+            // counters are stale; start over like a fresh target.
+            (false, false, HealthState::Disabled | HealthState::Unused) => {
+                HealthState::Initializing
+            }
+            (false, false, same) => same,
+        };
+        if to != self.state && matches!(to, HealthState::Disabled | HealthState::Unused) {
+            self.counters = Counters::default();
+        }
+        self.change(to, now)
+    }
+
+    fn change(&mut self, to: HealthState, now: Duration) -> Option<Transition> {
+        let from = self.state;
+        if from == to {
+            return None;
+        }
+        self.state = to;
+        self.since = now;
+        let flipped = from.is_available() != to.is_available();
+        Some(Transition {
+            from,
+            to,
+            at: now,
+            counters: self.counters,
+            became_available: flipped.then_some(to.is_available()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{HealthState::*, *};
+
+    const T: Duration = Duration::ZERO;
+    const OK: ProbeResult = ProbeResult::Success {
+        latency: Duration::from_millis(5),
+    };
+    const F: ProbeResult = ProbeResult::Timeout;
+    const QUICK: Duration = Duration::from_millis(10);
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    /// Settings from (timeout, interval, unhealthy_interval) in seconds and the thresholds.
+    fn settings(t: u64, i: u64, ui: u64, h: u32, u: u32) -> WindowSettings {
+        let (timeout, interval, unhealthy_interval) = (secs(t), secs(i), secs(ui));
+        let (healthy_threshold, unhealthy_threshold) = (h, u);
+        WindowSettings {
+            timeout,
+            interval,
+            unhealthy_interval,
+            healthy_threshold,
+            unhealthy_threshold,
+        }
+    }
+
+    /// (from, to, became_available) of a transition.
+    type Step = Option<(HealthState, HealthState, Option<bool>)>;
+
+    /// Feeds the results and checks each transition (or the lack of one).
+    fn expect(w: &mut Window, steps: &[(ProbeResult, Step)]) {
+        for (n, (r, want)) in steps.iter().enumerate() {
+            let got = w.observe(*r, T).map(|t| (t.from, t.to, t.became_available));
+            assert_eq!(got, *want, "step {n}: {r:?}");
+        }
+    }
+
+    #[test]
+    fn counter_reset_rules() {
+        let mut w = Window::new(WindowSettings::default());
+        let mut feed = |r| {
+            w.observe(r, T);
+            let c = w.counters();
+            (
+                (c.success, c.tcp_failure, c.http_failure, c.timeout_failure),
+                w.last_latency(),
+                w.state(),
+            )
+        };
+        let ms5 = Some(Duration::from_millis(5));
+        assert_eq!(feed(OK), ((1, 0, 0, 0), ms5, Initializing));
+        assert_eq!(feed(OK), ((2, 0, 0, 0), ms5, Initializing));
+        assert_eq!(
+            feed(ProbeResult::TcpFailure),
+            ((0, 1, 0, 0), None, Initializing)
+        );
+        assert_eq!(feed(F), ((0, 1, 0, 1), None, Initializing));
+        // Three failures of three kinds are a streak of three: the target is ejected.
+        assert_eq!(
+            feed(ProbeResult::HttpFailure),
+            ((0, 1, 1, 1), None, Unhealthy)
+        );
+        assert_eq!(feed(F), ((0, 1, 1, 2), None, Unhealthy));
+        assert_eq!(feed(OK), ((1, 0, 0, 0), ms5, MostlyUnhealthy));
+        let streak = |tcp_failure, http_failure, timeout_failure| {
+            let c = Counters {
+                tcp_failure,
+                http_failure,
+                timeout_failure,
+                success: 0,
+            };
+            c.failure_streak()
+        };
+        assert_eq!(
+            (streak(1, 1, 2), streak(0, 0, 3), streak(u32::MAX, 1, 0)),
+            (4, 3, u32::MAX)
+        );
+    }
+
+    #[test]
+    fn state_sequence_3_3() {
+        let mut w = Window::new(WindowSettings::default());
+        expect(
+            &mut w,
+            &[
+                (OK, None),
+                (OK, None),
+                (OK, Some((Initializing, Healthy, None))),
+                (OK, None),
+                (F, Some((Healthy, MostlyHealthy, None))),
+                (OK, Some((MostlyHealthy, Healthy, None))),
+                (F, Some((Healthy, MostlyHealthy, None))),
+                (ProbeResult::TcpFailure, None),
+                (F, Some((MostlyHealthy, Unhealthy, Some(false)))),
+                (F, None),
+                (OK, Some((Unhealthy, MostlyUnhealthy, None))),
+                (F, Some((MostlyUnhealthy, Unhealthy, None))),
+                (OK, Some((Unhealthy, MostlyUnhealthy, None))),
+                (OK, None),
+                (OK, Some((MostlyUnhealthy, Healthy, Some(true)))),
+            ],
+        );
+    }
+
+    #[test]
+    fn threshold_one_flips_on_every_result() {
+        let mut w = Window::new(settings(1, 1, 1, 1, 1));
+        expect(
+            &mut w,
+            &[
+                (
+                    ProbeResult::HttpFailure,
+                    Some((Initializing, Unhealthy, Some(false))),
+                ),
+                (OK, Some((Unhealthy, Healthy, Some(true)))),
+                (OK, None),
+                (F, Some((Healthy, Unhealthy, Some(false)))),
+                (ProbeResult::TcpFailure, None),
+            ],
+        );
+        expect(
+            &mut Window::new(settings(1, 1, 1, 1, 1)),
+            &[(OK, Some((Initializing, Healthy, None)))],
+        );
+    }
+
+    /// A scheduler in simulated time: pause `next_interval()`, probe; a target alive when the
+    /// probe starts answers after `rt`, a dead one lets it time out. Returns when `target` is
+    /// entered.
+    fn run_until(
+        w: &mut Window,
+        mut now: Duration,
+        alive: impl Fn(Duration) -> bool,
+        rt: Duration,
+        target: HealthState,
+    ) -> Duration {
+        for _ in 0..1000 {
+            now += w.next_interval();
+            let result = if alive(now) {
+                now += rt;
+                ProbeResult::Success { latency: rt }
+            } else {
+                now += w.settings().timeout;
+                F
+            };
+            if w.observe(result, now).is_some_and(|t| t.to == target) {
+                return now;
+            }
+        }
+        panic!("{target:?} never reached");
+    }
+
+    #[test]
+    fn windows_hold_in_simulated_time() {
+        // SPEC / seed 001 example, and seed 003's (timeout 3 s, interval 3 s).
+        assert_eq!(settings(5, 2, 2, 3, 3).failure_window(), secs(19));
+        assert_eq!(settings(5, 2, 2, 3, 3).success_window(secs(1)), secs(7));
+        assert_eq!(settings(3, 3, 3, 3, 3).failure_window(), secs(15));
+        assert_eq!(settings(3, 3, 3, 3, 3).success_window(secs(1)), secs(9));
+        let phases = |d: Duration| [Duration::ZERO, d / 2, d - QUICK];
+        for s in [
+            settings(5, 2, 2, 3, 3),
+            settings(2, 2, 2, 3, 3),
+            settings(1, 3, 1, 2, 5),
+            settings(1, 1, 4, 1, 1),
+            settings(3, 3, 3, 10, 10),
+        ] {
+            let mut healthy = Window::new(s);
+            let healthy_at = run_until(&mut healthy, T, |_| true, QUICK, Healthy);
+            // The target dies somewhere in the pause after a successful probe. The first probe
+            // to find it dead starts `interval` after that success, and the verdict comes one
+            // failure window later: from the death, failure_window + at most one interval.
+            for phase in phases(s.interval) {
+                let (mut w, dead_at) = (healthy.clone(), healthy_at + phase);
+                let ejected = run_until(&mut w, healthy_at, |t| t < dead_at, QUICK, Unhealthy);
+                assert_eq!(
+                    ejected - (healthy_at + s.interval),
+                    s.failure_window(),
+                    "{s:?}"
+                );
+                assert!(
+                    ejected - dead_at <= s.failure_window() + s.interval,
+                    "{s:?}"
+                );
+                // Recovery likewise, with responses taking `rt`; the pauses are now
+                // unhealthy_interval (the target is unavailable until the verdict), which is
+                // `success_window` with that interval (the same one with the defaults).
+                let ui = s.unhealthy_interval;
+                let recovery_window = |rt| WindowSettings { interval: ui, ..s }.success_window(rt);
+                for (up_phase, rt) in
+                    phases(s.unhealthy_interval)
+                        .into_iter()
+                        .zip([QUICK, secs(1), QUICK])
+                {
+                    let up_at = ejected + up_phase;
+                    let back = run_until(&mut w.clone(), ejected, |t| t >= up_at, rt, Healthy);
+                    assert_eq!(
+                        back - (ejected + s.unhealthy_interval),
+                        recovery_window(rt),
+                        "{s:?}"
+                    );
+                    assert!(
+                        back - up_at <= recovery_window(rt) + s.unhealthy_interval,
+                        "{s:?}"
+                    );
+                    if s.unhealthy_interval == s.interval {
+                        assert_eq!(recovery_window(rt), s.success_window(rt));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn next_interval_follows_availability() {
+        let mut w = Window::new(settings(1, 2, 7, 1, 2));
+        assert_eq!((w.state(), w.next_interval()), (Initializing, secs(2)));
+        for (r, state, interval) in [
+            (OK, Healthy, 2),
+            (F, MostlyHealthy, 2),
+            (F, Unhealthy, 7),
+            (OK, Healthy, 2),
+        ] {
+            w.observe(r, T);
+            assert_eq!((w.state(), w.next_interval()), (state, secs(interval)));
+        }
+        w.set_disabled(true, T);
+        assert_eq!(w.next_interval(), secs(2));
+        w.set_unused(true, T);
+        assert_eq!(w.next_interval(), secs(7));
+    }
+
+    #[test]
+    fn disable_unused_and_availability() {
+        let names = [
+            "initializing",
+            "healthy",
+            "mostly_healthy",
+            "mostly_unhealthy",
+            "unhealthy",
+            "disabled",
+            "unused",
+        ];
+        let avail = [true, true, true, false, false, true, false];
+        for ((s, name), a) in HealthState::ALL.into_iter().zip(names).zip(avail) {
+            assert_eq!((s.as_str(), s.is_available()), (name, a));
+            assert_eq!(serde_json::to_string(&s).ok(), Some(format!("\"{name}\"")));
+        }
+        let mut w = Window::new(settings(1, 1, 1, 1, 1));
+        let short = |t: Option<Transition>| t.map(|t| (t.from, t.to, t.became_available));
+        w.observe(OK, T);
+        let t = w.set_unused(true, secs(9));
+        assert_eq!(short(t), Some((Healthy, Unused, Some(false))));
+        assert_eq!((t.map(|t| t.at), w.since()), (Some(secs(9)), secs(9)));
+        // A result in flight when the target was drained is dropped.
+        assert_eq!(
+            (w.observe(OK, T), w.counters()),
+            (None, Counters::default())
+        );
+        // Unused wins over Disabled.
+        assert_eq!(
+            (w.set_unused(true, T), w.set_disabled(true, T)),
+            (None, None)
+        );
+        assert_eq!(
+            short(w.set_unused(false, T)),
+            Some((Unused, Disabled, Some(true)))
+        );
+        assert_eq!(
+            short(w.set_disabled(false, T)),
+            Some((Disabled, Initializing, None))
+        );
+        expect(&mut w, &[(F, Some((Initializing, Unhealthy, Some(false))))]);
+        assert_eq!(
+            short(w.set_disabled(true, T)),
+            Some((Unhealthy, Disabled, Some(true)))
+        );
+        assert_eq!(w.set_unused(false, T), None);
+    }
+}
