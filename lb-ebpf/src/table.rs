@@ -8,6 +8,7 @@
 //! the ring, same SNAT port through its hash) like an eviction.
 #![cfg_attr(not(target_arch = "bpf"), allow(dead_code))]
 
+use aya_ebpf::maps::Array;
 use lb_common::{CtEntry, CtSlot, FlowKey, NatEntry, NatSlot, Params, counter, ct_state, ways};
 
 use crate::{
@@ -21,18 +22,41 @@ pub fn ct_live(e: &CtEntry, now: u64, p: &Params) -> bool {
     now.wrapping_sub(e.last_seen) <= p.timeout(e.state)
 }
 
-/// The connection table slot holding `key`.
+/// A table slot: a key and its entry.
+pub trait Slot {
+    fn key(&self) -> &FlowKey;
+}
+
+impl Slot for CtSlot {
+    fn key(&self) -> &FlowKey {
+        &self.key
+    }
+}
+
+impl Slot for NatSlot {
+    fn key(&self) -> &FlowKey {
+        &self.key
+    }
+}
+
+/// The slot of `table` (of `mask + 1` slots) holding `key`.
 #[inline(always)]
-pub fn ct_find(key: &FlowKey, hash: u64, p: &Params) -> Option<*mut CtSlot> {
-    let (a, b) = ways(hash, p.table_mask);
+fn find<T: Slot>(table: &Array<T>, key: &FlowKey, hash: u64, mask: u32) -> Option<*mut T> {
+    let (a, b) = ways(hash, mask);
     for i in [a, b] {
-        let slot = CONNTRACK.get_ptr_mut(i)?;
+        let slot = table.get_ptr_mut(i)?;
         // SAFETY: an array map value of plain integers.
-        if unsafe { (*slot).key == *key } {
+        if unsafe { (*slot).key() == key } {
             return Some(slot);
         }
     }
     None
+}
+
+/// The connection table slot holding `key`.
+#[inline(always)]
+pub fn ct_find(key: &FlowKey, hash: u64, p: &Params) -> Option<*mut CtSlot> {
+    find(&CONNTRACK, key, hash, p.table_mask)
 }
 
 /// Stores `entry` for `key`: in its own slot, else a free or dead one, else over a live one
@@ -72,15 +96,7 @@ pub fn ct_store(key: &FlowKey, hash: u64, entry: &CtEntry, now: u64, p: &Params)
 /// The NAT table slot holding `key`.
 #[inline(always)]
 pub fn nat_find(key: &FlowKey, hash: u64, p: &Params) -> Option<*mut NatSlot> {
-    let (a, b) = ways(hash, p.nat_mask);
-    for i in [a, b] {
-        let slot = NAT.get_ptr_mut(i)?;
-        // SAFETY: an array map value of plain integers.
-        if unsafe { (*slot).key == *key } {
-            return Some(slot);
-        }
-    }
-    None
+    find(&NAT, key, hash, p.nat_mask)
 }
 
 /// Claims `key` (a SNAT port towards a backend) for `entry`. Refused while a live flow other than

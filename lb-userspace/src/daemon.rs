@@ -27,15 +27,21 @@ use crate::{
 /// How often lb re-announces itself to the backends' neighbour entries.
 const NEIGHBOUR_REFRESH: Duration = Duration::from_secs(10);
 
-pub async fn run(config_path: &Path, config: Config) -> anyhow::Result<()> {
+/// Loads the datapath for `config` and writes its whole state; attaches nothing, so the program
+/// never sees a half-written state. Runs in the network namespace of the interfaces.
+pub fn prepare(config: &Config) -> anyhow::Result<(Dataplane, Balancer)> {
     let mut dataplane = Dataplane::load(&config.lb)?;
-    // Fill the maps before attaching: the program never sees a half-written state.
     let balancer = Balancer::new(
-        &config,
-        |sid, backend| snat_address(&config, sid, backend),
+        config,
+        |sid, backend| snat_address(config, sid, backend),
         &mut dataplane,
     )?;
     dataplane.set_counts(config.services.len() as u32, balancer.backend_count());
+    Ok((dataplane, balancer))
+}
+
+pub async fn run(config_path: &Path, config: Config) -> anyhow::Result<()> {
+    let (mut dataplane, balancer) = prepare(&config)?;
     let backends: BTreeSet<Ipv4Addr> = balancer
         .backend_addresses()
         .iter()

@@ -28,13 +28,7 @@ impl InProcess {
         let config = config::parse(config_text).map_err(|e| anyhow::anyhow!("{e}"))?;
         let backends: BTreeSet<Ipv4Addr> = sb.backends.iter().map(|b| b.addr).collect();
         let (dp, balancer) = sb.lb.enter(|| -> anyhow::Result<_> {
-            let mut dp = Dataplane::load(&config.lb)?;
-            let balancer = Balancer::new(
-                &config,
-                |s, a| lb::daemon::snat_address(&config, s, a),
-                &mut dp,
-            )?;
-            dp.set_counts(config.services.len() as u32, balancer.backend_count());
+            let (mut dp, balancer) = lb::daemon::prepare(&config)?;
             lb::daemon::resolve_neighbours(&backends);
             for iface in &config.lb.interfaces {
                 dp.attach(iface, config.lb.xdp_mode)?;

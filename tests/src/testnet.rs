@@ -88,13 +88,7 @@ impl TestNet {
         );
         let config = config::parse(&text).map_err(|e| anyhow::anyhow!("test config: {e}"))?;
         let (dp, balancer) = ns.enter(|| -> anyhow::Result<_> {
-            let mut dp = Dataplane::load(&config.lb)?;
-            let b = Balancer::new(
-                &config,
-                |s, a| lb::daemon::snat_address(&config, s, a),
-                &mut dp,
-            )?;
-            dp.set_counts(config.services.len() as u32, b.backend_count());
+            let (mut dp, b) = lb::daemon::prepare(&config)?;
             for iface in &config.lb.interfaces {
                 // Attached only to make both interfaces redirect targets; frames come from
                 // BPF_PROG_TEST_RUN.
