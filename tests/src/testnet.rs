@@ -11,7 +11,7 @@ use std::net::Ipv4Addr;
 
 use lb::{
     balancer::Balancer,
-    config::{self, XdpMode},
+    config,
     dataplane::{self, Dataplane},
 };
 use lb_common::{Params, flow_hash, snat_port_candidate};
@@ -89,10 +89,10 @@ impl TestNet {
         let config = config::parse(&text).map_err(|e| anyhow::anyhow!("test config: {e}"))?;
         let (dp, balancer) = ns.enter(|| -> anyhow::Result<_> {
             let (mut dp, b) = lb::daemon::prepare(&config)?;
+            // Redirect targets only, not attached: frames come from BPF_PROG_TEST_RUN alone
+            // (an attached program would also count the peers' IPv6 neighbour discovery).
             for iface in &config.lb.interfaces {
-                // Attached only to make both interfaces redirect targets; frames come from
-                // BPF_PROG_TEST_RUN.
-                dp.attach(iface, XdpMode::Skb)?;
+                dp.add_redirect_target(iface)?;
             }
             Ok((dp, b))
         })?;

@@ -118,8 +118,8 @@ impl Dataplane {
         self.backends = backends;
     }
 
-    /// Attaches the balancer to `iface` and makes it a redirect target; returns the mode used.
-    pub fn attach(&mut self, iface: &str, mode: config::XdpMode) -> anyhow::Result<XdpMode> {
+    /// Makes `iface` a target of XDP_REDIRECT (attach does this too); returns its index.
+    pub fn add_redirect_target(&mut self, iface: &str) -> anyhow::Result<u32> {
         let ifname = CString::new(iface).context("interface name")?;
         // SAFETY: `ifname` is a valid NUL-terminated string.
         let index = unsafe { libc::if_nametoindex(ifname.as_ptr()) };
@@ -135,6 +135,12 @@ impl Dataplane {
         ports
             .insert(index, index, None, 0)
             .with_context(|| format!("adding {iface} to the redirect map"))?;
+        Ok(index)
+    }
+
+    /// Attaches the balancer to `iface` and makes it a redirect target; returns the mode used.
+    pub fn attach(&mut self, iface: &str, mode: config::XdpMode) -> anyhow::Result<XdpMode> {
+        let index = self.add_redirect_target(iface)?;
         let prog: &mut Xdp = self
             .ebpf
             .program_mut(PROGRAM_NAME)
