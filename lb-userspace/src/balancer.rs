@@ -176,7 +176,46 @@ impl Balancer {
         self.set_flag(service, backend, backend_flags::DRAINED, drained, writer)
     }
 
+    /// The first half of [`Balancer::set_up`]: only the flag, which the datapath honours at
+    /// once. [`Balancer::sync_service`] must follow to rebuild the ring.
+    pub fn write_up_flag(
+        &mut self,
+        service: usize,
+        backend: usize,
+        up: bool,
+        writer: &mut dyn MapWriter,
+    ) -> anyhow::Result<bool> {
+        self.write_flag(service, backend, backend_flags::UP, up, writer)
+    }
+
+    /// Rebuilds a service's ring and flags from its backends' flags; writes what changed.
+    pub fn sync_service(
+        &mut self,
+        service: usize,
+        writer: &mut dyn MapWriter,
+    ) -> anyhow::Result<()> {
+        if service >= self.services.len() {
+            bail!("no service {service}");
+        }
+        self.sync_ring(service, writer)
+    }
+
     fn set_flag(
+        &mut self,
+        service: usize,
+        backend: usize,
+        flag: u32,
+        on: bool,
+        writer: &mut dyn MapWriter,
+    ) -> anyhow::Result<bool> {
+        let changed = self.write_flag(service, backend, flag, on, writer)?;
+        if changed {
+            self.sync_ring(service, writer)?;
+        }
+        Ok(changed)
+    }
+
+    fn write_flag(
         &mut self,
         service: usize,
         backend: usize,
@@ -201,7 +240,6 @@ impl Balancer {
         }
         b.info.flags = flags;
         writer.set_backend(b.id, b.info)?;
-        self.sync_ring(service, writer)?;
         Ok(true)
     }
 
@@ -410,6 +448,19 @@ mod tests {
         assert_eq!(b.ring(0), &before[..]);
         let map_ring: Vec<u32> = (0..1009).map(|s| maps.rings[&0][&s]).collect();
         assert_eq!(map_ring, before);
+    }
+
+    #[test]
+    fn the_flag_can_be_written_before_the_ring() {
+        let (mut b, mut maps) = build(&config("", 3));
+        let slots = maps.slot_writes;
+        assert!(b.write_up_flag(0, 2, false, &mut maps).unwrap());
+        assert_eq!(maps.backends[&2].flags, 0, "flag written");
+        assert_eq!(maps.slot_writes, slots, "ring not touched yet");
+        assert!(share(&maps, 2) > 0);
+        b.sync_service(0, &mut maps).unwrap();
+        assert_eq!(share(&maps, 2), 0, "ring rebuilt without it");
+        assert!(b.sync_service(7, &mut maps).is_err());
     }
 
     #[test]

@@ -69,7 +69,7 @@ pub async fn stats(api: SocketAddr, json: bool) -> anyhow::Result<()> {
         for b in &s.backends {
             println!(
                 "  {:<22} {:<22} {:<5} {:>10} {:>12} {:>14}",
-                format!("weight {}", b.weight),
+                format!("{} w{}", b.state, b.weight),
                 b.address,
                 "",
                 b.new_flows,

@@ -13,16 +13,87 @@ use anyhow::Context as _;
 use lb_common::counter;
 use tokio::{
     signal::unix::{SignalKind, signal},
-    sync::watch,
+    sync::{mpsc, watch},
 };
-use tracing::{Instrument as _, debug, error, info, info_span};
+use tracing::{Instrument as _, debug, error, info, info_span, warn};
 
 use crate::{
     api::{self, ApiState},
     balancer::Balancer,
-    config::Config,
+    config::{CheckKind, Config},
     dataplane::Dataplane,
+    health::{self, checker::Verdict, window::HealthState},
 };
+
+/// Health state per service, per backend (as in the config).
+pub type HealthStates = Vec<Vec<HealthState>>;
+
+fn initial_states(config: &Config) -> HealthStates {
+    config
+        .services
+        .iter()
+        .map(|s| {
+            let state = match s.check.kind {
+                CheckKind::None => HealthState::Disabled,
+                _ => HealthState::Initializing,
+            };
+            vec![state; s.backends.len()]
+        })
+        .collect()
+}
+
+/// Writes each verdict's availability into the datapath (flag first, then the ring) and logs it
+/// as an event with how long the write took.
+async fn apply_verdicts(
+    mut verdicts: mpsc::UnboundedReceiver<Verdict>,
+    config: Arc<Config>,
+    dataplane: Arc<Mutex<Dataplane>>,
+    balancer: Arc<Mutex<Balancer>>,
+    health: Arc<Mutex<HealthStates>>,
+) {
+    while let Some(v) = verdicts.recv().await {
+        let service = &config.services[v.service];
+        let backend = service.backends[v.backend].address;
+        let t = &v.transition;
+        let started = std::time::Instant::now();
+        // Flag first (the datapath honours it at once), then the ring.
+        let (mut flag_us, mut ring_us) = (None, None);
+        if let Some(up) = t.became_available {
+            let mut dp = dataplane.lock().expect("dataplane lock");
+            let mut b = balancer.lock().expect("balancer lock");
+            let written = b
+                .write_up_flag(v.service, v.backend, up, &mut *dp)
+                .and_then(|changed| {
+                    flag_us = Some(started.elapsed().as_micros() as u64);
+                    if changed {
+                        b.sync_service(v.service, &mut *dp)?;
+                    }
+                    ring_us = Some(started.elapsed().as_micros() as u64);
+                    Ok(())
+                });
+            if let Err(e) = written {
+                warn!(service = %service.name, %backend, error = %format!("{e:#}"), "writing the health verdict failed");
+            }
+        }
+        health.lock().expect("health lock")[v.service][v.backend] = t.to;
+        info!(
+            service = %service.name,
+            %backend,
+            from = t.from.as_str(),
+            to = t.to.as_str(),
+            source = v.kind.as_str(),
+            success = t.counters.success,
+            tcp_failure = t.counters.tcp_failure,
+            http_failure = t.counters.http_failure,
+            timeout_failure = t.counters.timeout_failure,
+            healthy_threshold = v.healthy_threshold,
+            unhealthy_threshold = v.unhealthy_threshold,
+            flag_write_us = flag_us,
+            ring_write_us = ring_us,
+            "health state changed"
+        );
+    }
+}
 
 /// How often lb re-announces itself to the backends' neighbour entries.
 const NEIGHBOUR_REFRESH: Duration = Duration::from_secs(10);
@@ -59,11 +130,26 @@ pub async fn run(config_path: &Path, config: Config) -> anyhow::Result<()> {
     );
 
     let dataplane = Arc::new(Mutex::new(dataplane));
+    let balancer = Arc::new(Mutex::new(balancer));
+    let health = Arc::new(Mutex::new(initial_states(&config)));
     let (stop_tx, stop_rx) = watch::channel(false);
+    let (verdict_tx, verdict_rx) = mpsc::unbounded_channel();
+    let checks = health::checker::spawn(&config, verdict_tx, stop_rx.clone())?;
+    let applier = tokio::spawn(
+        apply_verdicts(
+            verdict_rx,
+            Arc::new(config.clone()),
+            dataplane.clone(),
+            balancer.clone(),
+            health.clone(),
+        )
+        .instrument(info_span!("health")),
+    );
     let state = ApiState {
         config: Arc::new(config.clone()),
         dataplane: dataplane.clone(),
-        balancer: Arc::new(Mutex::new(balancer)),
+        balancer,
+        health,
     };
     let mut api = tokio::spawn(
         api::serve(config.lb.api, state, stop_rx.clone()).instrument(info_span!("api")),
@@ -94,6 +180,14 @@ pub async fn run(config_path: &Path, config: Config) -> anyhow::Result<()> {
     }
     if let Err(e) = neighbours.await {
         error!(error = %e, "neighbour task");
+    }
+    for task in checks {
+        if let Err(e) = task.await {
+            error!(error = %e, "health check task");
+        }
+    }
+    if let Err(e) = applier.await {
+        error!(error = %e, "health verdict task");
     }
 
     let mut dataplane = dataplane.lock().expect("dataplane lock");

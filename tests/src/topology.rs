@@ -37,9 +37,22 @@ pub struct Sandbox {
     /// The port every backend serves TCP and UDP on.
     pub service_port: u16,
     // Dropped in this order: servers, peer programs, then namespaces (with their links).
-    _servers: Vec<Servers>,
+    /// Per backend: its echo/UDP and HTTP servers (empty while stopped).
+    servers: Vec<Vec<Servers>>,
     _pass: Vec<PassProgram>,
     _switch: Netns,
+}
+
+fn start_servers(
+    ns: &Netns,
+    addr: Ipv4Addr,
+    port: u16,
+    name: &str,
+) -> anyhow::Result<Vec<Servers>> {
+    Ok(vec![
+        servers::start(ns, SocketAddr::from((addr, port)), name)?,
+        servers::start_http(ns, SocketAddr::from((addr, HTTP_PORT)), name)?,
+    ])
 }
 
 pub const VIP: Ipv4Addr = Ipv4Addr::new(10, 100, 0, 1);
@@ -90,16 +103,7 @@ impl Sandbox {
                 ns.ip(&["route", "add", "default", "via", "10.0.2.1"])?;
             }
             let name = format!("backend-{i}");
-            servers.push(servers::start(
-                &ns,
-                SocketAddr::from((addr, service_port)),
-                &name,
-            )?);
-            servers.push(servers::start_http(
-                &ns,
-                SocketAddr::from((addr, HTTP_PORT)),
-                &name,
-            )?);
+            servers.push(start_servers(&ns, addr, service_port, &name)?);
             hosts.push(BackendHost { ns, addr, name });
         }
         Ok(Self {
@@ -109,10 +113,22 @@ impl Sandbox {
             lb,
             backends: hosts,
             service_port,
-            _servers: servers,
+            servers,
             _pass: pass,
             _switch: switch,
         })
+    }
+
+    /// Stops backend `i`'s servers: its ports answer with RST from now on.
+    pub fn stop_backend(&mut self, i: usize) {
+        self.servers[i].clear();
+    }
+
+    /// Starts backend `i`'s servers again.
+    pub fn start_backend(&mut self, i: usize) -> anyhow::Result<()> {
+        let b = &self.backends[i];
+        self.servers[i] = start_servers(&b.ns, b.addr, self.service_port, &b.name)?;
+        Ok(())
     }
 
     /// The balancer's interface names, for `[lb] interfaces`.

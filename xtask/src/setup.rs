@@ -19,6 +19,7 @@ const PACKAGES: &[(&str, &str)] = &[
     ("ethtool", "ethtool"),
     ("iputils-ping", "ping"),
     ("curl", "curl"),
+    ("nftables", "nft"),
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -30,6 +30,7 @@ pub struct ApiState {
     pub config: Arc<Config>,
     pub dataplane: Arc<Mutex<Dataplane>>,
     pub balancer: Arc<Mutex<Balancer>>,
+    pub health: Arc<Mutex<crate::daemon::HealthStates>>,
 }
 
 /// `GET /v1/stats`.
@@ -61,6 +62,8 @@ pub struct ServiceStatsReply {
 pub struct BackendStatsReply {
     pub address: String,
     pub weight: u32,
+    /// Health state (`initializing`, `healthy`, ... see README).
+    pub state: String,
     pub packets: u64,
     pub bytes: u64,
     pub new_flows: u64,
@@ -114,6 +117,7 @@ async fn stats(State(state): State<ApiState>) -> Response {
         })
         .collect();
     let balancer = state.balancer.lock().expect("balancer lock");
+    let health = state.health.lock().expect("health lock");
     let services = state
         .config
         .services
@@ -133,6 +137,7 @@ async fn stats(State(state): State<ApiState>) -> Response {
                     BackendStatsReply {
                         address: b.address.to_string(),
                         weight: b.weight,
+                        state: health[sid][bi].as_str().to_owned(),
                         packets: t.packets,
                         bytes: t.bytes,
                         new_flows: t.new_flows,

@@ -100,6 +100,14 @@ impl<'a> Fields<'a> {
         self.typed(key, "an integer", Value::as_integer)
     }
 
+    /// A boolean; `default` when absent.
+    pub fn bool_or(&self, key: &'static str, default: bool) -> Option<bool> {
+        match self.typed(key, "a boolean", Value::as_bool) {
+            None => (!self.table.contains_key(key)).then_some(default),
+            b => b,
+        }
+    }
+
     pub fn array(&self, key: &'static str) -> Option<&'a Vec<Value>> {
         self.typed(key, "an array", Value::as_array)
     }

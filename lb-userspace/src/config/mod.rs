@@ -1,6 +1,7 @@
 //! The configuration: its model, and reading + validating a TOML file into it. A file either
 //! yields a complete, valid [`Config`] or the list of every problem in it.
 
+mod check;
 mod fields;
 mod read;
 
@@ -11,6 +12,7 @@ use std::{
     time::Duration,
 };
 
+pub use check::{Check, CheckKind, HttpMethod, HttpOptions, default_status};
 pub use fields::{Problem, parse_duration, show as show_duration};
 pub use read::parse;
 
@@ -144,6 +146,8 @@ pub struct Service {
     pub snat_address: Option<Ipv4Addr>,
     pub existing_flows: ExistingFlows,
     pub on_all_unhealthy: AllUnhealthy,
+    /// The active check of the backends (`[service.check]`).
+    pub check: Check,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -264,6 +264,13 @@ fn read_service(f: &Fields) -> Option<Service> {
         ],
         AllUnhealthy::UseAll,
     );
+    let check = match (f.table("check"), protocol) {
+        (Some(t), Some(protocol)) => {
+            super::check::read_check(&Fields::new(t, f.path("check"), f.problems()), protocol)
+        }
+        (None, Some(protocol)) if !f.has("check") => Some(super::Check::default_for(protocol)),
+        _ => None,
+    };
     let backends = f
         .required("backends", |f| Some(f.tables("backends")))
         .map(|list| {
@@ -290,6 +297,7 @@ fn read_service(f: &Fields) -> Option<Service> {
         snat_address: snat_address?,
         existing_flows: existing_flows?,
         on_all_unhealthy: on_all_unhealthy?,
+        check: check?,
     };
     let mut seen = HashMap::new();
     for (i, b) in service.backends.iter().enumerate() {
@@ -663,5 +671,120 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
         let got = problems("[lb\ninterfaces = 1");
         assert!(got[0].starts_with("invalid TOML"), "{got:?}");
         assert!(got[0].contains("line 1"), "{got:?}");
+    }
+
+    fn with_check(check: &str) -> String {
+        format!("{GOOD}\n[service.check]\n{check}\n")
+    }
+
+    #[test]
+    fn checks_default_by_protocol_and_parse_fully() {
+        let c = parse(GOOD).unwrap();
+        assert_eq!(
+            c.services[0].check,
+            crate::config::Check::default_for(Protocol::Tcp)
+        );
+        assert_eq!(c.services[0].check.kind, crate::config::CheckKind::Tcp);
+        let udp = parse(&GOOD.replace("protocol = \"tcp\"", "protocol = \"udp\"")).unwrap();
+        assert_eq!(
+            udp.services[0].check.kind,
+            crate::config::CheckKind::None,
+            "until the UDP check exists"
+        );
+        let c = parse(&with_check(
+            "kind = \"https\"\nport = 8443\ntimeout = \"500ms\"\ninterval = \"1s\"\nhealthy_threshold = 2\n\
+             unhealthy_threshold = 4\nmethod = \"HEAD\"\npath = \"/health\"\nhost = \"example.com\"\n\
+             headers = { X-Check = \"lb\" }\nstatus = [200, \"300-302\"]\nverify_tls = false",
+        ))
+        .unwrap();
+        let check = &c.services[0].check;
+        assert_eq!(check.kind, crate::config::CheckKind::Https);
+        assert_eq!(check.port, Some(8443));
+        assert_eq!(check.window.timeout, Duration::from_millis(500));
+        assert_eq!(
+            check.window.unhealthy_interval,
+            Duration::from_secs(1),
+            "defaults to interval"
+        );
+        assert_eq!(
+            (
+                check.window.healthy_threshold,
+                check.window.unhealthy_threshold
+            ),
+            (2, 4)
+        );
+        let http = check.http.as_ref().unwrap();
+        assert_eq!(http.method, crate::config::HttpMethod::Head);
+        assert_eq!(http.path, "/health");
+        assert_eq!(http.host.as_deref(), Some("example.com"));
+        assert_eq!(http.headers, [("X-Check".to_owned(), "lb".to_owned())]);
+        assert_eq!(http.status, [200..=200, 300..=302]);
+        assert!(!http.verify_tls);
+    }
+
+    #[test]
+    fn bad_checks_are_reported_at_their_path() {
+        let cases: &[(&str, &str)] = &[
+            (
+                "kind = \"ping\"",
+                "service[0].check.kind: expected one of tcp, tcp-connect, udp, icmp, http, https, none, got \"ping\"",
+            ),
+            (
+                "timeout = \"61s\"",
+                "service[0].check.timeout: 61s is out of range 10ms-1m",
+            ),
+            (
+                "timeout = \"3s\"\ninterval = \"2s\"",
+                "service[0].check.interval: must not be shorter than timeout",
+            ),
+            (
+                "healthy_threshold = 11",
+                "service[0].check.healthy_threshold: 11 is out of range 1-10",
+            ),
+            (
+                "unhealthy_threshold = 0",
+                "service[0].check.unhealthy_threshold: 0 is out of range 1-10",
+            ),
+            (
+                "send = \"PING\"",
+                "service[0].check.send: only for tcp-connect and udp checks, not tcp",
+            ),
+            (
+                "kind = \"udp\"",
+                "service[0].check.kind: udp checks are not implemented yet; use tcp, tcp-connect, http, https or none",
+            ),
+            (
+                "path = \"/x\"",
+                "service[0].check.path: only for http and https checks, not tcp",
+            ),
+            (
+                "kind = \"http\"\npath = \"health\"",
+                "service[0].check.path: expected an absolute path without spaces, got \"health\"",
+            ),
+            (
+                "kind = \"http\"\nstatus = [700]",
+                "service[0].check.status[0]: expected a code 100-599 or \"FIRST-LAST\"",
+            ),
+            (
+                "kind = \"http\"\nverify_tls = false",
+                "service[0].check.verify_tls: only for https checks",
+            ),
+            (
+                "kind = \"http\"\nheaders = { \"Bad Name\" = \"x\" }",
+                "service[0].check.headers.Bad Name: expected a header name (A-Z a-z 0-9 - _) with a single-line string value",
+            ),
+            (
+                "kind = \"none\"\nport = 80",
+                "service[0].check.port: kind = \"none\" probes nothing",
+            ),
+            ("colour = 1", "service[0].check.colour: unknown key"),
+        ];
+        for (check, want) in cases {
+            let got = problems(&with_check(check));
+            assert!(
+                got.iter().any(|p| p == want),
+                "{check}: want {want:?}, got {got:?}"
+            );
+        }
     }
 }

@@ -1,0 +1,304 @@
+//! `[service.check]`: which active check a service's backends get, its timing and thresholds
+//! (SPEC §2 ranges and defaults), and the kind-specific options.
+
+use std::{ops::RangeInclusive, time::Duration};
+
+use super::{Protocol, fields::Fields};
+use crate::health::window::WindowSettings;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckKind {
+    /// Half-open: SYN, SYN+ACK = up (then the kernel's RST), RST = down.
+    Tcp,
+    /// Full handshake, optional send/expect.
+    TcpConnect,
+    /// ICMP echo plus a datagram (port unreachable = down), or send/expect.
+    Udp,
+    Icmp,
+    Http,
+    Https,
+    /// No checks: backends count as available (state `disabled`).
+    None,
+}
+
+impl CheckKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tcp => "tcp",
+            Self::TcpConnect => "tcp-connect",
+            Self::Udp => "udp",
+            Self::Icmp => "icmp",
+            Self::Http => "http",
+            Self::Https => "https",
+            Self::None => "none",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HttpMethod {
+    Get,
+    Head,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpOptions {
+    pub method: HttpMethod,
+    pub path: String,
+    /// None: the backend's ip:port.
+    pub host: Option<String>,
+    pub headers: Vec<(String, String)>,
+    /// Healthy status codes (default 200-399).
+    pub status: Vec<RangeInclusive<u16>>,
+    /// HTTPS only: verify the certificate (default true).
+    pub verify_tls: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    pub kind: CheckKind,
+    /// Probe this port instead of the backend's.
+    pub port: Option<u16>,
+    pub window: WindowSettings,
+    /// tcp-connect and udp: bytes to send, and the reply that must start with `expect`.
+    pub send: Option<Vec<u8>>,
+    pub expect: Option<Vec<u8>>,
+    /// http and https.
+    pub http: Option<HttpOptions>,
+}
+
+impl Check {
+    /// The check a service gets without a `[service.check]` table: half-open TCP for TCP
+    /// services with the SPEC defaults; none for UDP services until the UDP check exists.
+    pub fn default_for(protocol: Protocol) -> Self {
+        Self {
+            kind: match protocol {
+                Protocol::Tcp => CheckKind::Tcp,
+                Protocol::Udp => CheckKind::None,
+            },
+            port: None,
+            window: WindowSettings::default(),
+            send: None,
+            expect: None,
+            http: None,
+        }
+    }
+}
+
+/// Healthy HTTP status codes unless configured: 200-399.
+pub fn default_status() -> Vec<RangeInclusive<u16>> {
+    std::iter::once(200..=399).collect()
+}
+
+/// Sub-second values are accepted for tests and demos; the documented ranges are in seconds.
+const MIN: Duration = Duration::from_millis(10);
+
+pub fn read_check(f: &Fields, protocol: Protocol) -> Option<Check> {
+    let d = Check::default_for(protocol);
+    let kind = f.choice(
+        "kind",
+        &[
+            ("tcp", CheckKind::Tcp),
+            ("tcp-connect", CheckKind::TcpConnect),
+            ("udp", CheckKind::Udp),
+            ("icmp", CheckKind::Icmp),
+            ("http", CheckKind::Http),
+            ("https", CheckKind::Https),
+            ("none", CheckKind::None),
+        ],
+        d.kind,
+    );
+    let port = f
+        .int_in("port", 1..=65535, 0)
+        .map(|p| (p != 0).then_some(p as u16));
+    let timeout = f.duration("timeout", MIN..=Duration::from_secs(60), d.window.timeout);
+    let interval = f.duration(
+        "interval",
+        MIN..=Duration::from_secs(300),
+        d.window.interval,
+    );
+    let unhealthy_interval = match f.has("unhealthy_interval") {
+        true => f.duration(
+            "unhealthy_interval",
+            MIN..=Duration::from_secs(300),
+            Duration::ZERO,
+        ),
+        false => interval,
+    };
+    let healthy = f.int_in("healthy_threshold", 1..=10, 3).map(|n| n as u32);
+    let unhealthy = f.int_in("unhealthy_threshold", 1..=10, 3).map(|n| n as u32);
+    if let (Some(t), Some(i)) = (timeout, interval)
+        && i < t
+    {
+        f.problem("interval", "must not be shorter than timeout");
+    }
+    let send = f.str("send").map(|s| s.as_bytes().to_vec());
+    let expect = f.str("expect").map(|s| s.as_bytes().to_vec());
+    let http = read_http(f, kind);
+    // Options that do not belong to the kind are mistakes, not silently ignored settings.
+    if let Some(kind) = kind {
+        if matches!(kind, CheckKind::Udp | CheckKind::Icmp) {
+            f.problem(
+                "kind",
+                format!(
+                    "{} checks are not implemented yet; use tcp, tcp-connect, http, https or none",
+                    kind.as_str()
+                ),
+            );
+        }
+        let payload = matches!(kind, CheckKind::TcpConnect | CheckKind::Udp);
+        for key in ["send", "expect"] {
+            if !payload && f.has(key) {
+                f.problem(
+                    key,
+                    format!("only for tcp-connect and udp checks, not {}", kind.as_str()),
+                );
+            }
+        }
+        if f.has("expect") && !f.has("send") && kind == CheckKind::Udp {
+            f.problem("expect", "needs send");
+        }
+        if kind == CheckKind::None && f.has("port") {
+            f.problem("port", "kind = \"none\" probes nothing");
+        }
+    }
+    f.finish();
+    let mut window = WindowSettings {
+        timeout: timeout?,
+        interval: interval?,
+        unhealthy_interval: unhealthy_interval?,
+        healthy_threshold: healthy?,
+        unhealthy_threshold: unhealthy?,
+    };
+    if window.unhealthy_interval.is_zero() {
+        window.unhealthy_interval = window.interval;
+    }
+    Some(Check {
+        kind: kind?,
+        port: port?,
+        window,
+        send,
+        expect,
+        http: http?,
+    })
+}
+
+/// The HTTP options: required shape for http/https, refused for other kinds.
+fn read_http(f: &Fields, kind: Option<CheckKind>) -> Option<Option<HttpOptions>> {
+    let is_http = matches!(kind, Some(CheckKind::Http | CheckKind::Https));
+    let keys = ["method", "path", "host", "headers", "status", "verify_tls"];
+    if !is_http {
+        if let Some(kind) = kind {
+            for key in keys {
+                if f.has(key) {
+                    f.problem(
+                        key,
+                        format!("only for http and https checks, not {}", kind.as_str()),
+                    );
+                }
+            }
+        }
+        return Some(None);
+    }
+    let method = f.choice(
+        "method",
+        &[("GET", HttpMethod::Get), ("HEAD", HttpMethod::Head)],
+        HttpMethod::Get,
+    );
+    let path = match f.str("path") {
+        None => Some("/".to_owned()),
+        Some(p)
+            if p.starts_with('/') && !p.contains(|c: char| c.is_whitespace() || c.is_control()) =>
+        {
+            Some(p.to_owned())
+        }
+        Some(p) => {
+            f.problem(
+                "path",
+                format!("expected an absolute path without spaces, got {p:?}"),
+            );
+            None
+        }
+    };
+    let host = match f.str("host") {
+        Some(h) if h.is_empty() || h.contains(|c: char| c.is_whitespace() || c.is_control()) => {
+            f.problem("host", format!("invalid host {h:?}"));
+            None
+        }
+        h => Some(h.map(str::to_owned)),
+    };
+    let headers = match f.table("headers") {
+        None => Some(Vec::new()),
+        Some(t) => {
+            let mut out = Vec::new();
+            let mut ok = true;
+            for (name, value) in t {
+                let path = format!("headers.{name}");
+                let valid_name = !name.is_empty()
+                    && name
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-_".contains(c));
+                match value.as_str() {
+                    Some(v) if valid_name && !v.contains(['\r', '\n']) => {
+                        out.push((name.clone(), v.to_owned()))
+                    }
+                    _ => {
+                        f.problem(&path, "expected a header name (A-Z a-z 0-9 - _) with a single-line string value");
+                        ok = false;
+                    }
+                }
+            }
+            ok.then_some(out)
+        }
+    };
+    let status = match f.array("status") {
+        None => Some(default_status()),
+        Some(items) => {
+            let mut out = Vec::new();
+            let mut ok = !items.is_empty();
+            for (i, item) in items.iter().enumerate() {
+                let parsed = match (item.as_integer(), item.as_str()) {
+                    (Some(n), _) => u16::try_from(n).ok().map(|n| n..=n),
+                    (_, Some(s)) => s.split_once('-').and_then(|(a, b)| {
+                        Some(a.trim().parse::<u16>().ok()?..=b.trim().parse::<u16>().ok()?)
+                    }),
+                    _ => None,
+                };
+                match parsed.filter(|r| {
+                    (100..=599).contains(r.start())
+                        && (100..=599).contains(r.end())
+                        && r.start() <= r.end()
+                }) {
+                    Some(r) => out.push(r),
+                    None => {
+                        f.problem(
+                            &format!("status[{i}]"),
+                            "expected a code 100-599 or \"FIRST-LAST\"",
+                        );
+                        ok = false;
+                    }
+                }
+            }
+            if items.is_empty() {
+                f.problem("status", "at least one status code or range");
+            }
+            ok.then_some(out)
+        }
+    };
+    let verify_tls = match (kind, f.has("verify_tls")) {
+        (Some(CheckKind::Https), _) => f.bool_or("verify_tls", true),
+        (_, true) => {
+            f.problem("verify_tls", "only for https checks");
+            None
+        }
+        _ => Some(true),
+    };
+    Some(Some(HttpOptions {
+        method: method?,
+        path: path?,
+        host: host?,
+        headers: headers?,
+        status: status?,
+        verify_tls: verify_tls?,
+    }))
+}

@@ -1,0 +1,179 @@
+//! Runs the active checks: one task per (service, backend), probing at the window's per-state
+//! interval with a fixed per-target phase offset (so targets do not probe in lockstep), feeding
+//! each result to the target's [`Window`] and sending every state change as a [`Verdict`].
+
+use std::{
+    net::SocketAddrV4,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use tokio::{
+    sync::{mpsc, watch},
+    task::JoinHandle,
+};
+
+use super::{
+    probe::{ProbeResult, http, tcp_connect, tcp_syn::SynProber},
+    window::{Transition, Window},
+};
+use crate::config::{Check, CheckKind, Config, HttpMethod};
+
+/// A state change of one target.
+#[derive(Debug, Clone)]
+pub struct Verdict {
+    pub service: usize,
+    pub backend: usize,
+    pub kind: CheckKind,
+    pub transition: Transition,
+    pub unhealthy_threshold: u32,
+    pub healthy_threshold: u32,
+}
+
+/// Shared probe machinery: one raw socket for half-open probes, one set of TLS configs.
+struct Probers {
+    syn: Option<SynProber>,
+    tls: http::TlsConfigs,
+}
+
+/// Starts a task per target of every service whose check is not `none`. Call inside the tokio
+/// runtime, in the balancer's network namespace.
+pub fn spawn(
+    config: &Config,
+    verdicts: mpsc::UnboundedSender<Verdict>,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<Vec<JoinHandle<()>>> {
+    let needs_syn = config
+        .services
+        .iter()
+        .any(|s| s.check.kind == CheckKind::Tcp);
+    let syn = match needs_syn {
+        true => Some(SynProber::new().map_err(|e| {
+            anyhow::anyhow!("half-open TCP checks need a raw socket (CAP_NET_RAW): {e}; use kind = \"tcp-connect\" otherwise")
+        })?),
+        false => None,
+    };
+    let probers = Arc::new(Probers {
+        syn,
+        tls: http::TlsConfigs::new(),
+    });
+    let epoch = Instant::now();
+    let mut tasks = Vec::new();
+    for (sid, s) in config.services.iter().enumerate() {
+        if s.check.kind == CheckKind::None {
+            continue;
+        }
+        for (bid, b) in s.backends.iter().enumerate() {
+            let target =
+                SocketAddrV4::new(*b.address.ip(), s.check.port.unwrap_or(b.address.port()));
+            let job = Job {
+                service: sid,
+                backend: bid,
+                target,
+                http: http_check(&s.check),
+                check: s.check.clone(),
+                probers: probers.clone(),
+                verdicts: verdicts.clone(),
+                epoch,
+            };
+            tasks.push(tokio::spawn(job.run(stop.clone())));
+        }
+    }
+    Ok(tasks)
+}
+
+struct Job {
+    service: usize,
+    backend: usize,
+    target: SocketAddrV4,
+    /// The request of http and https checks, built once.
+    http: Option<http::HttpCheck>,
+    check: Check,
+    probers: Arc<Probers>,
+    verdicts: mpsc::UnboundedSender<Verdict>,
+    epoch: Instant,
+}
+
+impl Job {
+    async fn run(self, mut stop: watch::Receiver<bool>) {
+        let mut window = Window::new(self.check.window);
+        // A fixed phase per target spreads probes over the interval.
+        let phase = phase(self.target, self.check.window.interval);
+        tokio::select! {
+            _ = tokio::time::sleep(phase) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        loop {
+            let result = self.probe().await;
+            if let Some(transition) = window.observe(result, self.epoch.elapsed()) {
+                let verdict = Verdict {
+                    service: self.service,
+                    backend: self.backend,
+                    kind: self.check.kind,
+                    transition,
+                    unhealthy_threshold: self.check.window.unhealthy_threshold,
+                    healthy_threshold: self.check.window.healthy_threshold,
+                };
+                if self.verdicts.send(verdict).is_err() {
+                    return; // the daemon is shutting down
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(window.next_interval()) => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+        }
+    }
+
+    async fn probe(&self) -> ProbeResult {
+        let timeout = self.check.window.timeout;
+        match self.check.kind {
+            CheckKind::Tcp => match &self.probers.syn {
+                Some(syn) => syn.probe(self.target, timeout).await,
+                None => ProbeResult::TcpFailure,
+            },
+            CheckKind::TcpConnect => {
+                tcp_connect::probe(
+                    self.target,
+                    self.check.send.as_deref(),
+                    self.check.expect.as_deref(),
+                    timeout,
+                )
+                .await
+            }
+            CheckKind::Http | CheckKind::Https => match &self.http {
+                Some(check) => http::probe(check, &self.probers.tls, self.target, timeout).await,
+                None => ProbeResult::HttpFailure,
+            },
+            // The config reader refuses udp and icmp for now; none has no task.
+            CheckKind::Udp | CheckKind::Icmp | CheckKind::None => ProbeResult::TcpFailure,
+        }
+    }
+}
+
+/// The probe request of an http or https check.
+fn http_check(check: &Check) -> Option<http::HttpCheck> {
+    let o = check.http.as_ref()?;
+    Some(http::HttpCheck {
+        method: match o.method {
+            HttpMethod::Get => http::Method::Get,
+            HttpMethod::Head => http::Method::Head,
+        },
+        path: o.path.clone(),
+        host: o.host.clone(),
+        headers: o.headers.clone(),
+        healthy: o.status.clone(),
+        tls: (check.kind == CheckKind::Https).then(|| http::TlsCheck {
+            verify: o.verify_tls,
+            server_name: o.host.clone(),
+        }),
+    })
+}
+
+/// A deterministic offset in [0, interval) from the target's address.
+fn phase(target: SocketAddrV4, interval: Duration) -> Duration {
+    let key = (u64::from(u32::from(*target.ip())) << 16) | u64::from(target.port());
+    let h = lb_common::fmix64(key);
+    let millis = interval.as_millis().max(1) as u64;
+    Duration::from_millis(h % millis)
+}

@@ -1,0 +1,417 @@
+//! The half-open TCP probe (`lb::health::probe::tcp_syn`) against real kernels: a prober and a
+//! backend namespace joined by a veth pair. The prober's raw socket is created inside its
+//! namespace, so everything it sends and sees stays between the two namespaces.
+//!
+//! The backend's veth end has RX checksum offload off: veth otherwise marks frames without a
+//! checksum as verified, and a wrong TCP checksum in our SYN would go unnoticed.
+
+use std::{
+    future::Future,
+    io::{Read as _, Write as _},
+    net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream},
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use lb::health::{probe::tcp_syn::SynProber, window::ProbeResult};
+use lb_tests::{
+    netns::{Netns, sh, veth},
+    require_root,
+};
+
+const PROBER_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 9, 1);
+const BACKEND_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 9, 2);
+const TIMEOUT: Duration = Duration::from_secs(2);
+
+struct Pair {
+    prober: Netns,
+    backend: Netns,
+}
+
+fn pair() -> Pair {
+    require_root();
+    let prober = Netns::new("synp").unwrap();
+    let backend = Netns::new("synb").unwrap();
+    let (_, b) = veth(&prober, "10.0.9.1/24", &backend, "10.0.9.2/24").unwrap();
+    sh(backend
+        .command("ethtool")
+        .args(["-K", &b.ifname, "rx", "off"]))
+    .unwrap();
+    Pair { prober, backend }
+}
+
+fn backend(port: u16) -> SocketAddrV4 {
+    SocketAddrV4::new(BACKEND_IP, port)
+}
+
+/// A listener in the backend namespace; the kernel answers SYNs without anyone accepting.
+fn listen(ns: &Netns, port: u16) -> TcpListener {
+    ns.enter(|| TcpListener::bind(backend(port))).unwrap()
+}
+
+/// Runs `f` with a prober created inside `ns`, on a runtime whose thread lives there too (the
+/// probe's own sockets are created on the calling thread).
+fn with_prober<F, Fut>(ns: &Netns, f: F)
+where
+    F: FnOnce(Arc<SynProber>) -> Fut + Send,
+    Fut: Future<Output = ()>,
+{
+    ns.enter(|| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let prober = SynProber::new().expect("raw socket (root)");
+            f(Arc::new(prober)).await;
+        });
+    });
+}
+
+fn nft(ns: &Netns, args: &[&str]) {
+    let mut cmd = ns.command("nft");
+    cmd.args(args);
+    sh(&mut cmd).unwrap();
+}
+
+/// Half-open (SYN-RECV) connections the backend holds on `port`.
+fn syn_recv(backend: &Netns, port: u16) -> usize {
+    let out = sh(backend.command("ss").args(["-Htan", "state", "syn-recv"])).unwrap();
+    let local = format!("{BACKEND_IP}:{port}");
+    out.lines()
+        .filter(|l| l.split_whitespace().any(|field| field == local))
+        .count()
+}
+
+#[test]
+fn listening_port_is_success() {
+    let p = pair();
+    let _server = listen(&p.backend, 7001);
+    with_prober(&p.prober, |prober| async move {
+        for _ in 0..3 {
+            match prober.probe(backend(7001), TIMEOUT).await {
+                ProbeResult::Success { latency } => {
+                    assert!(latency > Duration::ZERO && latency < TIMEOUT, "{latency:?}");
+                }
+                other => panic!("want success, got {other:?}"),
+            }
+        }
+    });
+}
+
+#[test]
+fn closed_port_is_tcp_failure() {
+    let p = pair();
+    with_prober(&p.prober, |prober| async move {
+        let start = Instant::now();
+        assert_eq!(
+            prober.probe(backend(7009), TIMEOUT).await,
+            ProbeResult::TcpFailure
+        );
+        assert!(start.elapsed() < TIMEOUT / 2, "the RST came back at once");
+    });
+}
+
+#[test]
+fn silent_host_is_timeout() {
+    let p = pair();
+    let _server = listen(&p.backend, 7001);
+    nft(&p.backend, &["add", "table", "inet", "lbt"]);
+    nft(
+        &p.backend,
+        &[
+            "add",
+            "chain",
+            "inet",
+            "lbt",
+            "in",
+            "{ type filter hook input priority 0; policy drop; }",
+        ],
+    );
+    with_prober(&p.prober, |prober| async move {
+        let timeout = Duration::from_millis(300);
+        let start = Instant::now();
+        assert_eq!(
+            prober.probe(backend(7001), timeout).await,
+            ProbeResult::Timeout
+        );
+        let took = start.elapsed();
+        assert!(
+            took >= timeout && took < timeout + Duration::from_millis(250),
+            "{took:?}"
+        );
+    });
+}
+
+#[test]
+fn backend_keeps_no_half_open_connection() {
+    let p = pair();
+    let _server = listen(&p.backend, 7001);
+    let (prober_ns, backend_ns) = (p.prober.clone(), p.backend.clone());
+    with_prober(&p.prober, move |prober| async move {
+        for _ in 0..5 {
+            assert!(matches!(
+                prober.probe(backend(7001), TIMEOUT).await,
+                ProbeResult::Success { .. }
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            syn_recv(&backend_ns, 7001),
+            0,
+            "the local kernel's RST ends each half-open connection"
+        );
+
+        // Control: the check above does see half-open connections. With the prober's RSTs
+        // dropped, the backend keeps one per probe.
+        nft(&prober_ns, &["add", "table", "inet", "lbt"]);
+        nft(
+            &prober_ns,
+            &[
+                "add",
+                "chain",
+                "inet",
+                "lbt",
+                "out",
+                "{ type filter hook output priority 0; policy accept; }",
+            ],
+        );
+        nft(
+            &prober_ns,
+            &[
+                "add", "rule", "inet", "lbt", "out", "tcp", "flags", "&", "rst", "==", "rst",
+                "drop",
+            ],
+        );
+        assert!(matches!(
+            prober.probe(backend(7001), TIMEOUT).await,
+            ProbeResult::Success { .. }
+        ));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(syn_recv(&backend_ns, 7001), 1, "control: RST dropped");
+    });
+}
+
+#[test]
+fn concurrent_probes_get_their_own_answers() {
+    let p = pair();
+    let open = [7001, 7002, 7003, 7004];
+    let _servers: Vec<_> = open.iter().map(|&port| listen(&p.backend, port)).collect();
+    let closed = 7009;
+    with_prober(&p.prober, move |prober| async move {
+        let mut probes = tokio::task::JoinSet::new();
+        for i in 0..200 {
+            let port = if i % 5 == 4 { closed } else { open[i % 5] };
+            let prober = Arc::clone(&prober);
+            probes.spawn(async move { (port, prober.probe(backend(port), TIMEOUT).await) });
+        }
+        let (mut ok, mut refused) = (0, 0);
+        while let Some(done) = probes.join_next().await {
+            let (port, result) = done.unwrap();
+            match result {
+                ProbeResult::Success { .. } if port != closed => ok += 1,
+                ProbeResult::TcpFailure if port == closed => refused += 1,
+                other => panic!("port {port}: {other:?}"),
+            }
+        }
+        assert_eq!((ok, refused), (160, 40));
+    });
+}
+
+#[test]
+fn icmp_reject_times_out_and_leaves_the_prober_working() {
+    let p = pair();
+    let _servers = [listen(&p.backend, 7001), listen(&p.backend, 7002)];
+    // A firewall that rejects with an ICMP error instead of a RST. An unconnected raw socket
+    // without IP_RECVERR is not told about it: the probe times out, and the probes around it
+    // are undisturbed.
+    nft(&p.backend, &["add", "table", "inet", "lbt"]);
+    nft(
+        &p.backend,
+        &[
+            "add",
+            "chain",
+            "inet",
+            "lbt",
+            "in",
+            "{ type filter hook input priority 0; policy accept; }",
+        ],
+    );
+    nft(
+        &p.backend,
+        &[
+            "add",
+            "rule",
+            "inet",
+            "lbt",
+            "in",
+            "tcp",
+            "dport",
+            "7001",
+            "reject",
+            "with",
+            "icmpx",
+            "type",
+            "port-unreachable",
+        ],
+    );
+    with_prober(&p.prober, |prober| async move {
+        let timeout = Duration::from_millis(300);
+        for _ in 0..3 {
+            assert_eq!(
+                prober.probe(backend(7001), timeout).await,
+                ProbeResult::Timeout
+            );
+            assert!(matches!(
+                prober.probe(backend(7002), timeout).await,
+                ProbeResult::Success { .. }
+            ));
+        }
+    });
+}
+
+/// A raw TCP socket without a filter, with a large receive buffer: counts the TCP segments the
+/// prober's socket would have seen without its filter.
+fn unfiltered_raw_socket() -> OwnedFd {
+    // SAFETY: plain socket(2) call.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_INET,
+            libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            libc::IPPROTO_TCP,
+        )
+    };
+    assert!(fd >= 0, "{}", std::io::Error::last_os_error());
+    // SAFETY: fresh descriptor.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let size: libc::c_int = 64 << 20;
+    // SAFETY: valid fd and option value.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            (&raw const size).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    fd
+}
+
+fn drain_count(fd: &OwnedFd) -> usize {
+    let mut buf = [0u8; 64];
+    let mut n = 0;
+    // SAFETY: valid fd and buffer.
+    while unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) } >= 0 {
+        n += 1;
+    }
+    n
+}
+
+#[test]
+fn filter_keeps_bulk_traffic_away_from_the_reader() {
+    let p = pair();
+    let _server = listen(&p.backend, 7001);
+    // Bulk data flows from the backend namespace into the prober's: a sink listens there and a
+    // client in the backend sends to it. Connected before counting starts; after the handshake
+    // the prober's namespace receives only ACK / PSH+ACK / FIN+ACK segments from it.
+    let sink = SocketAddrV4::new(PROBER_IP, 7100);
+    let sink_listener = p.prober.enter(|| TcpListener::bind(sink)).unwrap();
+    let control = p.prober.enter(unfiltered_raw_socket);
+    let mut client = p.backend.enter(|| TcpStream::connect(sink)).unwrap();
+    const BYTES: usize = 32 << 20;
+
+    with_prober(&p.prober, move |prober| async move {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let before = prober.wakeups();
+        let writer = std::thread::spawn(move || {
+            let chunk = vec![0x5au8; 64 * 1024];
+            for _ in 0..BYTES / chunk.len() {
+                client.write_all(&chunk).unwrap();
+            }
+            // Dropped: FIN, not RST (the sink reads everything).
+        });
+        let reader = std::thread::spawn(move || {
+            let (mut conn, _) = sink_listener.accept().unwrap();
+            let mut buf = vec![0u8; 256 * 1024];
+            let mut total = 0;
+            loop {
+                match conn.read(&mut buf).unwrap() {
+                    0 => break total,
+                    n => total += n,
+                }
+            }
+        });
+
+        // Probes while the transfer runs: each one answer that must wake the reader.
+        let mut probes = 0u64;
+        loop {
+            assert!(matches!(
+                prober.probe(backend(7001), TIMEOUT).await,
+                ProbeResult::Success { .. }
+            ));
+            probes += 1;
+            if writer.is_finished() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        writer.join().unwrap();
+        assert_eq!(reader.join().unwrap(), BYTES);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let woke = prober.wakeups() - before;
+
+        let unrelated = drain_count(&control);
+        eprintln!(
+            "{probes} probes, reader woke {woke} times; an unfiltered raw socket got {unrelated} segments"
+        );
+        assert!(
+            unrelated > 1000,
+            "the transfer reached raw sockets: {unrelated} segments"
+        );
+        assert!(
+            (1..=probes).contains(&woke),
+            "woke {woke} times for {probes} probe answers"
+        );
+    });
+}
+
+/// Raw TCP sockets of the calling thread's namespace (`/proc/thread-self/net/raw`; protocol 6
+/// shows as local port 0006).
+fn raw_tcp_sockets() -> usize {
+    std::fs::read_to_string("/proc/thread-self/net/raw")
+        .unwrap()
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .is_some_and(|a| a.ends_with(":0006"))
+        })
+        .count()
+}
+
+#[test]
+fn dropping_the_prober_stops_its_reader() {
+    let p = pair();
+    p.prober.enter(|| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            assert_eq!(raw_tcp_sockets(), 0);
+            let prober = SynProber::new().unwrap();
+            assert_eq!(raw_tcp_sockets(), 1, "one raw socket");
+            drop(prober);
+            // The reader task owns the socket too: it closes once the aborted task is dropped.
+            let deadline = Instant::now() + Duration::from_secs(1);
+            while raw_tcp_sockets() > 0 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            assert_eq!(raw_tcp_sockets(), 0, "raw socket closed with the reader");
+        });
+    });
+}
