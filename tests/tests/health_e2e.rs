@@ -1,6 +1,7 @@
-//! `lb run` with active checks on real backends: a backend whose service dies is marked unhealthy
-//! within the failure window and gets no new flows; when it comes back it is healthy again within
-//! the success window and flows return. Flags are written within a millisecond of each verdict.
+//! `lb run` with active checks on real backends, for each check kind and each way a backend fails
+//! (its service killed, its host silent): the backend is marked unhealthy within the failure
+//! window and gets no new flows; when it comes back it is healthy again within the success window
+//! and flows return. Flags are written within a millisecond of each verdict.
 
 use std::{
     collections::HashMap,
@@ -12,7 +13,7 @@ use lb_tests::{
     daemon::Daemon,
     require_root,
     servers::connect,
-    topology::{Arms, Sandbox, VIP},
+    topology::{Arms, HTTP_PORT, Sandbox, VIP},
 };
 
 const TIMEOUT: Duration = Duration::from_millis(200);
@@ -54,18 +55,68 @@ fn spread(sb: &Sandbox, n: usize) -> HashMap<String, usize> {
     seen
 }
 
-#[test]
-fn a_dead_backend_is_ejected_within_the_failure_window_and_returns() {
+/// How a backend fails.
+#[derive(Clone, Copy, Debug)]
+enum Failure {
+    /// Its servers stop: connections are refused (RST).
+    Killed,
+    /// Its host drops everything (nft): probes time out.
+    Silent,
+}
+
+fn fail(sb: &mut Sandbox, i: usize, how: Failure) {
+    match how {
+        Failure::Killed => sb.stop_backend(i),
+        Failure::Silent => {
+            let ns = &sb.backends[i].ns;
+            for cmd in [
+                &["nft", "add", "table", "inet", "lbt"][..],
+                &[
+                    "nft",
+                    "add",
+                    "chain",
+                    "inet",
+                    "lbt",
+                    "in",
+                    "{ type filter hook input priority 0; policy drop; }",
+                ][..],
+            ] {
+                let out = ns.exec(cmd).unwrap();
+                assert!(out.status.success(), "{cmd:?}: {out:?}");
+            }
+        }
+    }
+}
+
+fn recover(sb: &mut Sandbox, i: usize, how: Failure) {
+    match how {
+        Failure::Killed => sb.start_backend(i).unwrap(),
+        Failure::Silent => {
+            let out = sb.backends[i]
+                .ns
+                .exec(&["nft", "delete", "table", "inet", "lbt"])
+                .unwrap();
+            assert!(out.status.success(), "{out:?}");
+        }
+    }
+}
+
+/// A backend failing `how` under a check of `kind` is ejected within the failure window, gets no
+/// new flows, and returns within the success window.
+fn eject_and_return(kind: &str, how: Failure) -> Daemon {
     require_root();
     let mut sb = Sandbox::build(Arms::Two, 3, 8080).unwrap();
+    let extra = match kind {
+        "http" => format!("port = {HTTP_PORT}\npath = \"/\"\n"),
+        _ => String::new(),
+    };
     let check = format!(
-        "[service.check]\nkind = \"tcp-connect\"\ntimeout = \"{}ms\"\ninterval = \"{}ms\"\nhealthy_threshold = {THRESHOLD}\nunhealthy_threshold = {THRESHOLD}\n",
+        "[service.check]\nkind = \"{kind}\"\ntimeout = \"{}ms\"\ninterval = \"{}ms\"\nhealthy_threshold = {THRESHOLD}\nunhealthy_threshold = {THRESHOLD}\n{extra}",
         TIMEOUT.as_millis(),
         INTERVAL.as_millis()
     );
-    let config = sb.config(80, &[], "");
     // The check goes with the TCP service (the first [[service]]).
-    let config = config.replacen(
+    let config = sb.config(80, &[], "").replacen(
         "\n[[service]]\nname = \"udp\"",
         &format!("\n{check}\n[[service]]\nname = \"udp\""),
         1,
@@ -82,30 +133,61 @@ fn a_dead_backend_is_ejected_within_the_failure_window_and_returns() {
     }
 
     // Failure window: timeout × threshold + interval × (threshold − 1), plus up to one interval
-    // of phase (the backend dies between probes), 10% and 100 ms of scheduling slack.
+    // of phase (the backend fails between probes), 10% and 100 ms of scheduling slack.
     let failure_window = TIMEOUT * THRESHOLD + INTERVAL * (THRESHOLD - 1);
     let bound = (failure_window + INTERVAL).mul_f64(1.1) + Duration::from_millis(100);
-    sb.stop_backend(1);
+    fail(&mut sb, 1, how);
     let took = wait_for(&daemon, &dead, "unhealthy", bound);
-    eprintln!("detected in {took:?} (bound {bound:?})");
+    eprintln!("{kind} {how:?}: detected in {took:?} (bound {bound:?})");
     let seen = spread(&sb, 150);
     assert!(
         !seen.contains_key("backend-1"),
-        "new flows reached the dead backend: {seen:?}"
+        "new flows reached the failed backend: {seen:?}"
     );
 
-    // Success window with near-zero response time: interval × (threshold − 1), plus phase.
-    sb.start_backend(1).unwrap();
+    // Success window with near-zero response time: interval × (threshold − 1), plus up to one
+    // interval of phase and one probe still timing out.
+    recover(&mut sb, 1, how);
     let bound =
         (INTERVAL * (THRESHOLD - 1) + INTERVAL + TIMEOUT).mul_f64(1.1) + Duration::from_millis(100);
     let took = wait_for(&daemon, &dead, "healthy", bound);
-    eprintln!("recovered in {took:?} (bound {bound:?})");
+    eprintln!("{kind} {how:?}: recovered in {took:?} (bound {bound:?})");
     let seen = spread(&sb, 150);
     assert!(
         seen.get("backend-1").copied().unwrap_or(0) > 10,
         "flows did not return: {seen:?}"
     );
+    daemon
+}
 
+#[test]
+fn half_open_tcp_check_ejects_a_killed_backend() {
+    eject_and_return("tcp", Failure::Killed);
+}
+
+#[test]
+fn half_open_tcp_check_ejects_a_silent_backend() {
+    eject_and_return("tcp", Failure::Silent);
+}
+
+#[test]
+fn tcp_connect_check_ejects_a_silent_backend() {
+    eject_and_return("tcp-connect", Failure::Silent);
+}
+
+#[test]
+fn http_check_ejects_a_killed_backend() {
+    eject_and_return("http", Failure::Killed);
+}
+
+#[test]
+fn http_check_ejects_a_silent_backend() {
+    eject_and_return("http", Failure::Silent);
+}
+
+#[test]
+fn tcp_connect_check_ejects_a_killed_backend_and_writes_flags_within_a_millisecond() {
+    let daemon = eject_and_return("tcp-connect", Failure::Killed);
     // Every verdict's flag was in the datapath within a millisecond.
     let log = daemon.log_text();
     let events: Vec<&str> = log
