@@ -6,7 +6,7 @@ use std::{ops::RangeInclusive, time::Duration};
 use super::{Protocol, fields::Fields};
 use crate::health::window::WindowSettings;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CheckKind {
     /// Half-open: SYN, SYN+ACK = up (then the kernel's RST), RST = down.
     Tcp,
@@ -35,13 +35,13 @@ impl CheckKind {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum HttpMethod {
     Get,
     Head,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct HttpOptions {
     pub method: HttpMethod,
     pub path: String,
@@ -54,7 +54,7 @@ pub struct HttpOptions {
     pub verify_tls: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Check {
     pub kind: CheckKind,
     /// Probe this port instead of the backend's.

@@ -1,8 +1,10 @@
-//! Runs the active checks: one task per (service, backend), probing at the window's per-state
+//! Runs the active checks: one task per distinct probe (address and check; services sharing a
+//! backend and a check share it), probing at the window's per-state
 //! interval with a fixed per-target phase offset (so targets do not probe in lockstep), feeding
 //! each result to the target's [`Window`] and sending every state change as a [`Verdict`].
 
 use std::{
+    collections::HashMap,
     net::SocketAddrV4,
     sync::Arc,
     time::{Duration, Instant},
@@ -58,7 +60,33 @@ pub fn spawn(
         tls: http::TlsConfigs::new(),
     });
     let epoch = Instant::now();
-    let mut tasks = Vec::new();
+    let tasks = plan(config)
+        .into_iter()
+        .map(|(target, check, members)| {
+            let job = Job {
+                members,
+                target,
+                http: http_check(&check),
+                check,
+                probers: probers.clone(),
+                verdicts: verdicts.clone(),
+                epoch,
+            };
+            tokio::spawn(job.run(stop.clone()))
+        })
+        .collect();
+    Ok(tasks)
+}
+
+/// A distinct probe: its address, its check, and the (service, backend) pairs it stands for.
+pub type PlannedProbe = (SocketAddrV4, Check, Vec<(usize, usize)>);
+
+/// The distinct probes of a config.
+/// Identical probes (same address and check) are run once for every service using them: the
+/// result feeds one window, whose verdicts go to each pair.
+pub fn plan(config: &Config) -> Vec<PlannedProbe> {
+    let mut index: HashMap<(SocketAddrV4, &Check), usize> = HashMap::new();
+    let mut out: Vec<PlannedProbe> = Vec::new();
     for (sid, s) in config.services.iter().enumerate() {
         if s.check.kind == CheckKind::None {
             continue;
@@ -66,25 +94,18 @@ pub fn spawn(
         for (bid, b) in s.backends.iter().enumerate() {
             let target =
                 SocketAddrV4::new(*b.address.ip(), s.check.port.unwrap_or(b.address.port()));
-            let job = Job {
-                service: sid,
-                backend: bid,
-                target,
-                http: http_check(&s.check),
-                check: s.check.clone(),
-                probers: probers.clone(),
-                verdicts: verdicts.clone(),
-                epoch,
-            };
-            tasks.push(tokio::spawn(job.run(stop.clone())));
+            let i = *index.entry((target, &s.check)).or_insert_with(|| {
+                out.push((target, s.check.clone(), Vec::new()));
+                out.len() - 1
+            });
+            out[i].2.push((sid, bid));
         }
     }
-    Ok(tasks)
+    out
 }
-
 struct Job {
-    service: usize,
-    backend: usize,
+    /// The (service, backend) pairs this probe stands for.
+    members: Vec<(usize, usize)>,
     target: SocketAddrV4,
     /// The request of http and https checks, built once.
     http: Option<http::HttpCheck>,
@@ -106,16 +127,18 @@ impl Job {
         loop {
             let result = self.probe().await;
             if let Some(transition) = window.observe(result, self.epoch.elapsed()) {
-                let verdict = Verdict {
-                    service: self.service,
-                    backend: self.backend,
-                    kind: self.check.kind,
-                    transition,
-                    unhealthy_threshold: self.check.window.unhealthy_threshold,
-                    healthy_threshold: self.check.window.healthy_threshold,
-                };
-                if self.verdicts.send(verdict).is_err() {
-                    return; // the daemon is shutting down
+                for &(service, backend) in &self.members {
+                    let verdict = Verdict {
+                        service,
+                        backend,
+                        kind: self.check.kind,
+                        transition,
+                        unhealthy_threshold: self.check.window.unhealthy_threshold,
+                        healthy_threshold: self.check.window.healthy_threshold,
+                    };
+                    if self.verdicts.send(verdict).is_err() {
+                        return; // the daemon is shutting down
+                    }
                 }
             }
             tokio::select! {
@@ -176,4 +199,27 @@ fn phase(target: SocketAddrV4, interval: Duration) -> Duration {
     let h = lb_common::fmix64(key);
     let millis = interval.as_millis().max(1) as u64;
     Duration::from_millis(h % millis)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identical_probes_are_planned_once() {
+        let config = crate::config::parse(
+            "[lb]\ninterfaces = [\"eth1\"]\n\
+             [[service]]\nname = \"a\"\nvip = \"10.100.0.1:80\"\nbackends = [{ address = \"10.0.2.2:80\" }, { address = \"10.0.2.3:80\" }]\n\
+             [[service]]\nname = \"b\"\nvip = \"10.100.0.2:80\"\nbackends = [{ address = \"10.0.2.3:80\" }]\n\
+             [[service]]\nname = \"c\"\nvip = \"10.100.0.3:80\"\nbackends = [{ address = \"10.0.2.3:80\" }]\n\
+             [service.check]\nkind = \"tcp-connect\"\n\
+             [[service]]\nname = \"d\"\nvip = \"10.100.0.4:53\"\nprotocol = \"udp\"\nbackends = [{ address = \"10.0.2.3:53\" }]\n",
+        )
+        .unwrap();
+        let plan = plan(&config);
+        let members: Vec<Vec<(usize, usize)>> = plan.iter().map(|p| p.2.clone()).collect();
+        // 10.0.2.3:80 with the default check serves a and b; c checks it differently; d has none.
+        assert_eq!(members, [vec![(0, 0)], vec![(0, 1), (1, 0)], vec![(2, 0)]]);
+        assert_eq!(plan[2].1.kind, CheckKind::TcpConnect);
+    }
 }

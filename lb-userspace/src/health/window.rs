@@ -20,7 +20,7 @@ use serde::Serialize;
 
 /// Timing and thresholds of one service's checks. Ranges are validated by the config reader;
 /// a threshold of 0 is treated as 1 so nothing here can misbehave on unchecked input.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct WindowSettings {
     /// How long a probe waits for an answer.
     pub timeout: Duration,
