@@ -106,6 +106,14 @@ fn recover(sb: &mut Sandbox, i: usize, how: Failure) {
 fn eject_and_return(kind: &str, how: Failure) -> Daemon {
     require_root();
     let mut sb = Sandbox::build(Arms::Two, 3, 8080).unwrap();
+    if kind == "udp" {
+        // Linux rate-limits ICMP errors per peer (a burst of 6, then one a second), and a UDP check
+        // without payload reads a missing port unreachable as health. Probing every 300 ms needs
+        // the limit off; at the default 2 s interval it does not matter (see README).
+        for b in &sb.backends {
+            b.ns.sysctl("net/ipv4/icmp_ratelimit", "0").unwrap();
+        }
+    }
     let extra = match kind {
         "http" => format!("port = {HTTP_PORT}\npath = \"/\"\n"),
         _ => String::new(),
@@ -173,6 +181,21 @@ fn half_open_tcp_check_ejects_a_silent_backend() {
 #[test]
 fn tcp_connect_check_ejects_a_silent_backend() {
     eject_and_return("tcp-connect", Failure::Silent);
+}
+
+#[test]
+fn icmp_check_ejects_a_silent_host() {
+    eject_and_return("icmp", Failure::Silent);
+}
+
+#[test]
+fn udp_check_ejects_a_killed_backend() {
+    eject_and_return("udp", Failure::Killed);
+}
+
+#[test]
+fn udp_check_ejects_a_silent_backend() {
+    eject_and_return("udp", Failure::Silent);
 }
 
 #[test]

@@ -69,12 +69,12 @@ pub struct Check {
 
 impl Check {
     /// The check a service gets without a `[service.check]` table: half-open TCP for TCP
-    /// services with the SPEC defaults; none for UDP services until the UDP check exists.
+    /// services, the UDP check for UDP services, with the SPEC defaults.
     pub fn default_for(protocol: Protocol) -> Self {
         Self {
             kind: match protocol {
                 Protocol::Tcp => CheckKind::Tcp,
-                Protocol::Udp => CheckKind::None,
+                Protocol::Udp => CheckKind::Udp,
             },
             port: None,
             window: WindowSettings::default(),
@@ -137,15 +137,6 @@ pub fn read_check(f: &Fields, protocol: Protocol) -> Option<Check> {
     let http = read_http(f, kind);
     // Options that do not belong to the kind are mistakes, not silently ignored settings.
     if let Some(kind) = kind {
-        if matches!(kind, CheckKind::Udp | CheckKind::Icmp) {
-            f.problem(
-                "kind",
-                format!(
-                    "{} checks are not implemented yet; use tcp, tcp-connect, http, https or none",
-                    kind.as_str()
-                ),
-            );
-        }
         let payload = matches!(kind, CheckKind::TcpConnect | CheckKind::Udp);
         for key in ["send", "expect"] {
             if !payload && f.has(key) {

@@ -686,11 +686,7 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
         );
         assert_eq!(c.services[0].check.kind, crate::config::CheckKind::Tcp);
         let udp = parse(&GOOD.replace("protocol = \"tcp\"", "protocol = \"udp\"")).unwrap();
-        assert_eq!(
-            udp.services[0].check.kind,
-            crate::config::CheckKind::None,
-            "until the UDP check exists"
-        );
+        assert_eq!(udp.services[0].check.kind, crate::config::CheckKind::Udp);
         let c = parse(&with_check(
             "kind = \"https\"\nport = 8443\ntimeout = \"500ms\"\ninterval = \"1s\"\nhealthy_threshold = 2\n\
              unhealthy_threshold = 4\nmethod = \"HEAD\"\npath = \"/health\"\nhost = \"example.com\"\n\
@@ -750,8 +746,12 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
                 "service[0].check.send: only for tcp-connect and udp checks, not tcp",
             ),
             (
-                "kind = \"udp\"",
-                "service[0].check.kind: udp checks are not implemented yet; use tcp, tcp-connect, http, https or none",
+                "kind = \"udp\"\nexpect = \"PONG\"",
+                "service[0].check.expect: needs send",
+            ),
+            (
+                "kind = \"icmp\"\nsend = \"x\"",
+                "service[0].check.send: only for tcp-connect and udp checks, not icmp",
             ),
             (
                 "path = \"/x\"",

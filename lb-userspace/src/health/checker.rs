@@ -16,7 +16,7 @@ use tokio::{
 };
 
 use super::{
-    probe::{ProbeResult, http, tcp_connect, tcp_syn::SynProber},
+    probe::{ProbeResult, http, icmp::IcmpProber, tcp_connect, tcp_syn::SynProber, udp},
     window::{Transition, Window},
 };
 use crate::config::{Check, CheckKind, Config, HttpMethod};
@@ -32,9 +32,11 @@ pub struct Verdict {
     pub healthy_threshold: u32,
 }
 
-/// Shared probe machinery: one raw socket for half-open probes, one set of TLS configs.
+/// Shared probe machinery: one raw socket for half-open probes, one for ICMP echo (icmp and udp
+/// checks), one set of TLS configs.
 struct Probers {
     syn: Option<SynProber>,
+    icmp: Option<IcmpProber>,
     tls: http::TlsConfigs,
 }
 
@@ -55,8 +57,19 @@ pub fn spawn(
         })?),
         false => None,
     };
+    let needs_icmp = config
+        .services
+        .iter()
+        .any(|s| matches!(s.check.kind, CheckKind::Icmp | CheckKind::Udp));
+    let icmp = match needs_icmp {
+        true => Some(IcmpProber::new().map_err(|e| {
+            anyhow::anyhow!("icmp and udp checks need a raw ICMP socket (CAP_NET_RAW): {e}")
+        })?),
+        false => None,
+    };
     let probers = Arc::new(Probers {
         syn,
+        icmp,
         tls: http::TlsConfigs::new(),
     });
     let epoch = Instant::now();
@@ -168,8 +181,25 @@ impl Job {
                 Some(check) => http::probe(check, &self.probers.tls, self.target, timeout).await,
                 None => ProbeResult::HttpFailure,
             },
-            // The config reader refuses udp and icmp for now; none has no task.
-            CheckKind::Udp | CheckKind::Icmp | CheckKind::None => ProbeResult::TcpFailure,
+            CheckKind::Icmp => match &self.probers.icmp {
+                Some(icmp) => icmp.probe(*self.target.ip(), timeout).await,
+                None => ProbeResult::TcpFailure,
+            },
+            CheckKind::Udp => match &self.probers.icmp {
+                Some(icmp) => {
+                    udp::probe(
+                        icmp,
+                        self.target,
+                        self.check.send.as_deref(),
+                        self.check.expect.as_deref(),
+                        timeout,
+                    )
+                    .await
+                }
+                None => ProbeResult::TcpFailure,
+            },
+            // Checks of kind none have no task.
+            CheckKind::None => ProbeResult::TcpFailure,
         }
     }
 }
@@ -218,8 +248,17 @@ mod tests {
         .unwrap();
         let plan = plan(&config);
         let members: Vec<Vec<(usize, usize)>> = plan.iter().map(|p| p.2.clone()).collect();
-        // 10.0.2.3:80 with the default check serves a and b; c checks it differently; d has none.
-        assert_eq!(members, [vec![(0, 0)], vec![(0, 1), (1, 0)], vec![(2, 0)]]);
+        // 10.0.2.3:80 with the default check serves a and b; c checks it differently; d is UDP.
+        assert_eq!(
+            members,
+            [
+                vec![(0, 0)],
+                vec![(0, 1), (1, 0)],
+                vec![(2, 0)],
+                vec![(3, 0)]
+            ]
+        );
         assert_eq!(plan[2].1.kind, CheckKind::TcpConnect);
+        assert_eq!(plan[3].1.kind, CheckKind::Udp);
     }
 }

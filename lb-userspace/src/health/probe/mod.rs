@@ -2,7 +2,11 @@
 //! state machine and the scheduler do the rest.
 
 pub mod http;
+pub mod icmp;
 pub mod tcp_connect;
 pub mod tcp_syn;
+pub mod udp;
+
+mod sys;
 
 pub use super::window::ProbeResult;

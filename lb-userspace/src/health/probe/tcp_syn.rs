@@ -46,6 +46,7 @@ use tokio::{
 };
 
 use super::ProbeResult;
+use super::sys::{fold, ones_sum, recv, register, setsockopt, sockaddr_in};
 
 const SYN: u8 = 0x02;
 const RST: u8 = 0x04;
@@ -352,21 +353,6 @@ fn tcp_checksum(source: Ipv4Addr, destination: Ipv4Addr, segment: &[u8]) -> u16 
     !fold(ones_sum(&pseudo) + ones_sum(segment))
 }
 
-/// Sum of the big-endian 16-bit words of `data` (an odd last byte padded with zero), unfolded.
-fn ones_sum(data: &[u8]) -> u32 {
-    data.chunks(2)
-        .map(|w| u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)])))
-        .sum()
-}
-
-/// Folds the carries back in: the one's-complement sum (RFC 1071).
-fn fold(mut sum: u32) -> u16 {
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    sum as u16
-}
-
 /// A fresh initial sequence number: SipHash under a key std seeds from the OS RNG, over a
 /// counter. Unpredictable enough that an off-path host cannot forge an answer, without pulling
 /// in a random-number crate.
@@ -513,57 +499,6 @@ fn attach_filter(fd: BorrowedFd<'_>) -> io::Result<()> {
         filter: program.as_mut_ptr(),
     };
     setsockopt(fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog)
-}
-
-fn setsockopt<T>(
-    fd: BorrowedFd<'_>,
-    level: libc::c_int,
-    name: libc::c_int,
-    value: &T,
-) -> io::Result<()> {
-    let len = size_of::<T>() as libc::socklen_t;
-    // SAFETY: valid fd; `value` points to `len` readable bytes.
-    if unsafe { libc::setsockopt(fd.as_raw_fd(), level, name, (value as *const T).cast(), len) }
-        != 0
-    {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// One datagram into `buf` (truncated to it), without blocking.
-fn recv(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
-    // SAFETY: valid fd; `buf` is writable for its length.
-    let n = unsafe {
-        libc::recv(
-            fd.as_raw_fd(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            libc::MSG_DONTWAIT,
-        )
-    };
-    if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
-    }
-}
-
-/// Hands `fd` to the tokio reactor of the current runtime.
-fn register(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
-    // SAFETY: an OwnedFd is open and keeps its descriptor until the AsyncFd drops it.
-    Ok(unsafe { AsyncFd::register(fd) }?)
-}
-
-fn sockaddr_in(addr: SocketAddrV4) -> libc::sockaddr_in {
-    libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: addr.port().to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from(*addr.ip()).to_be(),
-        },
-        sin_zero: [0; 8],
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,545 @@
+//! ICMP echo probes (SPEC §2 `icmp`): an echo request to the target; an echo reply carrying this
+//! prober's identifier and the probe's sequence number within the timeout is a success, an ICMP
+//! destination unreachable quoting the probe's echo request is a `TcpFailure`, silence is a
+//! `Timeout`.
+//!
+//! One raw `IPPROTO_ICMP` socket serves every probe of the daemon, in the manner of
+//! [`super::tcp_syn`]: probes send their echo request on it and park a oneshot sender in a map
+//! keyed by (target, sequence); a single reader task receives the replies and completes the
+//! matching probe. A raw ICMP socket receives a copy of every ICMP message that reaches this
+//! host; the kernel's `ICMP_FILTER` socket option (a bitmask of types to drop, kept by raw ICMP
+//! sockets) lets only echo replies and destination-unreachable messages through.
+//!
+//! The identifier is per prober: a process-wide random base xor a counter, so two probers of the
+//! same process never share one, and other processes' pings (and forged replies) are unlikely to
+//! match. The sequence number is per probe, a wrapping counter skipping values still in use for
+//! the same target. Received checksums are not verified: matching needs the source address,
+//! identifier and sequence, and a corrupted reply that still matches them is vanishingly rare.
+//!
+//! A target whose link-layer address cannot be resolved (no host on the link) is reported by the
+//! local kernel with a host unreachable, but only once ARP gives up (about 3 s on Linux): with a
+//! shorter timeout such a target times out, which is a failure all the same.
+//!
+//! Sockets are created in the network namespace of the calling thread: [`IcmpProber::new`] must
+//! run in the namespace of the targets (the daemon runs in a single namespace).
+
+use std::{
+    collections::{HashMap, hash_map::Entry},
+    hash::{BuildHasher as _, RandomState},
+    io,
+    mem::size_of,
+    net::{Ipv4Addr, SocketAddrV4},
+    os::fd::{AsFd, AsRawFd as _, FromRawFd as _, OwnedFd},
+    sync::{
+        Arc, Mutex, MutexGuard, OnceLock, PoisonError,
+        atomic::{AtomicU16, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use tokio::{
+    io::{Interest, unix::AsyncFd},
+    sync::oneshot,
+    task::JoinHandle,
+};
+
+use super::ProbeResult;
+use super::sys::{fold, ones_sum, recv, register, setsockopt, sockaddr_in};
+
+const ECHO_REPLY: u8 = 0;
+const DEST_UNREACHABLE: u8 = 3;
+const ECHO_REQUEST: u8 = 8;
+
+/// The echo request's payload: lets a capture tell the probes apart from other pings.
+const PAYLOAD: &[u8; 8] = b"lb-probe";
+/// ICMP header (8 bytes) plus the payload.
+const ECHO_LEN: usize = 8 + PAYLOAD.len();
+
+/// `ICMP_FILTER` (linux/icmp.h), a `SOL_RAW` option of raw ICMP sockets: ICMP types (below 32)
+/// whose bit is set are not delivered to the socket.
+const ICMP_FILTER: libc::c_int = 1;
+
+/// Receive buffer asked for: room for the replies of a few hundred probes sent at once.
+const RCVBUF: libc::c_int = 1 << 20;
+
+/// One raw socket serving every ICMP echo probe of the daemon.
+pub struct IcmpProber {
+    shared: Arc<Shared>,
+    reader: JoinHandle<()>,
+}
+
+/// What the probes and the reader task share.
+struct Shared {
+    socket: AsyncFd<OwnedFd>,
+    identifier: u16,
+    next_sequence: AtomicU16,
+    pending: Mutex<HashMap<Key, oneshot::Sender<Answer>>>,
+}
+
+/// A probe in flight: its target and its echo's sequence number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Key {
+    target: Ipv4Addr,
+    sequence: u16,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// Echo reply: the host is up.
+    Alive,
+    /// Destination unreachable, quoting our echo request.
+    Unreachable,
+}
+
+#[derive(Debug)]
+struct Answer {
+    verdict: Verdict,
+    /// When the reader received it: the latency does not include the reader's scheduling delay
+    /// towards the probe task.
+    at: Instant,
+}
+
+impl IcmpProber {
+    /// Opens the raw socket (needs CAP_NET_RAW; the error says so) and starts the reader task on
+    /// the current tokio runtime (which must have IO and time enabled).
+    pub fn new() -> io::Result<Self> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(io::Error::other)?;
+        let shared = Arc::new(Shared {
+            socket: register(open_raw_socket()?)?,
+            identifier: new_identifier(),
+            next_sequence: AtomicU16::new(0),
+            pending: Mutex::new(HashMap::new()),
+        });
+        let reader = runtime.spawn(read_replies(Arc::clone(&shared)));
+        Ok(Self { shared, reader })
+    }
+
+    /// Sends an echo request to `target` and waits up to `timeout`: an echo reply with this
+    /// prober's identifier and this probe's sequence is a success; an ICMP destination
+    /// unreachable quoting the request is a `TcpFailure`; nothing is a `Timeout`.
+    ///
+    /// Local errors (no route to the target, the send refused by a local firewall) are logged and
+    /// count as `TcpFailure`: the target cannot be reached either way.
+    pub async fn probe(&self, target: Ipv4Addr, timeout: Duration) -> ProbeResult {
+        match tokio::time::timeout(timeout, self.exchange(target)).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(e)) => {
+                tracing::warn!(%target, "icmp probe failed locally: {e}");
+                ProbeResult::TcpFailure
+            }
+            Err(_elapsed) => ProbeResult::Timeout,
+        }
+    }
+
+    /// One echo request and its answer. Cancelled by the timeout in [`IcmpProber::probe`]; the
+    /// guard then unregisters the probe.
+    async fn exchange(&self, target: Ipv4Addr) -> io::Result<ProbeResult> {
+        let (registered, answer) = Registered::new(&self.shared, target)?;
+        let echo = echo_request(self.shared.identifier, registered.key.sequence);
+        let sent_at = Instant::now();
+        self.send(target, &echo).await?;
+        let answer = answer
+            .await
+            .map_err(|_| io::Error::other("the reply reader has stopped"))?;
+        Ok(match answer.verdict {
+            Verdict::Alive => ProbeResult::Success {
+                latency: answer.at.saturating_duration_since(sent_at),
+            },
+            Verdict::Unreachable => ProbeResult::TcpFailure,
+        })
+    }
+
+    async fn send(&self, target: Ipv4Addr, message: &[u8]) -> io::Result<()> {
+        let to = sockaddr_in(SocketAddrV4::new(target, 0));
+        self.shared
+            .socket
+            .async_io(Interest::WRITABLE, |fd| {
+                // SAFETY: valid fd, buffer and address with their lengths.
+                let n = unsafe {
+                    libc::sendto(
+                        fd.as_raw_fd(),
+                        message.as_ptr().cast(),
+                        message.len(),
+                        0,
+                        (&raw const to).cast(),
+                        size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                    )
+                };
+                if n < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(())
+                }
+            })
+            .await
+    }
+}
+
+impl Drop for IcmpProber {
+    fn drop(&mut self) {
+        // The task holds the other reference to the socket: it closes when the task ends.
+        self.reader.abort();
+    }
+}
+
+impl Shared {
+    fn pending(&self) -> MutexGuard<'_, HashMap<Key, oneshot::Sender<Answer>>> {
+        // The map stays consistent whatever panicked while holding it.
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Completes the probe `packet` answers, if any.
+    fn dispatch(&self, packet: &[u8], at: Instant) {
+        let Some(Reply {
+            target,
+            identifier,
+            sequence,
+            verdict,
+        }) = Reply::parse(packet)
+        else {
+            return;
+        };
+        if identifier != self.identifier {
+            return;
+        }
+        let done = self.pending().remove(&Key { target, sequence });
+        if let Some(done) = done {
+            // The probe may have timed out in the meantime: then nobody is waiting.
+            let _ = done.send(Answer { verdict, at });
+        }
+    }
+}
+
+/// Keeps a probe in the pending map while it waits, also when its future is dropped.
+struct Registered<'a> {
+    shared: &'a Shared,
+    key: Key,
+}
+
+impl<'a> Registered<'a> {
+    /// Registers a probe of `target` under the next sequence number not in use towards it.
+    fn new(shared: &'a Shared, target: Ipv4Addr) -> io::Result<(Self, oneshot::Receiver<Answer>)> {
+        let (done, answer) = oneshot::channel();
+        let mut pending = shared.pending();
+        for _ in 0..=u16::MAX {
+            let sequence = shared.next_sequence.fetch_add(1, Ordering::Relaxed);
+            let key = Key { target, sequence };
+            if let Entry::Vacant(entry) = pending.entry(key) {
+                entry.insert(done);
+                return Ok((Self { shared, key }, answer));
+            }
+        }
+        Err(io::Error::other(format!(
+            "every ICMP sequence number towards {target} is in use"
+        )))
+    }
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.shared.pending().remove(&self.key);
+    }
+}
+
+/// The reader task: wakes when the filtered socket has messages, drains it, completes probes.
+async fn read_replies(shared: Arc<Shared>) {
+    // An IP header with options (60 bytes), an ICMP header (8) and, for an error, the quoted IP
+    // header with options (60) and the quoted echo header (8): all a reply needs; the rest of a
+    // longer datagram is discarded by recv.
+    let mut buf = [0u8; 256];
+    loop {
+        let mut ready = match shared.socket.readable().await {
+            Ok(ready) => ready,
+            Err(e) => {
+                tracing::error!("icmp probe reader stopped: {e}");
+                return;
+            }
+        };
+        loop {
+            match ready.try_io(|fd| recv(fd.as_fd(), &mut buf)) {
+                Ok(Ok(n)) => shared.dispatch(&buf[..n], Instant::now()),
+                // Not expected on an unconnected raw socket without IP_RECVERR. Readiness stays
+                // set, so the next turn reads again.
+                Ok(Err(e)) => {
+                    tracing::warn!("icmp probe socket: {e}");
+                    break;
+                }
+                Err(_would_block) => break,
+            }
+        }
+    }
+}
+
+/// What a received ICMP message says about which echo request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Reply {
+    /// The address the echo request went to.
+    target: Ipv4Addr,
+    identifier: u16,
+    sequence: u16,
+    verdict: Verdict,
+}
+
+impl Reply {
+    /// Parses an IPv4 packet as raw sockets deliver it (IP header first): an echo reply, or a
+    /// destination unreachable quoting an echo request. None for anything else.
+    fn parse(packet: &[u8]) -> Option<Self> {
+        let (source, icmp) = ipv4_icmp(packet)?;
+        let id_seq = |h: &[u8]| {
+            (
+                u16::from_be_bytes([h[4], h[5]]),
+                u16::from_be_bytes([h[6], h[7]]),
+            )
+        };
+        match *icmp.first()? {
+            ECHO_REPLY if icmp.len() >= 8 && icmp[1] == 0 => {
+                let (identifier, sequence) = id_seq(icmp);
+                Some(Self {
+                    target: source,
+                    identifier,
+                    sequence,
+                    verdict: Verdict::Alive,
+                })
+            }
+            DEST_UNREACHABLE => {
+                // The quoted datagram starts after the 8-byte ICMP header: its IP header, then
+                // at least 8 bytes of its payload (our echo header). Whoever sent the error
+                // (the target or a router), the quoted destination is the target.
+                let quoted = icmp.get(8..)?;
+                let (_, echo) = ipv4_icmp(quoted)?;
+                if echo.len() < 8 || echo[0] != ECHO_REQUEST {
+                    return None;
+                }
+                let target = ipv4_at(quoted, 16);
+                let (identifier, sequence) = id_seq(echo);
+                Some(Self {
+                    target,
+                    identifier,
+                    sequence,
+                    verdict: Verdict::Unreachable,
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The source address and ICMP part (possibly truncated) of an IPv4 packet carrying ICMP.
+fn ipv4_icmp(packet: &[u8]) -> Option<(Ipv4Addr, &[u8])> {
+    let ihl = usize::from(*packet.first()? & 0x0f) * 4;
+    if packet[0] >> 4 != 4 || ihl < 20 || packet.get(9) != Some(&(libc::IPPROTO_ICMP as u8)) {
+        return None;
+    }
+    let icmp = packet.get(ihl..)?;
+    Some((ipv4_at(packet, 12), icmp))
+}
+
+/// The address at `at` in `packet` (which holds at least 20 bytes of IP header).
+fn ipv4_at(packet: &[u8], at: usize) -> Ipv4Addr {
+    Ipv4Addr::new(packet[at], packet[at + 1], packet[at + 2], packet[at + 3])
+}
+
+/// An echo request with its checksum (the kernel adds the IP header).
+fn echo_request(identifier: u16, sequence: u16) -> [u8; ECHO_LEN] {
+    let mut m = [0u8; ECHO_LEN];
+    m[0] = ECHO_REQUEST;
+    // code (1) and checksum (2..4) stay 0 until the checksum is computed
+    m[4..6].copy_from_slice(&identifier.to_be_bytes());
+    m[6..8].copy_from_slice(&sequence.to_be_bytes());
+    m[8..].copy_from_slice(PAYLOAD);
+    let checksum = !fold(ones_sum(&m));
+    m[2..4].copy_from_slice(&checksum.to_be_bytes());
+    m
+}
+
+/// A new prober's identifier: a random base drawn once per process (SipHash under a key std
+/// seeds from the OS RNG) xor a counter, so probers of one process all differ.
+fn new_identifier() -> u16 {
+    static BASE: OnceLock<u16> = OnceLock::new();
+    static COUNTER: AtomicU16 = AtomicU16::new(0);
+    let base = *BASE.get_or_init(|| RandomState::new().hash_one(std::process::id()) as u16);
+    base ^ COUNTER.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The raw socket: non-blocking, passing only echo replies and destination unreachables, with a
+/// larger receive buffer.
+fn open_raw_socket() -> io::Result<OwnedFd> {
+    let flags = libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
+    // SAFETY: plain socket(2) call.
+    let fd = unsafe { libc::socket(libc::AF_INET, flags, libc::IPPROTO_ICMP) };
+    if fd < 0 {
+        let e = io::Error::last_os_error();
+        if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES)) {
+            return Err(io::Error::new(
+                e.kind(),
+                format!(
+                    "icmp and udp probes need a raw ICMP socket, which needs CAP_NET_RAW ({e}); \
+                     run with that capability or use tcp-connect probes"
+                ),
+            ));
+        }
+        return Err(e);
+    }
+    // SAFETY: a fresh descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let wanted: u32 = (1 << ECHO_REPLY) | (1 << DEST_UNREACHABLE);
+    setsockopt(fd.as_fd(), libc::SOL_RAW, ICMP_FILTER, &!wanted)?;
+    // Many probes sent at once get their answers at once. Forcing past net.core.rmem_max needs
+    // CAP_NET_ADMIN (the daemon has it to load XDP); otherwise take what rmem_max allows.
+    if setsockopt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &RCVBUF).is_err() {
+        setsockopt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, &RCVBUF)?;
+    }
+    Ok(fd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LOCAL: Ipv4Addr = Ipv4Addr::new(10, 0, 9, 1);
+    const TARGET: Ipv4Addr = Ipv4Addr::new(10, 0, 9, 2);
+    const ROUTER: Ipv4Addr = Ipv4Addr::new(10, 0, 9, 254);
+
+    /// An IPv4 packet from `source` to `destination` with `options` bytes of IP options (a
+    /// multiple of 4) carrying `icmp`.
+    fn ipv4(source: Ipv4Addr, destination: Ipv4Addr, options: usize, icmp: &[u8]) -> Vec<u8> {
+        let ihl = 20 + options;
+        let mut p = vec![0u8; ihl];
+        p[0] = 0x40 | (ihl / 4) as u8;
+        p[2..4].copy_from_slice(&((ihl + icmp.len()) as u16).to_be_bytes());
+        p[8] = 64;
+        p[9] = 1;
+        p[12..16].copy_from_slice(&source.octets());
+        p[16..20].copy_from_slice(&destination.octets());
+        p.extend_from_slice(icmp);
+        p
+    }
+
+    fn echo_reply(identifier: u16, sequence: u16) -> Vec<u8> {
+        let mut m = echo_request(identifier, sequence).to_vec();
+        m[0] = ECHO_REPLY;
+        m
+    }
+
+    /// A destination unreachable from `from` quoting our echo request to TARGET.
+    fn unreachable(from: Ipv4Addr, code: u8, identifier: u16, sequence: u16) -> Vec<u8> {
+        let quoted = ipv4(LOCAL, TARGET, 4, &echo_request(identifier, sequence)[..8]);
+        let mut icmp = vec![DEST_UNREACHABLE, code, 0, 0, 0, 0, 0, 0];
+        icmp.extend_from_slice(&quoted);
+        ipv4(from, LOCAL, 0, &icmp)
+    }
+
+    #[test]
+    fn echo_request_layout_and_checksum() {
+        let m = echo_request(0x1234, 0xabcd);
+        assert_eq!(m[0], ECHO_REQUEST);
+        assert_eq!(m[1], 0);
+        assert_eq!(&m[4..8], &[0x12, 0x34, 0xab, 0xcd]);
+        assert_eq!(&m[8..], PAYLOAD);
+        // A receiver sums the message, checksum included, and must get 0xffff.
+        assert_eq!(fold(ones_sum(&m)), 0xffff);
+        assert_ne!(m[2..4], echo_request(0x1234, 0xabce)[2..4]);
+    }
+
+    #[test]
+    fn parses_echo_reply_past_ip_options() {
+        for options in [0, 4, 40] {
+            let reply = Reply::parse(&ipv4(TARGET, LOCAL, options, &echo_reply(7, 9))).unwrap();
+            assert_eq!(
+                reply,
+                Reply {
+                    target: TARGET,
+                    identifier: 7,
+                    sequence: 9,
+                    verdict: Verdict::Alive
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn parses_unreachable_quoting_an_echo() {
+        // From a router, or from the local kernel (ARP failed): the quoted destination counts.
+        for (from, code) in [(ROUTER, 1), (LOCAL, 1), (TARGET, 3)] {
+            let reply = Reply::parse(&unreachable(from, code, 7, 9)).unwrap();
+            assert_eq!(
+                reply,
+                Reply {
+                    target: TARGET,
+                    identifier: 7,
+                    sequence: 9,
+                    verdict: Verdict::Unreachable
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn ignores_other_messages() {
+        // Our own echo request (a ping to a local address loops back to the raw socket).
+        assert_eq!(
+            Reply::parse(&ipv4(LOCAL, TARGET, 0, &echo_request(7, 9))),
+            None
+        );
+        // An unreachable quoting a UDP datagram, not an echo.
+        let mut udp = unreachable(ROUTER, 3, 7, 9);
+        udp[20 + 8 + 9] = 17;
+        assert_eq!(Reply::parse(&udp), None);
+        // Truncated: the quoted echo header is cut.
+        let full = unreachable(ROUTER, 1, 7, 9);
+        assert_eq!(Reply::parse(&full[..full.len() - 1]), None);
+        assert!(Reply::parse(&full).is_some());
+        // Not ICMP, not IPv4.
+        let mut tcp = ipv4(TARGET, LOCAL, 0, &echo_reply(7, 9));
+        tcp[9] = 6;
+        assert_eq!(Reply::parse(&tcp), None);
+        let mut v6 = ipv4(TARGET, LOCAL, 0, &echo_reply(7, 9));
+        v6[0] = 0x65;
+        assert_eq!(Reply::parse(&v6), None);
+        assert_eq!(Reply::parse(&[]), None);
+    }
+
+    #[test]
+    fn identifiers_differ_between_probers() {
+        let (a, b) = (new_identifier(), new_identifier());
+        assert_ne!(a, b);
+    }
+
+    #[tokio::test]
+    async fn dispatch_completes_only_the_matching_probe() {
+        // Needs no privilege: the map logic only (a UDP socket stands in for the raw one).
+        let udp = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        udp.set_nonblocking(true).unwrap();
+        let shared = Shared {
+            socket: register(OwnedFd::from(udp)).unwrap(),
+            identifier: 7,
+            next_sequence: AtomicU16::new(u16::MAX),
+            pending: Mutex::new(HashMap::new()),
+        };
+        let (first, mut first_answer) = Registered::new(&shared, TARGET).unwrap();
+        let (second, mut second_answer) = Registered::new(&shared, TARGET).unwrap();
+        assert_eq!(first.key.sequence, u16::MAX);
+        assert_eq!(second.key.sequence, 0, "wraps");
+        let now = Instant::now();
+        // Another prober's identifier, another target, another sequence: ignored.
+        shared.dispatch(&ipv4(TARGET, LOCAL, 0, &echo_reply(8, 0)), now);
+        shared.dispatch(&ipv4(ROUTER, LOCAL, 0, &echo_reply(7, 0)), now);
+        shared.dispatch(&ipv4(TARGET, LOCAL, 0, &echo_reply(7, 1)), now);
+        assert!(first_answer.try_recv().is_err());
+        assert!(second_answer.try_recv().is_err());
+        shared.dispatch(&unreachable(ROUTER, 1, 7, 0), now);
+        assert_eq!(
+            second_answer.try_recv().unwrap().verdict,
+            Verdict::Unreachable
+        );
+        shared.dispatch(&ipv4(TARGET, LOCAL, 0, &echo_reply(7, u16::MAX)), now);
+        assert_eq!(first_answer.try_recv().unwrap().verdict, Verdict::Alive);
+        assert!(shared.pending().is_empty());
+        // A probe dropped while waiting leaves nothing behind.
+        let (third, _answer) = Registered::new(&shared, TARGET).unwrap();
+        assert_eq!(shared.pending().len(), 1);
+        drop(third);
+        assert!(shared.pending().is_empty());
+        drop((first, second));
+    }
+}

@@ -1,0 +1,112 @@
+//! UDP probes (SPEC §2 `udp`), from a connected UDP socket (a fresh one per probe).
+//!
+//! **With a payload** (`send`): the datagram goes to `ip:port`; a reply starting with `expect`
+//! (any reply when there is no `expect`) within the timeout is a success, a reply that does not
+//! is an `HttpFailure`, an ICMP port (or host) unreachable — reported by the connected socket as
+//! `ECONNREFUSED` (`EHOSTUNREACH`, …) — is a `TcpFailure`, silence is a `Timeout`.
+//!
+//! **Without a payload**: an ICMP echo request to the host (through the shared [`IcmpProber`])
+//! and an empty datagram to `ip:port`, both waited for until the timeout. An ICMP unreachable for
+//! the datagram is a `TcpFailure`; no echo reply is a failure (`Timeout`, or `TcpFailure` if the
+//! host is reported unreachable); otherwise the probe succeeds, with the echo's round trip as its
+//! latency. Since only the absence of an error says the port is open, such a probe takes the whole
+//! timeout (unless the service answers the empty datagram, which ends the wait at once).
+//!
+//! **Limitation:** Linux rate-limits the ICMP errors it sends (`net.ipv4.icmp_ratelimit` and
+//! `icmp_msgs_per_sec`: a burst of about 6 per peer, then one per second; 20 rapid probes of a
+//! closed port here got 9 refusals and 11 silences). A backend probed often, or by many checkers
+//! at once, may not answer some datagrams to a closed port at all, and such a probe succeeds:
+//! without a payload, success means "the host answers pings and did not refuse this datagram",
+//! not proof that anything listens. Consecutive-failure thresholds still catch a closed port
+//! (most probes of it fail), but configure `send`/`expect` wherever the service can answer.
+
+use std::{
+    io,
+    net::{Ipv4Addr, SocketAddrV4},
+    time::Duration,
+};
+
+use tokio::{net::UdpSocket, time::Instant};
+
+use super::{ProbeResult, icmp::IcmpProber};
+
+/// Longest `expect` compared, so a misconfigured check cannot make a probe allocate without bound.
+pub const MAX_EXPECT: usize = 4096;
+
+/// Probes `target` (see the module documentation for the verdicts).
+pub async fn probe(
+    icmp: &IcmpProber,
+    target: SocketAddrV4,
+    send: Option<&[u8]>,
+    expect: Option<&[u8]>,
+    timeout: Duration,
+) -> ProbeResult {
+    match send {
+        Some(payload) => exchange(target, payload, expect, timeout).await,
+        None => unanswered(icmp, target, timeout).await,
+    }
+}
+
+/// A datagram with `payload`, and the first reply.
+async fn exchange(
+    target: SocketAddrV4,
+    payload: &[u8],
+    expect: Option<&[u8]>,
+    timeout: Duration,
+) -> ProbeResult {
+    let expect = expect.map(|e| &e[..e.len().min(MAX_EXPECT)]);
+    let start = Instant::now();
+    let result = tokio::time::timeout(timeout, async {
+        let socket = connected(target).await?;
+        socket.send(payload).await?;
+        // A datagram arrives whole: its first `expect.len()` bytes are all that is compared.
+        let mut buf = vec![0u8; expect.map_or(1, |e| e.len().max(1))];
+        let n = socket.recv(&mut buf).await?;
+        io::Result::Ok(expect.is_none_or(|e| buf[..n].starts_with(e)))
+    })
+    .await;
+    match result {
+        Err(_elapsed) => ProbeResult::Timeout,
+        Ok(Err(e)) => failed(target, &e),
+        Ok(Ok(false)) => ProbeResult::HttpFailure,
+        Ok(Ok(true)) => ProbeResult::Success {
+            latency: start.elapsed(),
+        },
+    }
+}
+
+/// An ICMP echo to the host and an empty datagram to the port, both until the timeout.
+async fn unanswered(icmp: &IcmpProber, target: SocketAddrV4, timeout: Duration) -> ProbeResult {
+    let datagram = async {
+        let socket = connected(target).await?;
+        socket.send(&[]).await?;
+        let mut buf = [0u8; 1];
+        // An ICMP error for the datagram fails the recv; a reply ends the wait early; silence
+        // until the timeout is success for this half.
+        match tokio::time::timeout(timeout, socket.recv(&mut buf)).await {
+            Ok(Err(e)) => Err(e),
+            Ok(Ok(_)) | Err(_) => Ok(()),
+        }
+    };
+    let (echo, datagram) = tokio::join!(icmp.probe(*target.ip(), timeout), datagram);
+    match datagram {
+        Err(e) => failed(target, &e),
+        Ok(()) => echo,
+    }
+}
+
+/// A UDP socket connected to `target`, so that ICMP errors about its datagrams are reported to
+/// it.
+async fn connected(target: SocketAddrV4) -> io::Result<UdpSocket> {
+    let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).await?;
+    socket.connect(target).await?;
+    Ok(socket)
+}
+
+/// Refused or unreachable (from the network or locally, e.g. no route): a transport failure.
+fn failed(target: SocketAddrV4, e: &io::Error) -> ProbeResult {
+    if e.kind() != io::ErrorKind::ConnectionRefused {
+        tracing::debug!(%target, "udp probe: {e}");
+    }
+    ProbeResult::TcpFailure
+}

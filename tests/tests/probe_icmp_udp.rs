@@ -1,0 +1,389 @@
+//! The ICMP and UDP probes (`lb::health::probe::{icmp, udp}`) against real kernels: a prober and
+//! backend namespaces joined by veth pairs. The prober's sockets are created inside its
+//! namespace, so everything it sends and sees stays between the namespaces.
+//!
+//! Linux rate-limits the ICMP errors a host sends (a burst of about 6 per peer, then about one a
+//! second), and a UDP probe of a closed port relies on them. Each test builds fresh namespaces
+//! (so a fresh peer entry in the backend's kernel) and sends a closed port at most 3 datagrams,
+//! well inside the burst.
+
+use std::{
+    future::Future,
+    net::{Ipv4Addr, SocketAddrV4, UdpSocket},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use lb::health::{
+    probe::{icmp::IcmpProber, udp},
+    window::ProbeResult,
+};
+use lb_tests::{
+    netns::{Netns, sh, veth},
+    require_root,
+};
+
+const BACKEND_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 9, 2);
+/// On the prober's link, but no host has it.
+const ABSENT_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 9, 3);
+const TIMEOUT: Duration = Duration::from_secs(2);
+/// How late a timed-out probe may return.
+const SLACK: Duration = Duration::from_millis(250);
+const ECHO_PORT: u16 = 7001;
+const CLOSED_PORT: u16 = 7009;
+
+struct Pair {
+    prober: Netns,
+    backend: Netns,
+}
+
+fn pair() -> Pair {
+    require_root();
+    let prober = Netns::new("icmpp").unwrap();
+    let backend = Netns::new("icmpb").unwrap();
+    veth(&prober, "10.0.9.1/24", &backend, "10.0.9.2/24").unwrap();
+    Pair { prober, backend }
+}
+
+fn backend(port: u16) -> SocketAddrV4 {
+    SocketAddrV4::new(BACKEND_IP, port)
+}
+
+/// Runs `f` with a prober created inside `ns`, on a runtime whose thread lives there too (the UDP
+/// probe's sockets are created on the calling thread).
+fn with_prober<F, Fut>(ns: &Netns, f: F)
+where
+    F: FnOnce(Arc<IcmpProber>) -> Fut + Send,
+    Fut: Future<Output = ()>,
+{
+    ns.enter(|| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let prober = IcmpProber::new().expect("raw socket (root)");
+            f(Arc::new(prober)).await;
+        });
+    });
+}
+
+fn nft(ns: &Netns, args: &[&str]) {
+    let mut cmd = ns.command("nft");
+    cmd.args(args);
+    sh(&mut cmd).unwrap();
+}
+
+/// An input chain in `ns` with `policy`.
+fn nft_input(ns: &Netns, policy: &str) {
+    nft(ns, &["add", "table", "inet", "lbt"]);
+    let chain = format!("{{ type filter hook input priority 0; policy {policy}; }}");
+    nft(ns, &["add", "chain", "inet", "lbt", "in", &chain]);
+}
+
+/// Makes `ns` drop everything it receives.
+fn drop_all_input(ns: &Netns) {
+    nft_input(ns, "drop");
+}
+
+/// A UDP server in the backend namespace answering "PONG" to "PING" and ignoring anything else;
+/// stopped when dropped.
+struct EchoServer {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EchoServer {
+    fn start(ns: &Netns, port: u16) -> Self {
+        let socket = ns.enter(|| UdpSocket::bind(backend(port))).unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = std::thread::spawn({
+            let stop = Arc::clone(&stop);
+            move || {
+                let mut buf = [0u8; 1500];
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok((n, from)) = socket.recv_from(&mut buf)
+                        && &buf[..n] == b"PING"
+                    {
+                        let _ = socket.send_to(b"PONG", from);
+                    }
+                }
+            }
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for EchoServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn assert_success(result: ProbeResult, timeout: Duration) {
+    match result {
+        ProbeResult::Success { latency } => {
+            assert!(latency > Duration::ZERO && latency < timeout, "{latency:?}");
+        }
+        other => panic!("want success, got {other:?}"),
+    }
+}
+
+/// Runs `probe`, checks it timed out about when it should.
+async fn assert_times_out(timeout: Duration, probe: impl Future<Output = ProbeResult>) {
+    let start = Instant::now();
+    assert_eq!(probe.await, ProbeResult::Timeout);
+    let took = start.elapsed();
+    assert!(took >= timeout && took < timeout + SLACK, "{took:?}");
+}
+
+#[test]
+fn icmp_live_host_is_success() {
+    let p = pair();
+    with_prober(&p.prober, |prober| async move {
+        for _ in 0..3 {
+            let start = Instant::now();
+            assert_success(prober.probe(BACKEND_IP, TIMEOUT).await, TIMEOUT);
+            assert!(start.elapsed() < TIMEOUT / 2, "the reply came back at once");
+        }
+    });
+}
+
+#[test]
+fn icmp_dropping_host_is_timeout() {
+    let p = pair();
+    drop_all_input(&p.backend);
+    with_prober(&p.prober, |prober| async move {
+        let timeout = Duration::from_millis(300);
+        assert_times_out(timeout, prober.probe(BACKEND_IP, timeout)).await;
+    });
+}
+
+#[test]
+fn icmp_absent_host_is_timeout() {
+    let p = pair();
+    with_prober(&p.prober, |prober| async move {
+        // ARP gives up after about 3 s: within a shorter timeout the probe just times out.
+        let timeout = Duration::from_millis(500);
+        assert_times_out(timeout, prober.probe(ABSENT_IP, timeout)).await;
+        // The live host is still answered, after and during a probe of the absent one.
+        let (absent, live) = tokio::join!(
+            prober.probe(ABSENT_IP, timeout),
+            prober.probe(BACKEND_IP, timeout)
+        );
+        assert_eq!(absent, ProbeResult::Timeout);
+        assert_success(live, timeout);
+    });
+}
+
+#[test]
+fn icmp_absent_host_is_unreachable_once_arp_fails() {
+    let p = pair();
+    with_prober(&p.prober, |prober| async move {
+        // Past ARP's give-up time the local kernel reports a host unreachable quoting the echo.
+        let start = Instant::now();
+        assert_eq!(
+            prober.probe(ABSENT_IP, Duration::from_secs(6)).await,
+            ProbeResult::TcpFailure
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
+    });
+}
+
+#[test]
+fn icmp_rejected_is_tcp_failure() {
+    let p = pair();
+    // A firewall answering echo requests with a host unreachable.
+    nft_input(&p.backend, "accept");
+    nft(
+        &p.backend,
+        &[
+            "add",
+            "rule",
+            "inet",
+            "lbt",
+            "in",
+            "icmp",
+            "type",
+            "echo-request",
+            "reject",
+            "with",
+            "icmp",
+            "type",
+            "host-unreachable",
+        ],
+    );
+    with_prober(&p.prober, |prober| async move {
+        for _ in 0..2 {
+            let start = Instant::now();
+            assert_eq!(
+                prober.probe(BACKEND_IP, TIMEOUT).await,
+                ProbeResult::TcpFailure
+            );
+            assert!(start.elapsed() < TIMEOUT / 2, "the error came back at once");
+        }
+    });
+}
+
+#[test]
+fn udp_without_payload_listening_port_is_success() {
+    let p = pair();
+    let _server = EchoServer::start(&p.backend, ECHO_PORT);
+    with_prober(&p.prober, |prober| async move {
+        let timeout = Duration::from_millis(500);
+        for _ in 0..2 {
+            let start = Instant::now();
+            let result = udp::probe(&prober, backend(ECHO_PORT), None, None, timeout).await;
+            assert_success(result, timeout);
+            // Only the absence of a refusal says the port is open: the probe waits it out.
+            let took = start.elapsed();
+            assert!(took >= timeout && took < timeout + SLACK, "{took:?}");
+        }
+    });
+}
+
+#[test]
+fn udp_without_payload_closed_port_is_tcp_failure() {
+    let p = pair();
+    with_prober(&p.prober, |prober| async move {
+        for _ in 0..3 {
+            assert_eq!(
+                udp::probe(&prober, backend(CLOSED_PORT), None, None, TIMEOUT).await,
+                ProbeResult::TcpFailure
+            );
+        }
+    });
+}
+
+#[test]
+fn udp_with_payload() {
+    let p = pair();
+    let _server = EchoServer::start(&p.backend, ECHO_PORT);
+    with_prober(&p.prober, |prober| async move {
+        let to = backend(ECHO_PORT);
+        let probe = |send, expect| udp::probe(&prober, to, send, expect, TIMEOUT);
+        let start = Instant::now();
+        assert_success(probe(Some(b"PING"), Some(b"PONG")).await, TIMEOUT);
+        assert!(start.elapsed() < TIMEOUT / 2, "the reply ends the probe");
+        assert_success(probe(Some(b"PING"), Some(b"PO")).await, TIMEOUT);
+        assert_success(probe(Some(b"PING"), None).await, TIMEOUT);
+        assert_eq!(
+            probe(Some(b"PING"), Some(b"NOPE")).await,
+            ProbeResult::HttpFailure
+        );
+        assert_eq!(
+            probe(Some(b"PING"), Some(b"PONG and more")).await,
+            ProbeResult::HttpFailure
+        );
+        // The server ignores anything but PING: silence.
+        let timeout = Duration::from_millis(300);
+        assert_times_out(
+            timeout,
+            udp::probe(&prober, to, Some(b"HELLO"), Some(b"PONG"), timeout),
+        )
+        .await;
+        assert_eq!(
+            udp::probe(
+                &prober,
+                backend(CLOSED_PORT),
+                Some(b"PING"),
+                Some(b"PONG"),
+                TIMEOUT
+            )
+            .await,
+            ProbeResult::TcpFailure
+        );
+    });
+}
+
+#[test]
+fn udp_silent_host_is_failure() {
+    let p = pair();
+    let _server = EchoServer::start(&p.backend, ECHO_PORT);
+    drop_all_input(&p.backend);
+    with_prober(&p.prober, |prober| async move {
+        let timeout = Duration::from_millis(300);
+        // No echo reply: a failure, although nothing refused the datagram.
+        assert_times_out(
+            timeout,
+            udp::probe(&prober, backend(ECHO_PORT), None, None, timeout),
+        )
+        .await;
+        assert_times_out(
+            timeout,
+            udp::probe(&prober, backend(ECHO_PORT), Some(b"PING"), None, timeout),
+        )
+        .await;
+    });
+}
+
+#[test]
+fn concurrent_icmp_probes_get_their_own_answers() {
+    require_root();
+    // Two live hosts on two links, and a third address that drops ICMP on the second host.
+    let prober = Netns::new("icmpp").unwrap();
+    let first = Netns::new("icmpb").unwrap();
+    let second = Netns::new("icmpb").unwrap();
+    veth(&prober, "10.0.9.1/24", &first, "10.0.9.2/24").unwrap();
+    let (_, b) = veth(&prober, "10.0.10.1/24", &second, "10.0.10.2/24").unwrap();
+    second
+        .ip(&["addr", "add", "10.0.10.3/24", "dev", &b.ifname])
+        .unwrap();
+    nft_input(&second, "accept");
+    nft(
+        &second,
+        &[
+            "add",
+            "rule",
+            "inet",
+            "lbt",
+            "in",
+            "ip",
+            "daddr",
+            "10.0.10.3",
+            "drop",
+        ],
+    );
+    let hosts = [Ipv4Addr::new(10, 0, 9, 2), Ipv4Addr::new(10, 0, 10, 2)];
+    let silent = Ipv4Addr::new(10, 0, 10, 3);
+    with_prober(&prober, move |prober| async move {
+        let timeout = Duration::from_secs(1);
+        let mut probes = tokio::task::JoinSet::new();
+        for i in 0..60 {
+            let target = if i % 6 == 5 { silent } else { hosts[i % 2] };
+            let prober = Arc::clone(&prober);
+            probes.spawn(async move { (target, prober.probe(target, timeout).await) });
+        }
+        let (mut ok, mut timed_out) = (0, 0);
+        while let Some(done) = probes.join_next().await {
+            let (target, result) = done.unwrap();
+            match result {
+                ProbeResult::Success { latency } if target != silent && latency < timeout => {
+                    ok += 1;
+                }
+                ProbeResult::Timeout if target == silent => timed_out += 1,
+                other => panic!("{target}: {other:?}"),
+            }
+        }
+        assert_eq!((ok, timed_out), (50, 10));
+        // Nothing was left behind: the prober still answers.
+        assert_success(prober.probe(hosts[1], timeout).await, timeout);
+    });
+}
