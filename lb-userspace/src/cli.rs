@@ -66,6 +66,12 @@ pub async fn stats(api: SocketAddr, json: bool) -> anyhow::Result<()> {
             "{:<24} {:<22} {:<5} {:>10} {:>12} {:>14}",
             s.name, s.vip, s.protocol, s.new_flows, s.packets, s.bytes
         );
+        if let (Some(fail), Some(ok)) = (s.failure_window_s, s.success_window_s) {
+            println!(
+                "  {} check: failure window {fail}s, success window at most {ok}s",
+                s.check
+            );
+        }
         for b in &s.backends {
             println!(
                 "  {:<22} {:<22} {:<5} {:>10} {:>12} {:>14}",

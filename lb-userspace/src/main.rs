@@ -25,6 +25,16 @@ fn main() -> ExitCode {
             return match config::load(&file) {
                 Ok(c) => {
                     println!("{}: ok ({} services)", file.display(), c.services.len());
+                    for s in &c.services {
+                        match s.check.windows() {
+                            Some((fail, ok)) => println!(
+                                "  {}: {} check, failure window {fail}s, success window at most {ok}s",
+                                s.name,
+                                s.check.kind.as_str()
+                            ),
+                            None => println!("  {}: no check", s.name),
+                        }
+                    }
                     ExitCode::SUCCESS
                 }
                 Err(errors) => config_failure(&file, &errors),

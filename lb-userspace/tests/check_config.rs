@@ -27,6 +27,11 @@ fn a_valid_file_exits_0() {
     );
     assert_eq!(code, Some(0));
     assert!(stdout.contains("ok (1 services)"), "{stdout}");
+    // Defaults: timeout 2 s, interval 2 s, thresholds 3: 2×3 + 2×2 = 10 s both ways (at most).
+    assert!(
+        stdout.contains("web: tcp check, failure window 10s, success window at most 10s"),
+        "{stdout}"
+    );
 }
 
 #[test]

@@ -34,7 +34,7 @@ pub struct ApiState {
 }
 
 /// `GET /v1/stats`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct StatsReply {
     /// Datapath counters by name (see README, "Counters").
     pub counters: Vec<NamedCounter>,
@@ -47,11 +47,15 @@ pub struct NamedCounter {
     pub value: u64,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ServiceStatsReply {
     pub name: String,
     pub vip: String,
     pub protocol: String,
+    /// Check kind, and SPEC's failure and success windows in seconds (worst-case response time).
+    pub check: String,
+    pub failure_window_s: Option<f64>,
+    pub success_window_s: Option<f64>,
     pub packets: u64,
     pub bytes: u64,
     pub new_flows: u64,
@@ -144,10 +148,14 @@ async fn stats(State(state): State<ApiState>) -> Response {
                     }
                 })
                 .collect();
+            let windows = s.check.windows();
             ServiceStatsReply {
                 name: s.name.clone(),
                 vip: s.vip.to_string(),
                 protocol: s.protocol.as_str().to_owned(),
+                check: s.check.kind.as_str().to_owned(),
+                failure_window_s: windows.map(|w| w.0),
+                success_window_s: windows.map(|w| w.1),
                 packets: c.packets,
                 bytes: c.bytes,
                 new_flows: c.new_flows,

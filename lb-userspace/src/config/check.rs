@@ -68,6 +68,18 @@ pub struct Check {
 }
 
 impl Check {
+    /// SPEC's windows in seconds: (failure window, success window at the worst response time,
+    /// the timeout). None for kind none.
+    pub fn windows(&self) -> Option<(f64, f64)> {
+        (self.kind != CheckKind::None).then(|| {
+            let w = &self.window;
+            (
+                w.failure_window().as_secs_f64(),
+                w.success_window(w.timeout).as_secs_f64(),
+            )
+        })
+    }
+
     /// The check a service gets without a `[service.check]` table: half-open TCP for TCP
     /// services, the UDP check for UDP services, with the SPEC defaults.
     pub fn default_for(protocol: Protocol) -> Self {

@@ -38,7 +38,13 @@ struct Probers {
     syn: Option<SynProber>,
     icmp: Option<IcmpProber>,
     tls: http::TlsConfigs,
+    /// Bounds the probes in flight (sockets, memory) however many targets there are.
+    in_flight: tokio::sync::Semaphore,
 }
+
+/// Probes in flight at most; a probe beyond waits for a slot (its window sees a later result,
+/// never a wrong one).
+pub const MAX_PROBES_IN_FLIGHT: usize = 4096;
 
 /// Starts a task per target of every service whose check is not `none`. Call inside the tokio
 /// runtime, in the balancer's network namespace.
@@ -71,6 +77,7 @@ pub fn spawn(
         syn,
         icmp,
         tls: http::TlsConfigs::new(),
+        in_flight: tokio::sync::Semaphore::new(MAX_PROBES_IN_FLIGHT),
     });
     let epoch = Instant::now();
     let tasks = plan(config)
@@ -162,6 +169,10 @@ impl Job {
     }
 
     async fn probe(&self) -> ProbeResult {
+        // The semaphore is never closed, so acquiring only waits.
+        let Ok(_slot) = self.probers.in_flight.acquire().await else {
+            return ProbeResult::Timeout;
+        };
         let timeout = self.check.window.timeout;
         match self.check.kind {
             CheckKind::Tcp => match &self.probers.syn {
