@@ -181,11 +181,7 @@ pub async fn run(config_path: &Path, config: Config) -> anyhow::Result<()> {
     if let Err(e) = neighbours.await {
         error!(error = %e, "neighbour task");
     }
-    for task in checks {
-        if let Err(e) = task.await {
-            error!(error = %e, "health check task");
-        }
-    }
+    checks.join().await;
     if let Err(e) = applier.await {
         error!(error = %e, "health verdict task");
     }

@@ -41,7 +41,8 @@ enum Task {
         #[arg(long)]
         unattended: bool,
     },
-    /// Benchmarks (root): datapath cost per packet against an empty XDP program.
+    /// Benchmarks (root): datapath cost per packet against an empty XDP program, and health
+    /// checking cost at 1,000 and 10,000 targets.
     Bench {
         /// Extra arguments for lb-bench (e.g. --iterations 50000), after `--`.
         #[arg(last = true)]

@@ -40,6 +40,30 @@ struct Probers {
     tls: http::TlsConfigs,
     /// Bounds the probes in flight (sockets, memory) however many targets there are.
     in_flight: tokio::sync::Semaphore,
+    /// Probes started so far.
+    sent: std::sync::atomic::AtomicU64,
+}
+
+/// The running checks.
+pub struct Checker {
+    tasks: Vec<JoinHandle<()>>,
+    probers: Arc<Probers>,
+}
+
+impl Checker {
+    /// Probes started so far (for benchmarks and diagnostics).
+    pub fn probes(&self) -> u64 {
+        self.probers.sent.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Waits for every task to end (after the stop signal).
+    pub async fn join(self) {
+        for task in self.tasks {
+            if let Err(e) = task.await {
+                tracing::error!(error = %e, "health check task");
+            }
+        }
+    }
 }
 
 /// Probes in flight at most; a probe beyond waits for a slot (its window sees a later result,
@@ -52,7 +76,7 @@ pub fn spawn(
     config: &Config,
     verdicts: mpsc::UnboundedSender<Verdict>,
     stop: watch::Receiver<bool>,
-) -> anyhow::Result<Vec<JoinHandle<()>>> {
+) -> anyhow::Result<Checker> {
     let needs_syn = config
         .services
         .iter()
@@ -78,6 +102,7 @@ pub fn spawn(
         icmp,
         tls: http::TlsConfigs::new(),
         in_flight: tokio::sync::Semaphore::new(MAX_PROBES_IN_FLIGHT),
+        sent: std::sync::atomic::AtomicU64::new(0),
     });
     let epoch = Instant::now();
     let tasks = plan(config)
@@ -95,7 +120,7 @@ pub fn spawn(
             tokio::spawn(job.run(stop.clone()))
         })
         .collect();
-    Ok(tasks)
+    Ok(Checker { tasks, probers })
 }
 
 /// A distinct probe: its address, its check, and the (service, backend) pairs it stands for.
@@ -173,6 +198,9 @@ impl Job {
         let Ok(_slot) = self.probers.in_flight.acquire().await else {
             return ProbeResult::Timeout;
         };
+        self.probers
+            .sent
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let timeout = self.check.window.timeout;
         match self.check.kind {
             CheckKind::Tcp => match &self.probers.syn {
