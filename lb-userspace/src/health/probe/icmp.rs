@@ -27,9 +27,8 @@ use std::{
     collections::{HashMap, hash_map::Entry},
     hash::{BuildHasher as _, RandomState},
     io,
-    mem::size_of,
-    net::{Ipv4Addr, SocketAddrV4},
-    os::fd::{AsFd, AsRawFd as _, FromRawFd as _, OwnedFd},
+    net::Ipv4Addr,
+    os::fd::{AsFd, FromRawFd as _, OwnedFd},
     sync::{
         Arc, Mutex, MutexGuard, OnceLock, PoisonError,
         atomic::{AtomicU16, Ordering},
@@ -37,14 +36,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::{
-    io::{Interest, unix::AsyncFd},
-    sync::oneshot,
-    task::JoinHandle,
-};
+use tokio::{io::unix::AsyncFd, sync::oneshot, task::JoinHandle};
 
 use super::ProbeResult;
-use super::sys::{fold, ones_sum, recv, register, setsockopt, sockaddr_in};
+use super::sys::{fold, ones_sum, recv, register, send_to, setsockopt};
 
 const ECHO_REPLY: u8 = 0;
 const DEST_UNREACHABLE: u8 = 3;
@@ -150,28 +145,7 @@ impl IcmpProber {
     }
 
     async fn send(&self, target: Ipv4Addr, message: &[u8]) -> io::Result<()> {
-        let to = sockaddr_in(SocketAddrV4::new(target, 0));
-        self.shared
-            .socket
-            .async_io(Interest::WRITABLE, |fd| {
-                // SAFETY: valid fd, buffer and address with their lengths.
-                let n = unsafe {
-                    libc::sendto(
-                        fd.as_raw_fd(),
-                        message.as_ptr().cast(),
-                        message.len(),
-                        0,
-                        (&raw const to).cast(),
-                        size_of::<libc::sockaddr_in>() as libc::socklen_t,
-                    )
-                };
-                if n < 0 {
-                    Err(io::Error::last_os_error())
-                } else {
-                    Ok(())
-                }
-            })
-            .await
+        send_to(&self.shared.socket, target, message).await
     }
 }
 

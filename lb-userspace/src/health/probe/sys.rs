@@ -73,3 +73,33 @@ pub fn sockaddr_in(addr: SocketAddrV4) -> libc::sockaddr_in {
         sin_zero: [0; 8],
     }
 }
+
+/// Sends one raw datagram to `target` (raw sockets ignore the port; the kernel builds the IP
+/// header), waiting for the socket to be writable.
+pub async fn send_to(
+    socket: &AsyncFd<OwnedFd>,
+    target: std::net::Ipv4Addr,
+    bytes: &[u8],
+) -> io::Result<()> {
+    let to = sockaddr_in(SocketAddrV4::new(target, 0));
+    socket
+        .async_io(tokio::io::Interest::WRITABLE, |fd| {
+            // SAFETY: valid fd, buffer and address with their lengths.
+            let n = unsafe {
+                libc::sendto(
+                    fd.as_raw_fd(),
+                    bytes.as_ptr().cast(),
+                    bytes.len(),
+                    0,
+                    (&raw const to).cast(),
+                    size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                )
+            };
+            if n < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(())
+            }
+        })
+        .await
+}

@@ -39,14 +39,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::{
-    io::{Interest, unix::AsyncFd},
-    sync::oneshot,
-    task::JoinHandle,
-};
+use tokio::{io::unix::AsyncFd, sync::oneshot, task::JoinHandle};
 
 use super::ProbeResult;
-use super::sys::{fold, ones_sum, recv, register, setsockopt, sockaddr_in};
+use super::sys::{fold, ones_sum, recv, register, send_to, setsockopt, sockaddr_in};
 
 const SYN: u8 = 0x02;
 const RST: u8 = 0x04;
@@ -167,29 +163,7 @@ impl SynProber {
     }
 
     async fn send(&self, target: SocketAddrV4, segment: &[u8]) -> io::Result<()> {
-        // Raw sockets ignore the port; the kernel builds the IP header towards this address.
-        let to = sockaddr_in(SocketAddrV4::new(*target.ip(), 0));
-        self.shared
-            .socket
-            .async_io(Interest::WRITABLE, |fd| {
-                // SAFETY: valid fd, buffer and address with their lengths.
-                let n = unsafe {
-                    libc::sendto(
-                        fd.as_raw_fd(),
-                        segment.as_ptr().cast(),
-                        segment.len(),
-                        0,
-                        (&raw const to).cast(),
-                        size_of::<libc::sockaddr_in>() as libc::socklen_t,
-                    )
-                };
-                if n < 0 {
-                    Err(io::Error::last_os_error())
-                } else {
-                    Ok(())
-                }
-            })
-            .await
+        send_to(&self.shared.socket, *target.ip(), segment).await
     }
 }
 
