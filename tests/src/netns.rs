@@ -148,6 +148,30 @@ impl Netns {
             .with_context(|| format!("writing {path} in {}", self.name()))
     }
 
+    /// `nft ARGS` inside the namespace (rules die with it).
+    pub fn nft(&self, args: &[&str]) -> anyhow::Result<()> {
+        sh(self.command("nft").args(args))?;
+        Ok(())
+    }
+
+    /// Creates table `inet lbt` with an input chain `in` of `policy` (`drop`, `accept`); more
+    /// rules can be added to that chain with [`Netns::nft`].
+    pub fn input_chain(&self, policy: &str) -> anyhow::Result<()> {
+        self.nft(&["add", "table", "inet", "lbt"])?;
+        let chain = format!("{{ type filter hook input priority 0; policy {policy}; }}");
+        self.nft(&["add", "chain", "inet", "lbt", "in", &chain])
+    }
+
+    /// Makes the namespace silently drop everything it receives (a host that stopped answering).
+    pub fn drop_all_input(&self) -> anyhow::Result<()> {
+        self.input_chain("drop")
+    }
+
+    /// Removes what [`Netns::input_chain`] set up.
+    pub fn clear_input_chain(&self) -> anyhow::Result<()> {
+        self.nft(&["delete", "table", "inet", "lbt"])
+    }
+
     /// Index of an interface of this namespace (only meaningful inside it).
     pub fn ifindex(&self, ifname: &str) -> anyhow::Result<u32> {
         let out = self.ip(&["-o", "link", "show", "dev", ifname])?;

@@ -148,3 +148,14 @@ pub fn connect(ns: &Netns, addr: SocketAddr) -> anyhow::Result<(std::net::TcpStr
     );
     Ok((stream, line.trim_end().to_owned()))
 }
+
+/// Opens `n` connections to `to` from `ns`, one after the other; counts which backend greeted
+/// each.
+pub fn spread(ns: &Netns, to: SocketAddr, n: usize) -> std::collections::HashMap<String, usize> {
+    let mut seen = std::collections::HashMap::new();
+    for i in 0..n {
+        let (_, name) = connect(ns, to).unwrap_or_else(|e| panic!("connection {i}: {e:#}"));
+        *seen.entry(name).or_default() += 1;
+    }
+    seen
+}

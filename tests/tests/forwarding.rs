@@ -14,7 +14,7 @@ use lb_tests::{
     inproc::{InProcess, raise_fd_limit},
     netns::Netns,
     require_root,
-    servers::connect,
+    servers::{self, connect},
     topology::{Arms, Sandbox, VIP},
 };
 
@@ -33,14 +33,8 @@ fn sandbox(arms: Arms, weights: &[u32], extra: &str) -> (Sandbox, InProcess) {
     (sb, lb)
 }
 
-/// Opens `n` connections one after the other; counts which backend greeted each.
 fn spread(client: &Netns, n: usize) -> HashMap<String, usize> {
-    let mut seen = HashMap::new();
-    for i in 0..n {
-        let (_, name) = connect(client, vip()).unwrap_or_else(|e| panic!("connection {i}: {e:#}"));
-        *seen.entry(name).or_default() += 1;
-    }
-    seen
+    servers::spread(client, vip(), n)
 }
 
 fn assert_shares(seen: &HashMap<String, usize>, n: usize, want: &[(&str, f64)]) {

@@ -11,8 +11,7 @@ use std::{
 
 use lb_tests::{
     daemon::Daemon,
-    require_root,
-    servers::connect,
+    require_root, servers,
     topology::{Arms, HTTP_PORT, Sandbox, VIP},
 };
 
@@ -47,12 +46,7 @@ fn wait_for(daemon: &Daemon, backend: &str, want: &str, limit: Duration) -> Dura
 }
 
 fn spread(sb: &Sandbox, n: usize) -> HashMap<String, usize> {
-    let mut seen = HashMap::new();
-    for _ in 0..n {
-        let (_, name) = connect(&sb.client.ns, SocketAddr::from((VIP, 80))).unwrap();
-        *seen.entry(name).or_default() += 1;
-    }
-    seen
+    servers::spread(&sb.client.ns, SocketAddr::from((VIP, 80)), n)
 }
 
 /// How a backend fails.
@@ -67,37 +61,14 @@ enum Failure {
 fn fail(sb: &mut Sandbox, i: usize, how: Failure) {
     match how {
         Failure::Killed => sb.stop_backend(i),
-        Failure::Silent => {
-            let ns = &sb.backends[i].ns;
-            for cmd in [
-                &["nft", "add", "table", "inet", "lbt"][..],
-                &[
-                    "nft",
-                    "add",
-                    "chain",
-                    "inet",
-                    "lbt",
-                    "in",
-                    "{ type filter hook input priority 0; policy drop; }",
-                ][..],
-            ] {
-                let out = ns.exec(cmd).unwrap();
-                assert!(out.status.success(), "{cmd:?}: {out:?}");
-            }
-        }
+        Failure::Silent => sb.backends[i].ns.drop_all_input().unwrap(),
     }
 }
 
 fn recover(sb: &mut Sandbox, i: usize, how: Failure) {
     match how {
         Failure::Killed => sb.start_backend(i).unwrap(),
-        Failure::Silent => {
-            let out = sb.backends[i]
-                .ns
-                .exec(&["nft", "delete", "table", "inet", "lbt"])
-                .unwrap();
-            assert!(out.status.success(), "{out:?}");
-        }
+        Failure::Silent => sb.backends[i].ns.clear_input_chain().unwrap(),
     }
 }
 

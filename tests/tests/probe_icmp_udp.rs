@@ -23,7 +23,7 @@ use lb::health::{
     window::ProbeResult,
 };
 use lb_tests::{
-    netns::{Netns, sh, veth},
+    netns::{Netns, veth},
     require_root,
 };
 
@@ -73,21 +73,15 @@ where
 }
 
 fn nft(ns: &Netns, args: &[&str]) {
-    let mut cmd = ns.command("nft");
-    cmd.args(args);
-    sh(&mut cmd).unwrap();
+    ns.nft(args).unwrap();
 }
 
-/// An input chain in `ns` with `policy`.
 fn nft_input(ns: &Netns, policy: &str) {
-    nft(ns, &["add", "table", "inet", "lbt"]);
-    let chain = format!("{{ type filter hook input priority 0; policy {policy}; }}");
-    nft(ns, &["add", "chain", "inet", "lbt", "in", &chain]);
+    ns.input_chain(policy).unwrap();
 }
 
-/// Makes `ns` drop everything it receives.
 fn drop_all_input(ns: &Netns) {
-    nft_input(ns, "drop");
+    ns.drop_all_input().unwrap();
 }
 
 /// A UDP server in the backend namespace answering "PONG" to "PING" and ignoring anything else;

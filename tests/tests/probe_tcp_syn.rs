@@ -70,9 +70,7 @@ where
 }
 
 fn nft(ns: &Netns, args: &[&str]) {
-    let mut cmd = ns.command("nft");
-    cmd.args(args);
-    sh(&mut cmd).unwrap();
+    ns.nft(args).unwrap();
 }
 
 /// Half-open (SYN-RECV) connections the backend holds on `port`.
@@ -117,18 +115,7 @@ fn closed_port_is_tcp_failure() {
 fn silent_host_is_timeout() {
     let p = pair();
     let _server = listen(&p.backend, 7001);
-    nft(&p.backend, &["add", "table", "inet", "lbt"]);
-    nft(
-        &p.backend,
-        &[
-            "add",
-            "chain",
-            "inet",
-            "lbt",
-            "in",
-            "{ type filter hook input priority 0; policy drop; }",
-        ],
-    );
+    p.backend.drop_all_input().unwrap();
     with_prober(&p.prober, |prober| async move {
         let timeout = Duration::from_millis(300);
         let start = Instant::now();
@@ -226,18 +213,7 @@ fn icmp_reject_times_out_and_leaves_the_prober_working() {
     // A firewall that rejects with an ICMP error instead of a RST. An unconnected raw socket
     // without IP_RECVERR is not told about it: the probe times out, and the probes around it
     // are undisturbed.
-    nft(&p.backend, &["add", "table", "inet", "lbt"]);
-    nft(
-        &p.backend,
-        &[
-            "add",
-            "chain",
-            "inet",
-            "lbt",
-            "in",
-            "{ type filter hook input priority 0; policy accept; }",
-        ],
-    );
+    p.backend.input_chain("accept").unwrap();
     nft(
         &p.backend,
         &[

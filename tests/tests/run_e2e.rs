@@ -1,7 +1,7 @@
 //! The `lb run` daemon on a two-arm sandbox: it balances real TCP and UDP flows over three
 //! backends, reports them on its API, leaves other traffic alone, and detaches on SIGTERM/SIGINT.
 
-use std::{collections::HashMap, net::SocketAddr, time::Duration};
+use std::{net::SocketAddr, time::Duration};
 
 use lb::api::StatsReply;
 use lb_tests::{
@@ -9,7 +9,7 @@ use lb_tests::{
     lb_bin,
     netns::Netns,
     require_root,
-    servers::connect,
+    servers::{self, connect},
     topology::{Arms, Sandbox, VIP},
 };
 
@@ -37,11 +37,7 @@ fn run_and_stop(stop_signal: libc::c_int) {
 
     // Balanced: 300 TCP flows over three backends. The first SYN may find a backend's MAC
     // still unresolved (dropped, retransmitted); connect() waits for that.
-    let mut seen: HashMap<String, usize> = HashMap::new();
-    for _ in 0..300 {
-        let (_, name) = connect(&sb.client.ns, SocketAddr::from((VIP, 80))).unwrap();
-        *seen.entry(name).or_default() += 1;
-    }
+    let seen = servers::spread(&sb.client.ns, SocketAddr::from((VIP, 80)), 300);
     assert_eq!(seen.len(), 3, "{seen:?}");
 
     // UDP through the VIP.

@@ -39,7 +39,7 @@ use std::{
 use tokio::{io::unix::AsyncFd, sync::oneshot, task::JoinHandle};
 
 use super::ProbeResult;
-use super::sys::{fold, ones_sum, recv, register, send_to, setsockopt};
+use super::sys::{fold, ones_sum, read_datagrams, register, send_to, setsockopt};
 
 const ECHO_REPLY: u8 = 0;
 const DEST_UNREACHABLE: u8 = 3;
@@ -221,27 +221,14 @@ async fn read_replies(shared: Arc<Shared>) {
     // header with options (60) and the quoted echo header (8): all a reply needs; the rest of a
     // longer datagram is discarded by recv.
     let mut buf = [0u8; 256];
-    loop {
-        let mut ready = match shared.socket.readable().await {
-            Ok(ready) => ready,
-            Err(e) => {
-                tracing::error!("icmp probe reader stopped: {e}");
-                return;
-            }
-        };
-        loop {
-            match ready.try_io(|fd| recv(fd.as_fd(), &mut buf)) {
-                Ok(Ok(n)) => shared.dispatch(&buf[..n], Instant::now()),
-                // Not expected on an unconnected raw socket without IP_RECVERR. Readiness stays
-                // set, so the next turn reads again.
-                Ok(Err(e)) => {
-                    tracing::warn!("icmp probe socket: {e}");
-                    break;
-                }
-                Err(_would_block) => break,
-            }
-        }
-    }
+    read_datagrams(
+        &shared.socket,
+        &mut buf,
+        "icmp probe",
+        || {},
+        |packet, at| shared.dispatch(packet, at),
+    )
+    .await;
 }
 
 /// What a received ICMP message says about which echo request.

@@ -103,3 +103,38 @@ pub async fn send_to(
         })
         .await
 }
+
+/// The reader loop of a raw-socket prober: whenever `socket` is readable, drains it, handing
+/// each datagram (cut to `buf`) to `each` with its arrival time; `woke` runs once per wake-up.
+/// Returns when the socket fails (logged with `what`).
+pub async fn read_datagrams(
+    socket: &AsyncFd<OwnedFd>,
+    buf: &mut [u8],
+    what: &str,
+    mut woke: impl FnMut(),
+    mut each: impl FnMut(&[u8], std::time::Instant),
+) {
+    use std::os::fd::AsFd as _;
+    loop {
+        let mut ready = match socket.readable().await {
+            Ok(ready) => ready,
+            Err(e) => {
+                tracing::error!("{what} reader stopped: {e}");
+                return;
+            }
+        };
+        woke();
+        loop {
+            match ready.try_io(|fd| recv(fd.as_fd(), buf)) {
+                Ok(Ok(n)) => each(&buf[..n], std::time::Instant::now()),
+                // Not expected on an unconnected raw socket without IP_RECVERR (ICMP errors are
+                // not reported to it). Readiness stays set, so the next turn reads again.
+                Ok(Err(e)) => {
+                    tracing::warn!("{what} socket: {e}");
+                    break;
+                }
+                Err(_would_block) => break,
+            }
+        }
+    }
+}

@@ -42,7 +42,9 @@ use std::{
 use tokio::{io::unix::AsyncFd, sync::oneshot, task::JoinHandle};
 
 use super::ProbeResult;
-use super::sys::{fold, ones_sum, recv, register, send_to, setsockopt, sockaddr_in};
+use super::sys::{
+    fold, ones_sum, read_datagrams, recv, register, send_to, setsockopt, sockaddr_in,
+};
 
 const SYN: u8 = 0x02;
 const RST: u8 = 0x04;
@@ -228,28 +230,16 @@ async fn read_replies(shared: Arc<Shared>) {
     // An IP header with options (60 bytes) and a TCP header (20): all a reply needs; the rest of
     // a longer datagram is discarded by recv.
     let mut buf = [0u8; 128];
-    loop {
-        let mut ready = match shared.socket.readable().await {
-            Ok(ready) => ready,
-            Err(e) => {
-                tracing::error!("half-open probe reader stopped: {e}");
-                return;
-            }
-        };
-        shared.wakeups.fetch_add(1, Ordering::Relaxed);
-        loop {
-            match ready.try_io(|fd| recv(fd.as_fd(), &mut buf)) {
-                Ok(Ok(n)) => shared.dispatch(&buf[..n], Instant::now()),
-                // Not expected on an unconnected raw socket without IP_RECVERR (ICMP errors are
-                // not reported to it). Readiness stays set, so the next turn reads again.
-                Ok(Err(e)) => {
-                    tracing::warn!("half-open probe socket: {e}");
-                    break;
-                }
-                Err(_would_block) => break,
-            }
-        }
-    }
+    read_datagrams(
+        &shared.socket,
+        &mut buf,
+        "half-open probe",
+        || {
+            shared.wakeups.fetch_add(1, Ordering::Relaxed);
+        },
+        |packet, at| shared.dispatch(packet, at),
+    )
+    .await;
 }
 
 /// The TCP fields of a received IPv4 segment that matter for matching.
