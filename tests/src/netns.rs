@@ -140,6 +140,21 @@ impl Netns {
         })
     }
 
+    /// Runs the future `f` makes on a current-thread tokio runtime whose thread has entered the
+    /// namespace (sockets created in it live there).
+    pub fn block_on<T: Send, Fut: std::future::Future<Output = T>>(
+        &self,
+        f: impl FnOnce() -> Fut + Send,
+    ) -> T {
+        self.enter(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("tokio runtime")
+                .block_on(f())
+        })
+    }
+
     /// Writes a sysctl of this namespace, e.g. `("net/ipv4/ip_forward", "1")`.
     pub fn sysctl(&self, key: &str, value: &str) -> anyhow::Result<()> {
         let path = format!("/proc/sys/{key}");

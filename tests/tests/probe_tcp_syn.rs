@@ -57,15 +57,9 @@ where
     F: FnOnce(Arc<SynProber>) -> Fut + Send,
     Fut: Future<Output = ()>,
 {
-    ns.enter(|| {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let prober = SynProber::new().expect("raw socket (root)");
-            f(Arc::new(prober)).await;
-        });
+    ns.block_on(|| async {
+        let prober = SynProber::new().expect("raw socket (root)");
+        f(Arc::new(prober)).await;
     });
 }
 
