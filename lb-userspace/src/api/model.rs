@@ -1,0 +1,146 @@
+//! What the control API reports, as plain data: the JSON replies, and the input of the HTML page
+//! and the Prometheus renderer. Built by the daemon from its state; the renderers are pure
+//! functions of it.
+
+use serde::{Deserialize, Serialize};
+
+/// `GET /v1/healthcheck`: every service. `GET /v1/healthcheck/{service}` has one entry.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Status {
+    /// Unix time of this snapshot, seconds.
+    pub time: f64,
+    pub services: Vec<ServiceStatus>,
+    /// Datapath verdict and informational counters, by name (README, "Counters").
+    pub counters: Vec<NamedCounter>,
+    /// Probe latency histograms, one per check kind in use.
+    pub probe_latency: Vec<LatencyHistogram>,
+    /// Events so far (the log keeps the most recent ones) and events dropped from the log.
+    pub events_total: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NamedCounter {
+    pub name: String,
+    pub value: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ServiceStatus {
+    pub name: String,
+    /// "IP:PORT".
+    pub vip: String,
+    /// "tcp" or "udp".
+    pub protocol: String,
+    /// Check kind ("tcp", "http", ..., "none").
+    pub check: String,
+    /// SPEC §2 windows in seconds; None when checks are off.
+    pub failure_window_s: Option<f64>,
+    pub success_window_s: Option<f64>,
+    pub healthy_threshold: u32,
+    pub unhealthy_threshold: u32,
+    /// Datapath traffic of the service.
+    pub packets: u64,
+    pub bytes: u64,
+    pub new_flows: u64,
+    /// Backends taking new flows now.
+    pub available_backends: u32,
+    pub backends: Vec<BackendStatus>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct BackendStatus {
+    /// "IP:PORT".
+    pub address: String,
+    pub ip: String,
+    pub port: u16,
+    pub weight: u32,
+    /// Health state: initializing, healthy, mostly_healthy, mostly_unhealthy, unhealthy,
+    /// disabled, unused.
+    pub state: String,
+    /// Operator setting: "enabled", "drained" or "disabled".
+    pub admin: String,
+    /// Whether new flows may go to it now (health, admin and weight together).
+    pub available: bool,
+    /// Seconds in the current state.
+    pub state_for_s: f64,
+    pub counters: ProbeCounters,
+    /// Latency of the last probe when it succeeded, milliseconds.
+    pub last_probe_latency_ms: Option<f64>,
+    pub packets: u64,
+    pub bytes: u64,
+    pub new_flows: u64,
+}
+
+/// SPEC §2 counters (seed 002): consecutive results.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ProbeCounters {
+    pub success: u32,
+    pub tcp_failure: u32,
+    pub http_failure: u32,
+    pub timeout_failure: u32,
+}
+
+/// A cumulative latency histogram of successful probes (Prometheus semantics: `counts[i]` is the
+/// number of observations ≤ `bounds_s[i]`; `count` includes those above the last bound).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LatencyHistogram {
+    /// Check kind.
+    pub kind: String,
+    pub bounds_s: Vec<f64>,
+    pub counts: Vec<u64>,
+    pub count: u64,
+    pub sum_s: f64,
+}
+
+impl Status {
+    pub fn counter(&self, name: &str) -> Option<u64> {
+        self.counters
+            .iter()
+            .find(|c| c.name == name)
+            .map(|c| c.value)
+    }
+
+    pub fn service(&self, name: &str) -> Option<&ServiceStatus> {
+        self.services.iter().find(|s| s.name == name)
+    }
+}
+
+impl ServiceStatus {
+    pub fn backend(&self, address: &str) -> Option<&BackendStatus> {
+        self.backends.iter().find(|b| b.address == address)
+    }
+}
+
+/// One health event (SPEC §4): a state change of a backend, or an operator action.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Event {
+    /// Increasing from 1; `GET /v1/events?after=N` returns the events after N.
+    pub seq: u64,
+    /// Unix time, seconds.
+    pub time: f64,
+    pub service: String,
+    pub backend: String,
+    pub from: String,
+    pub to: String,
+    /// What caused it: the probe kind ("tcp", "http", ...), "admin", or "reload".
+    pub source: String,
+    pub counters: ProbeCounters,
+    pub healthy_threshold: u32,
+    pub unhealthy_threshold: u32,
+    /// Microseconds from the verdict to the datapath flag written, when the flag changed.
+    pub flag_write_us: Option<u64>,
+}
+
+/// `GET /v1/events`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Events {
+    pub events: Vec<Event>,
+    /// Events that fell out of the bounded log before this reply.
+    pub dropped: u64,
+}
+
+/// Errors are `{"error": "..."}` with a 4xx/5xx status.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ErrorReply {
+    pub error: String,
+}
