@@ -27,6 +27,10 @@ pub trait MapWriter {
     fn set_backend(&mut self, id: u32, info: BackendInfo) -> anyhow::Result<()>;
     /// Writes `(slot, backend id)` pairs of one service's ring.
     fn set_ring_slots(&mut self, service_id: u32, slots: &[(u32, u32)]) -> anyhow::Result<()>;
+    /// Removes an address (no longer a VIP nor a SNAT address): its packets go to the kernel.
+    fn remove_addr(&mut self, addr: Ipv4Addr) -> anyhow::Result<()>;
+    /// Removes a service: packets to it are no longer balanced.
+    fn remove_service(&mut self, key: ServiceKey) -> anyhow::Result<()>;
 }
 
 pub struct Balancer {
@@ -376,6 +380,16 @@ impl MapWriter for MemoryMaps {
             ring.insert(slot, id);
         }
         self.slot_writes += slots.len();
+        Ok(())
+    }
+
+    fn remove_addr(&mut self, addr: Ipv4Addr) -> anyhow::Result<()> {
+        self.addrs.remove(&addr);
+        Ok(())
+    }
+
+    fn remove_service(&mut self, key: ServiceKey) -> anyhow::Result<()> {
+        self.services.remove(&key);
         Ok(())
     }
 }

@@ -279,6 +279,24 @@ impl MapWriter for Dataplane {
         }
         Ok(())
     }
+
+    fn remove_addr(&mut self, addr: Ipv4Addr) -> anyhow::Result<()> {
+        let key = u32::from_ne_bytes(addr.octets());
+        match self.hash_map::<u32, u32>(map_name::ADDRS)?.remove(&key) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(anyhow::Error::new(e).context(format!("removing address {addr}"))),
+        }
+    }
+
+    fn remove_service(&mut self, key: ServiceKey) -> anyhow::Result<()> {
+        match self
+            .hash_map::<ServiceKey, ServiceInfo>(map_name::SERVICES)?
+            .remove(&key)
+        {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(anyhow::Error::new(e).context("removing a service")),
+        }
+    }
 }
 
 /// The slot (index, content) holding `key` in a 2-way table, like the datapath's lookup.
