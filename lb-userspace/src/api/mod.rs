@@ -1,6 +1,8 @@
 //! The control API. For now it serves the datapath counters; status, events and admin endpoints
 //! are added with the health checker and daemon issues.
 
+pub mod html;
+pub mod metrics;
 pub mod model;
 
 use std::{

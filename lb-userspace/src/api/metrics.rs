@@ -1,0 +1,1 @@
+//! `GET /metrics`: Prometheus text exposition format. Pure: a function of the model.
