@@ -6,7 +6,7 @@
 //! backend for new flows at once), then only the ring slots that changed.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap, HashSet},
     net::{Ipv4Addr, SocketAddrV4},
 };
 
@@ -33,11 +33,81 @@ pub trait MapWriter {
     fn remove_service(&mut self, key: ServiceKey) -> anyhow::Result<()>;
 }
 
-pub struct Balancer {
-    ring_size: u32,
-    services: Vec<ServiceState>,
+/// An operator's setting for a backend (`lb backend drain|enable|disable`).
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Admin {
+    /// Takes new flows when healthy.
+    #[default]
+    Enabled,
+    /// No new flows; established flows continue.
+    Drained,
+    /// Out: no new flows, and established flows are treated as for a dead backend
+    /// (rescheduled or kept, per the service's `existing_flows`).
+    Disabled,
 }
 
+impl Admin {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Enabled => "enabled",
+            Self::Drained => "drained",
+            Self::Disabled => "disabled",
+        }
+    }
+}
+
+/// Ids handed out so far: what a restarted daemon needs to adopt a pinned datapath whose
+/// connection table refers to backends by id. Saved by the daemon, given back to
+/// [`Balancer::with_ids`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Ids {
+    pub services: Vec<ServiceIds>,
+    /// Backends removed by a reload: their ids stay reserved until `until_unix_s`, so a flow
+    /// still in the connection table never lands on a newcomer that reused the id.
+    pub retired: Vec<(u32, u64)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ServiceIds {
+    pub name: String,
+    pub id: u32,
+    /// (address, id, admin setting)
+    pub backends: Vec<(SocketAddrV4, u32, Admin)>,
+}
+
+/// What a config change did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Changes {
+    pub services_added: Vec<String>,
+    pub services_removed: Vec<String>,
+    pub services_changed: Vec<String>,
+    pub backends_added: Vec<(String, SocketAddrV4)>,
+    pub backends_removed: Vec<(String, SocketAddrV4)>,
+}
+
+impl Changes {
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+pub struct Balancer {
+    ring_size: u32,
+    max_services: u32,
+    max_backends: u32,
+    services: Vec<ServiceState>,
+    /// (backend id, reserved until unix seconds), see [`Ids::retired`].
+    retired: Vec<(u32, u64)>,
+    /// Addresses written to the address map, with their flags.
+    addrs: BTreeMap<Ipv4Addr, u32>,
+    /// Ids and admin settings of a previous run, used for the first config applied.
+    adopted: Option<Ids>,
+}
+
+#[derive(Clone)]
 struct ServiceState {
     name: String,
     key: ServiceKey,
@@ -48,21 +118,29 @@ struct ServiceState {
     /// Indices into `backends` of the ring members (weight > 0), and their plain Maglev ring.
     members: Vec<usize>,
     base: Vec<u32>,
-    /// Backend ids, one per slot, as written to the map.
+    /// Backend ids, one per slot, as written to the map (empty: nothing written yet).
     ring: Vec<u32>,
+    /// The service entry must be written (new key or new service).
+    dirty: bool,
 }
 
+#[derive(Clone)]
 struct BackendState {
     id: u32,
     address: SocketAddrV4,
     key: Vec<u8>,
     weight: u32,
+    /// Health verdict: may take flows.
+    healthy: bool,
+    admin: Admin,
     info: BackendInfo,
 }
 
 impl BackendState {
-    fn up(&self) -> bool {
-        self.info.flags & backend_flags::UP != 0
+    fn flags(&self) -> u32 {
+        let up = self.healthy && self.admin != Admin::Disabled;
+        let drained = self.weight == 0 || self.admin == Admin::Drained;
+        (if up { backend_flags::UP } else { 0 }) | if drained { backend_flags::DRAINED } else { 0 }
     }
 
     fn takes_new_flows(&self) -> bool {
@@ -70,45 +148,198 @@ impl BackendState {
     }
 }
 
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 impl Balancer {
-    /// Builds the state for `config` (every backend up) and writes all of it. `snat(service,
+    /// Builds the state for `config` (every backend healthy) and writes all of it. `snat(service,
     /// backend)` gives each backend's SNAT address.
     pub fn new(
         config: &Config,
         snat: impl Fn(usize, SocketAddrV4) -> anyhow::Result<Ipv4Addr>,
         writer: &mut dyn MapWriter,
     ) -> anyhow::Result<Self> {
-        let ring_size = config.lb.ring_size;
-        let mut addrs: HashMap<Ipv4Addr, u32> = HashMap::new();
-        let mut services = Vec::new();
-        let mut next_backend = 0u32;
+        let mut b = Self::with_ids(config, None);
+        b.apply(config, snat, |_, _| true, writer)?;
+        Ok(b)
+    }
+
+    /// An empty balancer sized for `config.lb`; the first [`Balancer::apply`] reuses the ids and
+    /// admin settings of `ids` (a previous run's) for the services and backends it still has.
+    pub fn with_ids(config: &Config, ids: Option<Ids>) -> Self {
+        Self {
+            ring_size: config.lb.ring_size,
+            max_services: config.lb.max_services,
+            max_backends: config.lb.max_backends,
+            services: Vec::new(),
+            retired: ids.as_ref().map(|i| i.retired.clone()).unwrap_or_default(),
+            addrs: BTreeMap::new(),
+            adopted: ids,
+        }
+    }
+
+    /// Ids and admin settings to save for a restart.
+    pub fn ids(&self) -> Ids {
+        Ids {
+            services: self
+                .services
+                .iter()
+                .map(|s| ServiceIds {
+                    name: s.name.clone(),
+                    id: s.info.id,
+                    backends: s
+                        .backends
+                        .iter()
+                        .map(|b| (b.address, b.id, b.admin))
+                        .collect(),
+                })
+                .collect(),
+            retired: self.retired.clone(),
+        }
+    }
+
+    /// Moves to `config`: services and backends are matched by name and address and keep their
+    /// ids, health and admin settings (so established flows and rings stay where they are); new
+    /// ones get free ids, with `healthy(service, backend)` as their first verdict. Everything is
+    /// planned (ids, SNAT addresses, rings) before the first write: a config that does not fit
+    /// (too many services or backends) fails with nothing written. The map sizes and ring size
+    /// (`[lb]`) are fixed at load time; the caller refuses changes to them.
+    pub fn apply(
+        &mut self,
+        config: &Config,
+        snat: impl Fn(usize, SocketAddrV4) -> anyhow::Result<Ipv4Addr>,
+        healthy: impl Fn(usize, SocketAddrV4) -> bool,
+        writer: &mut dyn MapWriter,
+    ) -> anyhow::Result<Changes> {
+        let now = unix_now();
+        let quarantine = config.lb.conntrack.tcp_established_timeout.as_secs().max(1);
+        let mut changes = Changes::default();
+        // The previous state: this run's, or the adopted ids of a previous run.
+        let adopted = self.adopted.take();
+        let old: HashMap<&str, &ServiceState> =
+            self.services.iter().map(|s| (s.name.as_str(), s)).collect();
+        let old_ids: HashMap<&str, &ServiceIds> = adopted
+            .iter()
+            .flat_map(|i| i.services.iter())
+            .map(|s| (s.name.as_str(), s))
+            .collect();
+
+        // Service ids: kept by name, new ones take the lowest free id.
+        let mut service_ids: Vec<Option<u32>> = config
+            .services
+            .iter()
+            .map(|s| {
+                old.get(s.name.as_str())
+                    .map(|o| o.info.id)
+                    .or_else(|| old_ids.get(s.name.as_str()).map(|o| o.id))
+            })
+            .collect();
+        let mut used: HashSet<u32> = service_ids.iter().flatten().copied().collect();
+        for (i, id) in service_ids.iter_mut().enumerate() {
+            if id.is_none() {
+                let free = (0..self.max_services).find(|n| !used.contains(n)).with_context(|| {
+                    format!(
+                        "service {}: no free service slot (lb.max_services = {}; it is fixed until a restart)",
+                        config.services[i].name, self.max_services
+                    )
+                })?;
+                used.insert(free);
+                *id = Some(free);
+            }
+        }
+
+        // Backend ids: kept by (service, address); ids of removed backends are retired.
+        let mut retired: Vec<(u32, u64)> = self
+            .retired
+            .iter()
+            .copied()
+            .filter(|&(_, until)| until > now)
+            .collect();
+        let wanted: HashSet<(&str, SocketAddrV4)> = config
+            .services
+            .iter()
+            .flat_map(|s| s.backends.iter().map(move |b| (s.name.as_str(), b.address)))
+            .collect();
+        let mut removed_backends: Vec<BackendState> = Vec::new();
+        for s in &self.services {
+            for b in &s.backends {
+                if !wanted.contains(&(s.name.as_str(), b.address)) {
+                    retired.push((b.id, now + quarantine));
+                    removed_backends.push(b.clone());
+                    changes.backends_removed.push((s.name.clone(), b.address));
+                }
+            }
+        }
+        let previous =
+            |name: &str, address: SocketAddrV4| -> Option<(u32, Admin, Option<&BackendState>)> {
+                if let Some(b) = old
+                    .get(name)
+                    .and_then(|s| s.backends.iter().find(|b| b.address == address))
+                {
+                    return Some((b.id, b.admin, Some(b)));
+                }
+                old_ids
+                    .get(name)
+                    .and_then(|s| s.backends.iter().find(|b| b.0 == address))
+                    .map(|&(_, id, admin)| (id, admin, None))
+            };
+        let mut used: HashSet<u32> = retired.iter().map(|r| r.0).collect();
+        for s in &config.services {
+            for b in &s.backends {
+                if let Some((id, _, _)) = previous(&s.name, b.address) {
+                    used.insert(id);
+                }
+            }
+        }
+        let mut next_free = 0u32;
+        let mut services = Vec::with_capacity(config.services.len());
         for (sid, s) in config.services.iter().enumerate() {
-            *addrs.entry(*s.vip.ip()).or_default() |= addr_flags::VIP;
-            let mut backends = Vec::new();
+            let old_service = old.get(s.name.as_str());
+            let mut backends = Vec::with_capacity(s.backends.len());
             for b in &s.backends {
                 let snat_addr = snat(sid, b.address)
                     .with_context(|| format!("SNAT address for {} of {}", b.address, s.name))?;
-                *addrs.entry(snat_addr).or_default() |= addr_flags::SNAT;
-                let flags = backend_flags::UP
-                    | if b.weight == 0 {
-                        backend_flags::DRAINED
-                    } else {
-                        0
-                    };
-                backends.push(BackendState {
-                    id: next_backend,
+                let (id, admin, healthy_now) = match previous(&s.name, b.address) {
+                    Some((id, admin, Some(state))) => (id, admin, state.healthy),
+                    Some((id, admin, None)) => (id, admin, healthy(sid, b.address)),
+                    None => {
+                        while used.contains(&next_free) {
+                            next_free += 1;
+                        }
+                        if next_free >= self.max_backends {
+                            bail!(
+                                "backend {} of {}: no free backend slot (lb.max_backends = {}, {} held by removed backends until their flows expire; it is fixed until a restart)",
+                                b.address,
+                                s.name,
+                                self.max_backends,
+                                retired.len()
+                            );
+                        }
+                        used.insert(next_free);
+                        changes.backends_added.push((s.name.clone(), b.address));
+                        (next_free, Admin::Enabled, healthy(sid, b.address))
+                    }
+                };
+                let mut state = BackendState {
+                    id,
                     address: b.address,
                     key: b.address.to_string().into_bytes(),
                     weight: b.weight,
+                    healthy: healthy_now,
+                    admin,
                     info: BackendInfo {
                         addr: u32::from_ne_bytes(b.address.ip().octets()),
                         snat_addr: u32::from_ne_bytes(snat_addr.octets()),
                         port: b.address.port().to_be(),
                         _pad: 0,
-                        flags,
+                        flags: 0,
                     },
-                });
-                next_backend += 1;
+                };
+                state.info.flags = state.flags();
+                backends.push(state);
             }
             let members: Vec<usize> = (0..backends.len())
                 .filter(|&i| backends[i].weight > 0)
@@ -123,42 +354,112 @@ impl Balancer {
             let base = if member_list.is_empty() {
                 Vec::new()
             } else {
-                maglev::populate(&member_list, ring_size)
+                maglev::populate(&member_list, self.ring_size)
             };
+            let key = ServiceKey::new(s.vip.ip().octets(), s.vip.port(), s.protocol.number());
+            let (ring, dirty, flags) = match old_service {
+                Some(o) => (o.ring.clone(), o.key != key, o.info.flags),
+                None => (Vec::new(), true, 0),
+            };
+            match old_service {
+                None => changes.services_added.push(s.name.clone()),
+                Some(o)
+                    if o.key != key
+                        || o.keep_flows != (s.existing_flows == ExistingFlows::Keep)
+                        || o.on_all_unhealthy != s.on_all_unhealthy
+                        || o.base != base =>
+                {
+                    changes.services_changed.push(s.name.clone())
+                }
+                Some(_) => {}
+            }
             services.push(ServiceState {
                 name: s.name.clone(),
-                key: ServiceKey::new(s.vip.ip().octets(), s.vip.port(), s.protocol.number()),
+                key,
                 info: ServiceInfo {
-                    id: sid as u32,
-                    flags: 0,
+                    id: service_ids[sid].expect("assigned above"),
+                    flags,
                 },
                 keep_flows: s.existing_flows == ExistingFlows::Keep,
                 on_all_unhealthy: s.on_all_unhealthy,
                 backends,
                 members,
                 base,
-                ring: Vec::new(),
+                ring,
+                dirty,
             });
         }
-        let mut balancer = Self {
-            ring_size,
-            services,
-        };
-        let mut addrs: Vec<_> = addrs.into_iter().collect();
-        addrs.sort();
-        for (addr, flags) in addrs {
-            writer.set_addr(addr, flags)?;
-        }
-        for sid in 0..balancer.services.len() {
-            for b in &balancer.services[sid].backends {
-                writer.set_backend(b.id, b.info)?;
+        let mut addrs: BTreeMap<Ipv4Addr, u32> = BTreeMap::new();
+        for s in &services {
+            *addrs
+                .entry(Ipv4Addr::from(s.key.addr.to_ne_bytes()))
+                .or_default() |= addr_flags::VIP;
+            for b in &s.backends {
+                *addrs
+                    .entry(Ipv4Addr::from(b.info.snat_addr.to_ne_bytes()))
+                    .or_default() |= addr_flags::SNAT;
             }
-            balancer.sync_ring(sid, writer)?;
         }
-        Ok(balancer)
+        // Removed backends' flows drain: no new flows, established ones continue (their SNAT
+        // address stays an address of ours while they are retired).
+        for b in &removed_backends {
+            *addrs
+                .entry(Ipv4Addr::from(b.info.snat_addr.to_ne_bytes()))
+                .or_default() |= addr_flags::SNAT;
+        }
+        let kept: HashSet<&str> = services.iter().map(|s| s.name.as_str()).collect();
+        let removed_services: Vec<&ServiceState> = self
+            .services
+            .iter()
+            .filter(|s| !kept.contains(s.name.as_str()))
+            .collect();
+        changes.services_removed = removed_services.iter().map(|s| s.name.clone()).collect();
+
+        // Writes: stop traffic to what goes, then backends, rings and services, then the new
+        // addresses (a new VIP gets traffic once its ring is complete).
+        for (addr, _) in self.addrs.iter().filter(|(a, _)| !addrs.contains_key(a)) {
+            writer.remove_addr(*addr)?;
+        }
+        for s in &removed_services {
+            writer.remove_service(s.key)?;
+        }
+        for s in &services {
+            if let Some(o) = old.get(s.name.as_str()).filter(|o| o.key != s.key) {
+                writer.remove_service(o.key)?;
+            }
+        }
+        for b in &mut removed_backends {
+            b.info.flags |= backend_flags::DRAINED;
+            writer.set_backend(b.id, b.info)?;
+        }
+        let before: HashMap<u32, BackendInfo> = self
+            .services
+            .iter()
+            .flat_map(|s| s.backends.iter().map(|b| (b.id, b.info)))
+            .collect();
+        for s in &services {
+            for b in &s.backends {
+                if before.get(&b.id) != Some(&b.info) {
+                    writer.set_backend(b.id, b.info)?;
+                }
+            }
+        }
+        self.services = services;
+        self.retired = retired;
+        for sid in 0..self.services.len() {
+            self.sync_ring(sid, writer)?;
+        }
+        for (addr, flags) in &addrs {
+            if self.addrs.get(addr) != Some(flags) {
+                writer.set_addr(*addr, *flags)?;
+            }
+        }
+        self.addrs = addrs;
+        Ok(changes)
     }
 
-    /// Marks a backend up or down (health). Returns whether anything changed.
+    /// Marks a backend up or down (health) and rebuilds its ring. Returns whether anything
+    /// changed.
     pub fn set_up(
         &mut self,
         service: usize,
@@ -166,7 +467,11 @@ impl Balancer {
         up: bool,
         writer: &mut dyn MapWriter,
     ) -> anyhow::Result<bool> {
-        self.set_flag(service, backend, backend_flags::UP, up, writer)
+        let changed = self.write_up_flag(service, backend, up, writer)?;
+        if changed {
+            self.sync_ring(service, writer)?;
+        }
+        Ok(changed)
     }
 
     /// Drains a backend (no new flows, existing ones continue) or undrains it.
@@ -177,11 +482,35 @@ impl Balancer {
         drained: bool,
         writer: &mut dyn MapWriter,
     ) -> anyhow::Result<bool> {
-        self.set_flag(service, backend, backend_flags::DRAINED, drained, writer)
+        let admin = if drained {
+            Admin::Drained
+        } else {
+            Admin::Enabled
+        };
+        self.set_admin(service, backend, admin, writer)
+    }
+
+    /// An operator's setting; writes the flag, then the ring. Returns whether anything changed.
+    pub fn set_admin(
+        &mut self,
+        service: usize,
+        backend: usize,
+        admin: Admin,
+        writer: &mut dyn MapWriter,
+    ) -> anyhow::Result<bool> {
+        let b = self.backend_mut(service, backend)?;
+        if b.admin == admin {
+            return Ok(false);
+        }
+        b.admin = admin;
+        self.write_flags(service, backend, writer)?;
+        self.sync_ring(service, writer)?;
+        Ok(true)
     }
 
     /// The first half of [`Balancer::set_up`]: only the flag, which the datapath honours at
-    /// once. [`Balancer::sync_service`] must follow to rebuild the ring.
+    /// once. [`Balancer::sync_service`] must follow to rebuild the ring. Returns whether the
+    /// health verdict changed.
     pub fn write_up_flag(
         &mut self,
         service: usize,
@@ -189,7 +518,13 @@ impl Balancer {
         up: bool,
         writer: &mut dyn MapWriter,
     ) -> anyhow::Result<bool> {
-        self.write_flag(service, backend, backend_flags::UP, up, writer)
+        let b = self.backend_mut(service, backend)?;
+        if b.healthy == up {
+            return Ok(false);
+        }
+        b.healthy = up;
+        self.write_flags(service, backend, writer)?;
+        Ok(true)
     }
 
     /// Rebuilds a service's ring and flags from its backends' flags; writes what changed.
@@ -204,47 +539,26 @@ impl Balancer {
         self.sync_ring(service, writer)
     }
 
-    fn set_flag(
-        &mut self,
-        service: usize,
-        backend: usize,
-        flag: u32,
-        on: bool,
-        writer: &mut dyn MapWriter,
-    ) -> anyhow::Result<bool> {
-        let changed = self.write_flag(service, backend, flag, on, writer)?;
-        if changed {
-            self.sync_ring(service, writer)?;
-        }
-        Ok(changed)
-    }
-
-    fn write_flag(
-        &mut self,
-        service: usize,
-        backend: usize,
-        flag: u32,
-        on: bool,
-        writer: &mut dyn MapWriter,
-    ) -> anyhow::Result<bool> {
-        let Some(b) = self
-            .services
+    fn backend_mut(&mut self, service: usize, backend: usize) -> anyhow::Result<&mut BackendState> {
+        self.services
             .get_mut(service)
             .and_then(|s| s.backends.get_mut(backend))
-        else {
-            bail!("no backend {backend} in service {service}");
-        };
-        let flags = if on {
-            b.info.flags | flag
-        } else {
-            b.info.flags & !flag
-        };
-        if flags == b.info.flags {
-            return Ok(false);
+            .with_context(|| format!("no backend {backend} in service {service}"))
+    }
+
+    fn write_flags(
+        &mut self,
+        service: usize,
+        backend: usize,
+        writer: &mut dyn MapWriter,
+    ) -> anyhow::Result<()> {
+        let b = self.backend_mut(service, backend)?;
+        let flags = b.flags();
+        if flags != b.info.flags {
+            b.info.flags = flags;
+            writer.set_backend(b.id, b.info)?;
         }
-        b.info.flags = flags;
-        writer.set_backend(b.id, b.info)?;
-        Ok(true)
+        Ok(())
     }
 
     /// Recomputes a service's ring and flags and writes what changed.
@@ -298,9 +612,10 @@ impl Balancer {
         } else {
             0
         } | mode;
-        if flags != s.info.flags || changed.len() == ring_size as usize {
+        if flags != s.info.flags || s.dirty {
             s.info.flags = flags;
             writer.set_service(s.key, s.info)?;
+            s.dirty = false;
         }
         Ok(())
     }
@@ -324,9 +639,25 @@ impl Balancer {
         Some(self.services.get(service)?.backends.get(backend)?.id)
     }
 
-    /// Whether a backend is up (health), as last set.
+    /// Whether a backend's health verdict lets it take flows, as last set.
     pub fn is_up(&self, service: usize, backend: usize) -> Option<bool> {
-        Some(self.services.get(service)?.backends.get(backend)?.up())
+        Some(self.services.get(service)?.backends.get(backend)?.healthy)
+    }
+
+    /// A backend's admin setting.
+    pub fn admin(&self, service: usize, backend: usize) -> Option<Admin> {
+        Some(self.services.get(service)?.backends.get(backend)?.admin)
+    }
+
+    /// Whether a backend takes new flows now (health, admin and weight).
+    pub fn takes_new_flows(&self, service: usize, backend: usize) -> Option<bool> {
+        Some(
+            self.services
+                .get(service)?
+                .backends
+                .get(backend)?
+                .takes_new_flows(),
+        )
     }
 
     /// A service's ring as written (backend ids).
@@ -342,13 +673,19 @@ impl Balancer {
             .collect()
     }
 
+    /// Backend ids in use (the per-backend maps must be read up to this).
     pub fn backend_count(&self) -> u32 {
-        self.services.iter().map(|s| s.backends.len() as u32).sum()
+        self.services
+            .iter()
+            .flat_map(|s| s.backends.iter().map(|b| b.id + 1))
+            .chain(self.retired.iter().map(|r| r.0 + 1))
+            .max()
+            .unwrap_or(0)
     }
 }
 
 /// An in-memory [`MapWriter`] for tests.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct MemoryMaps {
     pub addrs: HashMap<Ipv4Addr, u32>,
     pub services: HashMap<ServiceKey, ServiceInfo>,
@@ -555,5 +892,160 @@ mod tests {
             let got = share(&maps, id) as f64 / total;
             assert!((got - want).abs() < 0.01, "backend {id}: {got}");
         }
+    }
+
+    fn two_services(backends_a: &[&str], extra: &str) -> Config {
+        let list = |l: &[&str]| {
+            l.iter()
+                .map(|a| format!("{{ address = \"{a}\" }}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        config::parse(&format!(
+            "[lb]\ninterfaces = [\"eth1\"]\nring_size = 1009\nmax_services = 3\nmax_backends = 8\n\
+             [[service]]\nname = \"a\"\nvip = \"10.100.0.1:80\"\nbackends = [{}]\n\
+             [[service]]\nname = \"b\"\nvip = \"10.100.0.2:80\"\nbackends = [{{ address = \"10.0.2.9:80\" }}]\n{extra}",
+            list(backends_a)
+        ))
+        .unwrap()
+    }
+
+    fn snat(_: usize, _: SocketAddrV4) -> anyhow::Result<Ipv4Addr> {
+        Ok(Ipv4Addr::new(10, 0, 2, 1))
+    }
+
+    #[test]
+    fn reload_keeps_ids_health_and_admin_and_writes_only_changes() {
+        let c1 = two_services(&["10.0.2.2:80", "10.0.2.3:80", "10.0.2.4:80"], "");
+        let (mut b, mut maps) = build(&c1);
+        b.set_up(0, 0, false, &mut maps).unwrap();
+        b.set_drained(0, 1, true, &mut maps).unwrap();
+        let ring_b = b.ring(1).to_vec();
+        // Same config: nothing to write.
+        let writes = maps.slot_writes;
+        let before = maps.clone();
+        let changes = b.apply(&c1, snat, |_, _| true, &mut maps).unwrap();
+        assert!(changes.is_empty(), "{changes:?}");
+        assert_eq!(maps, before);
+        // .3 leaves, .5 arrives: the others keep id, health and admin.
+        let c2 = two_services(&["10.0.2.2:80", "10.0.2.4:80", "10.0.2.5:80"], "");
+        let changes = b.apply(&c2, snat, |_, _| false, &mut maps).unwrap();
+        assert_eq!(
+            changes.backends_removed,
+            [("a".into(), "10.0.2.3:80".parse().unwrap())]
+        );
+        assert_eq!(
+            changes.backends_added,
+            [("a".into(), "10.0.2.5:80".parse().unwrap())]
+        );
+        assert_eq!(b.backend_id(0, 0), Some(0));
+        assert_eq!(b.backend_id(0, 1), Some(2));
+        assert_eq!(b.is_up(0, 0), Some(false), "health kept");
+        assert_eq!(
+            b.is_up(0, 2),
+            Some(false),
+            "a new backend takes the given verdict"
+        );
+        assert_eq!(b.backend_id(1, 0), Some(3), "the other service untouched");
+        assert_eq!(b.ring(1), &ring_b[..]);
+        let new_id = b.backend_id(0, 2).unwrap();
+        assert_eq!(
+            new_id, 4,
+            "the removed backend's id 1 is retired, not reused"
+        );
+        assert_eq!(
+            maps.backends[&1].flags & backend_flags::DRAINED,
+            backend_flags::DRAINED,
+            "removed: drained, its flows continue"
+        );
+        // Only .4 takes new flows now (.2 down, .5 down).
+        assert!(maps.rings[&0].values().all(|&id| id == 2));
+        assert_eq!(maps.slot_writes, writes, "the ring had only .4 before too");
+        // Admin settings survive a reload that keeps the backend.
+        let c3 = two_services(&["10.0.2.2:80", "10.0.2.3:80"], "");
+        b.apply(&c3, snat, |_, _| true, &mut maps).unwrap();
+        assert_eq!(b.admin(0, 1), Some(Admin::Enabled), ".3 is new again");
+        assert_ne!(b.backend_id(0, 1), Some(1), "its old id is still retired");
+    }
+
+    #[test]
+    fn reload_adds_and_removes_services_and_addresses() {
+        let c1 = two_services(&["10.0.2.2:80"], "");
+        let (mut b, mut maps) = build(&c1);
+        let c2 = config::parse(
+            "[lb]\ninterfaces = [\"eth1\"]\nring_size = 1009\nmax_services = 3\nmax_backends = 8\n\
+             [[service]]\nname = \"b\"\nvip = \"10.100.0.2:80\"\nbackends = [{ address = \"10.0.2.9:80\" }]\n\
+             [[service]]\nname = \"c\"\nvip = \"10.100.0.3:53\"\nprotocol = \"udp\"\nbackends = [{ address = \"10.0.2.9:53\" }]\n",
+        )
+        .unwrap();
+        let changes = b.apply(&c2, snat, |_, _| true, &mut maps).unwrap();
+        assert_eq!(changes.services_removed, ["a"]);
+        assert_eq!(changes.services_added, ["c"]);
+        assert!(
+            !maps.addrs.contains_key(&Ipv4Addr::new(10, 100, 0, 1)),
+            "old VIP gone"
+        );
+        assert_eq!(maps.addrs[&Ipv4Addr::new(10, 100, 0, 3)], addr_flags::VIP);
+        assert_eq!(maps.services.len(), 2);
+        let c = maps.services[&ServiceKey::new([10, 100, 0, 3], 53, 17)];
+        assert_eq!(c.id, 0, "c reuses a's service slot");
+        assert_eq!(b.service_index("b"), Some(0));
+        assert!(
+            maps.rings[&0]
+                .values()
+                .all(|&id| Some(id) == b.backend_id(1, 0)),
+            "the reused slot's ring is c's, whole"
+        );
+    }
+
+    #[test]
+    fn a_config_that_does_not_fit_changes_nothing() {
+        let c1 = two_services(&["10.0.2.2:80"], "");
+        let (mut b, mut maps) = build(&c1);
+        let before = maps.clone();
+        // 7 new backends + b's + a's removed one (retired) = 9 ids > 8.
+        let many: Vec<String> = (2..9).map(|i| format!("10.0.3.{i}:80")).collect();
+        let refs: Vec<&str> = many.iter().map(String::as_str).collect();
+        let err = b
+            .apply(&two_services(&refs, ""), snat, |_, _| true, &mut maps)
+            .unwrap_err();
+        assert!(
+            format!("{err:#}").contains("lb.max_backends = 8"),
+            "{err:#}"
+        );
+        let err = b
+            .apply(
+                &c1,
+                |_, _| anyhow::bail!("no route"),
+                |_, _| true,
+                &mut maps,
+            )
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("no route"), "{err:#}");
+        assert_eq!(maps, before);
+        assert_eq!(b.backend_count(), 2);
+    }
+
+    #[test]
+    fn saved_ids_are_adopted() {
+        let c1 = two_services(&["10.0.2.2:80", "10.0.2.3:80"], "");
+        let (mut b, mut maps) = build(&c1);
+        b.set_drained(0, 1, true, &mut maps).unwrap();
+        let c2 = two_services(&["10.0.2.3:80"], "");
+        b.apply(&c2, snat, |_, _| true, &mut maps).unwrap();
+        let ids = b.ids();
+        // A new daemon with the saved ids and a config in another order.
+        let mut fresh = MemoryMaps::default();
+        let mut b2 = Balancer::with_ids(&c2, Some(ids.clone()));
+        b2.apply(&c2, snat, |_, a| a.port() != 80, &mut fresh)
+            .unwrap();
+        assert_eq!(b2.ids(), ids);
+        assert_eq!(b2.admin(0, 0), Some(Admin::Drained));
+        assert_eq!(
+            b2.is_up(0, 0),
+            Some(false),
+            "adopted verdict from the closure"
+        );
+        assert_eq!(b2.backend_count(), b.backend_count());
     }
 }
