@@ -8,7 +8,7 @@ mod read;
 use std::{
     net::{Ipv4Addr, SocketAddr, SocketAddrV4},
     ops::RangeInclusive,
-    path::Path,
+    path::{Path, PathBuf},
     time::Duration,
 };
 
@@ -18,6 +18,32 @@ pub use read::parse;
 
 /// The default control API listener.
 pub const DEFAULT_API: &str = "127.0.0.1:9090";
+/// The default bpffs directory of the pinned datapath.
+pub const DEFAULT_PIN_PATH: &str = "/sys/fs/bpf/lb";
+
+impl Lb {
+    /// Settings that are fixed while the datapath is loaded (map sizes, ring size, program
+    /// parameters, attachments): the `[lb]` keys a reload cannot change.
+    pub fn fixed_differences(&self, other: &Lb) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        let mut check = |name, same: bool| {
+            if !same {
+                out.push(name);
+            }
+        };
+        check("interfaces", self.interfaces == other.interfaces);
+        check("xdp_mode", self.xdp_mode == other.xdp_mode);
+        check("api", self.api == other.api);
+        check("api_token", self.api_token == other.api_token);
+        check("pin_path", self.pin_path == other.pin_path);
+        check("snat_ports", self.snat_ports == other.snat_ports);
+        check("ring_size", self.ring_size == other.ring_size);
+        check("max_services", self.max_services == other.max_services);
+        check("max_backends", self.max_backends == other.max_backends);
+        check("conntrack", self.conntrack == other.conntrack);
+        out
+    }
+}
 /// Largest backend weight accepted (weights are relative; 0 drains).
 pub const MAX_WEIGHT: u32 = 1000;
 
@@ -34,6 +60,12 @@ pub struct Lb {
     pub xdp_mode: XdpMode,
     /// Control API listener.
     pub api: SocketAddr,
+    /// Bearer token required by the API's admin endpoints on a non-loopback listener
+    /// (`LB_API_TOKEN` in the environment takes precedence).
+    pub api_token: Option<String>,
+    /// bpffs directory where the program and maps are pinned, so a restarted daemon adopts the
+    /// running datapath (`lb run --no-pin` does not pin).
+    pub pin_path: PathBuf,
     /// Source address of forwarded flows; None: the address the kernel would use towards each
     /// backend (its egress interface's).
     pub snat_address: Option<Ipv4Addr>,

@@ -3,12 +3,14 @@
 use std::{
     collections::HashMap,
     net::{Ipv4Addr, SocketAddr, SocketAddrV4},
+    path::PathBuf,
     time::Duration,
 };
 
 use super::{
-    AllUnhealthy, Backend, Config, ConfigErrors, Conntrack, DEFAULT_API, ExistingFlows, Lb,
-    MAX_RING_ENTRIES, MAX_WEIGHT, Problem, Protocol, RING_SIZE_RANGE, Service, XdpMode,
+    AllUnhealthy, Backend, Config, ConfigErrors, Conntrack, DEFAULT_API, DEFAULT_PIN_PATH,
+    ExistingFlows, Lb, MAX_RING_ENTRIES, MAX_WEIGHT, Problem, Protocol, RING_SIZE_RANGE, Service,
+    XdpMode,
     fields::{Fields, Problems},
 };
 
@@ -79,6 +81,29 @@ fn read_lb(f: &Fields) -> Option<Lb> {
             .map_err(|_| f.problem("api", format!("expected IP:PORT, got {s:?}")))
             .ok(),
     };
+    let pin_path = match f.str("pin_path") {
+        None => Some(PathBuf::from(DEFAULT_PIN_PATH)),
+        Some(s) if s.starts_with("/sys/fs/bpf/") && !s.contains("..") && s.len() > 12 => {
+            Some(PathBuf::from(s.trim_end_matches('/')))
+        }
+        Some(s) => {
+            f.problem(
+                "pin_path",
+                format!("expected a directory under /sys/fs/bpf/, got {s:?}"),
+            );
+            None
+        }
+    };
+    let api_token = match f.str("api_token") {
+        Some(t) if t.len() < 16 || t.chars().any(|c| !c.is_ascii_graphic()) => {
+            f.problem(
+                "api_token",
+                "expected at least 16 printable ASCII characters without spaces",
+            );
+            None
+        }
+        t => Some(t.map(str::to_owned)),
+    };
     let snat_address = read_ipv4(f, "snat_address");
     let snat_ports = match f.str("snat_ports") {
         None => Some(20000..=32767),
@@ -147,6 +172,8 @@ fn read_lb(f: &Fields) -> Option<Lb> {
         interfaces: interfaces?,
         xdp_mode: xdp_mode?,
         api: api?,
+        api_token: api_token?,
+        pin_path: pin_path?,
         snat_address: snat_address?,
         snat_ports: snat_ports?,
         ring_size: ring_size?,
@@ -513,6 +540,16 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
                 "api = \"127.0.0.1:9090\"",
                 "api = \"localhost\"",
                 "lb.api: expected IP:PORT, got \"localhost\"",
+            ),
+            (
+                "api = \"127.0.0.1:9090\"",
+                "api = \"127.0.0.1:9090\"\npin_path = \"/tmp/lb\"",
+                "lb.pin_path: expected a directory under /sys/fs/bpf/, got \"/tmp/lb\"",
+            ),
+            (
+                "api = \"127.0.0.1:9090\"",
+                "api = \"127.0.0.1:9090\"\napi_token = \"short\"",
+                "lb.api_token: expected at least 16 printable ASCII characters without spaces",
             ),
             (
                 "interfaces = [\"eth1\"]",
