@@ -9,6 +9,7 @@ pub mod packet;
 pub mod servers;
 pub mod testnet;
 pub mod topology;
+pub mod webcheck;
 
 use std::path::PathBuf;
 

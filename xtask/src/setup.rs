@@ -20,6 +20,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("iputils-ping", "ping"),
     ("curl", "curl"),
     ("nftables", "nft"),
+    ("chromium", "chromium"),
+    ("prometheus", "promtool"),
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -1,1 +1,461 @@
 //! `GET /metrics`: Prometheus text exposition format. Pure: a function of the model.
+//!
+//! Format 0.0.4 as `promtool check metrics` wants it: HELP and TYPE before each family's samples,
+//! base units in names, `_total` on counters only, one line per series. A family with no samples
+//! is left out altogether.
+
+use std::fmt::Write as _;
+
+use super::model::{BackendStatus, ServiceStatus, Status};
+
+/// Every backend state (model.rs, `BackendStatus::state`): `lb_backend_state` has one series per
+/// state so that a dashboard can select on the label and always find a sample.
+pub const STATES: [&str; 7] = [
+    "initializing",
+    "healthy",
+    "mostly_healthy",
+    "mostly_unhealthy",
+    "unhealthy",
+    "disabled",
+    "unused",
+];
+
+pub fn render(status: &Status) -> String {
+    let mut out = String::new();
+
+    let per_service = |value: fn(&ServiceStatus) -> Option<String>| -> Vec<String> {
+        status
+            .services
+            .iter()
+            .filter_map(|s| Some(format!("{} {}", labels(&[("service", &s.name)]), value(s)?)))
+            .collect()
+    };
+    family(
+        &mut out,
+        "lb_service_packets_total",
+        "counter",
+        "Packets of the service's flows handled by the datapath.",
+        per_service(|s| Some(s.packets.to_string())),
+    );
+    family(
+        &mut out,
+        "lb_service_bytes_total",
+        "counter",
+        "Bytes of the service's flows handled by the datapath.",
+        per_service(|s| Some(s.bytes.to_string())),
+    );
+    family(
+        &mut out,
+        "lb_service_new_flows_total",
+        "counter",
+        "Flows of the service the datapath assigned to a backend.",
+        per_service(|s| Some(s.new_flows.to_string())),
+    );
+    family(
+        &mut out,
+        "lb_service_available_backends",
+        "gauge",
+        "Backends of the service taking new flows now.",
+        per_service(|s| Some(s.available_backends.to_string())),
+    );
+    family(
+        &mut out,
+        "lb_service_failure_window_seconds",
+        "gauge",
+        "Longest time a dead backend keeps receiving new flows (checks on only).",
+        per_service(|s| s.failure_window_s.map(float)),
+    );
+    family(
+        &mut out,
+        "lb_service_success_window_seconds",
+        "gauge",
+        "Longest time a recovered backend waits for new flows (checks on only).",
+        per_service(|s| s.success_window_s.map(float)),
+    );
+
+    // (service and backend labels, backend) in order.
+    let backends: Vec<(Vec<(&str, &str)>, &BackendStatus)> = status
+        .services
+        .iter()
+        .flat_map(|s| {
+            s.backends.iter().map(|b| {
+                (
+                    vec![
+                        ("service", s.name.as_str()),
+                        ("backend", b.address.as_str()),
+                    ],
+                    b,
+                )
+            })
+        })
+        .collect();
+    let per_backend = |value: fn(&BackendStatus) -> Option<String>| -> Vec<String> {
+        backends
+            .iter()
+            .filter_map(|(l, b)| Some(format!("{} {}", labels(l), value(b)?)))
+            .collect()
+    };
+
+    let states = backends
+        .iter()
+        .flat_map(|(l, b)| {
+            STATES.iter().map(move |state| {
+                let mut l = l.clone();
+                l.push(("state", state));
+                format!("{} {}", labels(&l), u8::from(b.state == *state))
+            })
+        })
+        .collect();
+    family(
+        &mut out,
+        "lb_backend_state",
+        "gauge",
+        "Health state of the backend: 1 for the current state, 0 for the others.",
+        states,
+    );
+    family(
+        &mut out,
+        "lb_backend_available",
+        "gauge",
+        "Whether the backend takes new flows now (health, admin state and weight together).",
+        per_backend(|b| Some(u8::from(b.available).to_string())),
+    );
+    family(
+        &mut out,
+        "lb_backend_weight",
+        "gauge",
+        "Configured weight of the backend.",
+        per_backend(|b| Some(b.weight.to_string())),
+    );
+    family(
+        &mut out,
+        "lb_backend_check_success",
+        "gauge",
+        "Consecutive successful probes of the backend.",
+        per_backend(|b| Some(b.counters.success.to_string())),
+    );
+    family(
+        &mut out,
+        "lb_backend_check_tcp_failure",
+        "gauge",
+        "Consecutive probes of the backend that failed at the TCP level.",
+        per_backend(|b| Some(b.counters.tcp_failure.to_string())),
+    );
+    family(
+        &mut out,
+        "lb_backend_check_http_failure",
+        "gauge",
+        "Consecutive probes of the backend that failed at the HTTP level.",
+        per_backend(|b| Some(b.counters.http_failure.to_string())),
+    );
+    family(
+        &mut out,
+        "lb_backend_check_timeout_failure",
+        "gauge",
+        "Consecutive probes of the backend that timed out.",
+        per_backend(|b| Some(b.counters.timeout_failure.to_string())),
+    );
+    family(
+        &mut out,
+        "lb_backend_last_probe_latency_seconds",
+        "gauge",
+        "Latency of the backend's last probe, when it succeeded.",
+        per_backend(|b| b.last_probe_latency_ms.map(|ms| float(ms / 1000.0))),
+    );
+    family(
+        &mut out,
+        "lb_backend_packets_total",
+        "counter",
+        "Packets of the backend's flows handled by the datapath.",
+        per_backend(|b| Some(b.packets.to_string())),
+    );
+    family(
+        &mut out,
+        "lb_backend_bytes_total",
+        "counter",
+        "Bytes of the backend's flows handled by the datapath.",
+        per_backend(|b| Some(b.bytes.to_string())),
+    );
+    family(
+        &mut out,
+        "lb_backend_new_flows_total",
+        "counter",
+        "Flows the datapath assigned to the backend.",
+        per_backend(|b| Some(b.new_flows.to_string())),
+    );
+
+    family(
+        &mut out,
+        "lb_datapath_packets_total",
+        "counter",
+        "Datapath packet counters by verdict or event (README, \"Counters\").",
+        status
+            .counters
+            .iter()
+            .map(|c| format!("{} {}", labels(&[("verdict", &c.name)]), c.value))
+            .collect(),
+    );
+
+    let mut latency = Vec::new();
+    for h in &status.probe_latency {
+        let kind = ("kind", h.kind.as_str());
+        // A non-finite bound would repeat the +Inf bucket written below.
+        for (bound, count) in h.bounds_s.iter().zip(&h.counts) {
+            if bound.is_finite() {
+                let le = float(*bound);
+                latency.push(format!("_bucket{} {count}", labels(&[kind, ("le", &le)])));
+            }
+        }
+        latency.push(format!(
+            "_bucket{} {}",
+            labels(&[kind, ("le", "+Inf")]),
+            h.count
+        ));
+        latency.push(format!("_sum{} {}", labels(&[kind]), float(h.sum_s)));
+        latency.push(format!("_count{} {}", labels(&[kind]), h.count));
+    }
+    family(
+        &mut out,
+        "lb_probe_latency_seconds",
+        "histogram",
+        "Latency of successful health probes, by check kind.",
+        latency,
+    );
+
+    family(
+        &mut out,
+        "lb_events_total",
+        "counter",
+        "Health events (state changes and operator actions) so far.",
+        vec![format!(" {}", status.events_total)],
+    );
+    out
+}
+
+/// HELP, TYPE and the samples; each sample is what follows the family name (suffix, labels and
+/// value).
+fn family(out: &mut String, name: &str, kind: &str, help: &str, samples: Vec<String>) {
+    if samples.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    for s in samples {
+        let _ = writeln!(out, "{name}{s}");
+    }
+}
+
+/// `{a="x",b="y"}` with the values escaped as the format requires.
+fn labels(pairs: &[(&str, &str)]) -> String {
+    let inner: Vec<String> = pairs
+        .iter()
+        .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+        .collect();
+    format!("{{{}}}", inner.join(","))
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Rust prints `inf` and `NaN`; the format spells them `+Inf`, `-Inf`, `NaN`.
+fn float(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".to_owned()
+    } else if v.is_infinite() {
+        if v > 0.0 { "+Inf" } else { "-Inf" }.to_owned()
+    } else {
+        v.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::model::{LatencyHistogram, NamedCounter, ProbeCounters};
+
+    fn small() -> Status {
+        Status {
+            time: 1_700_000_000.0,
+            services: vec![ServiceStatus {
+                name: "web".to_owned(),
+                vip: "10.1.0.1:80".to_owned(),
+                protocol: "tcp".to_owned(),
+                check: "http".to_owned(),
+                failure_window_s: Some(7.0),
+                success_window_s: Some(0.35),
+                healthy_threshold: 3,
+                unhealthy_threshold: 3,
+                packets: 20,
+                bytes: 2000,
+                new_flows: 4,
+                available_backends: 1,
+                backends: vec![BackendStatus {
+                    address: "10.0.0.2:80".to_owned(),
+                    ip: "10.0.0.2".to_owned(),
+                    port: 80,
+                    weight: 2,
+                    state: "mostly_healthy".to_owned(),
+                    admin: "enabled".to_owned(),
+                    available: true,
+                    state_for_s: 1.0,
+                    counters: ProbeCounters {
+                        success: 0,
+                        tcp_failure: 1,
+                        http_failure: 0,
+                        timeout_failure: 0,
+                    },
+                    last_probe_latency_ms: Some(2.5),
+                    packets: 10,
+                    bytes: 1000,
+                    new_flows: 3,
+                }],
+            }],
+            counters: vec![NamedCounter {
+                name: "xdp_tx".to_owned(),
+                value: 17,
+            }],
+            probe_latency: vec![LatencyHistogram {
+                kind: "http".to_owned(),
+                bounds_s: vec![0.001, 0.01],
+                counts: vec![1, 3],
+                count: 4,
+                sum_s: 0.5,
+            }],
+            events_total: 5,
+        }
+    }
+
+    #[test]
+    fn exact_output() {
+        let expected = r#"# HELP lb_service_packets_total Packets of the service's flows handled by the datapath.
+# TYPE lb_service_packets_total counter
+lb_service_packets_total{service="web"} 20
+# HELP lb_service_bytes_total Bytes of the service's flows handled by the datapath.
+# TYPE lb_service_bytes_total counter
+lb_service_bytes_total{service="web"} 2000
+# HELP lb_service_new_flows_total Flows of the service the datapath assigned to a backend.
+# TYPE lb_service_new_flows_total counter
+lb_service_new_flows_total{service="web"} 4
+# HELP lb_service_available_backends Backends of the service taking new flows now.
+# TYPE lb_service_available_backends gauge
+lb_service_available_backends{service="web"} 1
+# HELP lb_service_failure_window_seconds Longest time a dead backend keeps receiving new flows (checks on only).
+# TYPE lb_service_failure_window_seconds gauge
+lb_service_failure_window_seconds{service="web"} 7
+# HELP lb_service_success_window_seconds Longest time a recovered backend waits for new flows (checks on only).
+# TYPE lb_service_success_window_seconds gauge
+lb_service_success_window_seconds{service="web"} 0.35
+# HELP lb_backend_state Health state of the backend: 1 for the current state, 0 for the others.
+# TYPE lb_backend_state gauge
+lb_backend_state{service="web",backend="10.0.0.2:80",state="initializing"} 0
+lb_backend_state{service="web",backend="10.0.0.2:80",state="healthy"} 0
+lb_backend_state{service="web",backend="10.0.0.2:80",state="mostly_healthy"} 1
+lb_backend_state{service="web",backend="10.0.0.2:80",state="mostly_unhealthy"} 0
+lb_backend_state{service="web",backend="10.0.0.2:80",state="unhealthy"} 0
+lb_backend_state{service="web",backend="10.0.0.2:80",state="disabled"} 0
+lb_backend_state{service="web",backend="10.0.0.2:80",state="unused"} 0
+# HELP lb_backend_available Whether the backend takes new flows now (health, admin state and weight together).
+# TYPE lb_backend_available gauge
+lb_backend_available{service="web",backend="10.0.0.2:80"} 1
+# HELP lb_backend_weight Configured weight of the backend.
+# TYPE lb_backend_weight gauge
+lb_backend_weight{service="web",backend="10.0.0.2:80"} 2
+# HELP lb_backend_check_success Consecutive successful probes of the backend.
+# TYPE lb_backend_check_success gauge
+lb_backend_check_success{service="web",backend="10.0.0.2:80"} 0
+# HELP lb_backend_check_tcp_failure Consecutive probes of the backend that failed at the TCP level.
+# TYPE lb_backend_check_tcp_failure gauge
+lb_backend_check_tcp_failure{service="web",backend="10.0.0.2:80"} 1
+# HELP lb_backend_check_http_failure Consecutive probes of the backend that failed at the HTTP level.
+# TYPE lb_backend_check_http_failure gauge
+lb_backend_check_http_failure{service="web",backend="10.0.0.2:80"} 0
+# HELP lb_backend_check_timeout_failure Consecutive probes of the backend that timed out.
+# TYPE lb_backend_check_timeout_failure gauge
+lb_backend_check_timeout_failure{service="web",backend="10.0.0.2:80"} 0
+# HELP lb_backend_last_probe_latency_seconds Latency of the backend's last probe, when it succeeded.
+# TYPE lb_backend_last_probe_latency_seconds gauge
+lb_backend_last_probe_latency_seconds{service="web",backend="10.0.0.2:80"} 0.0025
+# HELP lb_backend_packets_total Packets of the backend's flows handled by the datapath.
+# TYPE lb_backend_packets_total counter
+lb_backend_packets_total{service="web",backend="10.0.0.2:80"} 10
+# HELP lb_backend_bytes_total Bytes of the backend's flows handled by the datapath.
+# TYPE lb_backend_bytes_total counter
+lb_backend_bytes_total{service="web",backend="10.0.0.2:80"} 1000
+# HELP lb_backend_new_flows_total Flows the datapath assigned to the backend.
+# TYPE lb_backend_new_flows_total counter
+lb_backend_new_flows_total{service="web",backend="10.0.0.2:80"} 3
+# HELP lb_datapath_packets_total Datapath packet counters by verdict or event (README, "Counters").
+# TYPE lb_datapath_packets_total counter
+lb_datapath_packets_total{verdict="xdp_tx"} 17
+# HELP lb_probe_latency_seconds Latency of successful health probes, by check kind.
+# TYPE lb_probe_latency_seconds histogram
+lb_probe_latency_seconds_bucket{kind="http",le="0.001"} 1
+lb_probe_latency_seconds_bucket{kind="http",le="0.01"} 3
+lb_probe_latency_seconds_bucket{kind="http",le="+Inf"} 4
+lb_probe_latency_seconds_sum{kind="http"} 0.5
+lb_probe_latency_seconds_count{kind="http"} 4
+# HELP lb_events_total Health events (state changes and operator actions) so far.
+# TYPE lb_events_total counter
+lb_events_total 5
+"#;
+        let got = render(&small());
+        for (i, (g, e)) in got.lines().zip(expected.lines()).enumerate() {
+            assert_eq!(g, e, "line {}", i + 1);
+        }
+        assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn escapes_label_values() {
+        assert_eq!(escape("a\\b\"c\nd"), "a\\\\b\\\"c\\nd");
+        let mut s = small();
+        s.services[0].name = "we\"b\\\n".to_owned();
+        let text = render(&s);
+        assert!(
+            text.contains("lb_service_packets_total{service=\"we\\\"b\\\\\\n\"} 20\n"),
+            "{text}"
+        );
+        // Each sample stays on one line.
+        assert!(
+            text.lines()
+                .all(|l| l.starts_with('#') || l.starts_with("lb_"))
+        );
+    }
+
+    #[test]
+    fn optional_families_and_no_duplicates() {
+        let mut s = small();
+        s.services[0].failure_window_s = None;
+        s.services[0].success_window_s = None;
+        s.services[0].backends[0].last_probe_latency_ms = None;
+        s.probe_latency.clear();
+        s.probe_latency.push(LatencyHistogram {
+            kind: "tcp".to_owned(),
+            bounds_s: vec![0.1, f64::INFINITY],
+            counts: vec![1, 2],
+            count: 2,
+            sum_s: 0.15,
+        });
+        let mut second = s.services[0].clone();
+        second.name = "dns".to_owned();
+        s.services.push(second);
+        let text = render(&s);
+        assert!(!text.contains("window_seconds"));
+        assert!(!text.contains("last_probe_latency"));
+        let series: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| l.rsplit_once(' ').expect("value").0)
+            .collect();
+        let mut unique = series.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(series.len(), unique.len(), "{text}");
+        assert_eq!(text.matches("le=\"+Inf\"").count(), 1);
+        assert_eq!(float(f64::NEG_INFINITY), "-Inf");
+        assert_eq!(float(f64::NAN), "NaN");
+    }
+}

@@ -1,0 +1,398 @@
+//! What the control API serves, checked as its users see it: the status page loaded in headless
+//! Chromium (the DOM after load, and a screenshot to look for the row colours), and the metrics
+//! through `promtool check metrics`. Both tools come from Debian packages (`cargo xtask setup`).
+
+use std::{
+    collections::HashSet,
+    io::{Read as _, Write as _},
+    os::unix::process::CommandExt as _,
+    path::PathBuf,
+    process::{Command, ExitStatus, Stdio},
+    sync::{
+        atomic::{AtomicU32, Ordering},
+        mpsc,
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+
+use crate::netns::Netns;
+
+/// A page load takes well under a second; the first start of a cold Chromium a few.
+const CHROMIUM_TIMEOUT: Duration = Duration::from_secs(60);
+const PROMTOOL_TIMEOUT: Duration = Duration::from_secs(30);
+
+static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
+
+/// A decoded screenshot: `pixels` holds `width × height` RGB triples, row by row.
+#[derive(Debug, Clone)]
+pub struct RgbImage {
+    pub width: u32,
+    pub height: u32,
+    pub pixels: Vec<u8>,
+}
+
+/// The DOM of `url` after load, serialised, as headless Chromium sees it from `ns` (or from the
+/// host when `None`).
+pub fn chromium_dump_dom(ns: Option<&Netns>, url: &str) -> anyhow::Result<String> {
+    chromium(ns, &["--dump-dom".to_owned(), url.to_owned()])
+}
+
+/// A `width × height` screenshot of `url` taken by headless Chromium from `ns` (or the host).
+pub fn chromium_screenshot(
+    ns: Option<&Netns>,
+    url: &str,
+    width: u32,
+    height: u32,
+) -> anyhow::Result<RgbImage> {
+    let dir = TempDir::new("screenshot")?;
+    let path = dir.0.join("page.png");
+    chromium(
+        ns,
+        &[
+            format!("--screenshot={}", path.display()),
+            format!("--window-size={width},{height}"),
+            "--hide-scrollbars".to_owned(),
+            url.to_owned(),
+        ],
+    )?;
+    let png = std::fs::read(&path)
+        .with_context(|| format!("chromium wrote no screenshot at {}", path.display()))?;
+    decode_png(&png)
+}
+
+/// Pixels within `tolerance` of `rgb` on every channel.
+pub fn count_colour_pixels(img: &RgbImage, rgb: [u8; 3], tolerance: u8) -> usize {
+    img.pixels
+        .as_chunks::<3>()
+        .0
+        .iter()
+        .filter(|p| p.iter().zip(rgb).all(|(a, b)| a.abs_diff(b) <= tolerance))
+        .count()
+}
+
+/// `promtool check metrics` on `text`: Ok when it finds nothing to complain about (parse errors
+/// and lint problems both fail), else an error with what it said. Also fails on a repeated series
+/// or a family whose samples are split by another family's, which promtool 2.42 (Debian 12)
+/// lets through but a Prometheus scrape rejects.
+pub fn promtool_check(text: &str) -> anyhow::Result<()> {
+    let promtool = find_program("promtool", "prometheus")?;
+    let mut cmd = Command::new(promtool);
+    cmd.args(["check", "metrics"]);
+    let out = run(&mut cmd, Some(text.as_bytes()), PROMTOOL_TIMEOUT)?;
+    if !out.status.success() {
+        bail!(
+            "promtool check metrics rejected the text ({}):\n{}{}",
+            out.status,
+            out.stdout,
+            out.stderr
+        );
+    }
+    check_series(text)
+}
+
+/// Every series once, and each family's samples together (after its TYPE line).
+fn check_series(text: &str) -> anyhow::Result<()> {
+    let mut series = HashSet::new();
+    let mut done: HashSet<&str> = HashSet::new();
+    let mut family = "";
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let name = rest.split(' ').next().unwrap_or_default();
+            done.insert(std::mem::replace(&mut family, name));
+            continue;
+        }
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        let key = series_key(line);
+        let name = &key[..key.find('{').unwrap_or(key.len())];
+        let base = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s).filter(|b| *b == family))
+            .unwrap_or(name);
+        if base != family {
+            if done.contains(base) {
+                bail!("samples of {base} split by another family: {line}");
+            }
+            // A sample without TYPE line is a family of its own.
+            done.insert(std::mem::replace(&mut family, base));
+        }
+        if !series.insert(key) {
+            bail!("duplicate series: {line}");
+        }
+    }
+    Ok(())
+}
+
+/// The metric name and labels of a sample line: up to the closing brace (skipping quoted label
+/// values) or the first space.
+fn series_key(line: &str) -> &str {
+    let (mut braces, mut quoted, mut escaped) = (false, false, false);
+    for (i, c) in line.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if quoted => escaped = true,
+            '"' if braces => quoted = !quoted,
+            '{' if !quoted => braces = true,
+            '}' if !quoted => return &line[..=i],
+            ' ' if !braces => return &line[..i],
+            _ => {}
+        }
+    }
+    line
+}
+
+fn chromium(ns: Option<&Netns>, args: &[String]) -> anyhow::Result<String> {
+    let program = find_program("chromium", "chromium")?;
+    // A fresh profile per run: parallel runs must not share one (Chromium locks it), and nothing
+    // cached from an earlier page may stand in for the one under test.
+    let profile = TempDir::new("chromium-profile")?;
+    let mut cmd = match ns {
+        Some(ns) => ns.command(&program),
+        None => Command::new(&program),
+    };
+    cmd.args([
+        "--headless",
+        // Root cannot use Chromium's sandbox.
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        // Paint CSS colours unchanged, so that a screenshot can be searched for them exactly.
+        "--force-color-profile=srgb",
+    ])
+    .arg(format!("--user-data-dir={}", profile.0.display()))
+    .args(args);
+    let out = run(&mut cmd, None, CHROMIUM_TIMEOUT)?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed ({}): {}",
+            out.status,
+            tail(&out.stderr, 2000)
+        );
+    }
+    Ok(out.stdout)
+}
+
+fn decode_png(bytes: &[u8]) -> anyhow::Result<RgbImage> {
+    let mut decoder = png::Decoder::new(std::io::Cursor::new(bytes));
+    // Palette and low bit depths expanded, 16-bit stripped: 8 bits per channel from here on.
+    decoder.set_transformations(png::Transformations::normalize_to_color8());
+    let mut reader = decoder.read_info().context("reading the PNG header")?;
+    let mut buf = vec![0; reader.output_buffer_size().context("PNG too large")?];
+    let info = reader.next_frame(&mut buf).context("decoding the PNG")?;
+    let channels = match info.color_type {
+        png::ColorType::Grayscale => 1,
+        png::ColorType::GrayscaleAlpha => 2,
+        png::ColorType::Rgb => 3,
+        png::ColorType::Rgba => 4,
+        png::ColorType::Indexed => bail!("PNG palette not expanded"),
+    };
+    let (width, height) = (info.width as usize, info.height as usize);
+    let mut pixels = Vec::with_capacity(width * height * 3);
+    for row in buf.chunks(info.line_size).take(height) {
+        for px in row.chunks_exact(channels).take(width) {
+            // Screenshots are opaque: alpha is dropped.
+            if channels < 3 {
+                pixels.extend([px[0]; 3]);
+            } else {
+                pixels.extend(&px[..3]);
+            }
+        }
+    }
+    Ok(RgbImage {
+        width: info.width,
+        height: info.height,
+        pixels,
+    })
+}
+
+/// The full path of `name` in `$PATH`, or an error naming the Debian package to install.
+fn find_program(name: &str, package: &str) -> anyhow::Result<PathBuf> {
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+        .with_context(|| {
+            format!(
+                "{name} not found in PATH: install the Debian package `{package}` \
+                 (`apt-get install -y {package}`, or `cargo xtask setup`)"
+            )
+        })
+}
+
+struct RunOutput {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `cmd` with `stdin` fed to it, killing it (and whatever it started) after `timeout`.
+fn run(cmd: &mut Command, stdin: Option<&[u8]>, timeout: Duration) -> anyhow::Result<RunOutput> {
+    let deadline = Instant::now() + timeout;
+    // Its own process group, so that a timeout also ends the helpers Chromium forks.
+    let mut child = cmd
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("cannot start {cmd:?}"))?;
+    let pgid = child.id() as libc::pid_t;
+    let kill_group = || {
+        // SAFETY: signals only our child's process group.
+        unsafe { libc::kill(-pgid, libc::SIGKILL) };
+    };
+    // Readers and the writer on threads: a full pipe must not stall the child while we wait.
+    let (tx, rx) = mpsc::channel();
+    for (which, mut pipe) in [
+        (
+            0,
+            Box::new(child.stdout.take().context("stdout")?) as Box<dyn std::io::Read + Send>,
+        ),
+        (1, Box::new(child.stderr.take().context("stderr")?)),
+    ] {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = pipe.read_to_end(&mut buf);
+            let _ = tx.send((which, buf));
+        });
+    }
+    if let (Some(data), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        let data = data.to_vec();
+        // A child that exits without reading all of it is reported by its status instead.
+        std::thread::spawn(move || pipe.write_all(&data));
+    }
+    let status = loop {
+        if let Some(status) = child.try_wait().context("waiting for the child")? {
+            break status;
+        }
+        if Instant::now() > deadline {
+            kill_group();
+            let _ = child.wait();
+            bail!("{cmd:?} did not finish within {timeout:?}: killed");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut outputs = [Vec::new(), Vec::new()];
+    for _ in 0..2 {
+        let wait = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_secs(2));
+        let (which, buf) = match rx.recv_timeout(wait) {
+            Ok(got) => got,
+            Err(_) => {
+                // A helper that outlived the main process still holds the pipe: its group still
+                // exists, so the id still names our processes.
+                kill_group();
+                rx.recv_timeout(Duration::from_secs(5))
+                    .context("output pipes still open after the kill")?
+            }
+        };
+        outputs[which] = buf;
+    }
+    let [stdout, stderr] = outputs.map(|b| String::from_utf8_lossy(&b).into_owned());
+    Ok(RunOutput {
+        status,
+        stdout,
+        stderr,
+    })
+}
+
+/// The last `max` bytes of `s` (Chromium's stderr is long and the end says what went wrong).
+fn tail(s: &str, max: usize) -> &str {
+    let mut start = s.len().saturating_sub(max);
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    &s[start..]
+}
+
+/// A directory removed (with its contents) when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(what: &str) -> anyhow::Result<Self> {
+        let path = std::env::temp_dir().join(format!(
+            "lb-webcheck-{}-{}-{what}",
+            std::process::id(),
+            NEXT_DIR.fetch_add(1, Ordering::Relaxed)
+        ));
+        // Left by an earlier process that had our pid and was killed.
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir(&path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(Self(path))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.0) {
+            eprintln!("warning: cannot remove {}: {e}", self.0.display());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_pixels_within_tolerance() {
+        let img = RgbImage {
+            width: 3,
+            height: 1,
+            pixels: vec![200, 247, 197, 201, 246, 197, 0, 0, 0],
+        };
+        assert_eq!(count_colour_pixels(&img, [200, 247, 197], 0), 1);
+        assert_eq!(count_colour_pixels(&img, [200, 247, 197], 1), 2);
+    }
+
+    #[test]
+    fn decodes_rgba_png() {
+        let mut png = Vec::new();
+        {
+            let mut enc = png::Encoder::new(&mut png, 2, 1);
+            enc.set_color(png::ColorType::Rgba);
+            enc.set_depth(png::BitDepth::Eight);
+            let mut w = enc.write_header().expect("header");
+            w.write_image_data(&[1, 2, 3, 255, 4, 5, 6, 255])
+                .expect("data");
+        }
+        let img = decode_png(&png).expect("decode");
+        assert_eq!((img.width, img.height), (2, 1));
+        assert_eq!(img.pixels, [1, 2, 3, 4, 5, 6]);
+    }
+
+    #[test]
+    fn finds_repeated_and_split_series() {
+        let ok = "# TYPE a_total counter\na_total{x=\"}\\\" \"} 1\na_total{x=\"2\"} 1\n\
+                  # TYPE h histogram\nh_bucket{le=\"+Inf\"} 1\nh_sum 1\nh_count 1\nloose 1\n";
+        check_series(ok).expect("valid");
+        let repeated = format!("{ok}loose 2\n");
+        assert!(check_series(&repeated).is_err());
+        let split = format!("{ok}a_total{{x=\"3\"}} 1\n");
+        assert!(check_series(&split).is_err());
+        assert_eq!(series_key("a{x=\"} \\\"\"} 1 123"), "a{x=\"} \\\"\"}");
+        assert_eq!(series_key("a 1"), "a");
+    }
+
+    #[test]
+    fn missing_program_names_the_package() {
+        let e = find_program("no-such-program-lb", "some-package").expect_err("found");
+        assert!(format!("{e}").contains("apt-get install -y some-package"));
+    }
+
+    #[test]
+    fn tail_keeps_char_boundaries() {
+        assert_eq!(tail("aé", 1), "");
+        assert_eq!(tail("abc", 2), "bc");
+    }
+}
