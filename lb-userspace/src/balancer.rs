@@ -163,7 +163,7 @@ impl Balancer {
         writer: &mut dyn MapWriter,
     ) -> anyhow::Result<Self> {
         let mut b = Self::with_ids(config, None);
-        b.apply(config, snat, |_, _| true, writer)?;
+        b.apply(config, snat, |_, _, _| true, writer)?;
         Ok(b)
     }
 
@@ -203,7 +203,8 @@ impl Balancer {
 
     /// Moves to `config`: services and backends are matched by name and address and keep their
     /// ids, health and admin settings (so established flows and rings stay where they are); new
-    /// ones get free ids, with `healthy(service, backend)` as their first verdict. Everything is
+    /// ones get free ids, with `healthy(service, backend, adopted id)` as their first verdict
+    /// (the id is given for a backend adopted from [`Ids`] of a previous run). Everything is
     /// planned (ids, SNAT addresses, rings) before the first write: a config that does not fit
     /// (too many services or backends) fails with nothing written. The map sizes and ring size
     /// (`[lb]`) are fixed at load time; the caller refuses changes to them.
@@ -211,7 +212,7 @@ impl Balancer {
         &mut self,
         config: &Config,
         snat: impl Fn(usize, SocketAddrV4) -> anyhow::Result<Ipv4Addr>,
-        healthy: impl Fn(usize, SocketAddrV4) -> bool,
+        healthy: impl Fn(usize, SocketAddrV4, Option<u32>) -> bool,
         writer: &mut dyn MapWriter,
     ) -> anyhow::Result<Changes> {
         let now = unix_now();
@@ -304,7 +305,7 @@ impl Balancer {
                     .with_context(|| format!("SNAT address for {} of {}", b.address, s.name))?;
                 let (id, admin, healthy_now) = match previous(&s.name, b.address) {
                     Some((id, admin, Some(state))) => (id, admin, state.healthy),
-                    Some((id, admin, None)) => (id, admin, healthy(sid, b.address)),
+                    Some((id, admin, None)) => (id, admin, healthy(sid, b.address, Some(id))),
                     None => {
                         while used.contains(&next_free) {
                             next_free += 1;
@@ -320,7 +321,7 @@ impl Balancer {
                         }
                         used.insert(next_free);
                         changes.backends_added.push((s.name.clone(), b.address));
-                        (next_free, Admin::Enabled, healthy(sid, b.address))
+                        (next_free, Admin::Enabled, healthy(sid, b.address, None))
                     }
                 };
                 let mut state = BackendState {
@@ -634,6 +635,20 @@ impl Balancer {
             .position(|b| b.address == address)
     }
 
+    /// Service id (index of the per-service maps and rings) of a service.
+    pub fn service_id(&self, service: usize) -> Option<u32> {
+        Some(self.services.get(service)?.info.id)
+    }
+
+    /// Service ids in use (the per-service maps must be read up to this).
+    pub fn service_slots(&self) -> u32 {
+        self.services
+            .iter()
+            .map(|s| s.info.id + 1)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Backend id (index of the per-backend maps) of a service's backend.
     pub fn backend_id(&self, service: usize, backend: usize) -> Option<u32> {
         Some(self.services.get(service)?.backends.get(backend)?.id)
@@ -924,12 +939,12 @@ mod tests {
         // Same config: nothing to write.
         let writes = maps.slot_writes;
         let before = maps.clone();
-        let changes = b.apply(&c1, snat, |_, _| true, &mut maps).unwrap();
+        let changes = b.apply(&c1, snat, |_, _, _| true, &mut maps).unwrap();
         assert!(changes.is_empty(), "{changes:?}");
         assert_eq!(maps, before);
         // .3 leaves, .5 arrives: the others keep id, health and admin.
         let c2 = two_services(&["10.0.2.2:80", "10.0.2.4:80", "10.0.2.5:80"], "");
-        let changes = b.apply(&c2, snat, |_, _| false, &mut maps).unwrap();
+        let changes = b.apply(&c2, snat, |_, _, _| false, &mut maps).unwrap();
         assert_eq!(
             changes.backends_removed,
             [("a".into(), "10.0.2.3:80".parse().unwrap())]
@@ -963,7 +978,7 @@ mod tests {
         assert_eq!(maps.slot_writes, writes, "the ring had only .4 before too");
         // Admin settings survive a reload that keeps the backend.
         let c3 = two_services(&["10.0.2.2:80", "10.0.2.3:80"], "");
-        b.apply(&c3, snat, |_, _| true, &mut maps).unwrap();
+        b.apply(&c3, snat, |_, _, _| true, &mut maps).unwrap();
         assert_eq!(b.admin(0, 1), Some(Admin::Enabled), ".3 is new again");
         assert_ne!(b.backend_id(0, 1), Some(1), "its old id is still retired");
     }
@@ -978,7 +993,7 @@ mod tests {
              [[service]]\nname = \"c\"\nvip = \"10.100.0.3:53\"\nprotocol = \"udp\"\nbackends = [{ address = \"10.0.2.9:53\" }]\n",
         )
         .unwrap();
-        let changes = b.apply(&c2, snat, |_, _| true, &mut maps).unwrap();
+        let changes = b.apply(&c2, snat, |_, _, _| true, &mut maps).unwrap();
         assert_eq!(changes.services_removed, ["a"]);
         assert_eq!(changes.services_added, ["c"]);
         assert!(
@@ -1007,7 +1022,7 @@ mod tests {
         let many: Vec<String> = (2..9).map(|i| format!("10.0.3.{i}:80")).collect();
         let refs: Vec<&str> = many.iter().map(String::as_str).collect();
         let err = b
-            .apply(&two_services(&refs, ""), snat, |_, _| true, &mut maps)
+            .apply(&two_services(&refs, ""), snat, |_, _, _| true, &mut maps)
             .unwrap_err();
         assert!(
             format!("{err:#}").contains("lb.max_backends = 8"),
@@ -1017,7 +1032,7 @@ mod tests {
             .apply(
                 &c1,
                 |_, _| anyhow::bail!("no route"),
-                |_, _| true,
+                |_, _, _| true,
                 &mut maps,
             )
             .unwrap_err();
@@ -1032,12 +1047,12 @@ mod tests {
         let (mut b, mut maps) = build(&c1);
         b.set_drained(0, 1, true, &mut maps).unwrap();
         let c2 = two_services(&["10.0.2.3:80"], "");
-        b.apply(&c2, snat, |_, _| true, &mut maps).unwrap();
+        b.apply(&c2, snat, |_, _, _| true, &mut maps).unwrap();
         let ids = b.ids();
         // A new daemon with the saved ids and a config in another order.
         let mut fresh = MemoryMaps::default();
         let mut b2 = Balancer::with_ids(&c2, Some(ids.clone()));
-        b2.apply(&c2, snat, |_, a| a.port() != 80, &mut fresh)
+        b2.apply(&c2, snat, |_, _, id| id.is_none(), &mut fresh)
             .unwrap();
         assert_eq!(b2.ids(), ids);
         assert_eq!(b2.admin(0, 0), Some(Admin::Drained));

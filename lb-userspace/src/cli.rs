@@ -3,10 +3,16 @@
 use std::{net::SocketAddr, path::PathBuf};
 
 use anyhow::bail;
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use lb_common::counter;
 
-use crate::{api::StatsReply, client, config};
+use crate::{
+    api::{
+        StatsReply,
+        model::{Event, Events, Status},
+    },
+    client, config, exit,
+};
 
 #[derive(Debug, Parser)]
 #[command(name = "lb", version, about = "XDP L4 load balancer")]
@@ -15,37 +21,378 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// How client commands reach the daemon.
+#[derive(Debug, Clone, Args)]
+pub struct ApiArgs {
+    /// Control API address of the daemon.
+    #[arg(long, default_value = config::DEFAULT_API, global = true)]
+    pub api: SocketAddr,
+    /// Bearer token of the admin endpoints (needed when the daemon listens beyond loopback).
+    #[arg(long, env = "LB_API_TOKEN", hide_env_values = true, global = true)]
+    pub token: Option<String>,
+    /// Print the daemon's JSON reply instead of a table.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the balancer: attach the XDP program and serve the control API until SIGINT/SIGTERM.
+    /// Run the balancer: attach the XDP program, run the checks and serve the control API.
+    /// SIGHUP reloads the config. SIGINT/SIGTERM exit leaving the pinned datapath forwarding
+    /// (the next `lb run` adopts it); `lb stop` removes everything.
     Run {
         #[arg(long, short)]
         config: PathBuf,
+        /// Do not pin the datapath: it is removed when the daemon exits.
+        #[arg(long)]
+        no_pin: bool,
     },
     /// Validate a config file; prints every problem with its path and exits 64 if there are any.
     CheckConfig { file: PathBuf },
+    /// Health and traffic of every service (or one): state, counters, windows.
+    Status {
+        service: Option<String>,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Health events: the recent ones, or (--follow) as they happen.
+    Events {
+        #[arg(long, short)]
+        follow: bool,
+        /// Only events after this sequence number.
+        #[arg(long, default_value_t = 0)]
+        after: u64,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Drain, enable or disable a backend of a service.
+    Backend {
+        action: BackendAction,
+        service: String,
+        /// The backend's IP:PORT as in the config.
+        address: String,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Make the daemon read its config file again and apply it without losing flows.
+    Reload {
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Stop the daemon and remove the datapath (pinned or not). When no daemon answers,
+    /// remove a pinned datapath left behind at --pin-path.
+    Stop {
+        #[arg(long, default_value = config::DEFAULT_PIN_PATH)]
+        pin_path: PathBuf,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
     /// Datapath counters of the running daemon.
     Stats {
-        /// Control API address of the daemon.
-        #[arg(long, default_value = config::DEFAULT_API)]
-        api: SocketAddr,
-        /// Print the JSON reply instead of a table.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        api: ApiArgs,
     },
 }
 
-/// `lb stats`.
-pub async fn stats(api: SocketAddr, json: bool) -> anyhow::Result<()> {
-    let (status, body) = client::get(api, "/v1/stats").await?;
-    if status != 200 {
-        bail!("control API answered {status}: {body}");
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum BackendAction {
+    /// No new flows; established flows continue.
+    Drain,
+    /// Back to normal (health decides).
+    Enable,
+    /// Out: no new flows, established flows handled as for a dead backend.
+    Disable,
+}
+
+/// An answer of the daemon other than success; its exit code tells scripts which.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct Refused {
+    pub message: String,
+    pub code: i32,
+}
+
+fn refused(status: u16, body: &str) -> anyhow::Error {
+    #[derive(serde::Deserialize)]
+    struct Reply {
+        error: String,
+        #[serde(default)]
+        problems: Vec<String>,
     }
-    if json {
+    let (message, problems) = match serde_json::from_str::<Reply>(body) {
+        Ok(r) => (r.error, r.problems),
+        Err(_) => (body.trim().to_owned(), Vec::new()),
+    };
+    let code = match status {
+        400 => exit::CONFIG,
+        401 | 403 => exit::NOPERM,
+        404 => exit::NOT_FOUND,
+        _ => exit::FAILURE,
+    };
+    let message = if problems.len() > 1 {
+        format!("{}:\n  {}", status_text(status), problems.join("\n  "))
+    } else {
+        format!("{}: {message}", status_text(status))
+    };
+    Refused { message, code }.into()
+}
+
+fn status_text(status: u16) -> String {
+    match status {
+        400 => "rejected".into(),
+        401 => "not authorized".into(),
+        404 => "not found".into(),
+        s => format!("control API answered {s}"),
+    }
+}
+
+async fn get_json<T: serde::de::DeserializeOwned>(
+    api: &ApiArgs,
+    path: &str,
+) -> anyhow::Result<(T, String)> {
+    let (status, body) = client::request(api.api, "GET", path, api.token.as_deref()).await?;
+    if status != 200 {
+        return Err(refused(status, &body));
+    }
+    Ok((serde_json::from_str(&body)?, body))
+}
+
+async fn post(api: &ApiArgs, path: &str) -> anyhow::Result<String> {
+    let (status, body) = client::request(api.api, "POST", path, api.token.as_deref()).await?;
+    if !(200..300).contains(&status) {
+        return Err(refused(status, &body));
+    }
+    Ok(body)
+}
+
+/// `lb status [SERVICE]`.
+pub async fn status(api: ApiArgs, service: Option<String>) -> anyhow::Result<()> {
+    let path = match &service {
+        Some(s) => format!("/v1/healthcheck/{}", encode(s)),
+        None => "/v1/healthcheck".to_owned(),
+    };
+    let (status, body): (Status, String) = get_json(&api, &path).await?;
+    if api.json {
         println!("{body}");
         return Ok(());
     }
-    let reply: StatsReply = serde_json::from_str(&body)?;
+    for s in &status.services {
+        println!(
+            "{}  {} {}  check {}  {}/{} backends available",
+            s.name,
+            s.vip,
+            s.protocol,
+            s.check,
+            s.available_backends,
+            s.backends.len()
+        );
+        if let (Some(fail), Some(ok)) = (s.failure_window_s, s.success_window_s) {
+            println!(
+                "  failure window {fail}s, success window at most {ok}s (thresholds: {} down, {} up)",
+                s.unhealthy_threshold, s.healthy_threshold
+            );
+        }
+        println!(
+            "  traffic: {} new flows, {} packets, {} bytes",
+            s.new_flows, s.packets, s.bytes
+        );
+        println!(
+            "  {:<22} {:>3} {:<17} {:<9} {:>8} {:>4} {:>4} {:>4} {:>9} {:>10} {:>12}",
+            "backend",
+            "w",
+            "state",
+            "admin",
+            "for",
+            "ok",
+            "tcp",
+            "http",
+            "timeout",
+            "latency",
+            "new flows"
+        );
+        for b in &s.backends {
+            println!(
+                "  {:<22} {:>3} {:<17} {:<9} {:>7.0}s {:>4} {:>4} {:>4} {:>9} {:>10} {:>12}",
+                b.address,
+                b.weight,
+                b.state,
+                b.admin,
+                b.state_for_s,
+                b.counters.success,
+                b.counters.tcp_failure,
+                b.counters.http_failure,
+                b.counters.timeout_failure,
+                b.last_probe_latency_ms
+                    .map_or("-".to_owned(), |ms| format!("{ms:.2}ms")),
+                b.new_flows
+            );
+        }
+        println!();
+    }
+    Ok(())
+}
+
+/// `lb events [--follow]`.
+pub async fn events(api: ApiArgs, follow: bool, after: u64) -> anyhow::Result<()> {
+    if !follow {
+        let (events, body): (Events, String) =
+            get_json(&api, &format!("/v1/events?after={after}")).await?;
+        if api.json {
+            println!("{body}");
+        } else {
+            for e in &events.events {
+                println!("{}", show_event(e));
+            }
+        }
+        return Ok(());
+    }
+    let json = api.json;
+    let path = format!("/v1/events?follow=true&after={after}");
+    let ended = client::stream_lines(api.api, &path, api.token.as_deref(), |line| {
+        if json {
+            println!("{line}");
+        } else {
+            println!("{}", show_event(&serde_json::from_str(line)?));
+        }
+        Ok(())
+    })
+    .await?;
+    match ended {
+        Some((status, body)) => Err(refused(status, &body)),
+        None => bail!("the daemon ended the event stream (it is stopping)"),
+    }
+}
+
+fn show_event(e: &Event) -> String {
+    let secs = e.time as i64;
+    let (h, m, s) = ((secs / 3600) % 24, (secs / 60) % 60, secs % 60);
+    let millis = ((e.time - secs as f64) * 1000.0) as u32;
+    let flag = e
+        .flag_write_us
+        .map_or(String::new(), |us| format!(" flag written in {us}µs"));
+    format!(
+        "#{} {h:02}:{m:02}:{s:02}.{millis:03}Z {} {} {} -> {} ({}; ok {} tcp {} http {} timeout {}; thresholds {}/{}){flag}",
+        e.seq,
+        e.service,
+        e.backend,
+        e.from,
+        e.to,
+        e.source,
+        e.counters.success,
+        e.counters.tcp_failure,
+        e.counters.http_failure,
+        e.counters.timeout_failure,
+        e.unhealthy_threshold,
+        e.healthy_threshold,
+    )
+}
+
+/// `lb backend drain|enable|disable SERVICE ADDRESS`.
+pub async fn backend(
+    api: ApiArgs,
+    action: BackendAction,
+    service: String,
+    address: String,
+) -> anyhow::Result<()> {
+    let action = match action {
+        BackendAction::Drain => "drain",
+        BackendAction::Enable => "enable",
+        BackendAction::Disable => "disable",
+    };
+    let body = post(
+        &api,
+        &format!(
+            "/v1/services/{}/backends/{}/{action}",
+            encode(&service),
+            encode(&address)
+        ),
+    )
+    .await?;
+    if api.json {
+        println!("{body}");
+    } else {
+        let v: serde_json::Value = serde_json::from_str(&body)?;
+        println!(
+            "{service} {address}: admin {}, state {}",
+            v["admin"].as_str().unwrap_or("?"),
+            v["state"].as_str().unwrap_or("?")
+        );
+    }
+    Ok(())
+}
+
+/// `lb reload`.
+pub async fn reload(api: ApiArgs) -> anyhow::Result<()> {
+    let body = post(&api, "/v1/reload").await?;
+    if api.json {
+        println!("{body}");
+        return Ok(());
+    }
+    let v: serde_json::Value = serde_json::from_str(&body)?;
+    let list = |k: &str| {
+        v[k].as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default()
+    };
+    println!("reloaded");
+    for (key, label) in [
+        ("services_added", "services added"),
+        ("services_removed", "services removed"),
+        ("services_changed", "services changed"),
+        ("backends_added", "backends added"),
+        ("backends_removed", "backends removed"),
+    ] {
+        let l = list(key);
+        if !l.is_empty() {
+            println!("  {label}: {l}");
+        }
+    }
+    Ok(())
+}
+
+/// `lb stop`.
+pub async fn stop(api: ApiArgs, pin_path: PathBuf) -> anyhow::Result<()> {
+    match post(&api, "/v1/stop").await {
+        Ok(_) => {
+            println!("lb is stopping and removing its datapath");
+            Ok(())
+        }
+        Err(e) if e.is::<client::Unreachable>() => {
+            let removed = crate::dataplane::remove_pinned(&pin_path)?;
+            let ids = crate::daemon::ids_file(&pin_path);
+            let _ = std::fs::remove_file(&ids); // may not exist
+            if removed.is_empty() {
+                println!(
+                    "no daemon at {} and nothing pinned at {}",
+                    api.api,
+                    pin_path.display()
+                );
+            } else {
+                println!(
+                    "no daemon at {}; removed the pinned datapath at {} ({} objects)",
+                    api.api,
+                    pin_path.display(),
+                    removed.len()
+                );
+            }
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// `lb stats`.
+pub async fn stats(api: ApiArgs) -> anyhow::Result<()> {
+    let (reply, body): (StatsReply, String) = get_json(&api, "/v1/stats").await?;
+    if api.json {
+        println!("{body}");
+        return Ok(());
+    }
     println!("{:<20} {:>14}", "counter", "packets");
     for c in &reply.counters {
         let informational = counter::NAMES[counter::VERDICTS as usize..].contains(&c.name.as_str());
@@ -66,12 +413,6 @@ pub async fn stats(api: SocketAddr, json: bool) -> anyhow::Result<()> {
             "{:<24} {:<22} {:<5} {:>10} {:>12} {:>14}",
             s.name, s.vip, s.protocol, s.new_flows, s.packets, s.bytes
         );
-        if let (Some(fail), Some(ok)) = (s.failure_window_s, s.success_window_s) {
-            println!(
-                "  {} check: failure window {fail}s, success window at most {ok}s",
-                s.check
-            );
-        }
         for b in &s.backends {
             println!(
                 "  {:<22} {:<22} {:<5} {:>10} {:>12} {:>14}",
@@ -85,4 +426,17 @@ pub async fn stats(api: SocketAddr, json: bool) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Percent-encodes a path segment (service names may hold anything but '/').
+fn encode(segment: &str) -> String {
+    segment
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b':' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }

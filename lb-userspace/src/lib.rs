@@ -8,6 +8,7 @@ pub mod client;
 pub mod config;
 pub mod daemon;
 pub mod dataplane;
+pub mod events;
 pub mod health;
 pub mod maglev;
 
@@ -15,8 +16,12 @@ pub mod maglev;
 pub mod exit {
     /// Runtime failure.
     pub const FAILURE: i32 = 1;
-    /// The configuration (or command line) is invalid: nothing was changed.
+    /// The configuration or request is invalid (also a rejected reload): nothing was changed.
     pub const CONFIG: i32 = 64;
     /// The daemon's control API could not be reached.
     pub const UNAVAILABLE: i32 = 69;
+    /// The daemon does not know the service or backend named.
+    pub const NOT_FOUND: i32 = 3;
+    /// The daemon refused an admin request: token missing or wrong.
+    pub const NOPERM: i32 = 77;
 }

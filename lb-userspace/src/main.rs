@@ -40,14 +40,27 @@ fn main() -> ExitCode {
                 Err(errors) => config_failure(&file, &errors),
             };
         }
-        Command::Run { config: file } => {
+        Command::Run {
+            config: file,
+            no_pin,
+        } => {
             let config = match config::load(&file) {
                 Ok(c) => c,
                 Err(errors) => return config_failure(&file, &errors),
             };
-            runtime().and_then(|rt| rt.block_on(daemon::run(&file, config)))
+            runtime().and_then(|rt| rt.block_on(daemon::run(&file, config, !no_pin)))
         }
-        Command::Stats { api, json } => runtime().and_then(|rt| rt.block_on(cli::stats(api, json))),
+        Command::Status { service, api } => block_on(cli::status(api, service)),
+        Command::Events { follow, after, api } => block_on(cli::events(api, follow, after)),
+        Command::Backend {
+            action,
+            service,
+            address,
+            api,
+        } => block_on(cli::backend(api, action, service, address)),
+        Command::Reload { api } => block_on(cli::reload(api)),
+        Command::Stop { pin_path, api } => block_on(cli::stop(api, pin_path)),
+        Command::Stats { api } => block_on(cli::stats(api)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -55,6 +68,8 @@ fn main() -> ExitCode {
             eprintln!("lb: {e:#}");
             let code = if e.is::<client::Unreachable>() {
                 exit::UNAVAILABLE
+            } else if let Some(r) = e.downcast_ref::<cli::Refused>() {
+                r.code
             } else {
                 exit::FAILURE
             };
@@ -69,6 +84,13 @@ fn config_failure(file: &std::path::Path, errors: &config::ConfigErrors) -> Exit
         eprintln!("  {problem}");
     }
     ExitCode::from(exit::CONFIG as u8)
+}
+
+fn block_on(f: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(f)
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {

@@ -184,15 +184,31 @@ pub fn render(status: &Status) -> String {
         per_backend(|b| Some(b.new_flows.to_string())),
     );
 
+    // Every packet gets exactly one verdict; the informational counters (new flows,
+    // evictions, ...) count events beside them, so they are a family of their own.
+    let informational = &lb_common::counter::NAMES[lb_common::counter::VERDICTS as usize..];
+    let (events, verdicts): (Vec<_>, Vec<_>) = status
+        .counters
+        .iter()
+        .partition(|c| informational.contains(&c.name.as_str()));
     family(
         &mut out,
         "lb_datapath_packets_total",
         "counter",
-        "Datapath packet counters by verdict or event (README, \"Counters\").",
-        status
-            .counters
+        "Packets by datapath verdict: each packet has one (README, \"Counters\").",
+        verdicts
             .iter()
             .map(|c| format!("{} {}", labels(&[("verdict", &c.name)]), c.value))
+            .collect(),
+    );
+    family(
+        &mut out,
+        "lb_datapath_events_total",
+        "counter",
+        "Informational datapath counters: flows created, entries evicted, ... (README, \"Counters\").",
+        events
+            .iter()
+            .map(|c| format!("{} {}", labels(&[("event", &c.name)]), c.value))
             .collect(),
     );
 
@@ -313,10 +329,16 @@ mod tests {
                     new_flows: 3,
                 }],
             }],
-            counters: vec![NamedCounter {
-                name: "xdp_tx".to_owned(),
-                value: 17,
-            }],
+            counters: vec![
+                NamedCounter {
+                    name: "xdp_tx".to_owned(),
+                    value: 17,
+                },
+                NamedCounter {
+                    name: "ct_new".to_owned(),
+                    value: 3,
+                },
+            ],
             probe_latency: vec![LatencyHistogram {
                 kind: "http".to_owned(),
                 bounds_s: vec![0.001, 0.01],
@@ -387,9 +409,12 @@ lb_backend_bytes_total{service="web",backend="10.0.0.2:80"} 1000
 # HELP lb_backend_new_flows_total Flows the datapath assigned to the backend.
 # TYPE lb_backend_new_flows_total counter
 lb_backend_new_flows_total{service="web",backend="10.0.0.2:80"} 3
-# HELP lb_datapath_packets_total Datapath packet counters by verdict or event (README, "Counters").
+# HELP lb_datapath_packets_total Packets by datapath verdict: each packet has one (README, "Counters").
 # TYPE lb_datapath_packets_total counter
 lb_datapath_packets_total{verdict="xdp_tx"} 17
+# HELP lb_datapath_events_total Informational datapath counters: flows created, entries evicted, ... (README, "Counters").
+# TYPE lb_datapath_events_total counter
+lb_datapath_events_total{event="ct_new"} 3
 # HELP lb_probe_latency_seconds Latency of successful health probes, by check kind.
 # TYPE lb_probe_latency_seconds histogram
 lb_probe_latency_seconds_bucket{kind="http",le="0.001"} 1

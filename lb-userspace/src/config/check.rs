@@ -22,6 +22,17 @@ pub enum CheckKind {
 }
 
 impl CheckKind {
+    /// Every kind, in declaration order (`kind as usize` indexes it).
+    pub const ALL: [Self; 7] = [
+        Self::Tcp,
+        Self::TcpConnect,
+        Self::Udp,
+        Self::Icmp,
+        Self::Http,
+        Self::Https,
+        Self::None,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Tcp => "tcp",

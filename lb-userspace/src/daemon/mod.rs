@@ -1,0 +1,299 @@
+//! `lb run`: load the config, load (or adopt a pinned) datapath and fill it, attach, run the
+//! checks, serve the API, keep the backends' neighbour entries resolved; reload on SIGHUP; on
+//! SIGINT or SIGTERM exit leaving a pinned datapath forwarding; on `lb stop` remove everything.
+
+mod state;
+mod status;
+
+pub use state::{RequestError, Shared, Stop, ids_file};
+
+use std::{
+    collections::BTreeSet,
+    net::{Ipv4Addr, SocketAddrV4, UdpSocket},
+    path::Path,
+    sync::Arc,
+    time::Duration,
+};
+
+use anyhow::Context as _;
+use lb_common::counter;
+use tokio::{
+    signal::unix::{SignalKind, signal},
+    sync::{mpsc, watch},
+};
+use tracing::{Instrument as _, debug, error, info, info_span};
+
+use crate::{api, balancer::Balancer, config::Config, dataplane::Dataplane, health};
+
+/// How often lb re-announces itself to the backends' neighbour entries.
+const NEIGHBOUR_REFRESH: Duration = Duration::from_secs(10);
+
+/// Loads the datapath for `config` and writes its whole state; attaches nothing, so the program
+/// never sees a half-written state. Runs in the network namespace of the interfaces.
+pub fn prepare(config: &Config) -> anyhow::Result<(Dataplane, Balancer)> {
+    let mut dataplane = Dataplane::load(&config.lb, None)?;
+    let balancer = Balancer::new(
+        config,
+        |sid, backend| snat_address(config, sid, backend),
+        &mut dataplane,
+    )?;
+    dataplane.set_counts(balancer.service_slots(), balancer.backend_count());
+    Ok((dataplane, balancer))
+}
+
+/// Loads (or, pinned, adopts) the datapath and writes `config` into it. An adopted datapath
+/// keeps its connection table, ids and flags: backends keep the availability they had until
+/// their first verdict.
+fn load(config: &Config, pin: Option<&Path>) -> anyhow::Result<(Dataplane, Balancer)> {
+    let mut dataplane = Dataplane::load(&config.lb, pin)?;
+    let ids = match pin.filter(|_| dataplane.adopted()) {
+        Some(dir) => {
+            let file = state::ids_file(dir);
+            let ids = state::read_ids(&file).with_context(|| {
+                format!(
+                    "a datapath is pinned at {} but its ids cannot be read; `lb stop` removes it",
+                    dir.display()
+                )
+            })?;
+            info!(pin = %dir.display(), "adopting the pinned datapath");
+            Some(ids)
+        }
+        None => None,
+    };
+    // The availability each adopted backend had: kept until its first verdict.
+    let mut flags = std::collections::HashMap::new();
+    for s in ids.iter().flat_map(|i| i.services.iter()) {
+        for &(_, id, _) in &s.backends {
+            let info = dataplane.backend_info(id)?;
+            flags.insert(id, info.flags & lb_common::backend_flags::UP != 0);
+        }
+    }
+    let mut balancer = Balancer::with_ids(config, ids);
+    balancer.apply(
+        config,
+        |sid, backend| snat_address(config, sid, backend),
+        |_, _, id| id.and_then(|id| flags.get(&id).copied()).unwrap_or(true),
+        &mut dataplane,
+    )?;
+    dataplane.set_counts(balancer.service_slots(), balancer.backend_count());
+    Ok((dataplane, balancer))
+}
+
+/// `lb run`: until SIGINT/SIGTERM (the datapath stays, pinned, for the next `lb run`) or
+/// `lb stop` (everything removed). `pin = false` (`--no-pin`): nothing outlives the daemon.
+pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Result<()> {
+    let pin_dir = pin.then(|| config.lb.pin_path.clone());
+    let _lock = match &pin_dir {
+        Some(dir) => Some(lock_pin(dir)?),
+        None => None,
+    };
+    let (mut dataplane, balancer) = load(&config, pin_dir.as_deref())?;
+    let backends: BTreeSet<Ipv4Addr> = balancer
+        .backend_addresses()
+        .iter()
+        .map(|a| *a.ip())
+        .collect();
+    resolve_neighbours(&backends);
+    for iface in &config.lb.interfaces {
+        dataplane.attach(iface, config.lb.xdp_mode)?;
+    }
+    info!(
+        config = %config_path.display(),
+        services = config.services.len(),
+        interfaces = ?config.lb.interfaces,
+        pinned = ?pin_dir,
+        "lb running"
+    );
+
+    let (stop_tx, mut stop_rx) = watch::channel(Stop::Running);
+    let (tasks_stop_tx, tasks_stop) = watch::channel(false);
+    let (verdict_tx, mut verdict_rx) = mpsc::unbounded_channel();
+    let checker = health::checker::spawn(&config, verdict_tx, tasks_stop.clone())?;
+    let api_addr = config.lb.api;
+    let token = std::env::var("LB_API_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty())
+        .or_else(|| config.lb.api_token.clone());
+    let shared = Arc::new(Shared::new(
+        config_path.to_owned(),
+        pin_dir.as_deref().map(state::ids_file),
+        Shared::inner(config, dataplane, balancer, checker),
+        stop_tx,
+    ));
+    let applier = {
+        let shared = shared.clone();
+        let mut stop = tasks_stop.clone();
+        tokio::spawn(
+            async move {
+                loop {
+                    tokio::select! {
+                        Some(v) = verdict_rx.recv() => shared.apply_verdict(v),
+                        _ = stop.wait_for(|s| *s) => return,
+                    }
+                }
+            }
+            .instrument(info_span!("health")),
+        )
+    };
+    let mut api = tokio::spawn(
+        api::serve(
+            api_addr,
+            api::ApiState::new(shared.clone(), token),
+            tasks_stop.clone(),
+        )
+        .instrument(info_span!("api")),
+    );
+    let neighbours = tokio::spawn(
+        keep_neighbours(shared.clone(), tasks_stop.clone()).instrument(info_span!("neighbours")),
+    );
+
+    let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let mut sighup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
+    let (how, result) = loop {
+        tokio::select! {
+            _ = sigterm.recv() => { info!("SIGTERM: shutting down"); break (Stop::Exit, Ok(())) }
+            _ = sigint.recv() => { info!("SIGINT: shutting down"); break (Stop::Exit, Ok(())) }
+            _ = sighup.recv() => {
+                info!("SIGHUP: reloading the config");
+                if let Err(e) = shared.reload() {
+                    error!(error = %e, "reload rejected; the running state is unchanged");
+                }
+            }
+            how = stop_rx.wait_for(|s| *s != Stop::Running) => {
+                let how = how.map_or(Stop::Exit, |h| *h);
+                info!("stop requested through the API");
+                break (how, Ok(()));
+            }
+            // The API only ends early on error (e.g. its address is taken): stop everything.
+            res = &mut api => break (Stop::Exit, match res {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(e),
+                Err(e) => Err(anyhow::Error::new(e).context("control API task")),
+            }),
+        }
+    };
+    // Receivers may already be gone when a task ended; nothing else listens.
+    tasks_stop_tx.send_replace(true);
+    if !api.is_finished() {
+        match api.await {
+            Ok(Err(e)) => error!(error = %format!("{e:#}"), "control API"),
+            Err(e) => error!(error = %e, "control API task"),
+            Ok(Ok(())) => {}
+        }
+    }
+    if let Err(e) = neighbours.await {
+        error!(error = %e, "neighbour task");
+    }
+    if let Err(e) = applier.await {
+        error!(error = %e, "health verdict task");
+    }
+    // Every task holding the state has ended above (an API request handler that still runs
+    // would hold it: the server's graceful shutdown waited for those).
+    let Ok(shared) = Arc::try_unwrap(shared) else {
+        anyhow::bail!("daemon state still referenced at shutdown");
+    };
+    let inner = shared.inner.into_inner().expect("daemon state lock");
+    inner.checker.join().await;
+    let mut dataplane = inner.dataplane;
+    if let Ok(stats) = dataplane.stats() {
+        info!(
+            forwarded = stats.counter(counter::FWD_TX) + stats.counter(counter::FWD_REDIRECT),
+            new_flows = stats.counter(counter::CT_NEW),
+            passed = stats.counter(counter::PASS_NOT_VIP),
+            "final counters"
+        );
+    }
+    match (how, &pin_dir) {
+        (Stop::Exit, Some(dir)) => {
+            dataplane.release();
+            info!(pin = %dir.display(), "the datapath keeps forwarding (pinned); the next `lb run` adopts it, `lb stop` removes it");
+        }
+        (_, dir) => {
+            dataplane.detach_all();
+            if let Some(dir) = dir {
+                let _ = std::fs::remove_file(state::ids_file(dir)); // may not exist
+            }
+        }
+    }
+    result
+}
+
+/// Holds a lock on the pin directory's ids file for the daemon's lifetime, so that two daemons
+/// never drive one pinned datapath.
+fn lock_pin(dir: &Path) -> anyhow::Result<std::fs::File> {
+    use std::os::fd::AsRawFd as _;
+    let path = state::ids_file(dir).with_extension("lock");
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: flock on a file descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        anyhow::bail!(
+            "another `lb run` drives the datapath pinned at {} (lock {} is held)",
+            dir.display(),
+            path.display()
+        );
+    }
+    Ok(file)
+}
+
+/// A backend's SNAT address: the service's, else `lb.snat_address`, else the source address the
+/// kernel uses towards the backend (its egress interface's address).
+pub fn snat_address(
+    config: &Config,
+    sid: usize,
+    backend: SocketAddrV4,
+) -> anyhow::Result<Ipv4Addr> {
+    if let Some(a) = config.services[sid].snat_address.or(config.lb.snat_address) {
+        return Ok(a);
+    }
+    let socket = UdpSocket::bind("0.0.0.0:0")?;
+    socket
+        .connect(SocketAddrV4::new(*backend.ip(), 9))
+        .with_context(|| format!("no route to backend {}", backend.ip()))?;
+    match socket.local_addr()?.ip() {
+        std::net::IpAddr::V4(a) => Ok(a),
+        std::net::IpAddr::V6(_) => anyhow::bail!("IPv6 source towards {}", backend.ip()),
+    }
+}
+
+/// The datapath needs each backend's MAC in the kernel's neighbour table (bpf_fib_lookup reads
+/// it but cannot resolve it). An empty datagram to the discard port makes the kernel resolve
+/// and refresh the entry; whatever the backend answers (ICMP port unreachable) is ignored.
+pub fn resolve_neighbours(backends: &BTreeSet<Ipv4Addr>) {
+    let socket = match UdpSocket::bind("0.0.0.0:0") {
+        Ok(s) => s,
+        Err(e) => return debug!(error = %e, "neighbour refresh socket"),
+    };
+    for ip in backends {
+        if let Err(e) = socket.send_to(&[], SocketAddrV4::new(*ip, 9)) {
+            debug!(%ip, error = %e, "neighbour refresh");
+        }
+    }
+}
+
+async fn keep_neighbours(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(NEIGHBOUR_REFRESH) => {
+                let backends: BTreeSet<Ipv4Addr> = shared
+                    .lock()
+                    .balancer
+                    .backend_addresses()
+                    .iter()
+                    .map(|a| *a.ip())
+                    .collect();
+                resolve_neighbours(&backends);
+            }
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}

@@ -1,0 +1,473 @@
+//! The running daemon's state and every change to it: health verdicts, operator actions and
+//! config reloads. One lock holds config, datapath, balancer and checker together, so a reader
+//! (the API) never sees them disagree; every change is an event.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    net::{Ipv4Addr, SocketAddrV4},
+    path::{Path, PathBuf},
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::{
+    api::model::{Event, ProbeCounters},
+    balancer::{Admin, Balancer, Changes, Ids},
+    config::{self, Config},
+    dataplane::Dataplane,
+    events::EventLog,
+    health::{
+        checker::{Checker, ProbeKey, Verdict},
+        window::{Counters, HealthState},
+    },
+};
+
+/// How the daemon should end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    Running,
+    /// Exit; a pinned datapath keeps forwarding for the next `lb run` (SIGTERM, SIGINT).
+    Exit,
+    /// Exit and remove the datapath, pinned or not (`lb stop`).
+    Remove,
+}
+
+pub struct Shared {
+    pub(super) inner: Mutex<Inner>,
+    pub events: EventLog,
+    config_path: PathBuf,
+    /// Where the ids of a pinned datapath are saved (None: not pinned).
+    ids_file: Option<PathBuf>,
+    stop: watch::Sender<Stop>,
+}
+
+pub(super) struct Inner {
+    pub config: Config,
+    pub dataplane: Dataplane,
+    pub balancer: Balancer,
+    pub checker: Checker,
+    /// The (service, backend) pairs each probe stands for.
+    pub members: HashMap<ProbeKey, Vec<(usize, usize)>>,
+    /// When each backend's admin setting last changed (its state's age while drained/disabled).
+    pub admin_since: HashMap<(String, SocketAddrV4), Instant>,
+}
+
+/// A failed operator request: what the API answers (status code by kind).
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{}", .0.join("\n"))]
+    Invalid(Vec<String>),
+    #[error("{0:#}")]
+    Failed(anyhow::Error),
+}
+
+/// What a backend shows: health state (with admin and weight folded in), counters, latency,
+/// time in state.
+pub struct BackendView {
+    pub state: HealthState,
+    pub admin: Admin,
+    pub counters: Counters,
+    pub last_latency: Option<Duration>,
+    pub since: Instant,
+}
+
+fn members(config: &Config) -> HashMap<ProbeKey, Vec<(usize, usize)>> {
+    crate::health::checker::plan(config).into_iter().collect()
+}
+
+impl Shared {
+    pub(super) fn new(
+        config_path: PathBuf,
+        ids_file: Option<PathBuf>,
+        inner: Inner,
+        stop: watch::Sender<Stop>,
+    ) -> Self {
+        let shared = Self {
+            inner: Mutex::new(inner),
+            events: EventLog::new(crate::events::CAPACITY),
+            config_path,
+            ids_file,
+            stop,
+        };
+        shared.save_ids();
+        shared
+    }
+
+    pub(super) fn inner(
+        config: Config,
+        dataplane: Dataplane,
+        balancer: Balancer,
+        checker: Checker,
+    ) -> Inner {
+        Inner {
+            members: members(&config),
+            config,
+            dataplane,
+            balancer,
+            checker,
+            admin_since: HashMap::new(),
+        }
+    }
+
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().expect("daemon state lock")
+    }
+
+    /// Asks the daemon to end.
+    pub fn request_stop(&self, how: Stop) {
+        self.stop.send_replace(how);
+    }
+
+    /// Writes a verdict into the datapath (flag first, then ring) for every (service, backend)
+    /// the probe stands for, and records the events.
+    pub fn apply_verdict(&self, v: Verdict) {
+        let started = Instant::now();
+        let t = &v.transition;
+        let up = t.to.is_available();
+        let mut inner = self.lock();
+        let inner = &mut *inner;
+        // A verdict of a probe that a reload removed: nobody to apply it to.
+        let Some(pairs) = inner.members.get(&v.probe).cloned() else {
+            return;
+        };
+        let (mut flag_us, mut ring_us) = (None, None);
+        let mut changed_services = BTreeSet::new();
+        for &(sid, bid) in &pairs {
+            // Compared with what is written, not with the old state: an adopted datapath may
+            // hold a flag from before the restart that this first verdict must correct.
+            match inner
+                .balancer
+                .write_up_flag(sid, bid, up, &mut inner.dataplane)
+            {
+                Ok(true) => {
+                    flag_us.get_or_insert(started.elapsed().as_micros() as u64);
+                    changed_services.insert(sid);
+                }
+                Ok(false) => {}
+                Err(e) => warn!(error = %format!("{e:#}"), "writing a health flag failed"),
+            }
+        }
+        for sid in changed_services {
+            if let Err(e) = inner.balancer.sync_service(sid, &mut inner.dataplane) {
+                warn!(error = %format!("{e:#}"), "rewriting a ring failed");
+            }
+            ring_us = Some(started.elapsed().as_micros() as u64);
+        }
+        for &(sid, bid) in &pairs {
+            let service = &inner.config.services[sid];
+            let backend = service.backends[bid].address;
+            let w = &service.check.window;
+            info!(
+                service = %service.name,
+                %backend,
+                from = t.from.as_str(),
+                to = t.to.as_str(),
+                source = service.check.kind.as_str(),
+                success = t.counters.success,
+                tcp_failure = t.counters.tcp_failure,
+                http_failure = t.counters.http_failure,
+                timeout_failure = t.counters.timeout_failure,
+                healthy_threshold = w.healthy_threshold,
+                unhealthy_threshold = w.unhealthy_threshold,
+                flag_write_us = flag_us,
+                ring_write_us = ring_us,
+                "health state changed"
+            );
+            self.events.push(Event {
+                seq: 0,
+                time: 0.0,
+                service: service.name.clone(),
+                backend: backend.to_string(),
+                from: t.from.as_str().to_owned(),
+                to: t.to.as_str().to_owned(),
+                source: service.check.kind.as_str().to_owned(),
+                counters: counters(t.counters),
+                healthy_threshold: w.healthy_threshold,
+                unhealthy_threshold: w.unhealthy_threshold,
+                flag_write_us: flag_us,
+            });
+        }
+    }
+
+    /// `lb backend drain|enable|disable SERVICE ADDRESS`.
+    pub fn set_admin(
+        &self,
+        service: &str,
+        address: &str,
+        admin: Admin,
+    ) -> Result<BackendView, RequestError> {
+        let address: SocketAddrV4 = address.parse().map_err(|_| {
+            RequestError::Invalid(vec![format!(
+                "backend address: expected IP:PORT, got {address:?}"
+            )])
+        })?;
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let sid = inner
+            .balancer
+            .service_index(service)
+            .ok_or_else(|| RequestError::NotFound(format!("no service {service:?}")))?;
+        let bid = inner.balancer.backend_index(sid, address).ok_or_else(|| {
+            RequestError::NotFound(format!("service {service:?} has no backend {address}"))
+        })?;
+        let before = inner.view(sid, bid);
+        let changed = inner
+            .balancer
+            .set_admin(sid, bid, admin, &mut inner.dataplane)
+            .map_err(RequestError::Failed)?;
+        if changed {
+            inner
+                .admin_since
+                .insert((service.to_owned(), address), Instant::now());
+        }
+        let after = inner.view(sid, bid);
+        let check = inner.config.services[sid].check.clone();
+        drop(guard);
+        if changed {
+            info!(service, backend = %address, admin = admin.as_str(), "admin setting changed");
+            self.events.push(Event {
+                seq: 0,
+                time: 0.0,
+                service: service.to_owned(),
+                backend: address.to_string(),
+                from: before.state.as_str().to_owned(),
+                to: after.state.as_str().to_owned(),
+                source: format!("admin: {}", admin.as_str()),
+                counters: counters(after.counters),
+                healthy_threshold: check.window.healthy_threshold,
+                unhealthy_threshold: check.window.unhealthy_threshold,
+                flag_write_us: None,
+            });
+            self.save_ids();
+        }
+        Ok(after)
+    }
+
+    /// Reads the config file again and moves to it in place: services, backends, weights,
+    /// rings and checks change; the connection table and the health of unchanged probes stay.
+    /// An invalid file (or one that changes what only a restart can) changes nothing.
+    pub fn reload(&self) -> Result<Changes, RequestError> {
+        let new = config::load(&self.config_path).map_err(|errors| {
+            RequestError::Invalid(errors.0.iter().map(ToString::to_string).collect())
+        })?;
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let fixed = inner.config.lb.fixed_differences(&new.lb);
+        if !fixed.is_empty() {
+            return Err(RequestError::Invalid(
+                fixed
+                    .iter()
+                    .map(|k| {
+                        format!("lb.{k}: cannot change while running (restart lb to change it)")
+                    })
+                    .collect(),
+            ));
+        }
+        let old_states: Vec<(String, SocketAddrV4, HealthState)> = inner.all_views();
+        let checker = &inner.checker;
+        let changes = inner
+            .balancer
+            .apply(
+                &new,
+                |sid, backend| super::snat_address(&new, sid, backend),
+                |sid, backend, _| {
+                    // A backend joining a probe that already runs takes its verdict.
+                    ProbeKey::of(&new.services[sid], backend)
+                        .and_then(|k| checker.status(&k))
+                        .is_none_or(|s| s.state.is_available())
+                },
+                &mut inner.dataplane,
+            )
+            .map_err(RequestError::Failed)?;
+        if let Err(e) = inner.checker.update(&new) {
+            // Only opening a raw socket for a new check kind can fail here: go back.
+            let old = inner.config.clone();
+            let _ = inner.balancer.apply(
+                &old,
+                |sid, backend| super::snat_address(&old, sid, backend),
+                |_, _, _| true,
+                &mut inner.dataplane,
+            );
+            return Err(RequestError::Failed(e));
+        }
+        inner.members = members(&new);
+        inner.config = new;
+        let slots = (
+            inner.balancer.service_slots(),
+            inner.balancer.backend_count(),
+        );
+        inner.dataplane.set_counts(slots.0, slots.1);
+        let new_states = inner.all_views();
+        let backends: BTreeSet<Ipv4Addr> = inner
+            .balancer
+            .backend_addresses()
+            .iter()
+            .map(|a| *a.ip())
+            .collect();
+        drop(guard);
+        super::resolve_neighbours(&backends);
+        // Added and removed backends are events too.
+        for (service, backend, state) in &new_states {
+            let before = old_states
+                .iter()
+                .find(|(s, b, _)| s == service && b == backend)
+                .map(|x| x.2);
+            if before.is_none() {
+                self.reload_event(service, *backend, HealthState::Unused, *state);
+            }
+        }
+        for (service, backend, state) in &old_states {
+            if !new_states
+                .iter()
+                .any(|(s, b, _)| s == service && b == backend)
+            {
+                self.reload_event(service, *backend, *state, HealthState::Unused);
+            }
+        }
+        self.save_ids();
+        info!(
+            added = ?changes.services_added,
+            removed = ?changes.services_removed,
+            changed = ?changes.services_changed,
+            backends_added = changes.backends_added.len(),
+            backends_removed = changes.backends_removed.len(),
+            "config reloaded"
+        );
+        Ok(changes)
+    }
+
+    fn reload_event(
+        &self,
+        service: &str,
+        backend: SocketAddrV4,
+        from: HealthState,
+        to: HealthState,
+    ) {
+        self.events.push(Event {
+            seq: 0,
+            time: 0.0,
+            service: service.to_owned(),
+            backend: backend.to_string(),
+            from: from.as_str().to_owned(),
+            to: to.as_str().to_owned(),
+            source: "reload".to_owned(),
+            counters: ProbeCounters::default(),
+            healthy_threshold: 0,
+            unhealthy_threshold: 0,
+            flag_write_us: None,
+        });
+    }
+
+    /// Saves the balancer's ids next to a pinned datapath (atomically: write, then rename).
+    fn save_ids(&self) {
+        let Some(path) = &self.ids_file else { return };
+        let ids = self.lock().balancer.ids();
+        if let Err(e) = write_ids(path, &ids) {
+            warn!(path = %path.display(), error = %format!("{e:#}"), "saving the datapath ids failed: a restart could not adopt the datapath");
+        }
+    }
+}
+
+impl Inner {
+    /// What backend `bid` of service `sid` shows.
+    pub fn view(&self, sid: usize, bid: usize) -> BackendView {
+        let service = &self.config.services[sid];
+        let backend = &service.backends[bid];
+        let admin = self.balancer.admin(sid, bid).unwrap_or_default();
+        let admin_since = self
+            .admin_since
+            .get(&(service.name.clone(), backend.address))
+            .copied();
+        let probe = ProbeKey::of(service, backend.address).and_then(|k| self.checker.status(&k));
+        let (state, counters, last_latency, since) = match probe {
+            Some(p) => (p.state, p.counters, p.last_latency, p.since),
+            None => (
+                HealthState::Disabled,
+                Counters::default(),
+                None,
+                admin_since.unwrap_or_else(Instant::now),
+            ),
+        };
+        let overridden = match admin {
+            Admin::Disabled => Some(HealthState::Disabled),
+            Admin::Drained => Some(HealthState::Unused),
+            Admin::Enabled if backend.weight == 0 => Some(HealthState::Unused),
+            Admin::Enabled => None,
+        };
+        match overridden {
+            Some(state) => BackendView {
+                state,
+                admin,
+                counters,
+                last_latency,
+                since: admin_since.unwrap_or(since),
+            },
+            None => BackendView {
+                state,
+                admin,
+                counters,
+                last_latency,
+                since: match admin_since {
+                    Some(a) if a > since => a,
+                    _ => since,
+                },
+            },
+        }
+    }
+
+    fn all_views(&self) -> Vec<(String, SocketAddrV4, HealthState)> {
+        self.config
+            .services
+            .iter()
+            .enumerate()
+            .flat_map(|(sid, s)| {
+                s.backends
+                    .iter()
+                    .enumerate()
+                    .map(move |(bid, b)| (sid, bid, s.name.clone(), b.address))
+            })
+            .map(|(sid, bid, name, addr)| (name, addr, self.view(sid, bid).state))
+            .collect()
+    }
+}
+
+fn counters(c: Counters) -> ProbeCounters {
+    ProbeCounters {
+        success: c.success,
+        tcp_failure: c.tcp_failure,
+        http_failure: c.http_failure,
+        timeout_failure: c.timeout_failure,
+    }
+}
+
+/// Where the ids of the datapath pinned at `pin_path` are saved: /run/lb/<pin dir name>.json
+/// (tmpfs, like bpffs: both go at reboot).
+pub fn ids_file(pin_path: &Path) -> PathBuf {
+    let name = pin_path
+        .strip_prefix("/sys/fs/bpf")
+        .unwrap_or(pin_path)
+        .to_string_lossy()
+        .trim_matches('/')
+        .replace('/', "_");
+    PathBuf::from("/run/lb").join(format!("{name}.json"))
+}
+
+pub fn write_ids(path: &Path, ids: &Ids) -> anyhow::Result<()> {
+    let dir = path.parent().context("ids file has no directory")?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(ids)?)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))
+}
+
+pub fn read_ids(path: &Path) -> anyhow::Result<Ids> {
+    let text = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_slice(&text).with_context(|| format!("parsing {}", path.display()))
+}

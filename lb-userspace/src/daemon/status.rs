@@ -1,0 +1,110 @@
+//! The daemon's state as the API's [`Status`] model.
+
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use lb_common::counter;
+
+use super::state::{Inner, RequestError, Shared};
+use crate::{
+    api::model::{BackendStatus, NamedCounter, ProbeCounters, ServiceStatus, Status},
+    dataplane::TrafficCounters,
+};
+
+impl Shared {
+    /// Every service, or only `only`.
+    pub fn status(&self, only: Option<&str>) -> Result<Status, RequestError> {
+        let inner = self.lock();
+        if let Some(name) = only
+            && inner.balancer.service_index(name).is_none()
+        {
+            return Err(RequestError::NotFound(format!("no service {name:?}")));
+        }
+        let mut status = build(&inner).map_err(RequestError::Failed)?;
+        drop(inner);
+        status.events_total = self.events.total();
+        if let Some(name) = only {
+            status.services.retain(|s| s.name == name);
+        }
+        Ok(status)
+    }
+}
+
+fn build(inner: &Inner) -> anyhow::Result<Status> {
+    let stats = inner.dataplane.stats()?;
+    let now = Instant::now();
+    let counters = counter::NAMES
+        .iter()
+        .zip(&stats.counters)
+        .map(|(name, value)| NamedCounter {
+            name: (*name).to_owned(),
+            value: *value,
+        })
+        .collect();
+    let services = inner
+        .config
+        .services
+        .iter()
+        .enumerate()
+        .map(|(sid, s)| {
+            let traffic = |id: Option<u32>, all: &[TrafficCounters]| {
+                id.and_then(|id| all.get(id as usize).copied())
+                    .unwrap_or_default()
+            };
+            let c = traffic(inner.balancer.service_id(sid), &stats.services);
+            let backends: Vec<BackendStatus> = s
+                .backends
+                .iter()
+                .enumerate()
+                .map(|(bid, b)| {
+                    let t = traffic(inner.balancer.backend_id(sid, bid), &stats.backends);
+                    let view = inner.view(sid, bid);
+                    BackendStatus {
+                        address: b.address.to_string(),
+                        ip: b.address.ip().to_string(),
+                        port: b.address.port(),
+                        weight: b.weight,
+                        state: view.state.as_str().to_owned(),
+                        admin: view.admin.as_str().to_owned(),
+                        available: inner.balancer.takes_new_flows(sid, bid).unwrap_or(false),
+                        state_for_s: now.saturating_duration_since(view.since).as_secs_f64(),
+                        counters: ProbeCounters {
+                            success: view.counters.success,
+                            tcp_failure: view.counters.tcp_failure,
+                            http_failure: view.counters.http_failure,
+                            timeout_failure: view.counters.timeout_failure,
+                        },
+                        last_probe_latency_ms: view.last_latency.map(|d| d.as_secs_f64() * 1e3),
+                        packets: t.packets,
+                        bytes: t.bytes,
+                        new_flows: t.new_flows,
+                    }
+                })
+                .collect();
+            let windows = s.check.windows();
+            ServiceStatus {
+                name: s.name.clone(),
+                vip: s.vip.to_string(),
+                protocol: s.protocol.as_str().to_owned(),
+                check: s.check.kind.as_str().to_owned(),
+                failure_window_s: windows.map(|w| w.0),
+                success_window_s: windows.map(|w| w.1),
+                healthy_threshold: s.check.window.healthy_threshold,
+                unhealthy_threshold: s.check.window.unhealthy_threshold,
+                packets: c.packets,
+                bytes: c.bytes,
+                new_flows: c.new_flows,
+                available_backends: backends.iter().filter(|b| b.available).count() as u32,
+                backends,
+            }
+        })
+        .collect();
+    Ok(Status {
+        time: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64()),
+        services,
+        counters,
+        probe_latency: inner.checker.latency_histograms(),
+        events_total: 0,
+    })
+}
