@@ -37,6 +37,8 @@ impl Drop for TempDir {
 
 pub struct Daemon {
     pub ns: Netns,
+    /// Its control API address (from the config).
+    pub api: String,
     pub process: Process,
     pub config: PathBuf,
     pub log: PathBuf,
@@ -44,21 +46,52 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// Writes `config` and starts `lb run` on it in `ns`; returns once its API answers.
+    /// Writes `config` and starts `lb run --no-pin` on it in `ns`; returns once its API answers.
     pub fn start(ns: &Netns, config: &str) -> anyhow::Result<Self> {
         let dir = TempDir::new()?;
         let config_path = dir.0.join("lb.toml");
         std::fs::write(&config_path, config)?;
+        let mut cmd = ns.command(lb_bin());
+        cmd.args(["run", "--no-pin", "--config"]).arg(&config_path);
+        Self::launch(ns, cmd, dir, config_path)
+    }
+
+    /// Starts `lb run` with pinning on `config` (which names its `pin_path`), writing the config
+    /// into `dir` (kept by the caller across restarts). Runs under `nsenter --net` rather than
+    /// `ip netns exec`, whose private mount namespace would hide the host's bpffs (MACHINE.md).
+    pub fn start_pinned(ns: &Netns, config: &str) -> anyhow::Result<Self> {
+        let dir = TempDir::new()?;
+        let config_path = dir.0.join("lb.toml");
+        std::fs::write(&config_path, config)?;
+        let mut cmd = std::process::Command::new("nsenter");
+        cmd.arg(format!("--net=/run/netns/{}", ns.name()))
+            .arg(lb_bin())
+            .args(["run", "--config"])
+            .arg(&config_path);
+        Self::launch(ns, cmd, dir, config_path)
+    }
+
+    fn launch(
+        ns: &Netns,
+        mut cmd: std::process::Command,
+        dir: TempDir,
+        config_path: PathBuf,
+    ) -> anyhow::Result<Self> {
         let log = dir.0.join("lb.log");
         let process = ns.spawn(
-            ns.command(lb_bin())
-                .args(["run", "--config"])
-                .arg(&config_path)
-                .stdout(Stdio::null())
+            cmd.stdout(Stdio::null())
                 .stderr(std::fs::File::create(&log)?),
         )?;
+        let api = std::fs::read_to_string(&config_path)
+            .ok()
+            .and_then(|text| lb::config::parse(&text).ok())
+            .map_or_else(
+                || lb::config::DEFAULT_API.to_owned(),
+                |c| c.lb.api.to_string(),
+            );
         let mut daemon = Self {
             ns: ns.clone(),
+            api,
             process,
             config: config_path,
             log,
@@ -83,20 +116,79 @@ impl Daemon {
 
     /// `lb stats --json`, run in the daemon's namespace (its API listens on that loopback).
     pub fn stats(&self) -> anyhow::Result<StatsReply> {
-        let out = self
-            .ns
-            .command(lb_bin())
-            .args(["stats", "--json"])
-            .stdin(Stdio::null())
-            .output()?;
+        let out = self.lb(&["stats", "--json"]);
         if !out.status.success() {
             bail!("lb stats: {}", String::from_utf8_lossy(&out.stderr));
         }
         Ok(serde_json::from_slice(&out.stdout)?)
     }
 
+    /// Runs `lb ARGS` (a client command) in the daemon's namespace, with `--api` set to the
+    /// daemon's unless ARGS name one.
+    pub fn lb(&self, args: &[&str]) -> std::process::Output {
+        let mut cmd = self.ns.command(lb_bin());
+        cmd.args(args);
+        if !args.contains(&"--api") {
+            cmd.args(["--api", &self.api]);
+        }
+        cmd.stdin(Stdio::null()).output().expect("running lb")
+    }
+
+    /// `lb status --json`.
+    pub fn status(&self) -> anyhow::Result<lb::api::model::Status> {
+        let out = self.lb(&["status", "--json"]);
+        if !out.status.success() {
+            bail!("lb status: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(serde_json::from_slice(&out.stdout)?)
+    }
+
+    /// A request to the API with curl in the daemon's namespace: (status, body).
+    pub fn http(&self, method: &str, url: &str, headers: &[&str]) -> (u16, String) {
+        http(&self.ns, method, url, headers)
+    }
+
+    /// Waits until `backend` (IP:PORT) of `service` shows `state`; how long that took.
+    pub fn wait_state(
+        &self,
+        service: &str,
+        backend: &str,
+        state: &str,
+        limit: Duration,
+    ) -> Duration {
+        let start = Instant::now();
+        loop {
+            let now = self
+                .status()
+                .ok()
+                .and_then(|s| Some(s.service(service)?.backend(backend)?.state.clone()));
+            if now.as_deref() == Some(state) {
+                return start.elapsed();
+            }
+            assert!(
+                start.elapsed() < limit,
+                "{service} {backend}: still {now:?} after {limit:?}, want {state}\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// `signal` (SIGTERM, SIGINT), wait; the exit code (None if it had to be killed).
     pub fn stop(&mut self, signal: libc::c_int) -> Option<i32> {
         self.process.stop_with(signal, Duration::from_secs(10))
     }
+}
+
+/// A request with curl from inside `ns`: (status, body).
+pub fn http(ns: &Netns, method: &str, url: &str, headers: &[&str]) -> (u16, String) {
+    let mut cmd = ns.command("curl");
+    cmd.args(["-s", "-m", "10", "-X", method, "-w", "\n%{http_code}"]);
+    for h in headers {
+        cmd.args(["-H", h]);
+    }
+    let out = cmd.arg(url).stdin(Stdio::null()).output().expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (code.trim().parse().unwrap_or(0), body.to_owned())
 }

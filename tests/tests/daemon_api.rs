@@ -1,0 +1,509 @@
+//! The control API and CLI of a running `lb` (SPEC §4): status as JSON, the HTML page in a real
+//! browser, Prometheus metrics through promtool, events (recent and followed), the error
+//! contract (400, 401, 404, exit codes), admin actions and reloads that keep flows, and the
+//! hitless restart of a pinned datapath.
+
+use std::{
+    io::{BufRead as _, Read as _, Write as _},
+    net::SocketAddr,
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use lb::api::{html, model::Events};
+use lb_tests::{
+    daemon::Daemon,
+    lb_bin, require_root,
+    servers::{self, connect},
+    topology::{Arms, Sandbox, VIP},
+    webcheck,
+};
+
+const API: &str = "http://127.0.0.1:9090";
+
+/// Fast checks so the tests see verdicts in a second.
+const CHECK: &str = "[service.check]\ntimeout = \"200ms\"\ninterval = \"300ms\"\nhealthy_threshold = 2\nunhealthy_threshold = 2\n";
+
+/// The sandbox's config with the fast check on the TCP service.
+fn config(sb: &Sandbox, weights: &[u32], lb_extra: &str) -> String {
+    sb.config(80, weights, "")
+        .replacen(
+            "\n[[service]]\nname = \"udp\"",
+            &format!("\n{CHECK}\n[[service]]\nname = \"udp\""),
+            1,
+        )
+        .replacen("[lb]\n", &format!("[lb]\n{lb_extra}"), 1)
+}
+
+fn start() -> (Sandbox, Daemon) {
+    require_root();
+    let sb = Sandbox::build(Arms::Two, 3, 8080).unwrap();
+    let daemon = Daemon::start(&sb.lb, &config(&sb, &[], "")).unwrap();
+    for b in &sb.backends {
+        daemon.wait_state(
+            "tcp",
+            &format!("{}:8080", b.addr),
+            "healthy",
+            Duration::from_secs(5),
+        );
+    }
+    (sb, daemon)
+}
+
+fn vip() -> SocketAddr {
+    SocketAddr::from((VIP, 80))
+}
+
+fn code(out: &std::process::Output) -> i32 {
+    out.status.code().unwrap_or(-1)
+}
+
+#[test]
+fn status_json_html_metrics_and_events() {
+    let (mut sb, daemon) = start();
+    let dead = format!("{}:8080", sb.backends[1].addr);
+
+    // JSON: every service, every backend with its fields.
+    let (status, body) = daemon.http("GET", &format!("{API}/v1/healthcheck"), &[]);
+    assert_eq!(status, 200, "{body}");
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let tcp = &json["services"][0];
+    assert_eq!(tcp["name"], "tcp");
+    assert_eq!(tcp["vip"], format!("{VIP}:80"));
+    assert_eq!(tcp["check"], "tcp");
+    assert_eq!(tcp["failure_window_s"], 0.7, "200ms × 2 + 300ms × 1");
+    let b0 = &tcp["backends"][0];
+    for key in [
+        "ip",
+        "port",
+        "weight",
+        "state",
+        "admin",
+        "available",
+        "counters",
+        "last_probe_latency_ms",
+        "packets",
+        "bytes",
+    ] {
+        assert!(!b0[key].is_null(), "backend field {key} missing: {b0}");
+    }
+    assert!(b0["counters"]["success"].as_u64().unwrap() >= 2);
+    let udp = &json["services"][1];
+    assert_eq!(udp["check"], "udp", "the default check of a UDP service");
+    let (status, body) = daemon.http("GET", &format!("{API}/v1/healthcheck/tcp"), &[]);
+    assert_eq!(status, 200);
+    let one: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(one["services"].as_array().unwrap().len(), 1);
+
+    // A follower sees the coming transition live.
+    let mut follower = daemon
+        .ns
+        .command(lb_bin())
+        .args(["events", "--follow"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let follower_out = follower.stdout.take().unwrap();
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(follower_out).lines() {
+            if lines_tx.send(line.unwrap_or_default()).is_err() {
+                return;
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+
+    sb.stop_backend(1);
+    daemon.wait_state("tcp", &dead, "unhealthy", Duration::from_secs(3));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let followed = loop {
+        let line = lines_rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("lb events --follow printed no transition to unhealthy");
+        if line.contains(&dead) && line.contains("-> unhealthy") {
+            break line;
+        }
+    };
+    assert!(followed.contains("(tcp;"), "{followed}");
+    let _ = follower.kill();
+    let _ = follower.wait();
+
+    // The recent events, as JSON: the transition with its source, counters and flag write.
+    let out = daemon.lb(&["events", "--json"]);
+    assert_eq!(code(&out), 0);
+    let events: Events = serde_json::from_slice(&out.stdout).unwrap();
+    let e = events
+        .events
+        .iter()
+        .find(|e| e.backend == dead && e.to == "unhealthy")
+        .expect("unhealthy event");
+    assert_eq!((e.service.as_str(), e.source.as_str()), ("tcp", "tcp"));
+    assert!(e.counters.tcp_failure + e.counters.timeout_failure >= 2);
+    assert_eq!(e.unhealthy_threshold, 2);
+    assert!(e.flag_write_us.is_some(), "the flag was written");
+
+    // Metrics: valid for promtool, with the states.
+    let (status, metrics) = daemon.http("GET", &format!("{API}/metrics"), &[]);
+    assert_eq!(status, 200);
+    webcheck::promtool_check(&metrics).unwrap();
+    let line =
+        format!("lb_backend_state{{service=\"tcp\",backend=\"{dead}\",state=\"unhealthy\"}} 1");
+    assert!(metrics.contains(&line), "{line} missing:\n{metrics}");
+    assert!(metrics.contains("lb_probe_latency_seconds_bucket{kind=\"tcp\""));
+
+    // The page in a browser: rows by state, green and red.
+    let url = format!("{API}/v1/healthcheck");
+    let dom = webcheck::chromium_dump_dom(Some(&daemon.ns), &url).unwrap();
+    assert!(
+        dom.contains(&format!("data-backend=\"{dead}\""))
+            && dom.contains("data-state=\"unhealthy\""),
+        "{dom}"
+    );
+    assert!(dom.contains("data-state=\"healthy\""));
+    let shot = webcheck::chromium_screenshot(Some(&daemon.ns), &url, 1400, 1000).unwrap();
+    let green = webcheck::count_colour_pixels(&shot, html::HEALTHY_COLOUR, 2);
+    let red = webcheck::count_colour_pixels(&shot, html::UNHEALTHY_COLOUR, 2);
+    assert!(green > 1000 && red > 1000, "green {green}, red {red}");
+    // `/` leads to the page.
+    let (status, _) = daemon.http("GET", &format!("{API}/"), &[]);
+    assert_eq!(status, 303);
+
+    // CLI table.
+    let out = daemon.lb(&["status", "tcp"]);
+    assert_eq!(code(&out), 0);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("failure window 0.7s"), "{table}");
+    assert!(table.contains("2/3 backends available"), "{table}");
+}
+
+#[test]
+fn errors_have_their_status_and_exit_code() {
+    let (_sb, daemon) = start();
+    let cases = [
+        ("GET", "/v1/healthcheck/nope", 404),
+        ("GET", "/v1/nope", 404),
+        ("GET", "/v1/events?after=abc", 400),
+        (
+            "POST",
+            "/v1/services/tcp/backends/not-an-address/drain",
+            400,
+        ),
+        ("POST", "/v1/services/tcp/backends/10.9.9.9:80/drain", 404),
+        ("POST", "/v1/services/nope/backends/10.9.9.9:80/drain", 404),
+        (
+            "POST",
+            "/v1/services/tcp/backends/10.0.2.10:8080/explode",
+            400,
+        ),
+        ("DELETE", "/v1/healthcheck", 405),
+    ];
+    for (method, path, want) in cases {
+        let (status, body) = daemon.http(method, &format!("{API}{path}"), &[]);
+        assert_eq!(status, want, "{method} {path}: {body}");
+        let json: serde_json::Value = serde_json::from_str(&body)
+            .unwrap_or_else(|e| panic!("{method} {path}: not JSON ({e}): {body}"));
+        assert!(json["error"].is_string(), "{method} {path}: {body}");
+    }
+    let out = daemon.lb(&["status", "nope"]);
+    assert_eq!(code(&out), 3, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no service \"nope\""));
+    let out = daemon.lb(&["backend", "drain", "tcp", "10.9.9.9:80"]);
+    assert_eq!(code(&out), 3);
+    let out = daemon.lb(&["status", "--api", "127.0.0.1:9"]);
+    assert_eq!(code(&out), 69, "no daemon there");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is `lb run` running"));
+}
+
+#[test]
+fn admin_needs_a_token_beyond_loopback() {
+    require_root();
+    let sb = Sandbox::build(Arms::Two, 1, 8080).unwrap();
+    let token = "s3cret-token-0123456789";
+    let api = "10.0.1.1:9090"; // lb's client-side address
+    let daemon = Daemon::start(
+        &sb.lb,
+        &config(
+            &sb,
+            &[],
+            &format!("api = \"{api}\"\napi_token = \"{token}\"\n"),
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let client = |method: &str, url: &str, headers: &[&str]| {
+        lb_tests::daemon::http(&sb.client.ns, method, url, headers)
+    };
+    let url = format!("http://{api}/v1/services/tcp/backends/10.0.2.10:8080/drain");
+    let (status, _) = client("GET", &format!("http://{api}/v1/healthcheck"), &[]);
+    assert_eq!(status, 200, "reading needs no token");
+    let (status, body) = client("POST", &url, &[]);
+    assert_eq!(status, 401, "{body}");
+    let (status, _) = client(
+        "POST",
+        &url,
+        &["Authorization: Bearer wrong-token-0123456789"],
+    );
+    assert_eq!(status, 401);
+    let (status, body) = client("POST", &url, &[&format!("Authorization: Bearer {token}")]);
+    assert_eq!(status, 200, "{body}");
+    // The CLI takes the token from the environment.
+    let out = sb
+        .client
+        .ns
+        .command(lb_bin())
+        .args(["backend", "enable", "tcp", "10.0.2.10:8080", "--api", api])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 77, "{}", String::from_utf8_lossy(&out.stderr));
+    let out = sb
+        .client
+        .ns
+        .command(lb_bin())
+        .env("LB_API_TOKEN", token)
+        .args(["backend", "enable", "tcp", "10.0.2.10:8080", "--api", api])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    drop(daemon);
+}
+
+/// Sends a line on an open connection through the VIP and reads the echo.
+fn echo(stream: &mut std::net::TcpStream, text: &str) -> anyhow::Result<()> {
+    stream.write_all(format!("{text}\n").as_bytes())?;
+    let mut buf = vec![0u8; text.len() + 1];
+    stream.read_exact(&mut buf)?;
+    anyhow::ensure!(buf == format!("{text}\n").as_bytes(), "echo mismatch");
+    Ok(())
+}
+
+#[test]
+fn drain_keeps_connections_and_stops_new_ones() {
+    let (sb, daemon) = start();
+    let (mut stream, name) = connect(&sb.client.ns, vip()).unwrap();
+    let i: usize = name.trim_start_matches("backend-").parse().unwrap();
+    let addr = format!("{}:8080", sb.backends[i].addr);
+    let out = daemon.lb(&["backend", "drain", "tcp", &addr]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    daemon.wait_state("tcp", &addr, "unused", Duration::from_secs(1));
+    echo(&mut stream, "still here").unwrap();
+    let seen = servers::spread(&sb.client.ns, vip(), 60);
+    assert!(!seen.contains_key(&name), "{name} drained but got {seen:?}");
+    echo(&mut stream, "and still").unwrap();
+    let status = daemon.status().unwrap();
+    let b = status.service("tcp").unwrap().backend(&addr).unwrap();
+    assert_eq!((b.admin.as_str(), b.available), ("drained", false));
+    let out = daemon.lb(&["backend", "enable", "tcp", &addr]);
+    assert_eq!(code(&out), 0);
+    let seen = servers::spread(&sb.client.ns, vip(), 90);
+    assert!(seen.get(&name).copied().unwrap_or(0) > 10, "{seen:?}");
+    let events = daemon.lb(&["events"]);
+    let text = String::from_utf8_lossy(&events.stdout);
+    assert!(
+        text.contains("admin: drained") && text.contains("admin: enabled"),
+        "{text}"
+    );
+}
+
+#[test]
+fn reload_applies_in_place_and_rejects_bad_files() {
+    let (sb, daemon) = start();
+    let (mut stream, name) = connect(&sb.client.ns, vip()).unwrap();
+    let kept: usize = name.trim_start_matches("backend-").parse().unwrap();
+    let removed = (kept + 1) % 3;
+    let removed_addr = format!("{}:8080", sb.backends[removed].addr);
+
+    // A bad file is rejected with every problem; nothing changes.
+    let good = std::fs::read_to_string(&daemon.config).unwrap();
+    std::fs::write(
+        &daemon.config,
+        good.replacen("protocol = \"tcp\"", "protocol = \"sctp\"", 1)
+            .replacen("weight = 1", "weight = -1", 1),
+    )
+    .unwrap();
+    let before = daemon.status().unwrap();
+    let out = daemon.lb(&["reload"]);
+    assert_eq!(code(&out), 64, "{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("service[0].protocol") && err.contains("service[0].backends[0].weight"),
+        "{err}"
+    );
+    // Keys only a restart can change are refused too.
+    std::fs::write(
+        &daemon.config,
+        good.replacen("[lb]\n", "[lb]\nring_size = 1009\n", 1),
+    )
+    .unwrap();
+    let out = daemon.lb(&["reload"]);
+    assert_eq!(code(&out), 64);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("lb.ring_size: cannot change while running")
+    );
+    let after = daemon.status().unwrap();
+    let names = |s: &lb::api::model::Status| -> Vec<(String, Vec<String>)> {
+        s.services
+            .iter()
+            .map(|s| {
+                (
+                    s.name.clone(),
+                    s.backends.iter().map(|b| b.address.clone()).collect(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(names(&before), names(&after));
+    echo(&mut stream, "after rejected reloads").unwrap();
+
+    // A good one: drop a backend of the TCP service (SIGHUP does the same as `lb reload`).
+    let new = good.replacen(
+        &format!("{{ address = \"{removed_addr}\", weight = 1 }}, "),
+        "",
+        1,
+    );
+    let new = if new == good {
+        good.replacen(
+            &format!(", {{ address = \"{removed_addr}\", weight = 1 }}"),
+            "",
+            1,
+        )
+    } else {
+        new
+    };
+    assert_ne!(new, good);
+    std::fs::write(&daemon.config, &new).unwrap();
+    let kill = unsafe { libc::kill(daemon.process.pid() as i32, libc::SIGHUP) };
+    assert_eq!(kill, 0);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let s = daemon.status().unwrap();
+        if s.service("tcp").unwrap().backends.len() == 2 {
+            assert_eq!(
+                s.service("udp").unwrap().backends.len(),
+                3,
+                "only tcp changed"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "SIGHUP reload not applied:\n{}",
+            daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    echo(&mut stream, "after the reload").unwrap();
+    let seen = servers::spread(&sb.client.ns, vip(), 60);
+    let gone = format!("backend-{removed}");
+    assert!(
+        !seen.contains_key(&gone),
+        "{gone} was removed but got {seen:?}"
+    );
+    // The kept backends kept their health (no new initializing round).
+    let s = daemon.status().unwrap();
+    assert!(
+        s.service("tcp")
+            .unwrap()
+            .backends
+            .iter()
+            .all(|b| b.state == "healthy"),
+        "{s:?}"
+    );
+    let text = String::from_utf8_lossy(&daemon.lb(&["events"]).stdout).into_owned();
+    assert!(
+        text.contains(&format!("{removed_addr} healthy -> unused (reload")),
+        "{text}"
+    );
+
+    // And back, through the API.
+    std::fs::write(&daemon.config, &good).unwrap();
+    let out = daemon.lb(&["reload"]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("backends added"));
+    daemon.wait_state("tcp", &removed_addr, "healthy", Duration::from_secs(3));
+    echo(&mut stream, "after the second reload").unwrap();
+}
+
+#[test]
+fn a_pinned_datapath_survives_the_daemon() {
+    require_root();
+    let mut sb = Sandbox::build(Arms::Two, 3, 8080).unwrap();
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let pin = format!(
+        "/sys/fs/bpf/lb-test-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    let _cleanup = PinGuard(pin.clone());
+    let config = config(&sb, &[], &format!("pin_path = \"{pin}\"\n"));
+    let mut daemon = Daemon::start_pinned(&sb.lb, &config).unwrap();
+    let down = format!("{}:8080", sb.backends[2].addr);
+    for b in &sb.backends {
+        let addr = format!("{}:8080", b.addr);
+        daemon.wait_state("tcp", &addr, "healthy", Duration::from_secs(5));
+    }
+    sb.stop_backend(2);
+    daemon.wait_state("tcp", &down, "unhealthy", Duration::from_secs(3));
+    let (mut stream, name) = connect(&sb.client.ns, vip()).unwrap();
+    assert_ne!(name, "backend-2");
+
+    // kill -9: nothing is cleaned up, the pinned program keeps forwarding the open stream.
+    daemon.stop(libc::SIGKILL);
+    for p in &sb.lb_ports {
+        assert!(
+            sb.lb.xdp_attached(&p.ifname).unwrap(),
+            "XDP left on {}",
+            p.ifname
+        );
+    }
+    echo(&mut stream, "daemon gone").unwrap();
+    let seen = servers::spread(&sb.client.ns, vip(), 30);
+    assert!(
+        !seen.contains_key("backend-2"),
+        "the dead backend's flag stayed down: {seen:?}"
+    );
+
+    // A new daemon adopts it: same stream, the down flag kept until its first verdict.
+    let daemon = Daemon::start_pinned(&sb.lb, &config).unwrap();
+    assert!(
+        daemon.log_text().contains("adopting the pinned datapath"),
+        "{}",
+        daemon.log_text()
+    );
+    let s = daemon.status().unwrap();
+    let b = s.service("tcp").unwrap().backend(&down).unwrap();
+    assert!(!b.available, "flag kept: {b:?}");
+    echo(&mut stream, "new daemon").unwrap();
+    sb.start_backend(2).unwrap();
+    daemon.wait_state("tcp", &down, "healthy", Duration::from_secs(3));
+    let seen = servers::spread(&sb.client.ns, vip(), 90);
+    assert!(seen.get("backend-2").copied().unwrap_or(0) > 5, "{seen:?}");
+    echo(&mut stream, "still").unwrap();
+
+    // `lb stop` removes everything.
+    let out = daemon.lb(&["stop"]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let mut daemon = daemon;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while daemon.process.running() {
+        assert!(Instant::now() < deadline, "lb stop did not end the daemon");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!std::path::Path::new(&pin).exists(), "pins left at {pin}");
+    for p in &sb.lb_ports {
+        assert!(!sb.lb.xdp_attached(&p.ifname).unwrap());
+    }
+}
+
+/// Removes a test's pin directory (and detaches its links) even when the test fails.
+struct PinGuard(String);
+
+impl Drop for PinGuard {
+    fn drop(&mut self) {
+        let _ = lb::dataplane::remove_pinned(std::path::Path::new(&self.0));
+        let _ = std::fs::remove_file(lb::daemon::ids_file(std::path::Path::new(&self.0)));
+        let _ = std::fs::remove_file(
+            lb::daemon::ids_file(std::path::Path::new(&self.0)).with_extension("lock"),
+        );
+    }
+}
