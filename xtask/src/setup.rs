@@ -209,7 +209,16 @@ fn ensure_packages() -> anyhow::Result<()> {
     run(Command::new("apt-get")
         .args(["install", "-y", "-q", "--no-install-recommends"])
         .args(&missing)
-        .env("DEBIAN_FRONTEND", "noninteractive"))
+        .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    if missing.contains(&"prometheus") {
+        // Only promtool is wanted; under systemd the package also starts a Prometheus server on
+        // :9090, lb's default API port. Stop it and keep it from starting again.
+        let _ = Command::new("systemctl")
+            .args(["disable", "--now", "prometheus"])
+            .stderr(std::process::Stdio::null())
+            .status(); // no systemd (containers): nothing was started
+    }
+    Ok(())
 }
 
 pub fn is_root() -> bool {
