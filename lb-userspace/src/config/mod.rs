@@ -180,6 +180,32 @@ pub struct Service {
     pub on_all_unhealthy: AllUnhealthy,
     /// The active check of the backends (`[service.check]`).
     pub check: Check,
+    /// Passive checks from real traffic (`[service.passive]`).
+    pub passive: Passive,
+}
+
+/// `[service.passive]`: ejection on failures seen in real traffic (SPEC §3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Passive {
+    /// On when the table is there (unless `enabled = false`).
+    pub enabled: bool,
+    pub settings: crate::health::passive::PassiveSettings,
+    /// Probe a backend only while it has traffic: from its first flow until `traffic_idle`
+    /// after its last.
+    pub traffic_triggered: bool,
+    pub traffic_idle: Duration,
+}
+
+impl Default for Passive {
+    /// No table: passive checks off.
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            settings: Default::default(),
+            traffic_triggered: false,
+            traffic_idle: Duration::from_secs(30 * 60),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

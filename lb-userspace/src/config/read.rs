@@ -9,8 +9,8 @@ use std::{
 
 use super::{
     AllUnhealthy, Backend, Config, ConfigErrors, Conntrack, DEFAULT_API, DEFAULT_PIN_PATH,
-    ExistingFlows, Lb, MAX_RING_ENTRIES, MAX_WEIGHT, Problem, Protocol, RING_SIZE_RANGE, Service,
-    XdpMode,
+    ExistingFlows, Lb, MAX_RING_ENTRIES, MAX_WEIGHT, Passive, Problem, Protocol, RING_SIZE_RANGE,
+    Service, XdpMode,
     fields::{Fields, Problems},
 };
 
@@ -251,6 +251,40 @@ fn check_ifname(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// `[service.passive]` (SPEC §3).
+fn read_passive(f: &Fields) -> Option<Passive> {
+    let d = Passive::default();
+    let enabled = f.bool_or("enabled", true);
+    let failures = f.int_in("failures", 1..=1000, i64::from(d.settings.failures));
+    let window = f.duration(
+        "window",
+        Duration::from_secs(1)..=Duration::from_secs(3600),
+        d.settings.window,
+    );
+    let ejection = f.duration(
+        "ejection",
+        Duration::from_secs(1)..=Duration::from_secs(3600),
+        d.settings.ejection,
+    );
+    let traffic_triggered = f.bool_or("traffic_triggered", false);
+    let idle = f.duration(
+        "traffic_idle",
+        Duration::from_secs(1)..=Duration::from_secs(7 * 24 * 3600),
+        d.traffic_idle,
+    );
+    f.finish();
+    Some(Passive {
+        enabled: enabled?,
+        settings: crate::health::passive::PassiveSettings {
+            failures: failures? as u32,
+            window: window?,
+            ejection: ejection?,
+        },
+        traffic_triggered: traffic_triggered?,
+        traffic_idle: idle?,
+    })
+}
+
 fn read_service(f: &Fields) -> Option<Service> {
     let name = f.required("name", |f| f.str("name")).and_then(|n| {
         let ok = !n.is_empty()
@@ -298,6 +332,11 @@ fn read_service(f: &Fields) -> Option<Service> {
         (None, Some(protocol)) if !f.has("check") => Some(super::Check::default_for(protocol)),
         _ => None,
     };
+    let passive = match f.table("passive") {
+        Some(t) => read_passive(&Fields::new(t, f.path("passive"), f.problems())),
+        None if f.has("passive") => None,
+        None => Some(Passive::default()),
+    };
     let backends = f
         .required("backends", |f| Some(f.tables("backends")))
         .map(|list| {
@@ -325,6 +364,7 @@ fn read_service(f: &Fields) -> Option<Service> {
         existing_flows: existing_flows?,
         on_all_unhealthy: on_all_unhealthy?,
         check: check?,
+        passive: passive?,
     };
     let mut seen = HashMap::new();
     for (i, b) in service.backends.iter().enumerate() {
@@ -823,5 +863,32 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
                 "{check}: want {want:?}, got {got:?}"
             );
         }
+    }
+
+    #[test]
+    fn passive_section() {
+        let c = parse(&format!(
+            "{GOOD}[service.passive]\nfailures = 5\nwindow = \"30s\"\nejection = \"10s\"\n"
+        ))
+        .unwrap();
+        let p = &c.services[0].passive;
+        assert!(p.enabled);
+        assert_eq!(p.settings.failures, 5);
+        assert_eq!(p.settings.window, Duration::from_secs(30));
+        assert_eq!(p.settings.ejection, Duration::from_secs(10));
+        assert!(!parse(GOOD).unwrap().services[0].passive.enabled, "off without the table");
+        let errors = parse(&format!(
+            "{GOOD}[service.passive]\nfailures = 0\nejection = \"2h\"\nsize = 3\n"
+        ))
+        .unwrap_err();
+        let text: Vec<String> = errors.0.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            text,
+            [
+                "service[0].passive.failures: 0 is out of range 1-1000",
+                "service[0].passive.ejection: 2h is out of range 1s-1h",
+                "service[0].passive.size: unknown key",
+            ]
+        );
     }
 }
