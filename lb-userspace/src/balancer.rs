@@ -132,13 +132,15 @@ struct BackendState {
     weight: u32,
     /// Health verdict: may take flows.
     healthy: bool,
+    /// Ejected by passive checks (either scope).
+    ejected: bool,
     admin: Admin,
     info: BackendInfo,
 }
 
 impl BackendState {
     fn flags(&self) -> u32 {
-        let up = self.healthy && self.admin != Admin::Disabled;
+        let up = self.healthy && !self.ejected && self.admin != Admin::Disabled;
         let drained = self.weight == 0 || self.admin == Admin::Drained;
         (if up { backend_flags::UP } else { 0 }) | if drained { backend_flags::DRAINED } else { 0 }
     }
@@ -330,6 +332,9 @@ impl Balancer {
                     key: b.address.to_string().into_bytes(),
                     weight: b.weight,
                     healthy: healthy_now,
+                    ejected: previous(&s.name, b.address)
+                        .and_then(|p| p.2)
+                        .is_some_and(|b| b.ejected),
                     admin,
                     info: BackendInfo {
                         addr: u32::from_ne_bytes(b.address.ip().octets()),
@@ -526,6 +531,39 @@ impl Balancer {
         b.healthy = up;
         self.write_flags(service, backend, writer)?;
         Ok(true)
+    }
+
+    /// Like [`Balancer::write_up_flag`] for the passive checks' ejection. Returns whether it
+    /// changed; [`Balancer::sync_service`] must follow.
+    pub fn write_ejected_flag(
+        &mut self,
+        service: usize,
+        backend: usize,
+        ejected: bool,
+        writer: &mut dyn MapWriter,
+    ) -> anyhow::Result<bool> {
+        let b = self.backend_mut(service, backend)?;
+        if b.ejected == ejected {
+            return Ok(false);
+        }
+        b.ejected = ejected;
+        self.write_flags(service, backend, writer)?;
+        Ok(true)
+    }
+
+    /// (service, backend) positions of a backend id.
+    pub fn backend_by_id(&self, id: u32) -> Option<(usize, usize)> {
+        self.services.iter().enumerate().find_map(|(sid, s)| {
+            s.backends
+                .iter()
+                .position(|b| b.id == id)
+                .map(|bid| (sid, bid))
+        })
+    }
+
+    /// Whether a backend is ejected by passive checks.
+    pub fn is_ejected(&self, service: usize, backend: usize) -> Option<bool> {
+        Some(self.services.get(service)?.backends.get(backend)?.ejected)
     }
 
     /// Rebuilds a service's ring and flags from its backends' flags; writes what changed.
@@ -1062,5 +1100,21 @@ mod tests {
             "adopted verdict from the closure"
         );
         assert_eq!(b2.backend_count(), b.backend_count());
+    }
+
+    #[test]
+    fn ejection_and_health_both_gate_new_flows() {
+        let (mut b, mut maps) = build(&config("", 2));
+        assert!(b.write_ejected_flag(0, 1, true, &mut maps).unwrap());
+        b.sync_service(0, &mut maps).unwrap();
+        assert_eq!(maps.backends[&1].flags & backend_flags::UP, 0);
+        assert_eq!(share(&maps, 1), 0);
+        assert_eq!(b.backend_by_id(1), Some((0, 1)));
+        // Healthy again by probes: still out while ejected.
+        b.set_up(0, 1, true, &mut maps).unwrap();
+        assert_eq!(share(&maps, 1), 0);
+        b.write_ejected_flag(0, 1, false, &mut maps).unwrap();
+        b.sync_service(0, &mut maps).unwrap();
+        assert!(share(&maps, 1) > 400);
     }
 }
