@@ -1,15 +1,26 @@
-//! The XDP program and its maps: load (sized from the config), attach, write, read counters.
-//! Everything that touches the kernel's BPF objects lives here.
+//! The XDP program and its maps: load (sized from the config), pin, attach, write, read
+//! counters. Everything that touches the kernel's BPF objects lives here.
 
+mod pin;
 mod stats;
 
-use std::{ffi::CString, io, net::Ipv4Addr};
+use std::{
+    ffi::CString,
+    io,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+};
 
 use anyhow::{Context as _, anyhow, bail};
 use aya::{
-    Ebpf, EbpfLoader, Pod,
-    maps::{Array, DevMapHash, HashMap as BpfHashMap, MapData},
-    programs::{Xdp, XdpMode, xdp::XdpLinkId},
+    Ebpf, EbpfError, EbpfLoader, Pod,
+    maps::{Array, DevMapHash, HashMap as BpfHashMap, MapData, MapError},
+    programs::{
+        ProgramError, Xdp, XdpMode,
+        links::{FdLink, PinnedLink},
+        xdp::{XdpLink, XdpLinkId},
+    },
+    sys::SyscallError,
 };
 use lb_common::{
     BackendInfo, CtSlot, FlowKey, NatSlot, PARAMS_GLOBAL, PASS_PROGRAM_NAME, PROGRAM_NAME, Params,
@@ -18,6 +29,7 @@ use lb_common::{
 use tracing::{info, warn};
 
 use crate::{balancer::MapWriter, config};
+pub use pin::{BPFFS, remove_pinned};
 pub use stats::{Stats, TrafficCounters};
 
 /// The XDP object built by build.rs (empty when built with LB_EBPF_STUB=1).
@@ -43,20 +55,44 @@ pub fn params(lb: &config::Lb) -> Params {
     }
 }
 
-/// The loaded program and maps, and the interfaces it is attached to. Dropping it detaches the
-/// program from every interface and frees the maps.
+/// The loaded program and maps, and the interfaces it is attached to.
+///
+/// Without a pin directory, dropping it detaches the program from every interface and frees the
+/// maps. With one, the maps and links are pinned: dropping it (or the process dying) only closes
+/// its file descriptors, like [`Dataplane::release`]; the program keeps forwarding with the
+/// pinned maps until a new `Dataplane` adopts them or [`Dataplane::detach_all`] /
+/// [`remove_pinned`] removes them.
 pub struct Dataplane {
     ebpf: Ebpf,
-    attached: Vec<(String, XdpLinkId)>,
+    attached: Vec<Attached>,
+    /// The bpffs directory holding the pins, if pinned, and our lock on it.
+    pin: Option<(PathBuf, pin::DirLock)>,
+    adopted: bool,
     ring_size: u32,
     params: Params,
     services: u32,
     backends: u32,
 }
 
+struct Attached {
+    iface: String,
+    link: Link,
+}
+
+enum Link {
+    /// Owned by the program: detached when it is dropped.
+    Owned(XdpLinkId),
+    /// Pinned at `path`: stays attached until the pin is removed.
+    Pinned { link: FdLink, path: PathBuf },
+}
+
 impl Dataplane {
     /// Loads the object with maps sized for `lb`, and verifies both programs; attaches nothing.
-    pub fn load(lb: &config::Lb) -> anyhow::Result<Self> {
+    ///
+    /// With `pin`, every map is pinned in that bpffs directory (bpffs is mounted at /sys/fs/bpf
+    /// first if it is not): maps already pinned there by a previous run are reused with their
+    /// content (see [`Dataplane::adopted`]), the others are created and pinned.
+    pub fn load(lb: &config::Lb, pin: Option<&Path>) -> anyhow::Result<Self> {
         let object = object();
         if object.is_empty() {
             bail!(
@@ -66,7 +102,8 @@ impl Dataplane {
         raise_memlock_limit();
         let params = params(lb);
         let ring_entries = lb.max_services * lb.ring_size;
-        let mut ebpf = EbpfLoader::new()
+        let mut loader = EbpfLoader::new();
+        loader
             .override_global(PARAMS_GLOBAL, &params, true)
             .map_max_entries(map_name::SERVICES, lb.max_services)
             .map_max_entries(map_name::SERVICE_STATS, lb.max_services)
@@ -75,25 +112,66 @@ impl Dataplane {
             .map_max_entries(map_name::BACKEND_STATS, lb.max_backends)
             .map_max_entries(map_name::NEXTHOPS, lb.max_backends)
             .map_max_entries(map_name::CONNTRACK, lb.conntrack.size)
-            .map_max_entries(map_name::NAT, 2 * lb.conntrack.size)
+            .map_max_entries(map_name::NAT, 2 * lb.conntrack.size);
+        let mut adopted = false;
+        let mut fresh = false;
+        let mut lock = None;
+        if let Some(dir) = pin {
+            pin::prepare_dir(dir)?;
+            lock = Some(pin::lock(dir)?);
+            fresh = std::fs::read_dir(dir)
+                .with_context(|| format!("reading {}", dir.display()))?
+                .next()
+                .is_none();
+            let found = pin::pinned_maps(dir);
+            adopted = !found.is_empty();
+            if adopted && found.len() < pin::MAPS.len() {
+                warn!(dir = %dir.display(), found = ?found, "only some maps were pinned: creating the others");
+            }
+            for name in pin::MAPS {
+                loader.map_pin_path(name, dir.join(name));
+            }
+        }
+        let loaded = loader
             .load(object)
-            .context("loading the XDP object")?;
-        for name in [PROGRAM_NAME, PASS_PROGRAM_NAME] {
-            let prog: &mut Xdp = ebpf
-                .program_mut(name)
-                .ok_or_else(|| anyhow!("program {name} missing from the XDP object"))?
-                .try_into()?;
-            prog.load()
-                .with_context(|| format!("the kernel rejected XDP program {name}"))?;
+            .map_err(|e| load_error(e, pin))
+            .and_then(verify);
+        let ebpf = match (loaded, pin) {
+            (Ok(ebpf), _) => ebpf,
+            (Err(e), Some(dir)) if fresh => {
+                // Do not leave half a datapath pinned by a load that failed.
+                if let Err(e) = pin::remove_locked(dir) {
+                    warn!(dir = %dir.display(), error = %format!("{e:#}"), "removing the pins of a failed load");
+                }
+                return Err(e);
+            }
+            (Err(e), _) => return Err(e),
+        };
+        if let Some(dir) = pin {
+            info!(dir = %dir.display(), adopted, "datapath maps pinned");
         }
         Ok(Self {
             ebpf,
             attached: Vec::new(),
+            pin: pin.map(Path::to_owned).zip(lock),
+            adopted,
             ring_size: lb.ring_size,
             params,
             services: 0,
             backends: 0,
         })
+    }
+
+    /// Whether the maps came from a previous run's pins (their content is that run's: connection
+    /// table, backend flags, rings, counters). Decided by whether the pin directory held pinned
+    /// maps before loading.
+    pub fn adopted(&self) -> bool {
+        self.adopted
+    }
+
+    /// The bpffs directory of the pins, if pinned.
+    pub fn pin_dir(&self) -> Option<&Path> {
+        self.pin.as_ref().map(|(dir, _)| dir.as_path())
     }
 
     pub fn program(&self) -> &Xdp {
@@ -108,6 +186,13 @@ impl Dataplane {
     fn named_program(&self, name: &str) -> &Xdp {
         self.ebpf
             .program(name)
+            .and_then(|p| p.try_into().ok())
+            .expect("verified in load()")
+    }
+
+    fn program_mut(&mut self) -> &mut Xdp {
+        self.ebpf
+            .program_mut(PROGRAM_NAME)
             .and_then(|p| p.try_into().ok())
             .expect("verified in load()")
     }
@@ -139,13 +224,22 @@ impl Dataplane {
     }
 
     /// Attaches the balancer to `iface` and makes it a redirect target; returns the mode used.
+    ///
+    /// When pinned and `iface` already has a pinned link (a previous run's), the program on that
+    /// link is replaced atomically: no packet goes unprocessed, and the link keeps its mode
+    /// (changing the mode needs `lb stop` first). Otherwise the program is attached and, when
+    /// pinned, its link is pinned.
     pub fn attach(&mut self, iface: &str, mode: config::XdpMode) -> anyhow::Result<XdpMode> {
         let index = self.add_redirect_target(iface)?;
-        let prog: &mut Xdp = self
-            .ebpf
-            .program_mut(PROGRAM_NAME)
-            .expect("verified in load()")
-            .try_into()?;
+        if let Some(dir) = self.pin_dir() {
+            let path = pin::link_path(dir, iface);
+            if path.exists()
+                && let Some(used) = self.replace_pinned(iface, index, &path, mode)?
+            {
+                return Ok(used);
+            }
+        }
+        let prog = self.program_mut();
         let (id, used) = match mode {
             config::XdpMode::Skb => (attach_mode(prog, iface, index, XdpMode::Skb)?, XdpMode::Skb),
             config::XdpMode::Native => {
@@ -165,24 +259,173 @@ impl Dataplane {
                 }
             },
         };
-        info!(%iface, mode = ?used, "XDP program attached");
-        self.attached.push((iface.to_owned(), id));
+        let link = match self.pin_dir() {
+            None => Link::Owned(id),
+            Some(dir) => {
+                let path = pin::link_path(dir, iface);
+                let link =
+                    FdLink::try_from(self.program_mut().take_link(id)?).with_context(|| {
+                        format!(
+                            "XDP on {iface} was attached through netlink, not as a bpf_link \
+                         (Linux < 5.9?), and cannot be pinned"
+                        )
+                    })?;
+                // On error the link is dropped, which detaches it.
+                let pinned = link.pin(&path).with_context(|| {
+                    format!("pinning the XDP link of {iface} at {}", path.display())
+                })?;
+                Link::Pinned {
+                    link: pinned.into(),
+                    path,
+                }
+            }
+        };
+        info!(%iface, mode = ?used, pinned = self.pin.is_some(), "XDP program attached");
+        self.attached.push(Attached {
+            iface: iface.to_owned(),
+            link,
+        });
         Ok(used)
     }
 
-    /// Detaches from every interface (also done on drop).
-    pub fn detach_all(&mut self) {
-        let prog: &mut Xdp = self
-            .ebpf
-            .program_mut(PROGRAM_NAME)
-            .expect("verified in load()")
-            .try_into()
-            .expect("verified in load()");
-        for (iface, id) in self.attached.drain(..) {
-            match prog.detach(id) {
-                Ok(()) => info!(%iface, "XDP program detached"),
-                Err(e) => warn!(%iface, error = %e, "detaching the XDP program failed"),
+    /// Puts this program on the pinned link at `path` in place of a previous run's. Returns the
+    /// link's mode, or None when the link is defunct (its interface was removed since) and was
+    /// unpinned, so that the caller attaches anew.
+    fn replace_pinned(
+        &mut self,
+        iface: &str,
+        index: u32,
+        path: &Path,
+        mode: config::XdpMode,
+    ) -> anyhow::Result<Option<XdpMode>> {
+        let link = PinnedLink::from_pin(path)
+            .with_context(|| format!("opening the pinned XDP link {}", path.display()))?;
+        let link = XdpLink::try_from(FdLink::from(link))
+            .with_context(|| format!("{} is not an XDP link", path.display()))?;
+        let id = match self.program_mut().attach_to_link(link) {
+            Ok(id) => id,
+            Err(ProgramError::SyscallError(SyscallError { io_error, .. }))
+                if io_error.raw_os_error() == Some(libc::ENOLINK) =>
+            {
+                warn!(%iface, path = %path.display(), "the pinned XDP link is defunct (interface recreated?): attaching anew");
+                pin::unpin(path, true)?;
+                return Ok(None);
             }
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(format!(
+                    "replacing the program on the pinned XDP link of {iface} ({})",
+                    path.display()
+                )));
+            }
+        };
+        let link = FdLink::try_from(self.program_mut().take_link(id)?)?;
+        let used = match pin::attached_xdp_mode(index) {
+            Ok(Some(used)) => used,
+            Ok(None) => bail!("XDP link of {iface} replaced, but no XDP program is attached to it"),
+            Err(e) => {
+                warn!(%iface, error = %e, "could not read the XDP mode of the adopted link");
+                XdpMode::Default
+            }
+        };
+        let wanted = match mode {
+            config::XdpMode::Native => Some(XdpMode::Driver),
+            config::XdpMode::Skb => Some(XdpMode::Skb),
+            config::XdpMode::Auto => None,
+        };
+        if wanted.is_some_and(|w| w != used && used != XdpMode::Default) {
+            warn!(%iface, mode = ?used, wanted = ?mode, "the adopted XDP link keeps its mode; run `lb stop` then `lb run` to change it");
+        }
+        info!(%iface, mode = ?used, path = %path.display(), "XDP program replaced on the pinned link");
+        self.attached.push(Attached {
+            iface: iface.to_owned(),
+            link: Link::Pinned {
+                link,
+                path: path.to_owned(),
+            },
+        });
+        Ok(Some(used))
+    }
+
+    /// Detaches the program from the pinned links of interfaces this `Dataplane` has not
+    /// attached to (e.g. an interface dropped from the config since the previous run), and
+    /// unpins them. Call it after attaching every interface. Returns those interfaces.
+    pub fn detach_unused_links(&mut self) -> anyhow::Result<Vec<String>> {
+        let Some(dir) = self.pin_dir() else {
+            return Ok(Vec::new());
+        };
+        let mut detached = Vec::new();
+        for iface in pin::pinned_links(dir)? {
+            if !self.attached.iter().any(|a| a.iface == iface) {
+                pin::unpin(&pin::link_path(dir, &iface), true)?;
+                info!(%iface, "XDP program detached (interface no longer configured)");
+                detached.push(iface);
+            }
+        }
+        Ok(detached)
+    }
+
+    /// Detaches from every interface; when pinned, also removes every pin (links and maps) and
+    /// the pin directory, after which this `Dataplane` is no longer pinned.
+    pub fn detach_all(&mut self) {
+        for Attached { iface, link } in std::mem::take(&mut self.attached) {
+            let detached = match link {
+                Link::Owned(id) => self.program_mut().detach(id).map_err(anyhow::Error::new),
+                Link::Pinned { link, path } => {
+                    // Unpin first: closing our fd then drops the last reference and detaches.
+                    let unpinned = std::fs::remove_file(&path)
+                        .with_context(|| format!("removing {}", path.display()));
+                    drop(link);
+                    unpinned
+                }
+            };
+            match detached {
+                Ok(()) => info!(%iface, "XDP program detached"),
+                Err(e) => {
+                    warn!(%iface, error = %format!("{e:#}"), "detaching the XDP program failed")
+                }
+            }
+        }
+        if let Some((dir, _lock)) = self.pin.take() {
+            match pin::remove_locked(&dir) {
+                Ok(_) => info!(dir = %dir.display(), "pinned datapath removed"),
+                Err(e) => {
+                    warn!(dir = %dir.display(), error = %format!("{e:#}"), "removing the pinned datapath failed")
+                }
+            }
+        }
+    }
+
+    /// Lets go of the datapath. When pinned, everything stays pinned and attached (the program
+    /// keeps forwarding with the pinned maps, for the next `lb run` to adopt) and only our file
+    /// descriptors are closed; otherwise this is [`Dataplane::detach_all`]. Dropping a
+    /// `Dataplane` does the same.
+    pub fn release(mut self) {
+        match self.pin_dir() {
+            Some(dir) => info!(
+                dir = %dir.display(),
+                interfaces = ?self.attached.iter().map(|a| &a.iface).collect::<Vec<_>>(),
+                "leaving the datapath pinned and attached"
+            ),
+            None => self.detach_all(),
+        }
+    }
+
+    /// The backend entry `id` as the datapath sees it (e.g. the flags of an adopted datapath).
+    pub fn backend_info(&mut self, id: u32) -> anyhow::Result<BackendInfo> {
+        self.array::<BackendInfo>(map_name::BACKENDS)?
+            .get(&id, 0)
+            .with_context(|| format!("reading backend {id}"))
+    }
+
+    /// The service entry of `key`, None when there is none.
+    pub fn service_info(&mut self, key: &ServiceKey) -> anyhow::Result<Option<ServiceInfo>> {
+        match self
+            .hash_map::<ServiceKey, ServiceInfo>(map_name::SERVICES)?
+            .get(key, 0)
+        {
+            Ok(info) => Ok(Some(info)),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(anyhow::Error::new(e).context("reading the service map")),
         }
     }
 
@@ -296,6 +539,73 @@ impl MapWriter for Dataplane {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
             Err(e) => Err(anyhow::Error::new(e).context("removing a service")),
         }
+    }
+}
+
+/// Checks that every map of the object is pinned when pinning (a map missing from
+/// [`pin::MAPS`] would silently start empty after a restart), and loads both programs into the
+/// kernel (the verifier runs here).
+fn verify(mut ebpf: Ebpf) -> anyhow::Result<Ebpf> {
+    let unlisted: Vec<&str> = ebpf
+        .maps()
+        .map(|(name, _)| name)
+        .filter(|name| !name.starts_with('.') && !pin::MAPS.contains(name))
+        .collect();
+    if !unlisted.is_empty() {
+        bail!("maps {unlisted:?} of the XDP object are missing from dataplane::pin::MAPS");
+    }
+    for name in [PROGRAM_NAME, PASS_PROGRAM_NAME] {
+        let prog: &mut Xdp = ebpf
+            .program_mut(name)
+            .ok_or_else(|| anyhow!("program {name} missing from the XDP object"))?
+            .try_into()?;
+        prog.load()
+            .with_context(|| format!("the kernel rejected XDP program {name}"))?;
+    }
+    Ok(ebpf)
+}
+
+/// A load error; a pinned map that does not fit this config names the setting and the way out.
+fn load_error(e: EbpfError, pin: Option<&Path>) -> anyhow::Error {
+    let (
+        EbpfError::MapError(MapError::IncompatiblePinnedMap {
+            name,
+            property,
+            expected,
+            actual,
+        }),
+        Some(dir),
+    ) = (&e, pin)
+    else {
+        return anyhow::Error::new(e).context("loading the XDP object");
+    };
+    let what = if *property == "max_entries" {
+        format!(
+            "map {name} has {actual} entries where this config needs {expected} ({})",
+            setting_of(name)
+        )
+    } else {
+        format!(
+            "map {name} has {property} {actual} where this lb needs {expected} (made by another version of lb?)"
+        )
+    };
+    let msg = format!(
+        "the datapath pinned in {} was made with other settings: {what}. \
+         Run `lb stop` to remove the pinned state (this stops forwarding and forgets open \
+         connections), or start with the settings it was made with",
+        dir.display()
+    );
+    anyhow::Error::new(e).context(msg)
+}
+
+/// The config setting that sizes map `name`.
+fn setting_of(name: &str) -> &'static str {
+    match name {
+        map_name::CONNTRACK | map_name::NAT => "[lb] conntrack.size",
+        map_name::SERVICES | map_name::SERVICE_STATS => "[lb] max_services",
+        map_name::RINGS => "[lb] max_services × ring_size",
+        map_name::BACKENDS | map_name::BACKEND_STATS | map_name::NEXTHOPS => "[lb] max_backends",
+        _ => "a size fixed when lb was built",
     }
 }
 

@@ -1,0 +1,327 @@
+//! Pinning the datapath in bpffs, so that a new `lb run` adopts a running one (hitless restart).
+//!
+//! One directory holds everything: every map by its name (`<dir>/LB_CONNTRACK`, ...) and each
+//! interface's XDP link as `<dir>/link-<iface>`. The program is not pinned by itself: the links
+//! hold it, and a new load replaces it on them. The `.rodata` map holding [`lb_common::Params`]
+//! is not pinned either: every load sets new parameters.
+
+use std::{
+    ffi::CString,
+    fs::{File, TryLockError},
+    io,
+    mem::MaybeUninit,
+    os::{
+        fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+        unix::ffi::OsStrExt as _,
+    },
+    path::{Path, PathBuf},
+    sync::Mutex,
+};
+
+use anyhow::{Context as _, bail};
+use aya::programs::{XdpMode, links::PinnedLink};
+use lb_common::map_name;
+
+/// Where bpffs is mounted (mounted there by [`prepare_dir`] when it is not).
+pub const BPFFS: &str = "/sys/fs/bpf";
+
+/// Every map of the XDP object, pinned under these names. `Dataplane::load` checks that the
+/// object has no other map (besides the `.rodata`/`.bss` sections of globals).
+pub const MAPS: [&str; 11] = [
+    map_name::ADDRS,
+    map_name::SERVICES,
+    map_name::BACKENDS,
+    map_name::RINGS,
+    map_name::CONNTRACK,
+    map_name::NAT,
+    map_name::TX_PORTS,
+    map_name::STATS,
+    map_name::SERVICE_STATS,
+    map_name::BACKEND_STATS,
+    map_name::NEXTHOPS,
+];
+
+const LINK_PREFIX: &str = "link-";
+
+/// The pin of `iface`'s XDP link.
+pub fn link_path(dir: &Path, iface: &str) -> PathBuf {
+    dir.join(format!("{LINK_PREFIX}{iface}"))
+}
+
+/// The interfaces that have a pinned link in `dir`.
+pub fn pinned_links(dir: &Path) -> anyhow::Result<Vec<String>> {
+    let mut ifaces = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let name = entry?.file_name();
+        if let Some(iface) = name.to_str().and_then(|n| n.strip_prefix(LINK_PREFIX)) {
+            ifaces.push(iface.to_owned());
+        }
+    }
+    ifaces.sort();
+    Ok(ifaces)
+}
+
+/// The maps already pinned in `dir` (a previous run's).
+pub fn pinned_maps(dir: &Path) -> Vec<&'static str> {
+    MAPS.into_iter()
+        .filter(|name| dir.join(name).exists())
+        .collect()
+}
+
+/// Mounts bpffs at [`BPFFS`] if nothing is mounted there, and creates `dir`, which must be a
+/// directory inside a bpffs (not its root: [`remove_pinned`] removes `dir` with everything in it).
+pub fn prepare_dir(dir: &Path) -> anyhow::Result<()> {
+    {
+        // Two loads of this process must not both mount (a second bpffs would hide the first).
+        static MOUNTING: Mutex<()> = Mutex::new(());
+        let _one = MOUNTING.lock().unwrap_or_else(|e| e.into_inner());
+        let root = Path::new(BPFFS);
+        if !is_bpffs(root)? {
+            mount_bpffs(root)?;
+            tracing::info!(path = BPFFS, "mounted bpffs");
+        }
+    }
+    let existing = parent_of(dir)
+        .ancestors()
+        .find(|p| p.exists())
+        .unwrap_or(Path::new("/"));
+    if !is_bpffs(existing)? {
+        bail!(
+            "pin directory {}: {} is not on a BPF filesystem; use a directory inside {BPFFS} \
+             (e.g. {BPFFS}/lb), or mount one with `mount -t bpf bpf DIR`",
+            dir.display(),
+            existing.display()
+        );
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))
+}
+
+/// An exclusive lock (flock) on a pin directory, held by the `Dataplane` that uses it. The
+/// kernel drops it when that process ends, also on kill -9: a second lb can neither adopt nor
+/// remove a pinned datapath that a running one is using.
+#[derive(Debug)]
+pub struct DirLock(#[expect(dead_code, reason = "held for its lock")] File);
+
+/// Takes the lock of `dir`, which must exist.
+pub fn lock(dir: &Path) -> anyhow::Result<DirLock> {
+    let file = File::open(dir).with_context(|| format!("opening {}", dir.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(DirLock(file)),
+        Err(TryLockError::WouldBlock) => bail!(
+            "the datapath pinned in {} is in use by a running lb: stop that one first \
+             (`lb stop`)",
+            dir.display()
+        ),
+        Err(TryLockError::Error(e)) => Err(e).with_context(|| format!("locking {}", dir.display())),
+    }
+}
+
+/// Unpins every link (which detaches its program from the interface) and every map in `dir`,
+/// then removes `dir`. Returns what was removed; a missing `dir` is not an error. Refused while
+/// a running lb uses `dir`.
+pub fn remove_pinned(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let _lock = match lock(dir) {
+        Err(e)
+            if e.downcast_ref::<io::Error>()
+                .is_some_and(|e| e.kind() == io::ErrorKind::NotFound) =>
+        {
+            return Ok(Vec::new());
+        }
+        lock => lock?,
+    };
+    remove_locked(dir)
+}
+
+/// [`remove_pinned`] for the holder of `dir`'s lock.
+pub fn remove_locked(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", dir.display())),
+    };
+    // Never empty a directory that is not lb's: it must be inside a bpffs, and not its root.
+    if !is_bpffs(dir)? || !is_bpffs(parent_of(dir))? {
+        bail!(
+            "{} is not a directory inside a BPF filesystem: not removing anything there",
+            dir.display()
+        );
+    }
+    let mut paths = Vec::new();
+    for entry in entries {
+        let entry = entry.with_context(|| format!("reading {}", dir.display()))?;
+        if entry.file_type()?.is_dir() {
+            bail!(
+                "{} holds a directory ({}), which lb never pins: not removing anything",
+                dir.display(),
+                entry.path().display()
+            );
+        }
+        paths.push(entry.path());
+    }
+    // Links first: the program stops running before its maps go.
+    let is_link = |p: &PathBuf| {
+        p.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(LINK_PREFIX))
+    };
+    paths.sort_by_key(|p| (!is_link(p), p.clone()));
+    for path in &paths {
+        unpin(path, is_link(path))?;
+    }
+    std::fs::remove_dir(dir).with_context(|| format!("removing {}", dir.display()))?;
+    Ok(paths)
+}
+
+/// Removes one pin. For a link, through an fd held until the pin is gone, so that closing it
+/// drops the last reference and detaches the program before this returns (unlinking alone
+/// detaches it a little later, from a kernel work queue).
+pub fn unpin(path: &Path, link: bool) -> anyhow::Result<()> {
+    if link && let Ok(pinned) = PinnedLink::from_pin(path) {
+        let fd_link = pinned
+            .unpin()
+            .with_context(|| format!("unpinning {}", path.display()))?;
+        drop(fd_link);
+        return Ok(());
+    }
+    std::fs::remove_file(path).with_context(|| format!("removing {}", path.display()))
+}
+
+fn parent_of(dir: &Path) -> &Path {
+    match dir.parent() {
+        Some(p) if p.as_os_str().is_empty() => Path::new("."),
+        Some(p) => p,
+        None => Path::new("/"),
+    }
+}
+
+fn is_bpffs(path: &Path) -> anyhow::Result<bool> {
+    let cpath = CString::new(path.as_os_str().as_bytes()).context("path with a NUL byte")?;
+    let mut st = MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: valid NUL-terminated path and a buffer of the right type.
+    if unsafe { libc::statfs(cpath.as_ptr(), st.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error())
+            .with_context(|| format!("statfs {}", path.display()));
+    }
+    // SAFETY: statfs succeeded, so it filled the buffer.
+    let st = unsafe { st.assume_init() };
+    Ok(st.f_type as u32 == libc::BPF_FS_MAGIC as u32)
+}
+
+fn mount_bpffs(at: &Path) -> anyhow::Result<()> {
+    let target = CString::new(at.as_os_str().as_bytes()).context("path with a NUL byte")?;
+    // SAFETY: valid NUL-terminated strings; no data argument.
+    let rc = unsafe {
+        libc::mount(
+            c"bpf".as_ptr(),
+            target.as_ptr(),
+            c"bpf".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error()).with_context(|| {
+            format!(
+                "bpffs is not mounted at {} and mounting it failed (try `mount -t bpf bpf {}`)",
+                at.display(),
+                at.display()
+            )
+        });
+    }
+    Ok(())
+}
+
+// rtnetlink, for the XDP mode of an interface (a bpf_link's info does not say).
+const IFLA_XDP: u16 = 43;
+const IFLA_XDP_ATTACHED: u16 = 2;
+const XDP_ATTACHED_DRV: u8 = 1;
+const XDP_ATTACHED_SKB: u8 = 2;
+const XDP_ATTACHED_HW: u8 = 3;
+const NLA_TYPE_MASK: u16 = 0x3fff;
+const NLMSG_HDRLEN: usize = 16;
+const IFINFOMSG_LEN: usize = 16;
+
+/// The mode in which an XDP program is attached to interface `ifindex` of this thread's network
+/// namespace (IFLA_XDP_ATTACHED of RTM_GETLINK): None when none is, `Default` when several are.
+pub fn attached_xdp_mode(ifindex: u32) -> io::Result<Option<XdpMode>> {
+    // SAFETY: plain socket(2).
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::NETLINK_ROUTE,
+        )
+    };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let mut req = [0u8; NLMSG_HDRLEN + IFINFOMSG_LEN];
+    req[0..4].copy_from_slice(&((NLMSG_HDRLEN + IFINFOMSG_LEN) as u32).to_ne_bytes());
+    req[4..6].copy_from_slice(&libc::RTM_GETLINK.to_ne_bytes());
+    req[6..8].copy_from_slice(&(libc::NLM_F_REQUEST as u16).to_ne_bytes());
+    req[8..12].copy_from_slice(&1u32.to_ne_bytes()); // sequence number
+    // ifinfomsg: family AF_UNSPEC, type 0, then the index.
+    req[NLMSG_HDRLEN + 4..NLMSG_HDRLEN + 8].copy_from_slice(&(ifindex as i32).to_ne_bytes());
+    // SAFETY: valid buffer; an unbound netlink socket sends to the kernel.
+    if unsafe { libc::send(fd.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut buf = vec![0u8; 64 * 1024];
+    // SAFETY: valid buffer of that length.
+    let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let msg = &buf[..n as usize];
+    let bad = || io::Error::new(io::ErrorKind::InvalidData, "malformed rtnetlink reply");
+    let len = msg
+        .get(0..4)
+        .map(|s| u32::from_ne_bytes([s[0], s[1], s[2], s[3]]) as usize)
+        .ok_or_else(bad)?;
+    let msg = msg.get(..len).ok_or_else(bad)?;
+    match u16_at(msg, 4).ok_or_else(bad)? {
+        t if t == libc::NLMSG_ERROR as u16 => {
+            let code = msg
+                .get(NLMSG_HDRLEN..NLMSG_HDRLEN + 4)
+                .map(|s| i32::from_ne_bytes([s[0], s[1], s[2], s[3]]))
+                .ok_or_else(bad)?;
+            return Err(io::Error::from_raw_os_error(-code));
+        }
+        libc::RTM_NEWLINK => {}
+        _ => return Err(bad()),
+    }
+    let attrs = msg.get(NLMSG_HDRLEN + IFINFOMSG_LEN..).ok_or_else(bad)?;
+    let attached = find_attr(attrs, IFLA_XDP)
+        .and_then(|xdp| find_attr(xdp, IFLA_XDP_ATTACHED))
+        .and_then(|v| v.first().copied())
+        .unwrap_or(0);
+    Ok(match attached {
+        0 => None,
+        XDP_ATTACHED_DRV => Some(XdpMode::Driver),
+        XDP_ATTACHED_SKB => Some(XdpMode::Skb),
+        XDP_ATTACHED_HW => Some(XdpMode::Hardware),
+        _ => Some(XdpMode::Default),
+    })
+}
+
+fn u16_at(b: &[u8], i: usize) -> Option<u16> {
+    b.get(i..i + 2).map(|s| u16::from_ne_bytes([s[0], s[1]]))
+}
+
+/// The payload of the first netlink attribute of type `ty` in `b`.
+fn find_attr(b: &[u8], ty: u16) -> Option<&[u8]> {
+    let mut i = 0;
+    while let (Some(len), Some(atype)) = (u16_at(b, i), u16_at(b, i + 2)) {
+        let len = len as usize;
+        if len < 4 || i + len > b.len() {
+            return None;
+        }
+        if atype & NLA_TYPE_MASK == ty {
+            return Some(&b[i + 4..i + len]);
+        }
+        i += (len + 3) & !3;
+    }
+    None
+}

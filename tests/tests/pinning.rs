@@ -1,0 +1,447 @@
+//! Hitless restart: the datapath pinned in bpffs outlives the `Dataplane` that loaded it (as it
+//! outlives a daemon killed with -9), the next load adopts its maps and replaces the program on
+//! its links, and detach_all / remove_pinned leave nothing behind.
+//!
+//! The test process stays in the host's mount namespace (pins are only visible there) and
+//! enters the network namespaces with `Netns::enter` (setns of the network namespace only).
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{Ipv4Addr, SocketAddr, TcpStream},
+    path::{Path, PathBuf},
+    sync::{
+        Once,
+        atomic::{AtomicU32, Ordering},
+    },
+};
+
+use aya::programs::XdpMode;
+use lb::{
+    balancer::{Balancer, MapWriter as _},
+    config::{self, Config},
+    dataplane::{self, Dataplane},
+};
+use lb_common::{BackendInfo, ServiceInfo, ServiceKey, backend_flags, map_name};
+use lb_tests::{
+    inproc::wait_for_neighbours,
+    netns::{Netns, Port, veth},
+    require_root,
+    servers::connect,
+    topology::{Arms, Sandbox, VIP},
+};
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+static SWEEP: Once = Once::new();
+const PREFIX: &str = "lb-test-";
+
+/// A pin directory of this test (`/sys/fs/bpf/lb-test-<pid>-<n>`, not created): whatever is
+/// pinned there is unpinned (links detached) and the directory removed when it drops, also when
+/// the test fails. Directories left by killed runs (whose pid is gone) are removed on first use.
+struct PinDir(PathBuf);
+
+impl PinDir {
+    fn new() -> Self {
+        SWEEP.call_once(sweep_stale);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        Self(Path::new(dataplane::BPFFS).join(format!("{PREFIX}{}-{n}", std::process::id())))
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.0.join(name).exists()
+    }
+}
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        if let Err(e) = dataplane::remove_pinned(&self.0) {
+            eprintln!("warning: {e:#}");
+        }
+    }
+}
+
+fn sweep_stale() {
+    let Ok(entries) = std::fs::read_dir(dataplane::BPFFS) else {
+        return;
+    };
+    for e in entries.filter_map(Result::ok) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix(PREFIX).and_then(|r| r.split('-').next()) else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid).exists() {
+            eprintln!("removing stale test pins {name}");
+            if let Err(e) = dataplane::remove_pinned(&e.path()) {
+                eprintln!("warning: {e:#}");
+            }
+        }
+    }
+}
+
+/// Small maps, so that loading is quick.
+fn lb_config(iface: &str, conntrack: u32) -> config::Lb {
+    let text = format!(
+        "[lb]\ninterfaces = [\"{iface}\"]\nmax_services = 4\nring_size = 251\nmax_backends = 64\n\
+         conntrack = {{ size = {conntrack} }}\n"
+    );
+    config::parse(&text)
+        .map_err(|e| anyhow::anyhow!("test config: {e}"))
+        .unwrap()
+        .lb
+}
+
+/// A namespace for the balancer with one veth to a peer namespace, forwarding on.
+fn net() -> (Netns, Netns, Port) {
+    let ns = Netns::new("pin").unwrap();
+    let peer = Netns::new("pinpeer").unwrap();
+    let (port, _) = veth(&ns, "10.0.1.1/24", &peer, "10.0.1.2/24").unwrap();
+    ns.sysctl("net/ipv4/ip_forward", "1").unwrap();
+    (ns, peer, port)
+}
+
+/// The id of the XDP program attached to `ifname`, if any (`prog/xdp id N` of `ip -d link`).
+fn xdp_prog_id(ns: &Netns, ifname: &str) -> Option<u32> {
+    let out = ns.ip(&["-d", "link", "show", "dev", ifname]).unwrap();
+    let rest = out.split("prog/xdp id ").nth(1)?;
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+fn ne(ip: &str) -> u32 {
+    u32::from_ne_bytes(ip.parse::<Ipv4Addr>().unwrap().octets())
+}
+
+const BACKEND_ID: u32 = 3;
+
+fn backend() -> BackendInfo {
+    BackendInfo {
+        addr: ne("10.0.1.2"),
+        snat_addr: ne("10.0.1.1"),
+        port: 8080u16.to_be(),
+        _pad: 0,
+        flags: backend_flags::UP | backend_flags::DRAINED,
+    }
+}
+
+fn service() -> (ServiceKey, ServiceInfo) {
+    (
+        ServiceKey::new([10, 100, 0, 1], 80, lb_common::PROTO_TCP),
+        ServiceInfo { id: 1, flags: 0 },
+    )
+}
+
+#[test]
+fn released_datapath_stays_attached_and_is_adopted() {
+    require_root();
+    let pins = PinDir::new();
+    let (ns, _peer, port) = net();
+    let iface = port.ifname.as_str();
+    let lb = lb_config(iface, 1024);
+    let link = format!("link-{iface}");
+
+    // First run: fresh pins, attach, write, release.
+    ns.enter(|| -> anyhow::Result<()> {
+        let mut dp = Dataplane::load(&lb, Some(pins.path()))?;
+        assert!(!dp.adopted(), "nothing was pinned yet");
+        assert_eq!(dp.attach(iface, config::XdpMode::Native)?, XdpMode::Driver);
+        dp.set_backend(BACKEND_ID, backend())?;
+        let (key, info) = service();
+        dp.set_service(key, info)?;
+        dp.release();
+        Ok(())
+    })
+    .unwrap();
+    let first = xdp_prog_id(&ns, iface).expect("XDP detached by release()");
+    for name in [
+        link.as_str(),
+        map_name::CONNTRACK,
+        map_name::NAT,
+        map_name::BACKENDS,
+    ] {
+        assert!(
+            pins.has(name),
+            "{name} not pinned in {}",
+            pins.path().display()
+        );
+    }
+
+    // Second run: adopts the maps, replaces the program on the same link; then dropped.
+    ns.enter(|| -> anyhow::Result<()> {
+        let mut dp = Dataplane::load(&lb, Some(pins.path()))?;
+        assert!(dp.adopted());
+        assert_eq!(dp.backend_info(BACKEND_ID)?, backend());
+        let (key, info) = service();
+        assert_eq!(dp.service_info(&key)?, Some(info));
+        assert_eq!(
+            dp.service_info(&ServiceKey::new([10, 100, 0, 2], 80, lb_common::PROTO_TCP))?,
+            None
+        );
+        // Replaces (no EBUSY), and reports the link's mode.
+        assert_eq!(dp.attach(iface, config::XdpMode::Native)?, XdpMode::Driver);
+        drop(dp); // neither release() nor detach_all(): must stay attached
+        Ok(())
+    })
+    .unwrap();
+    let second = xdp_prog_id(&ns, iface).expect("XDP detached by dropping the Dataplane");
+    assert_ne!(first, second, "the program on the link was not replaced");
+    assert!(pins.has(&link));
+
+    // Third run: a request for another mode keeps the link's; detach_all removes everything.
+    ns.enter(|| -> anyhow::Result<()> {
+        let mut dp = Dataplane::load(&lb, Some(pins.path()))?;
+        assert!(dp.adopted());
+        assert_eq!(dp.attach(iface, config::XdpMode::Skb)?, XdpMode::Driver);
+        assert_ne!(xdp_prog_id(&ns, iface), Some(second));
+        assert!(xdp_prog_id(&ns, iface).is_some());
+        dp.detach_all();
+        Ok(())
+    })
+    .unwrap();
+    assert!(
+        !pins.path().exists(),
+        "detach_all left {}",
+        pins.path().display()
+    );
+    assert!(
+        !ns.xdp_attached(iface).unwrap(),
+        "detach_all left XDP on {iface}"
+    );
+}
+
+#[test]
+fn incompatible_pins_fail_with_a_clear_error() {
+    require_root();
+    let pins = PinDir::new();
+    // Nothing is attached: the interface name is never looked up.
+    Dataplane::load(&lb_config("lbt0", 1024), Some(pins.path()))
+        .unwrap()
+        .release();
+    let err = Dataplane::load(&lb_config("lbt0", 2048), Some(pins.path()))
+        .err()
+        .expect("a conntrack size other than the pinned one must be refused");
+    let msg = err.to_string();
+    let dir = pins.path().display().to_string();
+    for want in [dir.as_str(), "lb stop", "conntrack.size"] {
+        assert!(msg.contains(want), "{want:?} missing from: {msg}");
+    }
+    // Whichever of the two maps sized by it aya checks first.
+    assert!(
+        msg.contains(map_name::CONNTRACK) || msg.contains(map_name::NAT),
+        "no map named in: {msg}"
+    );
+    // The failed load left the pinned state alone: the old settings still adopt it.
+    assert!(pins.has(map_name::CONNTRACK));
+    let dp = Dataplane::load(&lb_config("lbt0", 1024), Some(pins.path())).unwrap();
+    assert!(dp.adopted());
+}
+
+#[test]
+fn a_datapath_in_use_is_neither_adopted_nor_removed() {
+    require_root();
+    let pins = PinDir::new();
+    let lb = lb_config("lbt0", 1024);
+    let dp = Dataplane::load(&lb, Some(pins.path())).unwrap();
+    let err = Dataplane::load(&lb, Some(pins.path()))
+        .err()
+        .expect("a second load of a pin directory in use must be refused");
+    assert!(
+        err.to_string().contains("in use by a running lb"),
+        "{err:#}"
+    );
+    let err = dataplane::remove_pinned(pins.path()).unwrap_err();
+    assert!(
+        err.to_string().contains("in use by a running lb"),
+        "{err:#}"
+    );
+    assert!(pins.has(map_name::CONNTRACK));
+    // The lock goes with the Dataplane (with its process, on kill -9).
+    dp.release();
+    assert!(Dataplane::load(&lb, Some(pins.path())).unwrap().adopted());
+}
+
+#[test]
+fn remove_pinned_detaches_and_cleans_a_left_directory() {
+    require_root();
+    let pins = PinDir::new();
+    let (ns, _peer, port) = net();
+    let iface = port.ifname.as_str();
+    ns.enter(|| -> anyhow::Result<()> {
+        let mut dp = Dataplane::load(&lb_config(iface, 1024), Some(pins.path()))?;
+        dp.attach(iface, config::XdpMode::Skb)?;
+        dp.release();
+        Ok(())
+    })
+    .unwrap();
+    assert!(ns.xdp_attached(iface).unwrap());
+
+    let removed = dataplane::remove_pinned(pins.path()).unwrap();
+    let names: Vec<String> = removed
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names[0],
+        format!("link-{iface}"),
+        "links go first: {names:?}"
+    );
+    for name in [map_name::CONNTRACK, map_name::BACKENDS, map_name::TX_PORTS] {
+        assert!(names.iter().any(|n| n == name), "{name} not in {names:?}");
+    }
+    assert!(!pins.path().exists());
+    // Detached before remove_pinned returns (the last reference is our fd).
+    assert!(!ns.xdp_attached(iface).unwrap());
+    assert!(
+        dataplane::remove_pinned(pins.path()).unwrap().is_empty(),
+        "a missing directory is nothing to remove"
+    );
+    // Never empties a directory outside bpffs.
+    assert!(dataplane::remove_pinned(Path::new("/tmp")).is_err());
+}
+
+#[test]
+fn defunct_link_of_a_recreated_interface_is_attached_anew() {
+    require_root();
+    let pins = PinDir::new();
+    let (ns, _peer, port) = net();
+    let iface = port.ifname.as_str();
+    let lb = lb_config(iface, 1024);
+    ns.enter(|| -> anyhow::Result<()> {
+        let mut dp = Dataplane::load(&lb, Some(pins.path()))?;
+        dp.attach(iface, config::XdpMode::Native)?;
+        dp.release();
+        Ok(())
+    })
+    .unwrap();
+    // The interface goes away while no daemon runs (its link turns defunct, its pin stays) and
+    // comes back under the same name.
+    ns.ip(&["link", "del", iface]).unwrap();
+    assert!(pins.has(&format!("link-{iface}")));
+    let peer_name = format!("{iface}p");
+    ns.ip(&[
+        "link", "add", iface, "type", "veth", "peer", "name", &peer_name,
+    ])
+    .unwrap();
+    for dev in [iface, peer_name.as_str()] {
+        ns.ip(&["link", "set", dev, "up"]).unwrap();
+    }
+    ns.enter(|| -> anyhow::Result<()> {
+        let mut dp = Dataplane::load(&lb, Some(pins.path()))?;
+        assert!(dp.adopted());
+        assert_eq!(dp.attach(iface, config::XdpMode::Skb)?, XdpMode::Skb);
+        dp.release();
+        Ok(())
+    })
+    .unwrap();
+    assert!(ns.xdp_attached(iface).unwrap());
+    assert!(pins.has(&format!("link-{iface}")));
+}
+
+#[test]
+fn links_of_interfaces_no_longer_configured_are_detached() {
+    require_root();
+    let pins = PinDir::new();
+    let (ns, peer, kept) = net();
+    let (dropped, _) = veth(&ns, "10.0.3.1/24", &peer, "10.0.3.2/24").unwrap();
+    let (kept, dropped) = (kept.ifname.as_str(), dropped.ifname.as_str());
+    let lb = lb_config(kept, 1024);
+    ns.enter(|| -> anyhow::Result<()> {
+        let mut dp = Dataplane::load(&lb, Some(pins.path()))?;
+        dp.attach(kept, config::XdpMode::Native)?;
+        dp.attach(dropped, config::XdpMode::Native)?;
+        dp.release();
+        Ok(())
+    })
+    .unwrap();
+    ns.enter(|| -> anyhow::Result<()> {
+        let mut dp = Dataplane::load(&lb, Some(pins.path()))?;
+        dp.attach(kept, config::XdpMode::Native)?;
+        assert_eq!(dp.detach_unused_links()?, [dropped]);
+        dp.release();
+        Ok(())
+    })
+    .unwrap();
+    assert!(ns.xdp_attached(kept).unwrap());
+    assert!(!ns.xdp_attached(dropped).unwrap());
+    assert!(pins.has(&format!("link-{kept}")));
+    assert!(!pins.has(&format!("link-{dropped}")));
+}
+
+/// Sends `msg` on an echo connection and reads it back.
+fn echo(conn: &mut TcpStream, msg: &[u8]) -> anyhow::Result<()> {
+    conn.write_all(msg)?;
+    let mut got = vec![0; msg.len()];
+    conn.read_exact(&mut got)?;
+    anyhow::ensure!(got == msg, "echo {msg:?} came back as {got:?}");
+    Ok(())
+}
+
+/// Loads the datapath for `config` pinned at `dir` in the balancer namespace, writes its state
+/// and attaches it, like `lb run`.
+fn start(sb: &Sandbox, config: &Config, dir: &Path) -> Dataplane {
+    let backends = sb.backends.iter().map(|b| b.addr).collect();
+    let dp = sb
+        .lb
+        .enter(|| -> anyhow::Result<_> {
+            let mut dp = Dataplane::load(&config.lb, Some(dir))?;
+            Balancer::new(
+                config,
+                |sid, b| lb::daemon::snat_address(config, sid, b),
+                &mut dp,
+            )?;
+            lb::daemon::resolve_neighbours(&backends);
+            for iface in &config.lb.interfaces {
+                dp.attach(iface, config.lb.xdp_mode)?;
+            }
+            assert!(dp.detach_unused_links()?.is_empty());
+            Ok(dp)
+        })
+        .unwrap();
+    wait_for_neighbours(sb, &backends).unwrap();
+    dp
+}
+
+#[test]
+fn open_connection_survives_a_restart() {
+    require_root();
+    let pins = PinDir::new();
+    let sb = Sandbox::build(Arms::Two, 2, 8080).unwrap();
+    let text = sb
+        .config(80, &[], "")
+        .replace("[lb]\n", "[lb]\nconntrack = { size = 4096 }\n");
+    let config = config::parse(&text)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .unwrap();
+    let vip = SocketAddr::from((VIP, 80));
+
+    let dp = start(&sb, &config, pins.path());
+    assert!(!dp.adopted());
+    let (mut conn, backend) = connect(&sb.client.ns, vip).unwrap();
+    echo(&mut conn, b"before\n").unwrap();
+
+    // The daemon dies: the pinned program keeps forwarding the open connection.
+    drop(dp);
+    echo(&mut conn, b"while down\n").unwrap();
+
+    // A new run adopts the connection table: the connection stays on its backend.
+    let dp = sb
+        .lb
+        .enter(|| Dataplane::load(&config.lb, Some(pins.path())))
+        .unwrap();
+    assert!(dp.adopted());
+    drop(dp); // a load alone changes nothing on the interfaces
+    echo(&mut conn, b"after an adopting load\n").unwrap();
+    let mut dp = start(&sb, &config, pins.path());
+    assert!(dp.adopted());
+    echo(&mut conn, b"after restart\n").unwrap();
+    let (mut other, _) = connect(&sb.client.ns, vip).unwrap();
+    echo(&mut other, b"new connection\n").unwrap();
+    eprintln!("connection to {backend} kept across the restart");
+
+    dp.detach_all();
+    assert!(!pins.path().exists());
+    for port in &sb.lb_ports {
+        assert!(!sb.lb.xdp_attached(&port.ifname).unwrap());
+    }
+}
