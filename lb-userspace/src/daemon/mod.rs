@@ -97,6 +97,10 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
     for iface in &config.lb.interfaces {
         dataplane.attach(iface, config.lb.xdp_mode)?;
     }
+    // An adopted datapath may still sit on interfaces this config no longer names.
+    for iface in dataplane.detach_unused_links()? {
+        info!(%iface, "detached from an interface the config no longer names");
+    }
     info!(
         config = %config_path.display(),
         services = config.services.len(),

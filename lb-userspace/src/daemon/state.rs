@@ -128,7 +128,9 @@ impl Shared {
     /// the probe stands for, and records the events.
     pub fn apply_verdict(&self, v: Verdict) {
         let started = Instant::now();
-        let t = &v.transition;
+        let Some(t) = &v.transition else {
+            return;
+        };
         let up = t.to.is_available();
         let mut inner = self.lock();
         let inner = &mut *inner;

@@ -9,7 +9,7 @@ use std::{
     net::SocketAddrV4,
     sync::{
         Arc, Mutex, OnceLock,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -46,11 +46,13 @@ impl ProbeKey {
     }
 }
 
-/// A state change of one probe target.
+/// A probe result: every state change, and every result of the probes asked to report all
+/// (those passive checks follow, see [`Checker::set_reporting`]).
 #[derive(Debug, Clone)]
 pub struct Verdict {
     pub probe: Arc<ProbeKey>,
-    pub transition: Transition,
+    pub result: ProbeResult,
+    pub transition: Option<Transition>,
 }
 
 /// The latest of one probe target, for status pages.
@@ -105,6 +107,8 @@ struct Task {
     handle: JoinHandle<()>,
     stop: watch::Sender<bool>,
     status: Arc<Mutex<TargetStatus>>,
+    /// Send every result, not only state changes.
+    report: Arc<AtomicBool>,
 }
 
 /// The running checks: one task per distinct probe, added and removed as the config changes.
@@ -185,7 +189,9 @@ impl Checker {
                 since: Instant::now(),
             }));
             let (stop_tx, stop_rx) = watch::channel(false);
+            let report = Arc::new(AtomicBool::new(false));
             let job = Job {
+                report: report.clone(),
                 http: http_check(&key.check),
                 key: key.clone(),
                 probers: self.probers.clone(),
@@ -200,10 +206,18 @@ impl Checker {
                     handle,
                     stop: stop_tx,
                     status,
+                    report,
                 },
             );
         }
         Ok(())
+    }
+
+    /// Which probes send every result (`report(key)`), not only their state changes.
+    pub fn set_reporting(&self, report: impl Fn(&ProbeKey) -> bool) {
+        for (key, task) in &self.tasks {
+            task.report.store(report(key), Ordering::Relaxed);
+        }
     }
 
     /// The latest of a probe, None if no such probe runs.
@@ -290,6 +304,7 @@ struct Job {
     probers: Arc<Probers>,
     verdicts: mpsc::UnboundedSender<Verdict>,
     status: Arc<Mutex<TargetStatus>>,
+    report: Arc<AtomicBool>,
     epoch: Instant,
 }
 
@@ -321,9 +336,10 @@ impl Job {
                     status.since = Instant::now();
                 }
             }
-            if let Some(transition) = transition {
+            if transition.is_some() || self.report.load(Ordering::Relaxed) {
                 let verdict = Verdict {
                     probe: self.key.clone(),
+                    result,
                     transition,
                 };
                 if self.verdicts.send(verdict).is_err() {
