@@ -109,6 +109,8 @@ struct Task {
     status: Arc<Mutex<TargetStatus>>,
     /// Send every result, not only state changes.
     report: Arc<AtomicBool>,
+    /// Probe at all (traffic-triggered probing pauses idle targets).
+    active: Arc<AtomicBool>,
 }
 
 /// The running checks: one task per distinct probe, added and removed as the config changes.
@@ -190,8 +192,10 @@ impl Checker {
             }));
             let (stop_tx, stop_rx) = watch::channel(false);
             let report = Arc::new(AtomicBool::new(false));
+            let active = Arc::new(AtomicBool::new(true));
             let job = Job {
                 report: report.clone(),
+                active: active.clone(),
                 http: http_check(&key.check),
                 key: key.clone(),
                 probers: self.probers.clone(),
@@ -207,6 +211,7 @@ impl Checker {
                     stop: stop_tx,
                     status,
                     report,
+                    active,
                 },
             );
         }
@@ -217,6 +222,14 @@ impl Checker {
     pub fn set_reporting(&self, report: impl Fn(&ProbeKey) -> bool) {
         for (key, task) in &self.tasks {
             task.report.store(report(key), Ordering::Relaxed);
+        }
+    }
+
+    /// Which probes run (`active(key)`); the others pause, keeping their state, until active
+    /// again (traffic-triggered probing).
+    pub fn set_active(&self, active: impl Fn(&ProbeKey) -> bool) {
+        for (key, task) in &self.tasks {
+            task.active.store(active(key), Ordering::Relaxed);
         }
     }
 
@@ -305,6 +318,7 @@ struct Job {
     verdicts: mpsc::UnboundedSender<Verdict>,
     status: Arc<Mutex<TargetStatus>>,
     report: Arc<AtomicBool>,
+    active: Arc<AtomicBool>,
     epoch: Instant,
 }
 
@@ -321,6 +335,11 @@ impl Job {
                 _ = tokio::time::sleep(pause) => {}
                 _ = stop.wait_for(|s| *s) => return,
                 _ = removed.wait_for(|s| *s) => return,
+            }
+            if !self.active.load(Ordering::Relaxed) {
+                // Paused (no traffic): look again a little later, probe nothing.
+                pause = check.window.interval.min(Duration::from_secs(1));
+                continue;
             }
             let result = self.probe().await;
             if let ProbeResult::Success { latency } = result {
