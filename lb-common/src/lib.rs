@@ -6,6 +6,7 @@
 //! sides. Addresses and ports are kept in network byte order, as in the packet.
 #![no_std]
 
+pub const PROTO_ICMP: u8 = 1;
 pub const PROTO_TCP: u8 = 6;
 pub const PROTO_UDP: u8 = 17;
 
@@ -35,6 +36,9 @@ pub mod map_name {
     pub const BACKEND_STATS: &str = "LB_BACKEND_STATS";
     /// `PerCpuArray<NextHop>` indexed by backend id.
     pub const NEXTHOPS: &str = "LB_NEXTHOPS";
+    /// `RingBuf` of [`crate::PassiveSignal`] records, [`crate::SIGNALS_RING_BYTES`] bytes: the
+    /// datapath's passive health signals, drained by the daemon.
+    pub const SIGNALS: &str = "LB_SIGNALS";
 }
 
 /// Name of the global [`Params`] in the object, set by userspace at load time.
@@ -63,6 +67,17 @@ pub const SNAT_PORT_TRIES: u32 = 16;
 /// Ring slots tried for a new flow whose slot's backend cannot take it (its flag was written
 /// before the ring is rebuilt). With one of three backends out, all 16 miss with p = 2e-8.
 pub const SELECT_TRIES: u32 = 16;
+
+/// Size of the [`map_name::SIGNALS`] ring buffer (a power-of-two multiple of the page size). A
+/// record takes 24 bytes in it (8 of header), so it holds 2730 signals between two drains; more
+/// are counted in [`counter::SIGNAL_LOST`].
+pub const SIGNALS_RING_BYTES: u32 = 64 * 1024;
+
+/// A client SYN seen again this long (or longer) after the flow's first packet, with no SYN+ACK
+/// from the backend yet, is a connect timeout ([`signal_kind::CONNECT_TIMEOUT`]). Shorter gaps are
+/// duplicates, not retransmissions (TCP's minimum RTO is 200 ms, a SYN's first RTO 1 s), and
+/// must not let a client fake a backend's failure by sending its SYN twice at once.
+pub const SYN_RETRANSMIT_MIN_NS: u64 = 200_000_000;
 
 /// Flag bits of [`map_name::ADDRS`] values.
 pub mod addr_flags {
@@ -234,6 +249,9 @@ pub mod ct_state {
 pub mod ct_flags {
     /// Copied from the service at creation: keep the flow on an unavailable backend.
     pub const KEEP: u8 = 1;
+    /// A passive health signal about this TCP connection attempt was sent (or its SYN
+    /// retransmission found the backend had answered): at most one signal per connection.
+    pub const SIGNALLED: u8 = 2;
 }
 
 /// Connection table entry of a client → VIP flow.
@@ -308,6 +326,45 @@ pub struct NatEntry {
     pub last_seen: u64,
 }
 
+/// Values of [`PassiveSignal::kind`]: failures of a backend seen in real traffic (SPEC §3).
+/// Successes are not reported.
+pub mod signal_kind {
+    /// The backend answered a client's SYN with RST (nothing else came back from it first).
+    pub const REFUSED: u32 = 1;
+    /// The client retransmitted its SYN ([`crate::SYN_RETRANSMIT_MIN_NS`] or more after the
+    /// first) and the backend had not answered. Once per connection.
+    pub const CONNECT_TIMEOUT: u32 = 2;
+    /// An ICMP destination unreachable (any code but "fragmentation needed") came to lb's SNAT
+    /// address about a live flow to the backend; [`crate::PassiveSignal::detail`] is the ICMP
+    /// code (1 host, 3 port unreachable, ...). Once per TCP connection; for UDP every one (the
+    /// sender's ICMP rate limit bounds them).
+    pub const UNREACHABLE: u32 = 3;
+
+    /// A stable name for `kind` (events, logs, metrics labels).
+    pub const fn name(kind: u32) -> &'static str {
+        match kind {
+            REFUSED => "refused",
+            CONNECT_TIMEOUT => "connect_timeout",
+            UNREACHABLE => "unreachable",
+            _ => "unknown",
+        }
+    }
+}
+
+/// One passive health signal: a record of the [`map_name::SIGNALS`] ring buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PassiveSignal {
+    /// The backend that failed (index into [`map_name::BACKENDS`]).
+    pub backend_id: u32,
+    /// The service of the flow that saw it.
+    pub service_id: u32,
+    /// A [`signal_kind`] value.
+    pub kind: u32,
+    /// Kind-specific: the ICMP code for [`signal_kind::UNREACHABLE`], else 0.
+    pub detail: u32,
+}
+
 /// Per-service or per-backend traffic (client → backend direction), one slot per CPU.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -368,8 +425,13 @@ pub mod counter {
     /// Informational: live flows overwritten in a full connection table (both ways of their
     /// set were taken). Their next packet re-creates them (see `CT_MISS_MIDSTREAM`).
     pub const CT_EVICTED: u32 = 20;
+    /// Informational: passive health signals written to the `SIGNALS` ring buffer.
+    pub const SIGNAL_SENT: u32 = 21;
+    /// Informational: passive health signals lost because the ring buffer was full (the daemon
+    /// did not drain it in time). Never silent: a lost signal is counted here.
+    pub const SIGNAL_LOST: u32 = 22;
     /// Size of the `STATS` array.
-    pub const COUNT: u32 = 21;
+    pub const COUNT: u32 = 23;
 
     /// Stable names, indexed like the constants (status output and metrics).
     pub const NAMES: [&str; COUNT as usize] = [
@@ -394,6 +456,8 @@ pub mod counter {
         "snat_port_retry",
         "reply",
         "ct_evicted",
+        "signal_sent",
+        "signal_lost",
     ];
 }
 
@@ -412,6 +476,7 @@ mod pod {
     unsafe impl aya::Pod for super::CtSlot {}
     unsafe impl aya::Pod for super::NatSlot {}
     unsafe impl aya::Pod for super::TrafficStats {}
+    unsafe impl aya::Pod for super::PassiveSignal {}
 }
 
 #[cfg(test)]
@@ -432,6 +497,7 @@ mod tests {
         assert_eq!(size_of::<NextHop>(), 24);
         assert_eq!(size_of::<NatEntry>(), 40);
         assert_eq!(size_of::<TrafficStats>(), 24);
+        assert_eq!(size_of::<PassiveSignal>(), 16);
     }
 
     #[test]
@@ -448,6 +514,17 @@ mod tests {
             assert_eq!(a % 2, 0);
             assert_eq!(b, a + 1);
             assert!(b <= 1023);
+        }
+    }
+
+    #[test]
+    fn signal_kinds_have_distinct_names() {
+        use signal_kind::*;
+        let names = [REFUSED, CONNECT_TIMEOUT, UNREACHABLE].map(name);
+        assert!(!names.contains(&"unknown"));
+        assert_eq!(name(0), "unknown");
+        for (i, a) in names.iter().enumerate() {
+            assert!(!names[i + 1..].contains(a), "{a}");
         }
     }
 

@@ -16,6 +16,7 @@ use crate::{
     maps::{BACKENDS, RINGS, SERVICES, TX_PORTS, params},
     nat::{self, Rewrite},
     parse::{Flow, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
+    passive,
     ptr::read_at,
     stats,
     table::{ct_find, ct_live, ct_store, nat_claim, nat_find, same_client},
@@ -28,7 +29,7 @@ pub type Verdict = (u32, u32);
 const REFRESH_NS: u64 = 1_000_000_000;
 
 #[inline(always)]
-fn key(src: u32, dst: u32, sport: u16, dport: u16, proto: u8) -> FlowKey {
+pub fn key(src: u32, dst: u32, sport: u16, dport: u16, proto: u8) -> FlowKey {
     FlowKey {
         src,
         dst,
@@ -40,7 +41,7 @@ fn key(src: u32, dst: u32, sport: u16, dport: u16, proto: u8) -> FlowKey {
 }
 
 #[inline(always)]
-fn hash_of(k: &FlowKey) -> u64 {
+pub fn hash_of(k: &FlowKey) -> u64 {
     flow_hash(k.src, k.dst, k.sport, k.dport, k.proto)
 }
 
@@ -85,8 +86,13 @@ fn established(ctx: &XdpContext, flow: &Flow, e: &mut CtEntry, now: u64) -> Opti
     if flow.proto == PROTO_TCP {
         if flow.tcp_flags & (TCP_FIN | TCP_RST) != 0 {
             e.state = ct_state::TCP_CLOSING;
-        } else if e.state == ct_state::TCP_SYN && flow.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_ACK {
-            e.state = ct_state::TCP_ESTABLISHED;
+        } else if e.state == ct_state::TCP_SYN {
+            if flow.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_ACK {
+                e.state = ct_state::TCP_ESTABLISHED;
+            } else if is_new_syn(flow.tcp_flags) {
+                // Before last_seen is refreshed below: it still dates the first SYN.
+                passive::syn_again(e, &backend, flow, now);
+            }
         }
     }
     if now.wrapping_sub(e.last_seen) > REFRESH_NS {
@@ -284,6 +290,8 @@ pub fn reply(ctx: &XdpContext, flow: &Flow) -> Option<Verdict> {
     let held = unsafe { &mut (*slot).entry };
     // SAFETY: helper without arguments.
     let now = unsafe { bpf_ktime_get_coarse_ns() };
+    // Whether the backend had sent anything on this flow before this packet.
+    let answered = held.last_seen != 0;
     if now.wrapping_sub(held.last_seen) > REFRESH_NS {
         held.last_seen = now;
     }
@@ -301,7 +309,11 @@ pub fn reply(ctx: &XdpContext, flow: &Flow) -> Option<Verdict> {
         );
         if let Some(slot) = ct_find(&fwd, hash_of(&fwd), p) {
             // SAFETY: a map value of plain integers.
-            unsafe { (*slot).entry.state = ct_state::TCP_CLOSING };
+            let e = unsafe { &mut (*slot).entry };
+            if flow.tcp_flags & TCP_RST != 0 {
+                passive::backend_reset(e, nat.backend_id, flow.dport, answered);
+            }
+            e.state = ct_state::TCP_CLOSING;
         }
     }
     stats::count(counter::REPLY);

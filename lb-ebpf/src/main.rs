@@ -9,6 +9,7 @@ mod flow;
 mod maps;
 mod nat;
 mod parse;
+mod passive;
 mod ptr;
 mod stats;
 mod table;
@@ -22,7 +23,7 @@ mod prog {
         flow,
         maps::ADDRS,
         parse::{self, Parsed},
-        stats,
+        passive, stats,
     };
 
     /// The balancer. Every packet ends in exactly one verdict counter.
@@ -48,6 +49,11 @@ mod prog {
             }
             Parsed::Fragment { daddr } => {
                 return odd_packet(Some(daddr), counter::PASS_FRAGMENT, counter::DROP_FRAGMENT);
+            }
+            Parsed::Icmp { daddr, l4_off } => {
+                // Passed on as any ICMP; an unreachable about a flow to a backend is reported.
+                passive::icmp(ctx, daddr, l4_off);
+                return (xdp_action::XDP_PASS, counter::PASS_NOT_VIP);
             }
             Parsed::OtherL4 => return (xdp_action::XDP_PASS, counter::PASS_NOT_VIP),
             Parsed::Flow(flow) => flow,

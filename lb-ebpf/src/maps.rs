@@ -4,12 +4,12 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, DevMapHash, HashMap, PerCpuArray},
+    maps::{Array, DevMapHash, HashMap, PerCpuArray, RingBuf},
 };
 use lb_common::{
     BackendInfo, CtSlot, DEFAULT_CONNTRACK_SIZE, DEFAULT_MAX_BACKENDS, DEFAULT_MAX_SERVICES,
-    DEFAULT_RING_SIZE, MAX_ADDRS, MAX_TX_PORTS, NatSlot, NextHop, Params, ServiceInfo, ServiceKey,
-    TrafficStats, counter,
+    DEFAULT_RING_SIZE, MAX_ADDRS, MAX_TX_PORTS, NatSlot, NextHop, Params, SIGNALS_RING_BYTES,
+    ServiceInfo, ServiceKey, TrafficStats, counter,
 };
 
 /// Datapath parameters; userspace overrides this read-only global when loading.
@@ -70,3 +70,8 @@ pub static SERVICE_STATS: PerCpuArray<TrafficStats> =
 #[map(name = "LB_BACKEND_STATS")]
 pub static BACKEND_STATS: PerCpuArray<TrafficStats> =
     PerCpuArray::with_max_entries(DEFAULT_MAX_BACKENDS, 0);
+
+/// Passive health signals (`PassiveSignal` records) for the daemon; see passive.rs for why a ring
+/// buffer.
+#[map(name = "LB_SIGNALS")]
+pub static SIGNALS: RingBuf = RingBuf::with_byte_size(SIGNALS_RING_BYTES, 0);

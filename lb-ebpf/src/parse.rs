@@ -2,7 +2,7 @@
 //! never fails. Multi-byte fields are kept in network byte order, as the maps store them.
 #![cfg_attr(not(target_arch = "bpf"), allow(dead_code))]
 
-use lb_common::{PROTO_TCP, PROTO_UDP, counter};
+use lb_common::{PROTO_ICMP, PROTO_TCP, PROTO_UDP, counter};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr, tcp::TcpHdr, udp::UdpHdr, vlan::VlanHdr};
 
 use crate::{ptr::read_at, stats};
@@ -42,7 +42,12 @@ pub enum Parsed {
     Fragment {
         daddr: u32,
     },
-    /// IPv4 that is neither TCP nor UDP.
+    /// ICMP (not a fragment); its header, unchecked, at `l4_off`.
+    Icmp {
+        daddr: u32,
+        l4_off: usize,
+    },
+    /// IPv4 that is neither TCP, UDP nor ICMP.
     OtherL4,
     Flow(Flow),
 }
@@ -120,6 +125,7 @@ pub fn parse(data: usize, data_end: usize) -> Parsed {
             }
             (u16::from_ne_bytes(udp.src), u16::from_ne_bytes(udp.dst), 0)
         }
+        PROTO_ICMP => return Parsed::Icmp { daddr, l4_off },
         _ => return Parsed::OtherL4,
     };
     Parsed::Flow(Flow {

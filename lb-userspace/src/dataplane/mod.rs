@@ -2,6 +2,7 @@
 //! counters. Everything that touches the kernel's BPF objects lives here.
 
 mod pin;
+mod signals;
 mod stats;
 
 use std::{

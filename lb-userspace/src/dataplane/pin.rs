@@ -27,7 +27,7 @@ pub const BPFFS: &str = "/sys/fs/bpf";
 
 /// Every map of the XDP object, pinned under these names. `Dataplane::load` checks that the
 /// object has no other map (besides the `.rodata`/`.bss` sections of globals).
-pub const MAPS: [&str; 11] = [
+pub const MAPS: [&str; 12] = [
     map_name::ADDRS,
     map_name::SERVICES,
     map_name::BACKENDS,
@@ -39,6 +39,7 @@ pub const MAPS: [&str; 11] = [
     map_name::SERVICE_STATS,
     map_name::BACKEND_STATS,
     map_name::NEXTHOPS,
+    map_name::SIGNALS,
 ];
 
 const LINK_PREFIX: &str = "link-";
