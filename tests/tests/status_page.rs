@@ -36,6 +36,8 @@ fn backend(address: &str, state: &str, counters: ProbeCounters) -> BackendStatus
         state: state.to_owned(),
         admin: "enabled".to_owned(),
         available: state == "healthy",
+        ejected: None,
+        ejected_for_s: None,
         state_for_s: 12.0,
         counters,
         last_probe_latency_ms: (state == "healthy").then_some(0.8),

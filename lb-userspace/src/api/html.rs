@@ -30,7 +30,8 @@ pub fn page(status: &Status, refresh_seconds: u32) -> String {
          tr.state-healthy td, tr.state-mostly_healthy td {{ background: {ok}; }}\n\
          tr.state-unhealthy td, tr.state-mostly_unhealthy td {{ background: {bad}; }}\n\
          tr.state-initializing td {{ background: {pending}; }}\n\
-         tr.state-disabled td, tr.state-unused td {{ background: {neutral}; }}\n",
+         tr.state-disabled td, tr.state-unused td {{ background: {neutral}; }}\n\
+         tr.ejected td {{ background: {bad}; }}\n",
         ok = hex(HEALTHY_COLOUR),
         bad = hex(UNHEALTHY_COLOUR),
         pending = hex(PENDING_COLOUR),
@@ -94,14 +95,26 @@ fn table(out: &mut String, s: &ServiceStatus) {
 
 fn row(out: &mut String, b: &BackendStatus) {
     let state = escape(&b.state);
+    // Ejected by passive checks: out whatever its probes say, so red too.
+    let (ejected_class, ejected_words) = match &b.ejected {
+        Some(why) => (
+            " ejected",
+            format!(
+                ", ejected ({}, {:.0} s left)",
+                escape(why),
+                b.ejected_for_s.unwrap_or(0.0)
+            ),
+        ),
+        None => ("", String::new()),
+    };
     let latency = b
         .last_probe_latency_ms
         .map_or_else(|| "–".to_owned(), |ms| format!("{ms:.1} ms"));
     let c = &b.counters;
     let _ = writeln!(
         out,
-        "<tr class=\"state-{state}\" data-state=\"{state}\" data-backend=\"{addr}\">\
-         <td>{addr}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td>\
+        "<tr class=\"state-{state}{ejected_class}\" data-state=\"{state}\" data-backend=\"{addr}\">\
+         <td>{addr}</td><td class=\"n\">{}</td><td>{}{ejected_words}</td><td>{}</td>\
          <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
          <td class=\"n\">{latency}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
         b.weight,
@@ -179,6 +192,8 @@ mod tests {
             state: state.to_owned(),
             admin: "enabled".to_owned(),
             available: state.contains("healthy") && !state.contains("unhealthy"),
+            ejected: None,
+            ejected_for_s: None,
             state_for_s: 3.0,
             counters: ProbeCounters {
                 success: 4,

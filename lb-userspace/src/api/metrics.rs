@@ -122,6 +122,13 @@ pub fn render(status: &Status) -> String {
     );
     family(
         &mut out,
+        "lb_backend_ejected",
+        "gauge",
+        "Whether passive checks (real traffic) have ejected the backend, at either scope.",
+        per_backend(|b| Some(u8::from(b.ejected.is_some()).to_string())),
+    );
+    family(
+        &mut out,
         "lb_backend_weight",
         "gauge",
         "Configured weight of the backend.",
@@ -316,6 +323,8 @@ mod tests {
                     state: "mostly_healthy".to_owned(),
                     admin: "enabled".to_owned(),
                     available: true,
+                    ejected: None,
+                    ejected_for_s: None,
                     state_for_s: 1.0,
                     counters: ProbeCounters {
                         success: 0,
@@ -382,6 +391,9 @@ lb_backend_state{service="web",backend="10.0.0.2:80",state="unused"} 0
 # HELP lb_backend_available Whether the backend takes new flows now (health, admin state and weight together).
 # TYPE lb_backend_available gauge
 lb_backend_available{service="web",backend="10.0.0.2:80"} 1
+# HELP lb_backend_ejected Whether passive checks (real traffic) have ejected the backend, at either scope.
+# TYPE lb_backend_ejected gauge
+lb_backend_ejected{service="web",backend="10.0.0.2:80"} 0
 # HELP lb_backend_weight Configured weight of the backend.
 # TYPE lb_backend_weight gauge
 lb_backend_weight{service="web",backend="10.0.0.2:80"} 2

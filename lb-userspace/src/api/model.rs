@@ -59,8 +59,14 @@ pub struct BackendStatus {
     pub state: String,
     /// Operator setting: "enabled", "drained" or "disabled".
     pub admin: String,
-    /// Whether new flows may go to it now (health, admin and weight together).
+    /// Whether new flows may go to it now (health, passive ejection, admin and weight together).
     pub available: bool,
+    /// Ejected by passive checks: scope and signal ("service: refused", "host: connect_timeout").
+    #[serde(default)]
+    pub ejected: Option<String>,
+    /// Seconds until the ejection ends by itself.
+    #[serde(default)]
+    pub ejected_for_s: Option<f64>,
     /// Seconds in the current state.
     pub state_for_s: f64,
     pub counters: ProbeCounters,

@@ -2,6 +2,7 @@
 //! checks, serve the API, keep the backends' neighbour entries resolved; reload on SIGHUP; on
 //! SIGINT or SIGTERM exit leaving a pinned datapath forwarding; on `lb stop` remove everything.
 
+mod passive;
 mod state;
 mod status;
 
@@ -147,6 +148,27 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
         )
         .instrument(info_span!("api")),
     );
+    shared.lock().set_reporting();
+    let passive = {
+        let shared = shared.clone();
+        let mut stop = tasks_stop.clone();
+        tokio::spawn(
+            async move {
+                let mut tick = tokio::time::interval(passive::POLL);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let mut traffic = tokio::time::interval(Duration::from_secs(1));
+                traffic.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => shared.passive_poll(),
+                        _ = traffic.tick() => shared.traffic_poll(),
+                        _ = stop.wait_for(|s| *s) => return,
+                    }
+                }
+            }
+            .instrument(info_span!("passive")),
+        )
+    };
     let neighbours = tokio::spawn(
         keep_neighbours(shared.clone(), tasks_stop.clone()).instrument(info_span!("neighbours")),
     );
@@ -191,6 +213,9 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
     }
     if let Err(e) = applier.await {
         error!(error = %e, "health verdict task");
+    }
+    if let Err(e) = passive.await {
+        error!(error = %e, "passive check task");
     }
     // Every task holding the state has ended above (an API request handler that still runs
     // would hold it: the server's graceful shutdown waited for those).

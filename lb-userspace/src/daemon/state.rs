@@ -22,6 +22,7 @@ use crate::{
     events::EventLog,
     health::{
         checker::{Checker, ProbeKey, Verdict},
+        passive::{Ejector, Scope},
         window::{Counters, HealthState},
     },
 };
@@ -54,6 +55,12 @@ pub(super) struct Inner {
     pub members: HashMap<ProbeKey, Vec<(usize, usize)>>,
     /// When each backend's admin setting last changed (its state's age while drained/disabled).
     pub admin_since: HashMap<(String, SocketAddrV4), Instant>,
+    /// Passive checks' ejections, on the daemon's clock (`started`).
+    pub passive: Ejector,
+    pub started: Instant,
+    /// Per backend id: its packet counter when last read and when it last moved (traffic-
+    /// triggered probing).
+    pub traffic: HashMap<u32, (u64, Option<Instant>)>,
 }
 
 /// A failed operator request: what the API answers (status code by kind).
@@ -112,6 +119,9 @@ impl Shared {
             balancer,
             checker,
             admin_since: HashMap::new(),
+            passive: Ejector::default(),
+            started: Instant::now(),
+            traffic: HashMap::new(),
         }
     }
 
@@ -128,6 +138,7 @@ impl Shared {
     /// the probe stands for, and records the events.
     pub fn apply_verdict(&self, v: Verdict) {
         let started = Instant::now();
+        self.passive_probe(&v);
         let Some(t) = &v.transition else {
             return;
         };
@@ -300,6 +311,20 @@ impl Shared {
         }
         inner.members = members(&new);
         inner.config = new;
+        inner.set_reporting();
+        // Ejections of what is gone are forgotten; the rest keep running.
+        let config = &inner.config;
+        inner.passive.retain(|scope| match scope {
+            Scope::Host(ip) => config
+                .services
+                .iter()
+                .any(|s| s.passive.enabled && s.backends.iter().any(|b| b.address.ip() == ip)),
+            Scope::Service { service, backend } => config.services.iter().any(|s| {
+                s.passive.enabled
+                    && s.name == *service
+                    && s.backends.iter().any(|b| b.address == *backend)
+            }),
+        });
         let slots = (
             inner.balancer.service_slots(),
             inner.balancer.backend_count(),
@@ -377,6 +402,12 @@ impl Shared {
 }
 
 impl Inner {
+    /// Probes that feed passive checks report every result.
+    pub fn set_reporting(&self) {
+        self.checker
+            .set_reporting(|key| self.probe_feeds_passive(key));
+    }
+
     /// What backend `bid` of service `sid` shows.
     pub fn view(&self, sid: usize, bid: usize) -> BackendView {
         let service = &self.config.services[sid];

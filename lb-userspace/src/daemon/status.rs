@@ -58,6 +58,7 @@ fn build(inner: &Inner) -> anyhow::Result<Status> {
                 .map(|(bid, b)| {
                     let t = traffic(inner.balancer.backend_id(sid, bid), &stats.backends);
                     let view = inner.view(sid, bid);
+                    let ejection = inner.ejection(sid, bid);
                     BackendStatus {
                         address: b.address.to_string(),
                         ip: b.address.ip().to_string(),
@@ -66,6 +67,8 @@ fn build(inner: &Inner) -> anyhow::Result<Status> {
                         state: view.state.as_str().to_owned(),
                         admin: view.admin.as_str().to_owned(),
                         available: inner.balancer.takes_new_flows(sid, bid).unwrap_or(false),
+                        ejected: ejection.as_ref().map(|e| e.0.clone()),
+                        ejected_for_s: ejection.map(|e| e.1),
                         state_for_s: now.saturating_duration_since(view.since).as_secs_f64(),
                         counters: ProbeCounters {
                             success: view.counters.success,

@@ -91,6 +91,8 @@ struct Entry {
     first: Duration,
     count: u32,
     ejected_until: Option<Duration>,
+    /// The signal that caused the ejection.
+    signal: Option<Signal>,
     /// Consecutive probe successes since the ejection.
     successes: u32,
 }
@@ -126,6 +128,7 @@ impl Ejector {
         let until = now + settings.ejection;
         *e = Entry {
             ejected_until: Some(until),
+            signal: Some(signal),
             ..Entry::default()
         };
         Some(Change::Ejected {
@@ -191,9 +194,10 @@ impl Ejector {
             .is_some_and(|e| e.ejected_until.is_some())
     }
 
-    /// When the ejection of `scope` ends, if ejected.
-    pub fn ejected_until(&self, scope: &Scope) -> Option<Duration> {
-        self.entries.get(scope)?.ejected_until
+    /// When the ejection of `scope` ends and the signal that caused it, if ejected.
+    pub fn ejection(&self, scope: &Scope) -> Option<(Duration, Signal)> {
+        let e = self.entries.get(scope)?;
+        Some((e.ejected_until?, e.signal?))
     }
 
     /// Forgets scopes for which `keep` is false (removed by a reload).
