@@ -1,0 +1,290 @@
+//! Passive checks end to end (SPEC §3): real client connections through `lb` fail, the datapath
+//! reports it, the daemon ejects the backend (service and host scope), and it returns after the
+//! ejection time or early when probes pass; still broken, traffic trips it again.
+
+use std::{
+    io::ErrorKind,
+    net::{SocketAddr, TcpStream},
+    time::{Duration, Instant},
+};
+
+use lb::api::model::Events;
+use lb_tests::{
+    daemon::Daemon,
+    require_root,
+    topology::{Arms, Sandbox, VIP},
+};
+
+/// A config with TCP services on VIP ports `ports`, all over the sandbox's backends, each with
+/// `check` and `passive` tables.
+fn config(sb: &Sandbox, ports: &[u16], check: &str, passive: &str) -> String {
+    let interfaces: Vec<String> = sb
+        .lb_interfaces()
+        .iter()
+        .map(|i| format!("\"{i}\""))
+        .collect();
+    let backends: Vec<String> = sb
+        .backends
+        .iter()
+        .map(|b| format!("{{ address = \"{}:{}\" }}", b.addr, sb.service_port))
+        .collect();
+    let mut out = format!(
+        "[lb]\ninterfaces = [{}]\nxdp_mode = \"native\"\n",
+        interfaces.join(", ")
+    );
+    for port in ports {
+        out.push_str(&format!(
+            "\n[[service]]\nname = \"web{port}\"\nvip = \"{VIP}:{port}\"\nbackends = [{}]\n[service.check]\n{check}\n[service.passive]\n{passive}\n",
+            backends.join(", ")
+        ));
+    }
+    out
+}
+
+enum Outcome {
+    Connected,
+    Refused,
+    TimedOut,
+}
+
+fn attempt(sb: &Sandbox, port: u16, timeout: Duration) -> Outcome {
+    let to = SocketAddr::from((VIP, port));
+    match sb
+        .client
+        .ns
+        .enter(|| TcpStream::connect_timeout(&to, timeout))
+    {
+        Ok(_) => Outcome::Connected,
+        Err(e) if e.kind() == ErrorKind::ConnectionRefused => Outcome::Refused,
+        Err(e) if e.kind() == ErrorKind::TimedOut => Outcome::TimedOut,
+        Err(e) => panic!("connect to {to}: {e}"),
+    }
+}
+
+fn ejected(daemon: &Daemon, service: &str, backend: &str) -> Option<String> {
+    let status = daemon.status().ok()?;
+    status.service(service)?.backend(backend)?.ejected.clone()
+}
+
+fn events(daemon: &Daemon) -> Events {
+    serde_json::from_slice(&daemon.lb(&["events", "--json"]).stdout).unwrap()
+}
+
+/// Connects until `backend` of `service` is ejected; returns the refused connections.
+fn refuse_until_ejected(sb: &Sandbox, daemon: &Daemon, port: u16, backend: &str) -> u32 {
+    let service = format!("web{port}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut refused = 0;
+    loop {
+        if let Outcome::Refused = attempt(sb, port, Duration::from_secs(2)) {
+            refused += 1;
+        }
+        if ejected(daemon, &service, backend).is_some() {
+            return refused;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{backend} not ejected after {refused} refused connections:\n{}",
+            daemon.log_text()
+        );
+    }
+}
+
+#[test]
+fn refused_connections_eject_and_a_broken_backend_is_ejected_again() {
+    require_root();
+    let mut sb = Sandbox::build(Arms::Two, 3, 8080).unwrap();
+    let daemon = Daemon::start(
+        &sb.lb,
+        &config(
+            &sb,
+            &[80],
+            "kind = \"none\"",
+            "failures = 5\nwindow = \"10s\"\nejection = \"2s\"",
+        ),
+    )
+    .unwrap();
+    let dead = format!("{}:8080", sb.backends[1].addr);
+    sb.stop_backend(1); // its port answers SYNs with RST
+
+    let refused = refuse_until_ejected(&sb, &daemon, 80, &dead);
+    assert!(
+        (5..=12).contains(&refused),
+        "ejected after {refused} refused connections (rule: 5)"
+    );
+    let why = ejected(&daemon, "web80", &dead).unwrap();
+    assert_eq!(why, "service: refused");
+    // Ejected: every new connection lands on a live backend.
+    for i in 0..60 {
+        assert!(
+            matches!(attempt(&sb, 80, Duration::from_secs(2)), Outcome::Connected),
+            "connection {i} failed while {dead} is ejected"
+        );
+    }
+    // The ejection ends after 2 s; still broken, traffic trips it again.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ejected(&daemon, "web80", &dead).is_some() {
+        assert!(Instant::now() < deadline, "ejection did not end");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    refuse_until_ejected(&sb, &daemon, 80, &dead);
+    let e = events(&daemon);
+    let ejections = e
+        .events
+        .iter()
+        .filter(|e| e.backend == dead && e.to == "ejected" && e.source.contains("service ejected"))
+        .count();
+    let returns = e
+        .events
+        .iter()
+        .filter(|e| e.backend == dead && e.source.contains("returned (timeout)"))
+        .count();
+    assert_eq!(ejections, 2, "{e:#?}");
+    assert!(returns >= 1, "{e:#?}");
+    assert!(
+        e.events.iter().any(|e| e.backend == dead
+            && e.source.contains("5 × refused")
+            && e.flag_write_us.is_some()),
+        "{e:#?}"
+    );
+    let out = daemon.lb(&["stats", "--json"]);
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let counter = |name: &str| {
+        stats["counters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .map(|c| c["value"].as_u64().unwrap())
+            .unwrap()
+    };
+    assert!(counter("signal_sent") >= 10);
+    assert_eq!(counter("signal_lost"), 0);
+}
+
+#[test]
+fn a_silent_backend_is_ejected_through_syn_retransmits() {
+    require_root();
+    let sb = Sandbox::build(Arms::Two, 3, 8080).unwrap();
+    let daemon = Daemon::start(
+        &sb.lb,
+        &config(
+            &sb,
+            &[80],
+            "kind = \"none\"",
+            "failures = 3\nwindow = \"30s\"\nejection = \"30s\"",
+        ),
+    )
+    .unwrap();
+    let silent = format!("{}:8080", sb.backends[2].addr);
+    sb.backends[2].ns.drop_all_input().unwrap();
+    // Concurrent connects: those hashed to the silent backend retransmit their SYN after ~1 s.
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..30 {
+            s.spawn(|| attempt(&sb, 80, Duration::from_millis(1500)));
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let why = loop {
+        if let Some(why) = ejected(&daemon, "web80", &silent) {
+            break why;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "silent backend not ejected:\n{}",
+            daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    eprintln!("ejected {:?} after the first SYNs", started.elapsed());
+    assert_eq!(why, "service: connect_timeout");
+    for i in 0..30 {
+        assert!(
+            matches!(attempt(&sb, 80, Duration::from_secs(2)), Outcome::Connected),
+            "connection {i} failed while {silent} is ejected"
+        );
+    }
+}
+
+#[test]
+fn passing_probes_end_an_ejection_early_and_the_host_scope_is_shared() {
+    require_root();
+    let sb = Sandbox::build(Arms::Two, 3, 8080).unwrap();
+    // Backend 0 refuses balanced connections (their source is lb's SNAT port range) but accepts
+    // the half-open probes (ephemeral source ports): probes pass while real traffic fails.
+    let b = &sb.backends[0];
+    b.ns.input_chain("accept").unwrap();
+    b.ns.nft(&[
+        "add",
+        "rule",
+        "inet",
+        "lbt",
+        "in",
+        "tcp",
+        "dport",
+        "8080",
+        "tcp",
+        "sport",
+        "20000-32767",
+        "reject",
+        "with",
+        "tcp",
+        "reset",
+    ])
+    .unwrap();
+    let daemon = Daemon::start(
+        &sb.lb,
+        &config(
+            &sb,
+            &[80, 81],
+            "timeout = \"200ms\"\ninterval = \"300ms\"\nhealthy_threshold = 2\nunhealthy_threshold = 2",
+            "failures = 4\nwindow = \"30s\"\nejection = \"60s\"",
+        ),
+    )
+    .unwrap();
+    let broken = format!("{}:8080", b.addr);
+    daemon.wait_state("web80", &broken, "healthy", Duration::from_secs(5));
+    refuse_until_ejected(&sb, &daemon, 80, &broken);
+    let ejected_at = Instant::now();
+    // The host scope covers the other service on the same host.
+    let other = ejected(&daemon, "web81", &broken);
+    assert!(
+        other.as_deref().is_some_and(|w| w.starts_with("host: ")),
+        "web81 {broken}: {other:?}"
+    );
+    assert_eq!(
+        daemon
+            .status()
+            .unwrap()
+            .service("web81")
+            .unwrap()
+            .available_backends,
+        2
+    );
+    // Probes keep passing: 2 in a row end the 60 s ejection within about a second.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ejected(&daemon, "web80", &broken).is_some()
+        || ejected(&daemon, "web81", &broken).is_some()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "probes did not end the ejection:\n{:#?}",
+            events(&daemon)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "returned {:?} after the ejection (ejection time 60 s)",
+        ejected_at.elapsed()
+    );
+    let e = events(&daemon);
+    assert!(
+        e.events
+            .iter()
+            .any(|e| e.backend == broken && e.source.contains("returned (probes)")),
+        "{e:#?}"
+    );
+    // Real traffic still fails: ejected again.
+    refuse_until_ejected(&sb, &daemon, 81, &broken);
+}
