@@ -288,3 +288,51 @@ fn passing_probes_end_an_ejection_early_and_the_host_scope_is_shared() {
     // Real traffic still fails: ejected again.
     refuse_until_ejected(&sb, &daemon, 81, &broken);
 }
+
+#[test]
+fn traffic_triggered_probing_starts_with_traffic_and_pauses_when_idle() {
+    require_root();
+    let mut sb = Sandbox::build(Arms::Two, 1, 8080).unwrap();
+    let daemon = Daemon::start(
+        &sb.lb,
+        &config(
+            &sb,
+            &[80],
+            "timeout = \"200ms\"\ninterval = \"300ms\"\nhealthy_threshold = 2\nunhealthy_threshold = 2",
+            "traffic_triggered = true\ntraffic_idle = \"2s\"",
+        ),
+    )
+    .unwrap();
+    let backend = format!("{}:8080", sb.backends[0].addr);
+    let state = || {
+        daemon
+            .status()
+            .unwrap()
+            .service("web80")
+            .unwrap()
+            .backend(&backend)
+            .unwrap()
+            .state
+            .clone()
+    };
+    // No traffic yet: not probed.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(state(), "initializing");
+    // The first flow starts the probes.
+    assert!(matches!(
+        attempt(&sb, 80, Duration::from_secs(2)),
+        Outcome::Connected
+    ));
+    daemon.wait_state("web80", &backend, "healthy", Duration::from_secs(4));
+    // Idle for longer than traffic_idle: probes pause, so a dead backend goes unnoticed...
+    std::thread::sleep(Duration::from_secs(4));
+    sb.stop_backend(0);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(state(), "healthy", "probed although idle");
+    // ...until traffic comes back (this connection is refused: the backend is dead).
+    assert!(matches!(
+        attempt(&sb, 80, Duration::from_secs(2)),
+        Outcome::Refused
+    ));
+    daemon.wait_state("web80", &backend, "unhealthy", Duration::from_secs(4));
+}
