@@ -73,7 +73,11 @@ fn load(config: &Config, pin: Option<&Path>) -> anyhow::Result<(Dataplane, Balan
     balancer.apply(
         config,
         |sid, backend| snat_address(config, sid, backend),
-        |_, _, id| id.and_then(|id| flags.get(&id).copied()).unwrap_or(true),
+        // Unchecked backends get no verdict that would correct a flag: they start available.
+        |sid, _, id| {
+            config.services[sid].check.kind == crate::config::CheckKind::None
+                || id.and_then(|id| flags.get(&id).copied()).unwrap_or(true)
+        },
         &mut dataplane,
     )?;
     dataplane.set_counts(balancer.service_slots(), balancer.backend_count());
