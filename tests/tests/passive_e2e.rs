@@ -41,6 +41,14 @@ fn config(sb: &Sandbox, ports: &[u16], check: &str, passive: &str) -> String {
     out
 }
 
+/// A sandbox with `backends` backends and `lb run` on [`config`].
+fn start(backends: usize, ports: &[u16], check: &str, passive: &str) -> (Sandbox, Daemon) {
+    require_root();
+    let sb = Sandbox::build(Arms::Two, backends, 8080).unwrap();
+    let daemon = Daemon::start(&sb.lb, &config(&sb, ports, check, passive)).unwrap();
+    (sb, daemon)
+}
+
 enum Outcome {
     Connected,
     Refused,
@@ -92,18 +100,12 @@ fn refuse_until_ejected(sb: &Sandbox, daemon: &Daemon, port: u16, backend: &str)
 
 #[test]
 fn refused_connections_eject_and_a_broken_backend_is_ejected_again() {
-    require_root();
-    let mut sb = Sandbox::build(Arms::Two, 3, 8080).unwrap();
-    let daemon = Daemon::start(
-        &sb.lb,
-        &config(
-            &sb,
-            &[80],
-            "kind = \"none\"",
-            "failures = 5\nwindow = \"10s\"\nejection = \"2s\"",
-        ),
-    )
-    .unwrap();
+    let (mut sb, daemon) = start(
+        3,
+        &[80],
+        "kind = \"none\"",
+        "failures = 5\nwindow = \"10s\"\nejection = \"2s\"",
+    );
     let dead = format!("{}:8080", sb.backends[1].addr);
     sb.stop_backend(1); // its port answers SYNs with RST
 
@@ -164,18 +166,12 @@ fn refused_connections_eject_and_a_broken_backend_is_ejected_again() {
 
 #[test]
 fn a_silent_backend_is_ejected_through_syn_retransmits() {
-    require_root();
-    let sb = Sandbox::build(Arms::Two, 3, 8080).unwrap();
-    let daemon = Daemon::start(
-        &sb.lb,
-        &config(
-            &sb,
-            &[80],
-            "kind = \"none\"",
-            "failures = 3\nwindow = \"30s\"\nejection = \"30s\"",
-        ),
-    )
-    .unwrap();
+    let (sb, daemon) = start(
+        3,
+        &[80],
+        "kind = \"none\"",
+        "failures = 3\nwindow = \"30s\"\nejection = \"30s\"",
+    );
     let silent = format!("{}:8080", sb.backends[2].addr);
     sb.backends[2].ns.drop_all_input().unwrap();
     // Concurrent connects: those hashed to the silent backend retransmit their SYN after ~1 s.
@@ -291,18 +287,12 @@ fn passing_probes_end_an_ejection_early_and_the_host_scope_is_shared() {
 
 #[test]
 fn traffic_triggered_probing_starts_with_traffic_and_pauses_when_idle() {
-    require_root();
-    let mut sb = Sandbox::build(Arms::Two, 1, 8080).unwrap();
-    let daemon = Daemon::start(
-        &sb.lb,
-        &config(
-            &sb,
-            &[80],
-            "timeout = \"200ms\"\ninterval = \"300ms\"\nhealthy_threshold = 2\nunhealthy_threshold = 2",
-            "traffic_triggered = true\ntraffic_idle = \"2s\"",
-        ),
-    )
-    .unwrap();
+    let (mut sb, daemon) = start(
+        1,
+        &[80],
+        "timeout = \"200ms\"\ninterval = \"300ms\"\nhealthy_threshold = 2\nunhealthy_threshold = 2",
+        "traffic_triggered = true\ntraffic_idle = \"2s\"",
+    );
     let backend = format!("{}:8080", sb.backends[0].addr);
     let state = || {
         daemon

@@ -21,9 +21,10 @@ use axum::{
     response::{IntoResponse, Redirect, Response},
     routing::{get, post},
 };
-use lb_common::counter;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, watch};
+
+pub use model::NamedCounter;
 
 use crate::{
     balancer::Admin,
@@ -59,12 +60,6 @@ pub struct StatsReply {
     /// Datapath counters by name (see README, "Counters").
     pub counters: Vec<NamedCounter>,
     pub services: Vec<ServiceStatsReply>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct NamedCounter {
-    pub name: String,
-    pub value: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -396,16 +391,11 @@ async fn stats(State(state): State<ApiState>) -> Response {
                 .collect(),
         })
         .collect();
-    let counters = status
-        .counters
-        .into_iter()
-        .map(|c| NamedCounter {
-            name: c.name,
-            value: c.value,
-        })
-        .collect();
-    debug_assert_eq!(counter::NAMES.len(), counter::COUNT as usize);
-    Json(StatsReply { counters, services }).into_response()
+    Json(StatsReply {
+        counters: status.counters,
+        services,
+    })
+    .into_response()
 }
 
 fn error(status: StatusCode, message: &str) -> Response {
