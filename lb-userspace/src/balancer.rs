@@ -504,14 +504,13 @@ impl Balancer {
         admin: Admin,
         writer: &mut dyn MapWriter,
     ) -> anyhow::Result<bool> {
-        let b = self.backend_mut(service, backend)?;
-        if b.admin == admin {
-            return Ok(false);
+        let changed = self.update(service, backend, writer, |b| {
+            std::mem::replace(&mut b.admin, admin) != admin
+        })?;
+        if changed {
+            self.sync_ring(service, writer)?;
         }
-        b.admin = admin;
-        self.write_flags(service, backend, writer)?;
-        self.sync_ring(service, writer)?;
-        Ok(true)
+        Ok(changed)
     }
 
     /// The first half of [`Balancer::set_up`]: only the flag, which the datapath honours at
@@ -524,13 +523,9 @@ impl Balancer {
         up: bool,
         writer: &mut dyn MapWriter,
     ) -> anyhow::Result<bool> {
-        let b = self.backend_mut(service, backend)?;
-        if b.healthy == up {
-            return Ok(false);
-        }
-        b.healthy = up;
-        self.write_flags(service, backend, writer)?;
-        Ok(true)
+        self.update(service, backend, writer, |b| {
+            std::mem::replace(&mut b.healthy, up) != up
+        })
     }
 
     /// Like [`Balancer::write_up_flag`] for the passive checks' ejection. Returns whether it
@@ -542,13 +537,9 @@ impl Balancer {
         ejected: bool,
         writer: &mut dyn MapWriter,
     ) -> anyhow::Result<bool> {
-        let b = self.backend_mut(service, backend)?;
-        if b.ejected == ejected {
-            return Ok(false);
-        }
-        b.ejected = ejected;
-        self.write_flags(service, backend, writer)?;
-        Ok(true)
+        self.update(service, backend, writer, |b| {
+            std::mem::replace(&mut b.ejected, ejected) != ejected
+        })
     }
 
     /// (service, backend) positions of a backend id.
@@ -585,19 +576,25 @@ impl Balancer {
             .with_context(|| format!("no backend {backend} in service {service}"))
     }
 
-    fn write_flags(
+    /// Applies `change` to a backend (it returns whether it changed anything) and writes the
+    /// backend's flags if they moved.
+    fn update(
         &mut self,
         service: usize,
         backend: usize,
         writer: &mut dyn MapWriter,
-    ) -> anyhow::Result<()> {
+        change: impl FnOnce(&mut BackendState) -> bool,
+    ) -> anyhow::Result<bool> {
         let b = self.backend_mut(service, backend)?;
+        if !change(b) {
+            return Ok(false);
+        }
         let flags = b.flags();
         if flags != b.info.flags {
             b.info.flags = flags;
             writer.set_backend(b.id, b.info)?;
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Recomputes a service's ring and flags and writes what changed.
