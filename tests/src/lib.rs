@@ -1,6 +1,7 @@
 //! The test kit: RAII network namespaces and veth pairs that always clean up, a packet builder,
 //! and a fixture runner over BPF_PROG_TEST_RUN. Used by the root integration tests and the demo.
 
+pub mod bench;
 pub mod daemon;
 pub mod fixture;
 pub mod inproc;

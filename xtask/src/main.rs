@@ -1,6 +1,7 @@
 //! `cargo xtask`: orchestration only. Every command first makes sure the toolchain and the
 //! packages it needs are there, installing what is missing.
 
+mod bench;
 mod setup;
 
 use std::{
@@ -41,9 +42,17 @@ enum Task {
         #[arg(long)]
         unattended: bool,
     },
-    /// Benchmarks (root): datapath cost per packet against an empty XDP program, and health
-    /// checking cost at 1,000 and 10,000 targets.
+    /// Benchmarks (root): datapath cost per packet, packet rate against an XDP bounce, end to end
+    /// against direct routing, nftables DNAT, HAProxy and nginx, health checking (cost; detection
+    /// beside HAProxy), Maglev. Report and charts in target/bench/; a full run also writes
+    /// BENCHMARKS.md and docs/bench/.
     Bench {
+        /// One round and short runs, for development; writes only target/bench/.
+        #[arg(long)]
+        quick: bool,
+        /// End-to-end rounds (default 3; 1 with --quick).
+        #[arg(long)]
+        rounds: Option<u32>,
         /// Extra arguments for lb-bench (e.g. --iterations 50000), after `--`.
         #[arg(last = true)]
         args: Vec<String>,
@@ -90,26 +99,14 @@ fn main() -> anyhow::Result<()> {
             }
             run(cmd.env("LB_BIN", lb))
         }
-        Task::Bench { args } => {
+        Task::Bench {
+            quick,
+            rounds,
+            args,
+        } => {
             setup::ensure(&root, setup::Need::Everything)?;
-            require_root("the benchmarks (network namespaces, XDP)")?;
-            step("lb-bench (release)");
-            let out = root.join("target").join("bench");
-            std::fs::create_dir_all(&out)?;
-            run(cargo(&root)
-                .args([
-                    "run",
-                    "--quiet",
-                    "--release",
-                    "--package",
-                    "lb-tests",
-                    "--bin",
-                    "lb-bench",
-                    "--",
-                ])
-                .arg("--out")
-                .arg(out.join("datapath.md"))
-                .args(args))
+            require_root("the benchmarks (network namespaces, XDP, servers in namespaces)")?;
+            bench::bench(&root, quick, rounds, &args)
         }
         Task::Test { cargo_args } => {
             setup::ensure(&root, setup::Need::Everything)?;

@@ -1,0 +1,470 @@
+//! End to end (part 3): one two-arm sandbox, one backend running nginx (a small file) and an
+//! iperf3 server; the client reaches it directly (routed by the balancer namespace's kernel) or
+//! through a VIP of lb, nftables DNAT, HAProxy or nginx stream, all in the balancer namespace.
+//! Rounds of (direct, lb, nft, haproxy, nginx), each running every test, so slow drift of the
+//! machine hits all alike; medians over rounds.
+//!
+//! ```text
+//!  client 10.0.1.2 ── 10.0.1.1 [lb ns] 10.0.2.1 ── bridge ── backend 10.0.2.10
+//!                      VIPs: lb 10.100.0.1 (XDP), nft 10.100.0.2 (DNAT+SNAT),
+//!                            HAProxy 10.100.0.3, nginx 10.100.0.4 (local addresses)
+//! ```
+//! One backend: iperf3 needs its control and data connections on the same server, and "direct"
+//! can only name one; every path then ends at the same server.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt::Write as _,
+    net::{Ipv4Addr, SocketAddr},
+    time::Duration,
+};
+
+use anyhow::Context as _;
+
+use crate::{
+    bench::{
+        checkpoint, median, min_max,
+        peers::{self, HTTP_PORT, IPERF_PORT, VIP_HTTP_PORT},
+        sleep,
+    },
+    daemon::{Daemon, TempDir},
+    inproc::wait_for_neighbours,
+    netns::{Netns, Process},
+    topology::{Arms, Sandbox},
+};
+
+/// The port the sandbox's own servers (echo) use; health detection checks it.
+pub const SERVICE_PORT: u16 = 7000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Target {
+    Direct,
+    Lb,
+    /// lb configured for connection churn (`LB_CHURN`); only the Connection: close test.
+    LbChurn,
+    Nft,
+    Haproxy,
+    Nginx,
+}
+
+impl Target {
+    pub const ALL: [Target; 6] = [
+        Target::Direct,
+        Target::Lb,
+        Target::LbChurn,
+        Target::Nft,
+        Target::Haproxy,
+        Target::Nginx,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Direct => "direct",
+            Target::Lb => "lb",
+            Target::LbChurn => "lb, churn config",
+            Target::Nft => "nft DNAT",
+            Target::Haproxy => "HAProxy",
+            Target::Nginx => "nginx stream",
+        }
+    }
+
+    pub fn vip(self) -> Option<Ipv4Addr> {
+        match self {
+            Target::Direct => None,
+            Target::Lb | Target::LbChurn => Some(Ipv4Addr::new(10, 100, 0, 1)),
+            Target::Nft => Some(Ipv4Addr::new(10, 100, 0, 2)),
+            Target::Haproxy => Some(Ipv4Addr::new(10, 100, 0, 3)),
+            Target::Nginx => Some(Ipv4Addr::new(10, 100, 0, 4)),
+        }
+    }
+
+    /// The tests this path runs.
+    pub fn tests(self) -> &'static [Test] {
+        match self {
+            Target::LbChurn => &[Test::Close],
+            _ => &Test::ALL,
+        }
+    }
+
+    /// Paths that run `test`, in round order.
+    pub fn running(test: Test) -> Vec<Target> {
+        Target::ALL
+            .into_iter()
+            .filter(|t| t.tests().contains(&test))
+            .collect()
+    }
+}
+
+/// The `[lb]` lines of the churn config: every SNAT port outside the balancer namespace's
+/// ephemeral range (32768-60999) and a short closing timeout, so a closed flow's port is free again
+/// after 2 s. With the defaults (12,768 ports, 10 s) one backend sustains about 1,300 new
+/// connections/s before SNAT ports run out.
+pub const LB_CHURN: &str =
+    "snat_ports = \"1024-32767\"\nconntrack = { tcp_closing_timeout = \"2s\" }";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Test {
+    Tcp1,
+    Tcp4,
+    KeepAlive,
+    Close,
+}
+
+impl Test {
+    pub const ALL: [Test; 4] = [Test::Tcp1, Test::Tcp4, Test::KeepAlive, Test::Close];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Test::Tcp1 => "iperf3, 1 stream",
+            Test::Tcp4 => "iperf3, 4 streams",
+            Test::KeepAlive => "wrk, keep-alive",
+            Test::Close => "wrk, Connection: close",
+        }
+    }
+
+    pub fn unit(self) -> &'static str {
+        match self {
+            Test::Tcp1 | Test::Tcp4 => "Gbit/s",
+            Test::KeepAlive | Test::Close => "requests/s",
+        }
+    }
+}
+
+/// The sandbox with its backend's servers and the proxies, shared by the end-to-end and the
+/// health-detection benchmarks. Dropped in field order: processes first, then the namespaces.
+pub struct Bed {
+    _procs: Vec<Process>,
+    pub sb: Sandbox,
+    pub dir: TempDir,
+}
+
+impl Bed {
+    pub fn backend(&self) -> Ipv4Addr {
+        self.sb.backends[0].addr
+    }
+
+    /// Builds the sandbox and starts nginx and iperf3 on the backend, and HAProxy and nginx stream
+    /// on their VIPs. Call from the main thread (see [`crate::bench::spawn_server`]).
+    pub fn build() -> anyhow::Result<Self> {
+        let dir = TempDir::new()?;
+        let sb = Sandbox::build(Arms::Two, 1, SERVICE_PORT)?;
+        let backend = sb.backends[0].addr;
+        let mut procs = vec![
+            peers::backend_http(&sb.backends[0].ns, &dir.0, backend)?,
+            peers::backend_iperf(&sb.backends[0].ns, &dir.0, backend)?,
+        ];
+        for t in [Target::Haproxy, Target::Nginx] {
+            let vip = t.vip().expect("a VIP");
+            sb.lb
+                .ip(&["addr", "add", &format!("{vip}/32"), "dev", "lo"])?;
+        }
+        let hvip = Target::Haproxy.vip().expect("a VIP");
+        let h = peers::haproxy(
+            &sb.lb,
+            &dir.0,
+            "haproxy",
+            &[
+                (
+                    "iperf",
+                    SocketAddr::from((hvip, IPERF_PORT)),
+                    SocketAddr::from((backend, IPERF_PORT)),
+                    "",
+                ),
+                (
+                    "http",
+                    SocketAddr::from((hvip, VIP_HTTP_PORT)),
+                    SocketAddr::from((backend, HTTP_PORT)),
+                    "",
+                ),
+            ],
+        )?;
+        procs.push(h.process);
+        procs.push(peers::nginx_stream(
+            &sb.lb,
+            &dir.0,
+            Target::Nginx.vip().expect("a VIP"),
+            backend,
+        )?);
+        Ok(Self {
+            _procs: procs,
+            sb,
+            dir,
+        })
+    }
+}
+
+/// lb's config for the end-to-end runs: the iperf3 and HTTP services on its VIP; `lb_extra`
+/// lines in `[lb]`.
+fn lb_config(bed: &Bed, lb_extra: &str) -> String {
+    let vip = Target::Lb.vip().expect("a VIP");
+    let b = bed.backend();
+    let ifaces: Vec<String> = bed
+        .sb
+        .lb_interfaces()
+        .iter()
+        .map(|i| format!("\"{i}\""))
+        .collect();
+    format!(
+        "[lb]\ninterfaces = [{}]\nxdp_mode = \"native\"\n{lb_extra}\n\n\
+         [[service]]\nname = \"iperf\"\nvip = \"{vip}:{IPERF_PORT}\"\nbackends = [{{ address = \"{b}:{IPERF_PORT}\" }}]\n\n\
+         [[service]]\nname = \"http\"\nvip = \"{vip}:{VIP_HTTP_PORT}\"\nbackends = [{{ address = \"{b}:{HTTP_PORT}\" }}]\n",
+        ifaces.join(", ")
+    )
+}
+
+/// nftables full NAT for the nft VIP (DNAT to the backend, SNAT to the balancer's address as lb
+/// does); the table is deleted when dropped, so its conntrack hooks are there only for its turn.
+struct NftNat {
+    ns: Netns,
+}
+
+impl NftNat {
+    fn add(ns: &Netns, vip: Ipv4Addr, backend: Ipv4Addr) -> anyhow::Result<Self> {
+        let guard = Self { ns: ns.clone() };
+        ns.nft(&["add", "table", "ip", "lbbench"])?;
+        ns.nft(&[
+            "add",
+            "chain",
+            "ip",
+            "lbbench",
+            "pre",
+            "{ type nat hook prerouting priority dstnat; }",
+        ])?;
+        ns.nft(&[
+            "add",
+            "chain",
+            "ip",
+            "lbbench",
+            "post",
+            "{ type nat hook postrouting priority srcnat; }",
+        ])?;
+        for (vport, bport) in [(IPERF_PORT, IPERF_PORT), (VIP_HTTP_PORT, HTTP_PORT)] {
+            ns.nft(&[
+                "add",
+                "rule",
+                "ip",
+                "lbbench",
+                "pre",
+                &format!("ip daddr {vip} tcp dport {vport} dnat to {backend}:{bport}"),
+            ])?;
+        }
+        ns.nft(&[
+            "add",
+            "rule",
+            "ip",
+            "lbbench",
+            "post",
+            &format!("ip daddr {backend} ct status dnat snat to 10.0.2.1"),
+        ])?;
+        Ok(guard)
+    }
+}
+
+impl Drop for NftNat {
+    fn drop(&mut self) {
+        if let Err(e) = self.ns.nft(&["delete", "table", "ip", "lbbench"]) {
+            eprintln!("warning: removing the nft table: {e:#}");
+        }
+    }
+}
+
+pub struct E2e {
+    pub rounds: usize,
+    pub seconds: u64,
+    pub connections: u32,
+    pub samples: BTreeMap<(Target, Test), Vec<f64>>,
+    /// wrk socket errors and non-2xx responses, summed over rounds.
+    pub errors: BTreeMap<(Target, Test), u64>,
+    /// Tests that failed, with why (their samples are missing).
+    pub failures: Vec<String>,
+    /// lb's datapath counters summed over its turns (those that moved).
+    pub lb_counters: BTreeMap<String, u64>,
+}
+
+impl E2e {
+    pub fn median(&self, t: Target, test: Test) -> f64 {
+        self.samples.get(&(t, test)).map_or(f64::NAN, |s| median(s))
+    }
+}
+
+fn counters(d: &Daemon) -> anyhow::Result<BTreeMap<String, u64>> {
+    Ok(d.stats()?
+        .counters
+        .into_iter()
+        .map(|c| (c.name, c.value))
+        .collect())
+}
+
+pub fn run(bed: &Bed, rounds: usize, seconds: u64, connections: u32) -> anyhow::Result<E2e> {
+    let mut r = E2e {
+        rounds,
+        seconds,
+        connections,
+        samples: BTreeMap::new(),
+        errors: BTreeMap::new(),
+        failures: Vec::new(),
+        lb_counters: BTreeMap::new(),
+    };
+    let backend = bed.backend();
+    let client = &bed.sb.client.ns;
+    // Warm-up (not recorded): caches, neighbour entries, the servers' first accepts.
+    peers::wrk(
+        client,
+        SocketAddr::from((backend, HTTP_PORT)),
+        false,
+        connections,
+        1,
+    )
+    .context("warm-up wrk, direct")?;
+    for round in 1..=rounds {
+        for target in Target::ALL {
+            checkpoint()?;
+            eprintln!("  round {round}/{rounds}: {}", target.name());
+            let (iperf_to, http_to) = match target.vip() {
+                None => (
+                    SocketAddr::from((backend, IPERF_PORT)),
+                    SocketAddr::from((backend, HTTP_PORT)),
+                ),
+                Some(vip) => (
+                    SocketAddr::from((vip, IPERF_PORT)),
+                    SocketAddr::from((vip, VIP_HTTP_PORT)),
+                ),
+            };
+            let mut daemon = None;
+            let mut _nft = None;
+            match target {
+                Target::Lb | Target::LbChurn => {
+                    let extra = if target == Target::LbChurn {
+                        LB_CHURN
+                    } else {
+                        ""
+                    };
+                    let d = Daemon::start(&bed.sb.lb, &lb_config(bed, extra))?;
+                    wait_for_neighbours(&bed.sb, &BTreeSet::from([backend]))?;
+                    daemon = Some((counters(&d)?, d));
+                }
+                Target::Nft => {
+                    _nft = Some(NftNat::add(
+                        &bed.sb.lb,
+                        target.vip().expect("a VIP"),
+                        backend,
+                    )?);
+                }
+                _ => {}
+            }
+            for &test in target.tests() {
+                checkpoint()?;
+                // Let the previous test's connections finish closing.
+                sleep(Duration::from_millis(300))?;
+                let result = match test {
+                    Test::Tcp1 => peers::iperf(client, iperf_to, 1, seconds).map(|g| (g, 0)),
+                    Test::Tcp4 => peers::iperf(client, iperf_to, 4, seconds).map(|g| (g, 0)),
+                    Test::KeepAlive | Test::Close => {
+                        peers::wrk(client, http_to, test == Test::Close, connections, seconds)
+                            .map(|w| (w.requests_per_s, w.errors))
+                    }
+                };
+                checkpoint()?;
+                match result {
+                    Ok((v, errors)) => {
+                        r.samples.entry((target, test)).or_default().push(v);
+                        *r.errors.entry((target, test)).or_default() += errors;
+                    }
+                    Err(e) => r.failures.push(format!(
+                        "round {round}, {}, {}: {e:#}",
+                        target.name(),
+                        test.name()
+                    )),
+                }
+            }
+            if let Some((before, d)) = daemon {
+                let after = counters(&d)?;
+                for (name, v) in after {
+                    let delta = v - before.get(&name).copied().unwrap_or(0);
+                    if delta > 0 {
+                        *r.lb_counters.entry(name).or_default() += delta;
+                    }
+                }
+                drop(d); // SIGTERM: lb detaches (--no-pin) before the next target's turn
+            }
+        }
+    }
+    Ok(r)
+}
+
+fn ratio(a: f64, b: f64) -> String {
+    if a.is_finite() && b.is_finite() && b > 0.0 {
+        format!("{:.2}×", a / b)
+    } else {
+        "–".into()
+    }
+}
+
+fn value(v: f64, unit: &str) -> String {
+    if !v.is_finite() {
+        "failed".into()
+    } else if unit == "Gbit/s" {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+/// The markdown tables: per test, each target's median, range, ratios to direct and HAProxy.
+pub fn markdown(r: &E2e) -> String {
+    let mut s = String::new();
+    for test in Test::ALL {
+        let unit = test.unit();
+        let direct = r.median(Target::Direct, test);
+        let haproxy = r.median(Target::Haproxy, test);
+        let _ = writeln!(
+            s,
+            "**{}** ({unit}, median of {} rounds)\n\n| path | median | min – max | / direct | / HAProxy |{}\n|---|---:|---:|---:|---:|{}",
+            test.name(),
+            r.rounds,
+            if unit == "Gbit/s" { "" } else { " errors |" },
+            if unit == "Gbit/s" { "" } else { "---:|" },
+        );
+        for t in Target::running(test) {
+            let samples = r.samples.get(&(t, test)).cloned().unwrap_or_default();
+            let m = median(&samples);
+            let (lo, hi) = min_max(&samples);
+            let errors = if unit == "Gbit/s" {
+                String::new()
+            } else {
+                format!(" {} |", r.errors.get(&(t, test)).copied().unwrap_or(0))
+            };
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} – {} | {} | {} |{errors}",
+                t.name(),
+                value(m, unit),
+                value(lo, unit),
+                value(hi, unit),
+                ratio(m, direct),
+                ratio(m, haproxy)
+            );
+        }
+        s.push('\n');
+    }
+    if !r.lb_counters.is_empty() {
+        let c: Vec<String> = r
+            .lb_counters
+            .iter()
+            .map(|(n, v)| format!("`{n}` {v}"))
+            .collect();
+        let _ = writeln!(
+            s,
+            "lb's datapath counters over its turns, both configs (packets, both directions): {}.\n",
+            c.join(", ")
+        );
+    }
+    if !r.failures.is_empty() {
+        let _ = writeln!(s, "Failed runs (no sample):\n");
+        for f in &r.failures {
+            let _ = writeln!(s, "- {}", f.replace('\n', " "));
+        }
+        s.push('\n');
+    }
+    s
+}

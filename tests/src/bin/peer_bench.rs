@@ -1,0 +1,665 @@
+//! `cargo xtask bench` (side-by-side part and report): packet rate through lb against an XDP
+//! bounce, end to end against direct routing, nftables DNAT, HAProxy and nginx stream, health
+//! detection beside HAProxy's, Maglev build time and disruption. Writes the markdown report
+//! (with lb-bench's and lb-health-bench's tables when given) and its PNG charts.
+
+use std::{
+    fmt::Write as _,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+use clap::Parser;
+use lb_tests::bench::{
+    self, chart,
+    detect::{self, Detection},
+    e2e::{self, E2e, Target, Test},
+    maglev, median, min_max, peers,
+    rate::{self, Rate},
+};
+
+#[derive(Parser)]
+struct Args {
+    /// One round, shorter runs: for development (numbers are rougher).
+    #[arg(long)]
+    quick: bool,
+    /// End-to-end rounds (default 3, 1 with --quick).
+    #[arg(long)]
+    rounds: Option<usize>,
+    /// Seconds per iperf3 / wrk run (default 5, 2 with --quick).
+    #[arg(long)]
+    seconds: Option<u64>,
+    /// wrk connections.
+    #[arg(long, default_value_t = 32)]
+    connections: u32,
+    /// Packet-rate rounds (default 10, 3 with --quick) and frames per run.
+    #[arg(long)]
+    rate_rounds: Option<usize>,
+    #[arg(long, default_value_t = 2_000_000)]
+    rate_frames: u32,
+    /// Health-detection trials (default 8, 2 with --quick).
+    #[arg(long)]
+    trials: Option<usize>,
+    /// Parts to run: rate, e2e, detect, maglev (comma-separated; default all).
+    #[arg(long, value_delimiter = ',')]
+    parts: Vec<String>,
+    /// Directory of the report (report.md) and charts.
+    #[arg(long, default_value = "target/bench")]
+    out_dir: PathBuf,
+    /// lb-bench's markdown (datapath cost), included in the report.
+    #[arg(long)]
+    datapath: Option<PathBuf>,
+    /// lb-health-bench's markdown (checking cost), included in the report.
+    #[arg(long)]
+    health: Option<PathBuf>,
+    /// Also write the report here (e.g. BENCHMARKS.md) with its charts copied to
+    /// `<its directory>/docs/bench/`.
+    #[arg(long)]
+    publish: Option<PathBuf>,
+    /// Commands that produced this run, for the report (repeatable).
+    #[arg(long)]
+    ran: Vec<String>,
+    /// Seconds the whole `cargo xtask bench` had run before this program started (builds
+    /// excluded), so the report can give the total.
+    #[arg(long, default_value_t = 0.0)]
+    before_s: f64,
+}
+
+struct Results {
+    rate: Option<Rate>,
+    e2e: Option<E2e>,
+    detect: Option<Detection>,
+    maglev: Option<(Vec<maglev::Row>, usize, usize)>,
+    /// Busy share of all CPUs during 1 s idle pauses between parts (others' load).
+    background: Vec<(String, f64)>,
+}
+
+/// Busy share of the machine's CPUs over `d` while this program idles: the other users' load.
+fn background_busy(d: Duration) -> f64 {
+    let (b0, t0) = bench::cpu_jiffies();
+    std::thread::sleep(d);
+    let (b1, t1) = bench::cpu_jiffies();
+    if t1 > t0 {
+        (b1 - b0) as f64 / (t1 - t0) as f64
+    } else {
+        f64::NAN
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    lb_tests::require_root();
+    bench::catch_signals();
+    let started = Instant::now();
+    match run(&args, started) {
+        Ok(()) => eprintln!(
+            "peer_bench done in {:.0} s",
+            started.elapsed().as_secs_f64()
+        ),
+        Err(e) => {
+            eprintln!("peer_bench failed: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn want(args: &Args, part: &str) -> bool {
+    args.parts.is_empty() || args.parts.iter().any(|p| p == part)
+}
+
+fn run(args: &Args, started: Instant) -> anyhow::Result<()> {
+    let q = args.quick;
+    let rounds = args.rounds.unwrap_or(if q { 1 } else { 3 });
+    let seconds = args.seconds.unwrap_or(if q { 2 } else { 5 });
+    let rate_rounds = args.rate_rounds.unwrap_or(if q { 3 } else { 10 });
+    let trials = args.trials.unwrap_or(if q { 2 } else { 8 });
+    std::fs::create_dir_all(&args.out_dir)?;
+    let load_start = bench::load();
+    let mut res = Results {
+        rate: None,
+        e2e: None,
+        detect: None,
+        maglev: None,
+        background: Vec::new(),
+    };
+    res.background
+        .push(("before".into(), background_busy(Duration::from_secs(1))));
+    if want(args, "rate") {
+        eprintln!("==> packet rate (live frames)");
+        res.rate = Some(rate::run(rate_rounds, args.rate_frames)?);
+        res.background.push((
+            "after packet rate".into(),
+            background_busy(Duration::from_secs(1)),
+        ));
+    }
+    if want(args, "e2e") || want(args, "detect") {
+        eprintln!("==> sandbox with nginx, iperf3, HAProxy, nginx stream");
+        let mut bed = e2e::Bed::build()?;
+        if want(args, "e2e") {
+            eprintln!(
+                "==> end to end: {rounds} rounds × 6 paths × 4 tests (lb churn: 1) × {seconds} s"
+            );
+            res.e2e = Some(e2e::run(&bed, rounds, seconds, args.connections)?);
+            res.background.push((
+                "after end to end".into(),
+                background_busy(Duration::from_secs(1)),
+            ));
+        }
+        if want(args, "detect") {
+            eprintln!("==> health detection: {trials} trials");
+            res.detect = Some(detect::run(&mut bed, trials)?);
+        }
+    }
+    if want(args, "maglev") {
+        eprintln!("==> maglev");
+        let (runs, removals) = (if q { 3 } else { 7 }, if q { 3 } else { 10 });
+        res.maglev = Some((maglev::run(runs, removals), runs, removals));
+    }
+    bench::checkpoint()?;
+    let load_end = bench::load();
+    let font = chart::init_font();
+    let charts = draw_charts(&args.out_dir, &res)?;
+    let run_s = args.before_s + started.elapsed().as_secs_f64();
+    let ctx = Context {
+        args,
+        rounds,
+        load: (load_start, load_end),
+        font,
+        charts,
+        run_s,
+    };
+    let local = report(&res, &ctx, "")?;
+    let path = args.out_dir.join("report.md");
+    std::fs::write(&path, &local).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("report: {}", path.display());
+    if let Some(publish) = &args.publish {
+        let dir = publish.parent().unwrap_or(Path::new("."));
+        let docs = dir.join("docs").join("bench");
+        std::fs::create_dir_all(&docs)?;
+        for c in &ctx.charts {
+            std::fs::copy(args.out_dir.join(c), docs.join(c))
+                .with_context(|| format!("copying {c}"))?;
+        }
+        std::fs::write(publish, report(&res, &ctx, "docs/bench/")?)
+            .with_context(|| format!("writing {}", publish.display()))?;
+        eprintln!("published: {} and {}", publish.display(), docs.display());
+    }
+    Ok(())
+}
+
+struct Context<'a> {
+    args: &'a Args,
+    rounds: usize,
+    load: (String, String),
+    font: Option<String>,
+    charts: Vec<String>,
+    run_s: f64,
+}
+
+fn draw_charts(dir: &Path, res: &Results) -> anyhow::Result<Vec<String>> {
+    let mut out = Vec::new();
+    let stats = |s: Option<&Vec<f64>>| {
+        let s = s.cloned().unwrap_or_default();
+        let (lo, hi) = min_max(&s);
+        (median(&s), lo, hi)
+    };
+    if let Some(e) = &res.e2e {
+        for (file, title, unit, tests) in [
+            (
+                "e2e_throughput.png",
+                "iperf3 TCP throughput through each path (median, min–max)",
+                "Gbit/s",
+                [Test::Tcp1, Test::Tcp4],
+            ),
+            (
+                "e2e_requests.png",
+                "wrk HTTP requests/s through each path (median, min–max)",
+                "requests/s",
+                [Test::KeepAlive, Test::Close],
+            ),
+        ] {
+            let targets: Vec<Target> = Target::ALL
+                .into_iter()
+                .filter(|t| tests.iter().any(|test| t.tests().contains(test)))
+                .collect();
+            let cats: Vec<String> = targets
+                .iter()
+                .map(|t| match t {
+                    Target::LbChurn => "lb, churn (close only)".to_owned(),
+                    t => t.name().to_owned(),
+                })
+                .collect();
+            let series: Vec<chart::Series> = tests
+                .iter()
+                .map(|&test| chart::Series {
+                    name: test.name().to_owned(),
+                    values: targets
+                        .iter()
+                        .map(|&t| stats(e.samples.get(&(t, test))))
+                        .collect(),
+                })
+                .collect();
+            chart::grouped_bars(&dir.join(file), title, unit, &cats, &series)?;
+            out.push(file.to_owned());
+        }
+    }
+    if let Some(d) = &res.detect {
+        let (lo, hi) = detect::window();
+        chart::strip(
+            &dir.join("health_detection.png"),
+            "Detection of a killed backend (inter 1 s, fall 3)",
+            "seconds from kill to down",
+            &[
+                ("lb".into(), d.lb.clone()),
+                ("HAProxy".into(), d.haproxy.clone()),
+            ],
+            Some((lo, hi, "formula: 2 – 3 s")),
+        )?;
+        out.push("health_detection.png".into());
+    }
+    if let Some(r) = &res.rate {
+        let cats: Vec<String> = r
+            .cases
+            .iter()
+            .map(|c| match c.name {
+                rate::DROP => "XDP_DROP (ceiling)".into(),
+                rate::BOUNCE => "bounce (XDP_TX)".into(),
+                _ => "lb (redirect)".into(),
+            })
+            .collect();
+        chart::grouped_bars(
+            &dir.join("packet_rate.png"),
+            "Live-frames packet rate, 64-byte frames (median, min–max)",
+            "Mpps",
+            &cats,
+            &[chart::Series {
+                name: "Mpps".into(),
+                values: r.cases.iter().map(|c| stats(Some(&c.mpps))).collect(),
+            }],
+        )?;
+        out.push("packet_rate.png".into());
+    }
+    Ok(out)
+}
+
+fn first_line(cmd: &str, args: &[&str]) -> String {
+    std::process::Command::new(cmd)
+        .args(args)
+        .output()
+        .ok()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_owned()
+        })
+        .unwrap_or_default()
+}
+
+fn machine() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|l| l.trim_start_matches([' ', '\t', ':']).trim().to_owned())
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cpus = cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("processor"))
+        .count();
+    let mem_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        })
+        .map_or(String::new(), |kib| {
+            format!(", {:.0} GiB RAM", kib / 1024.0 / 1024.0)
+        });
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let os = std::fs::read_to_string("/etc/os-release")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+                .map(|v| v.trim_matches('"').to_owned())
+        })
+        .unwrap_or_default();
+    format!(
+        "{model}, {cpus} CPUs{mem_gib}; Linux {} ({os})",
+        kernel.trim()
+    )
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "met" } else { "**not met**" }
+}
+
+fn ratio_of(e: &E2e, a: Target, b: Target, test: Test) -> f64 {
+    e.median(a, test) / e.median(b, test)
+}
+
+fn report(res: &Results, ctx: &Context, img: &str) -> anyhow::Result<String> {
+    let mut s = String::new();
+    let args = ctx.args;
+    let commit = first_line("git", &["rev-parse", "--short", "HEAD"]);
+    let dirty = !first_line("git", &["status", "--porcelain", "--untracked-files=no"]).is_empty();
+    let date = first_line("date", &["-u", "+%Y-%m-%d %H:%M UTC"]);
+    let _ = writeln!(
+        s,
+        "# Benchmarks\n\nThe latest report of `cargo xtask bench{}`, written by it (rerun it rather \
+         than editing this file).\n",
+        if args.quick { " --quick" } else { "" }
+    );
+    let _ = writeln!(
+        s,
+        "- **When**: {date}, commit `{commit}`{}",
+        if dirty {
+            " (with uncommitted changes in the working tree)"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(s, "- **Machine**: {}", machine());
+    let versions: Vec<String> = peers::versions()
+        .into_iter()
+        .map(|(n, v)| format!("{n}: `{v}`"))
+        .collect();
+    let _ = writeln!(s, "- **Peers**: {}", versions.join("; "));
+    let _ = writeln!(
+        s,
+        "- **Run time**: {:.1} min for the benchmarks (builds excluded)",
+        ctx.run_s / 60.0
+    );
+    let bg: Vec<String> = res
+        .background
+        .iter()
+        .map(|(when, b)| format!("{when} {:.0}%", 100.0 * b))
+        .collect();
+    let _ = writeln!(
+        s,
+        "- **Other load**: load average (1, 5, 15 min) {} at the start of the side-by-side part, {} at \
+         its end; CPU busy while this benchmark idled for 1 s ({}). Every process shares the same {} \
+         CPUs: client, balancer and backend included.\n",
+        ctx.load.0,
+        ctx.load.1,
+        bg.join(", "),
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    let _ = writeln!(s, "## Commands\n\n```sh");
+    let _ = writeln!(
+        s,
+        "cargo xtask bench            # as root: everything below, {} rounds; publishes this file\n\
+         cargo xtask bench --quick    # 1 round, short runs; writes only target/bench/",
+        if args.quick { 3 } else { ctx.rounds }
+    );
+    let _ = writeln!(s, "```\n\nwhich ran, in this order:\n\n```sh");
+    for c in &args.ran {
+        let _ = writeln!(s, "{c}");
+    }
+    // This program's own command line, without the bookkeeping arguments xtask adds.
+    let mut own_args = Vec::new();
+    let mut skip = false;
+    let cwd = std::env::current_dir().unwrap_or_default();
+    for (i, a) in std::env::args().enumerate() {
+        let a = if i == 0 {
+            Path::new(&a)
+                .strip_prefix(&cwd)
+                .map_or(a.clone(), |p| p.display().to_string())
+        } else {
+            a
+        };
+        if skip {
+            skip = false;
+        } else if a == "--ran" || a == "--before-s" {
+            skip = true;
+        } else {
+            own_args.push(a);
+        }
+    }
+    let own: Vec<String> = own_args
+        .into_iter()
+        .map(|a| if a.contains(' ') { format!("'{a}'") } else { a })
+        .collect();
+    let _ = writeln!(s, "{}\n```\n", own.join(" "));
+
+    goals(&mut s, res);
+
+    let _ = writeln!(
+        s,
+        "## 1. Datapath cost per packet\n\nThe XDP program alone, through BPF_PROG_TEST_RUN (no \
+         NIC, no stack): time per run as the kernel measures it, beside an empty XDP program \
+         measured in the same interleaved loop. \"new flow\" includes the Maglev lookup, the \
+         connection and NAT table inserts and the SNAT port choice; \"established\" is one \
+         connection-table hit and the rewrite.\n"
+    );
+    include(&mut s, args.datapath.as_deref(), "lb-bench", 3);
+
+    let _ = writeln!(s, "## 2. Packet rate through lb (live frames)\n");
+    match &res.rate {
+        Some(r) => {
+            let _ = writeln!(
+                s,
+                "The kernel generates frames with BPF_PROG_TEST_RUN in live-frames mode \
+                 (`BPF_F_TEST_XDP_LIVE_FRAMES`, batches of 64) as if they arrived on lb's client-side \
+                 veth and runs the program under test on each for real. **Baseline**: an XDP program \
+                 that swaps the Ethernet addresses and returns XDP_TX, which live-frames mode sends \
+                 back out of that veth. **lb**: lb's XDP program on one established TCP flow (a \
+                 connection-table hit, full-NAT rewrite, `bpf_fib_lookup`, XDP_REDIRECT through its \
+                 devmap to the backend-side veth). The frames come out in a sink namespace whose \
+                 two veth ends run the same XDP program (write the original frame back, XDP_DROP), \
+                 so both cases pay the same downstream cost and the rate counts only frames that \
+                 arrived (veth `xdp_drops`) over the wall time of the generating call. One CPU does \
+                 all of it (generation, program, veth transmit, the sink's XDP). \
+                 XDP_DROP in lb's place shows the generator's own ceiling.\n"
+            );
+            s += &rate::markdown(r);
+            let _ = writeln!(s, "\n![packet rate]({img}packet_rate.png)\n");
+        }
+        None => s += "Not run.\n\n",
+    }
+
+    let _ = writeln!(s, "## 3. End to end\n");
+    match &res.e2e {
+        Some(e) => {
+            let _ = writeln!(
+                s,
+                "One sandbox of network namespaces: client 10.0.1.2 ─ veth ─ balancer namespace \
+                 (10.0.1.1, 10.0.2.1) ─ bridge ─ one backend 10.0.2.10 running nginx 1.22 (a {} byte \
+                 file, keep-alive) and `iperf3 -s`. Paths: **direct** (the client addresses the \
+                 backend; the balancer namespace's kernel routes), **lb** (`lb run --no-pin` with the \
+                 default `[lb]` settings, XDP in native mode on both balancer veths, full NAT; \
+                 started for its turn and stopped after, so no other path runs with it attached), \
+                 **lb, churn config** (Connection: close test only; the same with `{}`: lb holds a \
+                 SNAT port per (backend, port) until the flow's closing timeout ends, so the \
+                 defaults, 12,768 ports and 10 s, carry about 1,300 new connections/s to one \
+                 backend before SYNs are dropped for want of a port), **nft DNAT** (nftables `dnat` in \
+                 prerouting + `snat` to 10.0.2.1, full NAT like lb; the table exists only during \
+                 its turn), **HAProxy** (2.6, `mode tcp`, default threads) and **nginx stream** \
+                 (1.22, `worker_processes auto`), both listening on a VIP local to the balancer \
+                 namespace. Every VIP is routed to the balancer namespace by the client. Each round \
+                 runs every path in the order above, and each path runs: `iperf3 -c VIP -t {} -P 1` \
+                 and `-P 4` (received throughput), `wrk -t 2 -c {} -d {}s` on the file with \
+                 keep-alive and with `-H 'Connection: close'` (a new TCP connection per request). \
+                 {} rounds; the tables give the median over rounds, the range, and the ratio of \
+                 medians to direct and to HAProxy. All veths have TX checksum offload off (needed \
+                 for forwarded TCP on veth), so segments cross them at MTU size on every path; the \
+                 client's veth and the bridge port facing the balancer carry an XDP_PASS program \
+                 in every turn (native XDP on veth needs one on the receiving peer).\n",
+                peers::FILE_SIZE,
+                e2e::LB_CHURN.replace('\n', "`, `"),
+                e.seconds,
+                e.connections,
+                e.seconds,
+                e.rounds
+            );
+            let _ = writeln!(
+                s,
+                "![throughput]({img}e2e_throughput.png)\n\n![requests]({img}e2e_requests.png)\n"
+            );
+            s += &e2e::markdown(e);
+        }
+        None => s += "Not run.\n\n",
+    }
+
+    let _ = writeln!(
+        s,
+        "## 4. Health checking\n\n### Cost of checking many targets\n"
+    );
+    include(&mut s, args.health.as_deref(), "lb-health-bench", 4);
+    let _ = writeln!(s, "### Detection of a killed backend, beside HAProxy\n");
+    match &res.detect {
+        Some(d) => {
+            let _ = writeln!(
+                s,
+                "Same sandbox and backend. lb (the daemon, `kind = \"tcp\"`: half-open SYN, \
+                 interval 1 s, timeout 1 s, unhealthy_threshold 3, healthy_threshold 2) and HAProxy \
+                 (`server b0 10.0.2.10:{} check inter 1s fall 3 rise 2`, a TCP connect check) watch \
+                 the backend's port {} at the same time. A trial waits until both report it up, \
+                 waits a random 0-1 s, stops the server (the port then answers RST, so each check \
+                 fails at once) and polls both until they report it down: lb with `lb status \
+                 --json` (state `unhealthy`), HAProxy with `show stat` on its stats socket \
+                 (status `DOWN`). The formula for both: the first failing check comes a uniform \
+                 phase within one interval after the kill, then two more one interval apart, so \
+                 detection takes 2-3 s (lb adds up to 5% of random jitter per interval).\n",
+                e2e::SERVICE_PORT,
+                e2e::SERVICE_PORT
+            );
+            s += &detect::markdown(d);
+            let _ = writeln!(s, "\n![detection]({img}health_detection.png)\n");
+        }
+        None => s += "Not run.\n\n",
+    }
+
+    let _ = writeln!(s, "## 5. Maglev\n");
+    match &res.maglev {
+        Some((rows, runs, removals)) => {
+            s += &maglev::markdown(rows, *runs, *removals);
+            let _ = writeln!(
+                s,
+                "\n\"Removed from the config\" rebuilds the ring without the backend (what a reload \
+                 that drops it does): the slots it owned must move, and Maglev moves a few more \
+                 between the others. \"Marked down\" is lb's health overlay: only the unavailable \
+                 backend's slots change owner, the minimum possible. A slot is a share of the hash \
+                 space of new flows, so these are the fractions of new flows that change backend; \
+                 established flows stay pinned by the connection table either way.\n"
+            );
+        }
+        None => s += "Not run.\n\n",
+    }
+
+    let _ = writeln!(s, "## Charts\n");
+    match &ctx.font {
+        Some(f) => {
+            let _ = writeln!(
+                s,
+                "PNG files drawn with plotters (bitmap backend, text with ab_glyph from `{f}`; no \
+                 fontconfig or freetype), in `target/bench/` and copied to `docs/bench/`: {}.",
+                ctx.charts.join(", ")
+            );
+        }
+        None => {
+            let _ = writeln!(
+                s,
+                "No TrueType font was found (install fonts-dejavu-core), so the charts carry no \
+                 text: bars left to right follow the tables' row order, series in table order; \
+                 the numbers are in the tables above. Files: {}.",
+                ctx.charts.join(", ")
+            );
+        }
+    }
+    Ok(s)
+}
+
+/// Appends another benchmark's markdown, its headings moved so the highest becomes `level`.
+fn include(s: &mut String, path: Option<&Path>, what: &str, level: usize) {
+    match path.map(std::fs::read_to_string) {
+        Some(Ok(text)) => {
+            let depth = |l: &str| l.chars().take_while(|&c| c == '#').count();
+            let is_heading = |l: &str| depth(l) > 0 && l[depth(l)..].starts_with(' ');
+            // Lines outside ``` fences (a `# comment` in a code block is no heading).
+            let mut fenced = false;
+            let outside: Vec<(bool, &str)> = text
+                .trim_end()
+                .lines()
+                .map(|l| {
+                    if l.trim_start().starts_with("```") {
+                        fenced = !fenced;
+                        return (false, l);
+                    }
+                    (!fenced, l)
+                })
+                .collect();
+            let top = outside
+                .iter()
+                .filter(|(out, l)| *out && is_heading(l))
+                .map(|(_, l)| depth(l))
+                .min()
+                .unwrap_or(level);
+            for &(out, line) in &outside {
+                if out && is_heading(line) {
+                    s.push_str(&"#".repeat(depth(line) + level - top.min(level)));
+                    s.push_str(&line[depth(line)..]);
+                } else {
+                    s.push_str(line);
+                }
+                s.push('\n');
+            }
+            s.push('\n');
+        }
+        Some(Err(e)) => {
+            let _ = writeln!(s, "{what} output could not be read: {e}\n");
+        }
+        None => {
+            let _ = writeln!(s, "Not run (`cargo xtask bench` runs {what}).\n");
+        }
+    }
+}
+
+fn goals(s: &mut String, res: &Results) {
+    let _ = writeln!(s, "## Goals\n\n| goal | measured | |\n|---|---:|---|");
+    if let Some(r) = &res.rate {
+        let lb = r.case(rate::LB).map(|c| median(&c.mpps));
+        let b = r.case(rate::BOUNCE).map(|c| median(&c.mpps));
+        if let (Some(lb), Some(b)) = (lb, b) {
+            let x = lb / b;
+            let _ = writeln!(
+                s,
+                "| packet rate ≥ 0.75× the XDP bounce | {x:.2}× ({lb:.2} vs {b:.2} Mpps) | {} |",
+                verdict(x >= 0.75)
+            );
+        }
+    }
+    if let Some(e) = &res.e2e {
+        for test in Test::ALL {
+            let x = ratio_of(e, Target::Lb, Target::Direct, test);
+            let _ = writeln!(
+                s,
+                "| lb ≥ 0.9× direct: {} | {x:.2}× | {} |",
+                test.name(),
+                verdict(x >= 0.9)
+            );
+        }
+        let x = ratio_of(e, Target::LbChurn, Target::Direct, Test::Close);
+        let _ = writeln!(
+            s,
+            "| lb, churn config ≥ 0.9× direct: {} | {x:.2}× | {} |",
+            Test::Close.name(),
+            verdict(x >= 0.9)
+        );
+        for test in [Test::Tcp1, Test::Tcp4] {
+            let x = ratio_of(e, Target::Lb, Target::Haproxy, test);
+            let _ = writeln!(
+                s,
+                "| lb ≥ 2× HAProxy throughput: {} | {x:.2}× | {} |",
+                test.name(),
+                verdict(x >= 2.0)
+            );
+        }
+    }
+    s.push('\n');
+}
