@@ -876,7 +876,10 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
         assert_eq!(p.settings.failures, 5);
         assert_eq!(p.settings.window, Duration::from_secs(30));
         assert_eq!(p.settings.ejection, Duration::from_secs(10));
-        assert!(!parse(GOOD).unwrap().services[0].passive.enabled, "off without the table");
+        assert!(
+            !parse(GOOD).unwrap().services[0].passive.enabled,
+            "off without the table"
+        );
         let errors = parse(&format!(
             "{GOOD}[service.passive]\nfailures = 0\nejection = \"2h\"\nsize = 3\n"
         ))
