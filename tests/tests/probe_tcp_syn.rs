@@ -14,7 +14,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use lb::health::{probe::tcp_syn::SynProber, window::ProbeResult};
+use lb::health::{
+    probe::tcp_syn::{POOL_PORTS, ROUTE_TTL, SynProber},
+    window::ProbeResult,
+};
 use lb_tests::{
     netns::{Netns, sh, veth},
     require_root,
@@ -237,6 +240,176 @@ fn icmp_reject_times_out_and_leaves_the_prober_working() {
                 prober.probe(backend(7002), timeout).await,
                 ProbeResult::Success { .. }
             ));
+        }
+    });
+}
+
+fn is_success(result: ProbeResult) -> bool {
+    matches!(result, ProbeResult::Success { .. })
+}
+
+/// Source ports of the SYNs an unfiltered raw socket has queued (in arrival order), and how many
+/// segments it held in all.
+fn syn_source_ports(fd: &OwnedFd, to_port: u16) -> Vec<u16> {
+    let mut buf = [0u8; 128];
+    let mut ports = Vec::new();
+    loop {
+        // SAFETY: valid fd and buffer.
+        let n = unsafe {
+            libc::recv(
+                fd.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n < 0 {
+            break ports;
+        }
+        let ihl = usize::from(buf[0] & 0x0f) * 4;
+        let tcp = &buf[ihl..];
+        let (src, dst, flags) = (
+            u16::from_be_bytes([tcp[0], tcp[1]]),
+            u16::from_be_bytes([tcp[2], tcp[3]]),
+            tcp[13],
+        );
+        if dst == to_port && flags == 0x02 {
+            ports.push(src);
+        }
+    }
+}
+
+#[test]
+fn a_target_walks_the_port_pool() {
+    let p = pair();
+    let _server = listen(&p.backend, 7001);
+    // Sees every SYN that reaches the backend.
+    let capture = p.backend.enter(unfiltered_raw_socket);
+    let (backend_ns, rounds) = (p.backend.clone(), POOL_PORTS + 16);
+    with_prober(&p.prober, move |prober| async move {
+        for _ in 0..rounds {
+            assert!(is_success(prober.probe(backend(7001), TIMEOUT).await));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            syn_recv(&backend_ns, 7001),
+            0,
+            "every half-open connection was reset"
+        );
+        let ports = syn_source_ports(&capture, 7001);
+        assert_eq!(ports.len(), rounds);
+        let distinct: std::collections::HashSet<u16> = ports.iter().copied().collect();
+        assert_eq!(
+            distinct.len(),
+            POOL_PORTS,
+            "the whole pool, and only the pool: {ports:?}"
+        );
+        assert!(
+            ports.windows(POOL_PORTS).all(|w| w
+                .iter()
+                .copied()
+                .collect::<std::collections::HashSet<_>>()
+                .len()
+                == POOL_PORTS),
+            "a port comes back only after all the others: {ports:?}"
+        );
+    });
+}
+
+#[test]
+fn more_probes_at_once_than_pooled_ports() {
+    let p = pair();
+    let _server = listen(&p.backend, 7001);
+    with_prober(&p.prober, |prober| async move {
+        let mut probes = tokio::task::JoinSet::new();
+        for _ in 0..3 * POOL_PORTS {
+            let prober = Arc::clone(&prober);
+            probes.spawn(async move { prober.probe(backend(7001), TIMEOUT).await });
+        }
+        let mut ok = 0;
+        while let Some(done) = probes.join_next().await {
+            let result = done.unwrap();
+            assert!(is_success(result), "{result:?}");
+            ok += 1;
+        }
+        assert_eq!(ok, 3 * POOL_PORTS);
+    });
+}
+
+#[test]
+fn each_target_gets_the_source_address_of_its_route() {
+    // A second backend behind another interface of the prober, in another subnet. A SYN whose
+    // checksum covers the wrong source address would be dropped by the backend (RX checksum
+    // offload is off), and its answer would not come back to the right address.
+    let p = pair();
+    let other = Netns::new("synb2").unwrap();
+    let (_, b) = veth(&p.prober, "10.0.10.1/24", &other, "10.0.10.2/24").unwrap();
+    sh(other
+        .command("ethtool")
+        .args(["-K", &b.ifname, "rx", "off"]))
+    .unwrap();
+    let _servers = [
+        listen(&p.backend, 7001),
+        other.enter(|| TcpListener::bind("10.0.10.2:7001")).unwrap(),
+    ];
+    let second = SocketAddrV4::new(Ipv4Addr::new(10, 0, 10, 2), 7001);
+    with_prober(&p.prober, move |prober| async move {
+        for _ in 0..5 {
+            for target in [backend(7001), second] {
+                let result = prober.probe(target, TIMEOUT).await;
+                assert!(is_success(result), "{target}: {result:?}");
+            }
+        }
+    });
+}
+
+#[test]
+fn a_removed_source_address_is_looked_up_again() {
+    let p = pair();
+    let _server = listen(&p.backend, 7001);
+    let ifname = p
+        .prober
+        .ip(&["-o", "link", "show", "type", "veth"])
+        .unwrap();
+    let ifname = ifname
+        .split(':')
+        .nth(1)
+        .and_then(|n| n.trim().split('@').next())
+        .unwrap()
+        .to_owned();
+    let prober_ns = p.prober.clone();
+    with_prober(&p.prober, move |prober| async move {
+        assert!(is_success(prober.probe(backend(7001), TIMEOUT).await));
+        // Within ROUTE_TTL the prober would still send from 10.0.9.1; the kernel refuses a
+        // source that is no longer local, and the probe looks the route up again.
+        prober_ns
+            .sysctl("net/ipv4/conf/all/promote_secondaries", "1")
+            .unwrap();
+        prober_ns
+            .ip(&["addr", "add", "10.0.9.3/24", "dev", &ifname])
+            .unwrap();
+        prober_ns
+            .ip(&["addr", "del", "10.0.9.1/24", "dev", &ifname])
+            .unwrap();
+        let start = Instant::now();
+        let result = prober.probe(backend(7001), TIMEOUT).await;
+        assert!(is_success(result), "{result:?}");
+        assert!(start.elapsed() < ROUTE_TTL);
+    });
+}
+
+#[test]
+fn dropped_probes_leave_the_prober_working() {
+    let p = pair();
+    let _server = listen(&p.backend, 7001);
+    with_prober(&p.prober, |prober| async move {
+        // Futures dropped before, while and after their SYN goes out.
+        for wait in [0, 1, 50, 200, 1000] {
+            let probe = prober.probe(backend(7002), TIMEOUT);
+            let _ = tokio::time::timeout(Duration::from_micros(wait), probe).await;
+        }
+        for _ in 0..3 {
+            assert!(is_success(prober.probe(backend(7001), TIMEOUT).await));
         }
     });
 }

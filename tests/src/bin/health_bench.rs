@@ -1,25 +1,133 @@
-//! `cargo xtask bench` (health part): probes per second and checker CPU for 1,000 and 10,000
-//! half-open TCP targets at a 1 s interval. The targets are addresses of a namespace that owns a
-//! whole /16 (a local route), where one listener makes the kernel answer every SYN; the checker
-//! runs in-process, so the process CPU time is the checker's.
+//! Health checking benchmark (root; builds its own namespaces).
+//!
+//! 1. Cost: probes per second and CPU for 1,000 and 10,000 half-open TCP targets at a 1 s
+//!    interval. The targets are addresses of a namespace that owns a whole /16 (a local route),
+//!    where one listener makes the kernel answer every SYN. The probes run in-process, driven
+//!    either by the daemon's checker (`lb::health::checker::spawn`: a task and a timer per
+//!    target) or by a single task that starts the probes due in each 10 ms slot and polls them
+//!    itself (what the prober costs under a batching scheduler). Each in two modes:
+//!    - *in process*: plain veth, whose receive path runs in the sender's context, so the
+//!      process CPU also holds the whole simulated network: the targets' kernel answering SYNs,
+//!      our kernel receiving the SYN+ACK and sending the RST (how the cost was first measured);
+//!    - *NAPI threads*: both veth ends receive through a NAPI kernel thread, so the process CPU
+//!      is the checker's own (user space and its syscalls down to the veth), the checker-side
+//!      thread is what a NIC's receive path costs the checker's host (SYN+ACK in, raw-socket
+//!      delivery, RST out), and the target-side thread is the backends' work, not ours.
+//! 2. Detection: how long after a backend dies its half-open check declares it unhealthy, over
+//!    trials where the server stops listening (answers RST) or its namespace drops all input
+//!    (silent), against `timeout × unhealthy_threshold + interval × (unhealthy_threshold − 1)`
+//!    plus one interval of phase. These trials drive a [`Window`] with [`SynProber::probe`]
+//!    results themselves, pausing `Window::next_interval` after each probe as the checker does:
+//!    they measure the probe and the state machine, independently of the checker's scheduler
+//!    (whose jitter, up to 5 % of an interval, they leave out).
 
-use std::{fmt::Write as _, net::TcpListener, path::PathBuf, time::Duration};
+use std::{
+    fmt::Write as _,
+    net::{Ipv4Addr, SocketAddrV4, TcpListener},
+    path::PathBuf,
+    time::{Duration, Instant},
+};
 
 use anyhow::Context as _;
 use clap::Parser;
-use lb_tests::netns::{Netns, veth};
+use lb::health::{
+    probe::tcp_syn::SynProber,
+    window::{HealthState, Window, WindowSettings},
+};
+use lb_tests::netns::{Netns, Port, sh, veth};
 use tokio::sync::{mpsc, watch};
 
 #[derive(Parser)]
 struct Args {
-    /// Seconds measured per size (after a warm-up of 3 s).
+    /// Seconds measured per size and mode (after a warm-up of 3 s).
     #[arg(long, default_value_t = 10)]
     seconds: u64,
-    /// Also write the table (markdown) to this file.
+    /// Target counts of the cost part.
+    #[arg(long, value_delimiter = ',', default_values_t = [1000, 10000])]
+    targets: Vec<usize>,
+    /// Receive-path modes of the cost part.
+    #[arg(long, value_delimiter = ',', default_values_t = [Mode::InProcess, Mode::Threaded])]
+    modes: Vec<Mode>,
+    /// Who schedules the probes in the cost part.
+    #[arg(long, value_delimiter = ',', default_values_t = [Driver::Checker, Driver::Single])]
+    drivers: Vec<Driver>,
+    /// Detection trials per kind of death (RST, silence).
+    #[arg(long, default_value_t = 20)]
+    trials: usize,
+    /// Skip the cost part.
+    #[arg(long)]
+    no_cost: bool,
+    /// Skip the detection part.
+    #[arg(long)]
+    no_detection: bool,
+    /// Also write the report (markdown) to this file, e.g. target/bench/health.md.
     #[arg(long)]
     out: Option<PathBuf>,
 }
 
+/// Where the veth receive path runs in the cost part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Mode {
+    /// In the sending thread (plain veth).
+    InProcess,
+    /// In NAPI kernel threads.
+    Threaded,
+}
+
+/// Who schedules the probes in the cost part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Driver {
+    /// The daemon's checker: a task and a timer per target.
+    Checker,
+    /// One task starting the probes due in each 10 ms slot and polling them itself.
+    Single,
+}
+
+impl std::fmt::Display for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Checker => "checker",
+            Self::Single => "single",
+        })
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::InProcess => "in-process",
+            Self::Threaded => "threaded",
+        })
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    lb_tests::require_root();
+    let mut report = String::new();
+    if !args.no_cost {
+        report += &cost(&args)?;
+    }
+    if !args.no_detection {
+        if !report.is_empty() {
+            report.push('\n');
+        }
+        report += &detection(&args)?;
+    }
+    print!("{report}");
+    if let Some(out) = args.out {
+        if let Some(dir) = out.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(&out, &report).with_context(|| format!("writing {}", out.display()))?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cost
+
+/// CPU seconds (user + system) of this process, all threads.
 fn cpu_seconds() -> f64 {
     // SAFETY: getrusage fills the struct.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
@@ -27,6 +135,61 @@ fn cpu_seconds() -> f64 {
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
     let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
     t(ru.ru_utime) + t(ru.ru_stime)
+}
+
+/// CPU seconds of the kernel threads (`/proc/PID/stat` utime + stime).
+fn thread_cpu_seconds(pids: &[u32]) -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    pids.iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .filter_map(|stat| {
+            // The fields after the command name, which ends with the last ')'.
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            // utime and stime are fields 14 and 15 of the whole line, 12 and 13 here.
+            Some(f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?)
+        })
+        .sum::<f64>()
+        / hz
+}
+
+/// The NAPI kernel threads of a veth end: named `napi/IFNAME-ID`, cut to 15 characters.
+fn napi_threads(ifname: &str) -> anyhow::Result<Vec<u32>> {
+    let want: String = format!("napi/{ifname}-").chars().take(15).collect();
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc")? {
+        let entry = entry?;
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Ok(comm) = std::fs::read_to_string(entry.path().join("comm"))
+            && comm.trim_end().starts_with(&want)
+        {
+            pids.push(pid);
+        }
+    }
+    anyhow::ensure!(!pids.is_empty(), "no NAPI thread for {ifname}");
+    Ok(pids)
+}
+
+/// Turns on GRO (which gives a veth end a NAPI instance) and threaded NAPI for `port`; returns
+/// its NAPI threads.
+fn threaded_napi(port: &Port) -> anyhow::Result<Vec<u32>> {
+    sh(port
+        .ns
+        .command("ethtool")
+        .args(["-K", &port.ifname, "gro", "on"]))?;
+    // `ip netns exec` mounts the namespace's own /sys.
+    sh(port.ns.command("sh").args([
+        "-c",
+        &format!("echo 1 > /sys/class/net/{}/threaded", port.ifname),
+    ]))?;
+    napi_threads(&port.ifname)
 }
 
 fn config(targets: usize) -> String {
@@ -41,56 +204,457 @@ fn config(targets: usize) -> String {
     )
 }
 
-fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
-    lb_tests::require_root();
+/// What one cost run measured.
+struct CostRun {
+    probes: u64,
+    wall: f64,
+    process: f64,
+    /// CPU seconds of the checker-side and target-side NAPI threads (threaded mode only).
+    napi: Option<(f64, f64)>,
+    /// Checker: state changes to anything but healthy during the measurement; single task:
+    /// failed probes. Should be none.
+    failures: u64,
+}
+
+/// One cost run: `targets` probed by `driver`, in fresh namespaces; with `threaded`, both veth
+/// ends receive in NAPI threads.
+fn cost_run(
+    targets: usize,
+    seconds: u64,
+    threaded: bool,
+    driver: Driver,
+) -> anyhow::Result<CostRun> {
     let checker_ns = Netns::new("hb-checker")?;
     let targets_ns = Netns::new("hb-targets")?;
-    veth(&checker_ns, "10.49.0.1/16", &targets_ns, "10.49.0.2/16")?;
+    let (ours, theirs) = veth(&checker_ns, "10.49.0.1/16", &targets_ns, "10.49.0.2/16")?;
+    let napi = match threaded {
+        true => Some((threaded_napi(&ours)?, threaded_napi(&theirs)?)),
+        false => None,
+    };
     targets_ns.ip(&["route", "add", "local", "10.50.0.0/16", "dev", "lo"])?;
     checker_ns.ip(&["route", "add", "10.50.0.0/16", "via", "10.49.0.2"])?;
     // Kernel answers the SYNs; nobody ever accepts (half-open probes never complete).
     let _listener = targets_ns
         .enter(|| TcpListener::bind("0.0.0.0:8080"))
         .context("listener")?;
-
-    let mut table = String::from(
-        "Health checking cost: half-open TCP probes at a 1 s interval, in-process checker\n\n\
-         | targets | probes/s | CPU (% of one core) | CPU µs per probe |\n|---:|---:|---:|---:|\n",
-    );
-    for targets in [1000usize, 10000] {
-        let config = lb::config::parse(&config(targets)).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let (probes, cpu, wall) = checker_ns.enter(|| -> anyhow::Result<(u64, f64, f64)> {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()?;
-            rt.block_on(async {
-                let (tx, mut rx) = mpsc::unbounded_channel();
-                let (stop_tx, stop_rx) = watch::channel(false);
-                let checker = lb::health::checker::spawn(&config, tx, stop_rx)?;
-                let drain = tokio::spawn(async move { while rx.recv().await.is_some() {} });
-                tokio::time::sleep(Duration::from_secs(3)).await;
-                let (p0, c0, t0) = (checker.probes(), cpu_seconds(), std::time::Instant::now());
-                tokio::time::sleep(Duration::from_secs(args.seconds)).await;
-                let (p1, c1, wall) = (checker.probes(), cpu_seconds(), t0.elapsed().as_secs_f64());
-                stop_tx.send_replace(true);
-                checker.join().await;
-                drain.abort();
-                Ok((p1 - p0, c1 - c0, wall))
+    let napi_cpu = || {
+        napi.as_ref()
+            .map(|(a, b)| (thread_cpu_seconds(a), thread_cpu_seconds(b)))
+    };
+    checker_ns.enter(|| -> anyhow::Result<CostRun> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        rt.block_on(async {
+            let (stop_tx, stop_rx) = watch::channel(false);
+            let (measuring_tx, measuring) = watch::channel(false);
+            let running = match driver {
+                Driver::Checker => run_checker(targets, stop_rx, measuring)?,
+                Driver::Single => run_single(targets, stop_rx, measuring)?,
+            };
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            measuring_tx.send_replace(true);
+            let (p0, c0, n0, t0) = (
+                (running.probes)(),
+                cpu_seconds(),
+                napi_cpu(),
+                Instant::now(),
+            );
+            tokio::time::sleep(Duration::from_secs(seconds)).await;
+            let (p1, c1, n1) = ((running.probes)(), cpu_seconds(), napi_cpu());
+            let wall = t0.elapsed().as_secs_f64();
+            measuring_tx.send_replace(false);
+            stop_tx.send_replace(true);
+            let failures = tokio::time::timeout(Duration::from_secs(10), running.done)
+                .await
+                .context("the probes did not stop")??;
+            Ok(CostRun {
+                probes: p1 - p0,
+                wall,
+                process: c1 - c0,
+                napi: n0.zip(n1).map(|(a, b)| (b.0 - a.0, b.1 - a.1)),
+                failures,
             })
-        })?;
-        let rate = probes as f64 / wall;
+        })
+    })
+}
+
+/// Probes running in the background: a probe counter, and their end (failures seen while
+/// measuring).
+struct Running {
+    probes: Box<dyn Fn() -> u64>,
+    done: tokio::task::JoinHandle<u64>,
+}
+
+fn target(i: usize) -> SocketAddrV4 {
+    SocketAddrV4::new(
+        Ipv4Addr::new(10, 50, (i / 250) as u8, 1 + (i % 250) as u8),
+        8080,
+    )
+}
+
+/// The daemon's checker (`lb::health::checker::spawn`), one task per target.
+fn run_checker(
+    targets: usize,
+    stop: watch::Receiver<bool>,
+    measuring: watch::Receiver<bool>,
+) -> anyhow::Result<Running> {
+    let config = lb::config::parse(&config(targets)).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (tx, mut rx) = mpsc::unbounded_channel::<lb::health::checker::Verdict>();
+    let checker = std::sync::Arc::new(std::sync::Mutex::new(Some(lb::health::checker::spawn(
+        &config,
+        tx,
+        stop.clone(),
+    )?)));
+    let probes = {
+        let checker = checker.clone();
+        Box::new(move || {
+            let checker = checker.lock().expect("checker");
+            checker.as_ref().map_or(0, |c| c.probes())
+        })
+    };
+    let done = tokio::spawn(async move {
+        let mut not_healthy = 0;
+        let join = async {
+            let mut stop = stop;
+            let _ = stop.wait_for(|s| *s).await;
+            let taken = checker.lock().expect("checker").take();
+            if let Some(c) = taken {
+                c.join().await;
+            }
+        };
+        // Ends when the checker, stopped, has dropped its senders.
+        let count = async {
+            while let Some(verdict) = rx.recv().await {
+                if *measuring.borrow()
+                    && verdict
+                        .transition
+                        .is_some_and(|t| t.to != HealthState::Healthy)
+                {
+                    not_healthy += 1;
+                }
+            }
+        };
+        tokio::join!(join, count);
+        not_healthy
+    });
+    Ok(Running { probes, done })
+}
+
+/// The probes of every target from a single task: every [`SLOT`] it starts the targets whose
+/// turn it is (each once per interval) and polls the probes in flight itself, so neither a
+/// task nor a timer is spent per probe. What a scheduler could cost on top of the prober.
+fn run_single(
+    targets: usize,
+    mut stop: watch::Receiver<bool>,
+    measuring: watch::Receiver<bool>,
+) -> anyhow::Result<Running> {
+    use std::{future::Future, pin::Pin, sync::Arc, task::Poll};
+    const SLOT: Duration = Duration::from_millis(10);
+    const INTERVAL: Duration = Duration::from_secs(1);
+    const TIMEOUT: Duration = Duration::from_millis(500);
+    let prober = Arc::new(SynProber::new()?);
+    let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let probes = {
+        let sent = sent.clone();
+        Box::new(move || sent.load(std::sync::atomic::Ordering::Relaxed))
+    };
+    let done = tokio::spawn(async move {
+        let slots = (INTERVAL.as_nanos() / SLOT.as_nanos()) as usize;
+        let mut ticker = tokio::time::interval(SLOT);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut slot = 0usize;
+        let mut failures = 0u64;
+        type Probe<'a> = Pin<Box<dyn Future<Output = lb::health::window::ProbeResult> + Send + 'a>>;
+        let mut in_flight: Vec<Probe<'_>> = Vec::new();
+        let prober = &*prober;
+        std::future::poll_fn(|cx| {
+            while ticker.poll_tick(cx).is_ready() {
+                // Targets i with i × slots / targets == slot: an even share per slot.
+                let first = (slot * targets).div_ceil(slots);
+                let last = ((slot + 1) * targets).div_ceil(slots);
+                for i in first..last {
+                    in_flight.push(Box::pin(prober.probe(target(i), TIMEOUT)));
+                }
+                sent.fetch_add((last - first) as u64, std::sync::atomic::Ordering::Relaxed);
+                slot = (slot + 1) % slots;
+            }
+            in_flight.retain_mut(|probe| match probe.as_mut().poll(cx) {
+                Poll::Ready(result) => {
+                    if *measuring.borrow()
+                        && !matches!(result, lb::health::window::ProbeResult::Success { .. })
+                    {
+                        failures += 1;
+                    }
+                    false
+                }
+                Poll::Pending => true,
+            });
+            let stopped = std::pin::pin!(stop.wait_for(|s| *s));
+            match stopped.poll(cx) {
+                Poll::Ready(_) => Poll::Ready(()),
+                Poll::Pending => Poll::Pending,
+            }
+        })
+        .await;
+        failures
+    });
+    Ok(Running { probes, done })
+}
+
+fn cost(args: &Args) -> anyhow::Result<String> {
+    let mut out = String::from(
+        "## Health checking cost\n\n\
+         Half-open TCP probes (timeout 500 ms) to every target once a second, over a veth pair \
+         to a namespace whose kernel answers every SYN; 2 tokio workers. CPU in % of one core.\n\n\
+         Drivers:\n\
+         - *checker*: the daemon's checker (`lb::health::checker::spawn`): a task, a timer and \
+         a wake-up per probe (its per-target phase and jitter spread the probes evenly).\n\
+         - *single*: one task starts the probes due in each 10 ms slot and polls them itself \
+         (no task nor timer per probe): what the prober costs under a batching scheduler.\n\n\
+         Modes (where the veth receive path runs):\n\
+         - *in process*: in the sending thread, so *process* also holds the simulated network: \
+         the targets' kernel answering the SYNs, ours receiving the SYN+ACK and sending the RST.\n\
+         - *NAPI threads*: each veth end receives in a NAPI kernel thread. *process* is then the \
+         checker's own cost (user space and its syscalls, including the veth transmit and the \
+         wake-up of the targets' NAPI thread); *rx* is the checker host's receive path (SYN+ACK \
+         in, raw-socket delivery, the kernel's RST out: what a NIC's softirq costs that host); \
+         *targets* is the backends' side, not the checker's. *host* = process + rx.\n\n\
+         *failures*: checker: state changes to anything but healthy while measuring; single: \
+         failed probes while measuring (both should be 0).\n\n\
+         | targets | driver | mode | probes/s | process | rx | host | targets | µs per probe (process) | failures |\n\
+         |---:|---|---|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for &targets in &args.targets {
+        for &driver in &args.drivers {
+            for &mode in &args.modes {
+                let run = cost_run(targets, args.seconds, mode == Mode::Threaded, driver)?;
+                let pct = |cpu: f64| 100.0 * cpu / run.wall;
+                let (mode, rx, theirs) = match run.napi {
+                    Some((rx, theirs)) => ("NAPI threads", rx, Some(theirs)),
+                    None => ("in process", 0.0, None),
+                };
+                let opt =
+                    |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |v| format!("{:.1}", pct(v)));
+                let line = format!(
+                    "| {targets} | {driver} | {mode} | {:.0} | {:.1} | {} | {:.1} | {} | {:.1} | {} |",
+                    run.probes as f64 / run.wall,
+                    pct(run.process),
+                    opt(run.napi.map(|_| rx)),
+                    pct(run.process + rx),
+                    opt(theirs),
+                    1e6 * run.process / run.probes.max(1) as f64,
+                    run.failures,
+                );
+                eprintln!("{line}");
+                let _ = writeln!(out, "{line}");
+            }
+        }
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Detection
+
+/// How the backend dies in a trial.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Death {
+    /// The server stops listening: the kernel answers RST.
+    Rst,
+    /// The namespace drops all its input: no answer at all.
+    Silent,
+}
+
+const DETECTION: WindowSettings = WindowSettings {
+    timeout: Duration::from_millis(200),
+    interval: Duration::from_millis(300),
+    unhealthy_interval: Duration::from_millis(300),
+    healthy_threshold: 1,
+    unhealthy_threshold: 2,
+};
+
+/// Timer granularity allowed on top of the bound: tokio rounds each sleep up to the next
+/// millisecond, and a detection holds up to four timed waits (two timeouts, two pauses).
+const TIMER_SLACK: Duration = Duration::from_millis(5);
+
+const BACKEND: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 48, 0, 2), 8080);
+
+/// One trial's measurements, from the kill.
+struct Trial {
+    /// Kill to the unhealthy verdict (from the start of the kill action).
+    detected: Duration,
+    /// How long the kill action itself took (nft reading and committing its rule; ~0 for
+    /// closing the listener).
+    kill_took: Duration,
+}
+
+/// A small random number (std's SipHash keys come from the OS RNG).
+fn random_below(n: u64) -> u64 {
+    use std::hash::{BuildHasher as _, RandomState};
+    RandomState::new().hash_one(Instant::now()) % n.max(1)
+}
+
+fn detection(args: &Args) -> anyhow::Result<String> {
+    let prober_ns = Netns::new("hb-prober")?;
+    let backend_ns = Netns::new("hb-backend")?;
+    veth(&prober_ns, "10.48.0.1/24", &backend_ns, "10.48.0.2/24")?;
+    let s = DETECTION;
+    let bound = s.failure_window();
+    let with_phase = bound + s.interval;
+    let mut out = format!(
+        "## Detection time of a dead backend\n\n\
+         Half-open TCP check with timeout {} ms, interval {} ms, unhealthy_threshold {} \
+         (healthy_threshold {}): {} trials per kind of death. Each trial starts a fresh window on \
+         a listening backend, waits for `healthy`, waits a random 0–{} ms more (so the death \
+         falls at a random point of the probe cycle), then kills the backend and measures until \
+         the `unhealthy` verdict. Kinds: *RST* (the listener closes; the kernel resets the \
+         SYNs) and *silent* (the backend namespace drops all input with nft; the time counts \
+         from the moment an nft process, started beforehand, is handed its rule: the rule is in \
+         force at most *kill took* later). The probes come from `SynProber::probe` and feed \
+         a `Window` directly, pausing `Window::next_interval` after each probe like the checker \
+         (without its scheduling jitter).\n\n\
+         Bound: timeout × unhealthy_threshold + interval × (unhealthy_threshold − 1) = {} ms \
+         (from the first probe that finds the backend dead), plus one interval of phase = \
+         **{} ms** from the death.\n\n\
+         | death | trials | min ms | median ms | p90 ms | max ms | bound ms | within bound (+ kill time + {} ms timers) | kill took (max) ms |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        s.timeout.as_millis(),
+        s.interval.as_millis(),
+        s.unhealthy_threshold,
+        s.healthy_threshold,
+        args.trials,
+        2 * s.interval.as_millis(),
+        bound.as_millis(),
+        with_phase.as_millis(),
+        TIMER_SLACK.as_millis(),
+    );
+    for death in [Death::Rst, Death::Silent] {
+        let mut trials = Vec::with_capacity(args.trials);
+        for i in 0..args.trials {
+            let trial = trial(&prober_ns, &backend_ns, death)
+                .with_context(|| format!("{death:?} trial {i}"))?;
+            trials.push(trial);
+        }
+        let mut ms: Vec<f64> = trials
+            .iter()
+            .map(|t| t.detected.as_secs_f64() * 1e3)
+            .collect();
+        ms.sort_by(f64::total_cmp);
+        let q = |f: f64| ms[((ms.len() - 1) as f64 * f).round() as usize];
+        // The rule of a silent kill may take effect up to `kill_took` after the count starts, and
+        // each of the (up to four) sleeps and timeouts of a detection may end up to a
+        // millisecond late (tokio's timer granularity).
+        let within = trials
+            .iter()
+            .filter(|t| t.detected <= with_phase + t.kill_took + TIMER_SLACK)
+            .count();
+        let kill_took = trials.iter().map(|t| t.kill_took).max().unwrap_or_default();
         let _ = writeln!(
-            table,
-            "| {targets} | {rate:.0} | {:.1} | {:.1} |",
-            100.0 * cpu / wall,
-            1e6 * cpu / probes.max(1) as f64
+            out,
+            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {within}/{} | {:.1} |",
+            match death {
+                Death::Rst => "RST",
+                Death::Silent => "silent",
+            },
+            ms.len(),
+            q(0.0),
+            q(0.5),
+            q(0.9),
+            q(1.0),
+            with_phase.as_millis(),
+            ms.len(),
+            kill_took.as_secs_f64() * 1e3,
         );
     }
-    print!("{table}");
-    if let Some(out) = args.out {
-        std::fs::write(&out, &table).with_context(|| format!("writing {}", out.display()))?;
+    Ok(out)
+}
+
+/// One detection trial; leaves the backend alive again.
+fn trial(prober_ns: &Netns, backend_ns: &Netns, death: Death) -> anyhow::Result<Trial> {
+    let listener = backend_ns
+        .enter(|| TcpListener::bind(BACKEND))
+        .context("listener")?;
+    let (killed_tx, killed_rx) = std::sync::mpsc::channel::<Instant>();
+    let (healthy_tx, healthy_rx) = std::sync::mpsc::channel::<()>();
+    let verdict = std::thread::scope(|scope| {
+        let probing = scope.spawn(|| {
+            prober_ns.block_on(|| async move {
+                let prober = SynProber::new()?;
+                let mut window = Window::new(DETECTION);
+                let epoch = Instant::now();
+                let mut healthy_tx = Some(healthy_tx);
+                let give_up = Instant::now() + Duration::from_secs(10);
+                loop {
+                    let result = prober.probe(BACKEND, DETECTION.timeout).await;
+                    let now = Instant::now();
+                    if let Some(t) = window.observe(result, now - epoch) {
+                        if t.to == HealthState::Healthy
+                            && let Some(tx) = healthy_tx.take()
+                        {
+                            let _ = tx.send(());
+                        }
+                        if t.to == HealthState::Unhealthy {
+                            match killed_rx.try_recv() {
+                                Ok(killed) => return Ok((epoch + t.at, killed)),
+                                Err(_) => anyhow::bail!("unhealthy before the kill: {t:?}"),
+                            }
+                        }
+                    }
+                    anyhow::ensure!(now < give_up, "no verdict within 10 s ({result:?})");
+                    tokio::time::sleep(window.next_interval()).await;
+                }
+            })
+        });
+        healthy_rx
+            .recv_timeout(Duration::from_secs(5))
+            .context("never healthy")?;
+        // For silence: nft already started and waiting for its rules on stdin, so the rule is
+        // in force within a few milliseconds of the kill (the same table and chain as
+        // `Netns::drop_all_input`).
+        let mut nft = match death {
+            Death::Silent => Some(
+                backend_ns
+                    .command("nft")
+                    .args(["-f", "-"])
+                    .stdin(std::process::Stdio::piped())
+                    .spawn()
+                    .context("nft")?,
+            ),
+            Death::Rst => None,
+        };
+        let phase = Duration::from_millis(random_below(2 * DETECTION.interval.as_millis() as u64));
+        std::thread::sleep(phase);
+        let killed = Instant::now();
+        match nft.as_mut() {
+            None => drop(listener),
+            Some(nft) => {
+                use std::io::Write as _;
+                let mut stdin = nft.stdin.take().context("nft stdin")?;
+                stdin.write_all(
+                    b"table inet lbt {\n chain in {\n type filter hook input priority 0; policy drop;\n }\n}\n",
+                )?;
+                drop(stdin);
+                let status = nft.wait()?;
+                anyhow::ensure!(status.success(), "nft: {status}");
+            }
+        }
+        let kill_took = killed.elapsed();
+        let _ = killed_tx.send(killed);
+        let (verdict_at, killed) = probing
+            .join()
+            .map_err(|_| anyhow::anyhow!("probing thread panicked"))??;
+        if death == Death::Silent {
+            backend_ns.clear_input_chain()?;
+        }
+        anyhow::Ok(Trial {
+            detected: verdict_at.saturating_duration_since(killed),
+            kill_took,
+        })
+    });
+    if verdict.is_err() && death == Death::Silent {
+        let _ = backend_ns.clear_input_chain();
     }
-    Ok(())
+    verdict
 }

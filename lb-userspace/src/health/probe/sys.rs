@@ -104,6 +104,134 @@ pub async fn send_to(
         .await
 }
 
+/// One datagram for [`send_many`].
+#[derive(Debug, Clone, Copy)]
+pub struct Outgoing<'a> {
+    /// The local address to send from.
+    pub source: std::net::Ipv4Addr,
+    pub target: std::net::Ipv4Addr,
+    pub bytes: &'a [u8],
+}
+
+/// Room for one `cmsghdr` and an `in_pktinfo`, aligned like a `cmsghdr`.
+#[derive(Clone, Copy)]
+#[repr(C, align(8))]
+struct PktinfoControl([u8; 32]);
+
+/// Sends up to [`MAX_BATCH`] raw datagrams in one `sendmmsg`, without blocking. Each goes to its
+/// `target` from its `source` (an `IP_PKTINFO` control message: the kernel routes with that
+/// source and refuses one that is not local, so the IP header carries exactly the address a
+/// checksum was computed with; raw sockets ignore the port, the kernel builds the IP header).
+/// Returns how many were sent, from the first; an error means the first could not be (as with
+/// `sendmsg`; a later message's error shows when the next call starts with it).
+pub fn send_many(fd: BorrowedFd<'_>, datagrams: &[Outgoing<'_>]) -> io::Result<usize> {
+    let n = datagrams.len().min(MAX_BATCH);
+    if n == 0 {
+        return Ok(0);
+    }
+    // SAFETY: CMSG_SPACE and CMSG_LEN are arithmetic.
+    let (space, len) = unsafe {
+        let size = size_of::<libc::in_pktinfo>() as u32;
+        (
+            libc::CMSG_SPACE(size) as usize,
+            libc::CMSG_LEN(size) as usize,
+        )
+    };
+    debug_assert!(space <= size_of::<PktinfoControl>());
+    let mut to = [sockaddr_in(SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, 0)); MAX_BATCH];
+    let mut control = [PktinfoControl([0; 32]); MAX_BATCH];
+    // SAFETY: all-zero iovecs and mmsghdrs are valid; the pointers set below outlive the call.
+    let mut iov: [libc::iovec; MAX_BATCH] = unsafe { std::mem::zeroed() };
+    let mut msgs: [libc::mmsghdr; MAX_BATCH] = unsafe { std::mem::zeroed() };
+    for (i, d) in datagrams[..n].iter().enumerate() {
+        to[i] = sockaddr_in(SocketAddrV4::new(d.target, 0));
+        iov[i] = libc::iovec {
+            iov_base: d.bytes.as_ptr().cast_mut().cast(),
+            iov_len: d.bytes.len(),
+        };
+        let info = libc::in_pktinfo {
+            ipi_ifindex: 0,
+            ipi_spec_dst: libc::in_addr {
+                s_addr: u32::from(d.source).to_be(),
+            },
+            ipi_addr: libc::in_addr { s_addr: 0 },
+        };
+        let hdr = &mut msgs[i].msg_hdr;
+        hdr.msg_name = (&raw mut to[i]).cast();
+        hdr.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        hdr.msg_iov = &raw mut iov[i];
+        hdr.msg_iovlen = 1;
+        hdr.msg_control = control[i].0.as_mut_ptr().cast();
+        hdr.msg_controllen = space;
+        // SAFETY: the control buffer holds CMSG_SPACE(in_pktinfo) bytes, so the first header
+        // and its data fit; the data may be unaligned for in_pktinfo, hence write_unaligned.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(hdr);
+            (*cmsg).cmsg_level = libc::IPPROTO_IP;
+            (*cmsg).cmsg_type = libc::IP_PKTINFO;
+            (*cmsg).cmsg_len = len;
+            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast(), info);
+        }
+    }
+    // SAFETY: valid fd; `n` headers whose buffers, addresses and control data are alive.
+    let sent = unsafe {
+        libc::sendmmsg(
+            fd.as_raw_fd(),
+            msgs.as_mut_ptr(),
+            n as libc::c_uint,
+            libc::MSG_DONTWAIT,
+        )
+    };
+    if sent < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(sent as usize)
+    }
+}
+
+/// Most datagrams [`recv_many`] takes in one call.
+pub const MAX_BATCH: usize = 64;
+
+/// Up to `bufs.len()` (at most [`MAX_BATCH`]) datagrams in one `recvmmsg`, without blocking:
+/// datagram `i` lands in `bufs[i]` (cut to its length) and its length in `lens[i]`. Returns how
+/// many arrived; `WouldBlock` when none was queued.
+pub fn recv_many<const L: usize>(
+    fd: BorrowedFd<'_>,
+    bufs: &mut [[u8; L]],
+    lens: &mut [usize],
+) -> io::Result<usize> {
+    let n = bufs.len().min(lens.len()).min(MAX_BATCH);
+    // SAFETY: all-zero iovecs and mmsghdrs are valid; the pointers set below outlive the call.
+    let mut iov: [libc::iovec; MAX_BATCH] = unsafe { std::mem::zeroed() };
+    let mut msgs: [libc::mmsghdr; MAX_BATCH] = unsafe { std::mem::zeroed() };
+    for i in 0..n {
+        iov[i] = libc::iovec {
+            iov_base: bufs[i].as_mut_ptr().cast(),
+            iov_len: L,
+        };
+        msgs[i].msg_hdr.msg_iov = &raw mut iov[i];
+        msgs[i].msg_hdr.msg_iovlen = 1;
+    }
+    // SAFETY: valid fd; `n` headers, each pointing to a writable buffer of its length.
+    let got = unsafe {
+        libc::recvmmsg(
+            fd.as_raw_fd(),
+            msgs.as_mut_ptr(),
+            n as libc::c_uint,
+            libc::MSG_DONTWAIT,
+            std::ptr::null_mut(),
+        )
+    };
+    if got < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let got = got as usize;
+    for i in 0..got {
+        lens[i] = (msgs[i].msg_len as usize).min(L);
+    }
+    Ok(got)
+}
+
 /// The reader loop of a raw-socket prober: whenever `socket` is readable, drains it, handing
 /// each datagram (cut to `buf`) to `each` with its arrival time; `woke` runs once per wake-up.
 /// Returns when the socket fails (logged with `what`).

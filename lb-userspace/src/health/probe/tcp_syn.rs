@@ -3,20 +3,51 @@
 //! completed: the local kernel answers the backend's SYN+ACK with a RST by itself, because no
 //! local socket owns the connection, so the backend does not keep a half-open entry.
 //!
-//! One raw `IPPROTO_TCP` socket serves every probe of the daemon. Probes send their SYN on it and
-//! park a oneshot sender in a map keyed by the connection; a single reader task receives the
-//! replies and completes the matching probe. A raw TCP socket receives a copy of *every* TCP
-//! segment that reaches this host, so a classic BPF filter in the kernel passes only segments
-//! with SYN+ACK or RST set: the reader does not wake for the host's ordinary TCP traffic.
+//! One raw `IPPROTO_TCP` socket serves every probe of the daemon. A probe registers itself in a
+//! map keyed by the connection and queues its SYN; a sender task sends the queued SYNs, and a
+//! reader task receives the replies, completes the matching probes and also ends the probes
+//! whose deadline has passed. A raw TCP socket receives a copy of *every* TCP segment that
+//! reaches this host, so a classic BPF filter in the kernel passes only segments with SYN+ACK
+//! or RST set: the reader does not wake for the host's ordinary TCP traffic.
+//!
+//! What a probe costs (issue 4: 10,000 targets a second must stay cheap): its share of a
+//! `sendmmsg` and of a `recvmmsg`, a few short lock sections and one wake-up of the probing
+//! task. Everything else is shared or amortised:
+//! - source ports come from a pool reserved once (see below), not a socket per probe;
+//! - the source address is looked up per target at most every [`ROUTE_TTL`] (and again after a
+//!   timeout or a failed send), not per probe;
+//! - the sender takes the SYNs queued while the runtime runs the tasks that are ready (e.g.
+//!   probes whose timers fired together) and sends them with one `sendmmsg` (up to 64 a call);
+//! - deadlines live in one ordered map watched by the reader's single timer, not a timer per
+//!   probe; an answered probe leaves it at once, so the timer only fires for real timeouts;
+//! - the reader takes up to 64 replies per `recvmmsg`, and when replies come faster
+//!   than one per [`COALESCE`] it pauses that long between reads, so it wakes at most about once
+//!   per `COALESCE` under load rather than once per reply;
+//! - the SYNs carry DF, like a Linux TCP SYN, which also spares the kernel a hashed IP ID each.
+//!
+//! Timing: the timeout runs from the call to [`SynProber::probe`]. The reader reads the socket
+//! before it expires deadlines, so a SYN+ACK or RST that arrived before the deadline always
+//! counts. One that arrives a little after it (before the reader's next pass, which tokio's
+//! 1 ms timer and the [`COALESCE`] pause can delay by a couple of milliseconds) may count too,
+//! as with a per-probe timer. The latency runs from just before the `sendmmsg` that carried the
+//! SYN to when the reader read the reply: under load it may include up to one `COALESCE` pause.
 //!
 //! Source address and port:
 //! - the address is the kernel's own choice towards the target (a connected UDP socket's local
-//!   address), looked up on every probe so it follows route changes; the checksum covers it, so
-//!   it must be the address the kernel will put in the IP header;
-//! - the port is reserved for the probe's lifetime by a TCP socket bound to it that never listens
-//!   nor connects: no other local socket can take the port meanwhile (an ephemeral `connect`
-//!   skips it), and since that socket is not listening the kernel still resets the backend's
-//!   SYN+ACK.
+//!   address), cached per target for [`ROUTE_TTL`] so it follows route changes within that time;
+//!   a timeout or a failed send drops the cached address, so the next probe looks it up again.
+//!   The SYN is sent with that source (`IP_PKTINFO`): the checksum covers it, so it must be the
+//!   address in the IP header, and a source that is no longer local makes the send fail (then
+//!   the probe looks the route up again and resends once);
+//! - the port comes from a pool of [`POOL_PORTS`] ports, each reserved for the prober's lifetime
+//!   by a TCP socket bound to `0.0.0.0:port` that never listens nor connects: no other local
+//!   socket can take the port meanwhile (an ephemeral `connect` or `bind` skips it, whatever the
+//!   address), and since that socket is not listening the kernel still resets the backend's
+//!   SYN+ACK. A pooled port serves many targets at once (the reply is matched by both ends);
+//!   each target walks through the pool in turn, so it reuses a port only every `POOL_PORTS`
+//!   probes, long after its backend forgot the previous half-open connection even if our RST
+//!   was lost. When every pooled port is busy towards one target, a probe reserves a port of its
+//!   own for its lifetime (a socket bound to `(source, 0)`).
 //!
 //! ICMP errors (e.g. a firewall's port-unreachable) are not matched to probes: an unconnected
 //! raw socket only hears of them with IP_RECVERR, through its error queue, which this prober does
@@ -26,7 +57,7 @@
 //! [`SynProber::probe`] must run in the same one (the daemon runs in a single namespace).
 
 use std::{
-    collections::{HashMap, hash_map::Entry},
+    collections::{BTreeMap, HashMap},
     hash::{BuildHasher as _, RandomState},
     io,
     mem::size_of,
@@ -39,11 +70,16 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::{io::unix::AsyncFd, sync::oneshot, task::JoinHandle};
+use tokio::{
+    io::unix::AsyncFd,
+    sync::{Notify, oneshot},
+    task::JoinHandle,
+};
 
 use super::ProbeResult;
 use super::sys::{
-    fold, ones_sum, read_datagrams, recv, register, send_to, setsockopt, sockaddr_in,
+    MAX_BATCH, Outgoing, fold, ones_sum, recv, recv_many, register, send_many, setsockopt,
+    sockaddr_in,
 };
 
 const SYN: u8 = 0x02;
@@ -59,31 +95,150 @@ const SYN_LEN: usize = 24;
 /// Receive buffer asked for: room for the replies of a few hundred probes sent at once.
 const RCVBUF: libc::c_int = 4 << 20;
 
+/// Source ports reserved once per prober. A target reuses a port every `POOL_PORTS` probes:
+/// at one probe a second that is longer than a backend keeps a half-open connection whose RST
+/// was lost (about 63 s with Linux's 5 SYN+ACK retries). One descriptor each.
+pub const POOL_PORTS: usize = 64;
+
+/// How long a target's source address is used before it is looked up again.
+pub const ROUTE_TTL: Duration = Duration::from_secs(5);
+
+/// A target not probed for this long is forgotten (its cached source and place in the pool).
+const FORGET_AFTER: Duration = Duration::from_secs(60);
+
+/// Under load, the reader's pause between two reads of the socket. It pauses only when replies
+/// come fast (several in one read, or a read less than this long after the previous one), so a
+/// lone reply is read at once.
+pub const COALESCE: Duration = Duration::from_millis(1);
+
+/// Bytes kept of each reply: an IP header with options (60 bytes) and a TCP header (20) are all
+/// a reply needs; recv discards the rest of a longer datagram.
+const REPLY_BYTES: usize = 128;
+
 /// One raw socket serving every half-open probe of the daemon.
 pub struct SynProber {
     shared: Arc<Shared>,
     reader: JoinHandle<()>,
+    sender: JoinHandle<()>,
 }
 
-/// What the probes and the reader task share.
+/// What the probes and the reader and sender tasks share.
 struct Shared {
     socket: AsyncFd<OwnedFd>,
-    pending: Mutex<HashMap<Key, Pending>>,
+    state: Mutex<State>,
+    /// Tells the reader that a probe's deadline is earlier than its timer.
+    rearm: Notify,
+    /// SYNs waiting for the sender task, and the signal that the first one arrived.
+    outbox: Mutex<Vec<Queued>>,
+    flush: Notify,
+    /// The pooled source ports; the sockets that reserve them live as long as this.
+    ports: Vec<u16>,
+    _reservations: Vec<OwnedFd>,
+    /// Looks up source addresses (one UDP socket, connected to each target in turn).
+    routes: Mutex<UdpSocket>,
     wakeups: AtomicU64,
 }
 
+/// Everything behind the one lock.
+struct State {
+    pending: HashMap<Key, Pending, FastHash>,
+    /// Deadlines of the pending probes, earliest first: `(deadline, probe id)`.
+    deadlines: BTreeMap<(Instant, u64), Key>,
+    targets: HashMap<SocketAddrV4, Target, FastHash>,
+    /// The instant the reader's timer is set for; `None` while it sleeps without one. A probe
+    /// with an earlier deadline moves it and wakes the reader.
+    armed: Option<Instant>,
+    next_id: u64,
+    /// When `targets` was last swept of targets no longer probed.
+    swept: Instant,
+    /// The reader has stopped: no answer can come any more.
+    closed: bool,
+}
+
+/// What the prober keeps per target.
+struct Target {
+    /// The cached source address and when it was looked up.
+    source: Option<(Ipv4Addr, Instant)>,
+    /// Index in the pool of the next port to try.
+    next_port: usize,
+    /// When it was last probed.
+    used: Instant,
+}
+
 /// A probe's connection, seen from this host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct Key {
     local: SocketAddrV4,
     remote: SocketAddrV4,
 }
 
+/// A cheap hasher for the maps keyed by addresses (FxHash's multiply-rotate, finished with
+/// `fmix64`). Not keyed: fine here, as only this prober inserts (its own probes and targets);
+/// received packets only look up.
+#[derive(Debug, Clone, Copy, Default)]
+struct FastHash;
+
+#[derive(Debug, Clone, Copy, Default)]
+struct FastHasher(u64);
+
+impl std::hash::BuildHasher for FastHash {
+    type Hasher = FastHasher;
+    fn build_hasher(&self) -> FastHasher {
+        FastHasher(0)
+    }
+}
+
+impl FastHasher {
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+impl std::hash::Hasher for FastHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.add(u64::from_le_bytes(word));
+        }
+    }
+    fn write_u8(&mut self, i: u8) {
+        self.add(u64::from(i));
+    }
+    fn write_u16(&mut self, i: u16) {
+        self.add(u64::from(i));
+    }
+    fn write_u32(&mut self, i: u32) {
+        self.add(u64::from(i));
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+    fn finish(&self) -> u64 {
+        lb_common::fmix64(self.0)
+    }
+}
+
 /// A probe waiting for its answer.
 struct Pending {
+    /// Unique per prober: tells this probe from a later one on the same connection.
+    id: u64,
     /// Sequence number of its SYN: the answer must acknowledge `seq + 1`.
     seq: u32,
+    deadline: Instant,
+    /// When its SYN went out (set by the sender just before the send).
+    sent: Option<Instant>,
     done: oneshot::Sender<Answer>,
+}
+
+/// A SYN waiting for the sender task.
+struct Queued {
+    key: Key,
+    id: u64,
+    syn: [u8; SYN_LEN],
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,26 +249,49 @@ enum Verdict {
     Refused,
 }
 
-#[derive(Debug)]
-struct Answer {
-    verdict: Verdict,
-    /// When the reader received it: the latency does not include the reader's scheduling delay
-    /// towards the probe task.
-    at: Instant,
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    /// A reply, read by the reader `latency` after the SYN was sent.
+    Reply { verdict: Verdict, latency: Duration },
+    /// The deadline passed without a reply.
+    Expired,
+    /// The SYN could not be sent (an OS error number).
+    Unsent(i32),
 }
 
 impl SynProber {
-    /// Opens the raw socket (needs CAP_NET_RAW; the error says so) and starts the reader task
-    /// on the current tokio runtime (which must have IO and time enabled).
+    /// Opens the raw socket (needs CAP_NET_RAW; the error says so), reserves the pooled source
+    /// ports and starts the reader and sender tasks on the current tokio runtime (which must
+    /// have IO and time enabled).
     pub fn new() -> io::Result<Self> {
         let runtime = tokio::runtime::Handle::try_current().map_err(io::Error::other)?;
-        let shared = Arc::new(Shared {
-            socket: register(open_raw_socket()?)?,
-            pending: Mutex::new(HashMap::new()),
-            wakeups: AtomicU64::new(0),
-        });
+        let socket = register(open_raw_socket()?)?;
+        // A smaller pool (even none, if no port or descriptor is left) still works: probes that
+        // find no pooled port free reserve their own.
+        let (mut reservations, mut ports) = (Vec::new(), Vec::new());
+        for _ in 0..POOL_PORTS {
+            match reserve_port(Ipv4Addr::UNSPECIFIED) {
+                Ok((fd, addr)) => {
+                    reservations.push(fd);
+                    ports.push(addr.port());
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "half-open probes: {} source ports pooled of {POOL_PORTS}: {e}",
+                        ports.len()
+                    );
+                    break;
+                }
+            }
+        }
+        let shared = Arc::new(Shared::new(socket, ports, reservations)?);
         let reader = runtime.spawn(read_replies(Arc::clone(&shared)));
-        Ok(Self { shared, reader })
+        let sender = runtime.spawn(send_queued(Arc::clone(&shared)));
+        Ok(Self {
+            shared,
+            reader,
+            sender,
+        })
     }
 
     /// Sends a SYN to `target` and waits up to `timeout`.
@@ -121,13 +299,14 @@ impl SynProber {
     /// Local errors (no route to the target, no port left, the send refused by a local firewall)
     /// are logged and count as `TcpFailure`: the target cannot be reached either way.
     pub async fn probe(&self, target: SocketAddrV4, timeout: Duration) -> ProbeResult {
-        match tokio::time::timeout(timeout, self.exchange(target)).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(e)) => {
+        let deadline = Instant::now() + timeout;
+        match self.exchange(target, deadline).await {
+            Ok(result) => result,
+            Err(e) => {
                 tracing::warn!(%target, "half-open probe failed locally: {e}");
+                self.shared.forget_source(target);
                 ProbeResult::TcpFailure
             }
-            Err(_elapsed) => ProbeResult::Timeout,
         }
     }
 
@@ -137,109 +316,516 @@ impl SynProber {
         self.shared.wakeups.load(Ordering::Relaxed)
     }
 
-    /// One SYN and its answer. Cancelled by the timeout in [`SynProber::probe`]; the guards
-    /// then unregister the probe and release its port.
-    async fn exchange(&self, target: SocketAddrV4) -> io::Result<ProbeResult> {
-        let source_ip = source_ip_towards(target)?;
-        let (_reservation, local) = reserve_port(source_ip)?;
-        let seq = initial_sequence();
-        let (done, answer) = oneshot::channel();
-        let key = Key {
-            local,
-            remote: target,
-        };
-        let _registered = Registered::new(&self.shared, key, Pending { seq, done });
-
-        let syn = syn_segment(local, target, seq);
-        let sent_at = Instant::now();
-        self.send(target, &syn).await?;
-        let answer = answer
-            .await
-            .map_err(|_| io::Error::other("the reply reader has stopped"))?;
-        Ok(match answer.verdict {
-            Verdict::Accepted => ProbeResult::Success {
-                latency: answer.at.saturating_duration_since(sent_at),
-            },
-            Verdict::Refused => ProbeResult::TcpFailure,
-        })
-    }
-
-    async fn send(&self, target: SocketAddrV4, segment: &[u8]) -> io::Result<()> {
-        send_to(&self.shared.socket, *target.ip(), segment).await
+    /// One SYN and its answer (or the reader's word that the deadline passed). If the future is
+    /// dropped, the guard unregisters the probe (and releases a port of its own, if it had one).
+    async fn exchange(&self, target: SocketAddrV4, deadline: Instant) -> io::Result<ProbeResult> {
+        let mut retried = false;
+        loop {
+            let (mut probe, cached) = self.shared.register(target, deadline)?;
+            self.shared.enqueue(Queued {
+                key: probe.key,
+                id: probe.id,
+                syn: syn_segment(probe.key.local, target, probe.seq),
+            });
+            let answer = (&mut probe.answer)
+                .await
+                .map_err(|_| io::Error::other("the reply reader has stopped"))?;
+            match answer {
+                Answer::Reply {
+                    verdict: Verdict::Accepted,
+                    latency,
+                } => return Ok(ProbeResult::Success { latency }),
+                Answer::Reply {
+                    verdict: Verdict::Refused,
+                    ..
+                } => return Ok(ProbeResult::TcpFailure),
+                Answer::Expired => {
+                    // The route may have changed under a cached source: look it up next time.
+                    self.shared.forget_source(target);
+                    return Ok(ProbeResult::Timeout);
+                }
+                // A cached source may have gone (address removed): look the route up again,
+                // once.
+                Answer::Unsent(_) if cached && !retried => {
+                    drop(probe);
+                    self.shared.forget_source(target);
+                    retried = true;
+                }
+                Answer::Unsent(errno) => return Err(io::Error::from_raw_os_error(errno)),
+            }
+        }
     }
 }
 
 impl Drop for SynProber {
     fn drop(&mut self) {
-        // The task holds the other reference to the socket: it closes when the task ends.
+        // The tasks hold the other references to the socket: it closes when they end.
         self.reader.abort();
+        self.sender.abort();
     }
 }
 
 impl Shared {
-    fn pending(&self) -> MutexGuard<'_, HashMap<Key, Pending>> {
-        // The map stays consistent whatever panicked while holding it.
-        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    fn new(
+        socket: AsyncFd<OwnedFd>,
+        ports: Vec<u16>,
+        reservations: Vec<OwnedFd>,
+    ) -> io::Result<Self> {
+        Ok(Self {
+            socket,
+            state: Mutex::new(State {
+                pending: HashMap::default(),
+                deadlines: BTreeMap::new(),
+                targets: HashMap::default(),
+                armed: None,
+                next_id: 0,
+                swept: Instant::now(),
+                closed: false,
+            }),
+            rearm: Notify::new(),
+            outbox: Mutex::new(Vec::new()),
+            flush: Notify::new(),
+            ports,
+            _reservations: reservations,
+            routes: Mutex::new(UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?),
+            wakeups: AtomicU64::new(0),
+        })
     }
 
-    /// Completes the probe `packet` answers, if any.
-    fn dispatch(&self, packet: &[u8], at: Instant) {
-        let Some(segment) = Segment::parse(packet) else {
-            return;
-        };
-        let key = Key {
-            local: segment.destination,
-            remote: segment.source,
-        };
-        let mut pending = self.pending();
-        let Entry::Occupied(entry) = pending.entry(key) else {
-            return;
-        };
-        let Some(verdict) = segment.verdict(entry.get().seq) else {
-            return;
-        };
-        let probe = entry.remove();
-        drop(pending);
-        // The probe may have timed out in the meantime: then nobody is waiting.
-        let _ = probe.done.send(Answer { verdict, at });
+    fn state(&self) -> MutexGuard<'_, State> {
+        // The state stays consistent whatever panicked while holding it.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Registers a probe of `target`: its source address (cached, or looked up now), a source
+    /// port free towards `target`, a fresh sequence number, its deadline. Also says whether the
+    /// source came from the cache.
+    fn register(
+        &self,
+        target: SocketAddrV4,
+        deadline: Instant,
+    ) -> io::Result<(Registered<'_>, bool)> {
+        let seq = initial_sequence();
+        let (done, answer) = oneshot::channel();
+        let mut looked_up = false;
+        let mut own: Option<(OwnedFd, SocketAddrV4)> = None;
+        loop {
+            let now = Instant::now();
+            let mut guard = self.state();
+            let state = &mut *guard;
+            if state.closed {
+                return Err(io::Error::other("the reply reader has stopped"));
+            }
+            state.sweep(now);
+            let entry = state.targets.entry(target).or_insert_with(|| Target {
+                source: None,
+                // Targets start at different places in the pool.
+                next_port: lb_common::fmix64(
+                    u64::from(u32::from(*target.ip())) << 16 | u64::from(target.port()),
+                ) as usize
+                    % self.ports.len().max(1),
+                used: now,
+            });
+            entry.used = now;
+            let source = match entry.source {
+                Some((source, at)) if now.saturating_duration_since(at) < ROUTE_TTL => source,
+                _ => {
+                    drop(guard);
+                    let source = self.source_towards(target)?;
+                    if let Some(t) = self.state().targets.get_mut(&target) {
+                        t.source = Some((source, Instant::now()));
+                    }
+                    looked_up = true;
+                    continue;
+                }
+            };
+            let local = match &own {
+                Some((_, addr)) if addr.ip() == &source => Some(*addr),
+                _ => {
+                    let n = self.ports.len();
+                    (0..n)
+                        .map(|i| (entry.next_port + i) % n)
+                        .find(|&i| {
+                            let key = Key {
+                                local: SocketAddrV4::new(source, self.ports[i]),
+                                remote: target,
+                            };
+                            !state.pending.contains_key(&key)
+                        })
+                        .map(|i| {
+                            entry.next_port = (i + 1) % n;
+                            SocketAddrV4::new(source, self.ports[i])
+                        })
+                }
+            };
+            let Some(local) = local else {
+                // Every pooled port is busy towards this target: reserve one for this probe.
+                drop(guard);
+                own = Some(reserve_port(source)?);
+                continue;
+            };
+            let key = Key {
+                local,
+                remote: target,
+            };
+            let id = state.next_id;
+            state.next_id += 1;
+            state.pending.insert(
+                key,
+                Pending {
+                    id,
+                    seq,
+                    deadline,
+                    sent: None,
+                    done,
+                },
+            );
+            state.deadlines.insert((deadline, id), key);
+            if state.armed.is_none_or(|armed| deadline < armed) {
+                state.armed = Some(deadline);
+                self.rearm.notify_one();
+            }
+            let registered = Registered {
+                shared: self,
+                key,
+                id,
+                seq,
+                answer,
+                _own_port: own.map(|(fd, _)| fd),
+            };
+            return Ok((registered, !looked_up));
+        }
+    }
+
+    /// Hands a SYN to the sender task, waking it if the outbox was empty.
+    fn enqueue(&self, syn: Queued) {
+        let mut outbox = self.outbox.lock().unwrap_or_else(PoisonError::into_inner);
+        outbox.push(syn);
+        if outbox.len() == 1 {
+            self.flush.notify_one();
+        }
+    }
+
+    /// Sends `batch` (emptied), [`MAX_BATCH`] SYNs per `sendmmsg`, skipping the probes that
+    /// ended meanwhile. A SYN that cannot be sent ends its probe with [`Answer::Unsent`].
+    async fn send_batch(&self, batch: &mut Vec<Queued>) {
+        let mut answers = Vec::new();
+        let mut rest = &batch[..];
+        while !rest.is_empty() {
+            let (chunk, after) = rest.split_at(rest.len().min(MAX_BATCH));
+            rest = after;
+            // Stamp the probes still waiting; the others need no SYN.
+            let live: Vec<&Queued> = {
+                let now = Instant::now();
+                let mut state = self.state();
+                chunk
+                    .iter()
+                    .filter(|q| match state.pending.get_mut(&q.key) {
+                        Some(p) if p.id == q.id => {
+                            p.sent = Some(now);
+                            true
+                        }
+                        _ => false,
+                    })
+                    .collect()
+            };
+            let mut i = 0;
+            while i < live.len() {
+                let datagrams: Vec<Outgoing<'_>> = live[i..]
+                    .iter()
+                    .map(|q| Outgoing {
+                        source: *q.key.local.ip(),
+                        target: *q.key.remote.ip(),
+                        bytes: &q.syn,
+                    })
+                    .collect();
+                let sent = self
+                    .socket
+                    .async_io(tokio::io::Interest::WRITABLE, |fd| {
+                        send_many(fd.as_fd(), &datagrams)
+                    })
+                    .await;
+                match sent {
+                    Ok(n) if n > 0 => i += n,
+                    failed => {
+                        let errno = match failed {
+                            Err(e) => e.raw_os_error().unwrap_or(libc::EIO),
+                            Ok(_) => libc::EIO,
+                        };
+                        let q = live[i];
+                        i += 1;
+                        let mut state = self.state();
+                        if state.pending.get(&q.key).is_some_and(|p| p.id == q.id)
+                            && let Some(probe) = state.pending.remove(&q.key)
+                        {
+                            state.deadlines.remove(&(probe.deadline, probe.id));
+                            answers.push((probe.done, Answer::Unsent(errno)));
+                        }
+                    }
+                }
+            }
+        }
+        batch.clear();
+        for (done, answer) in answers {
+            let _ = done.send(answer);
+        }
+    }
+
+    /// Drops the cached source of `target`: its next probe looks the route up again.
+    fn forget_source(&self, target: SocketAddrV4) {
+        if let Some(t) = self.state().targets.get_mut(&target) {
+            t.source = None;
+        }
+    }
+
+    /// The address the kernel would send from towards `target`: the local address of a UDP
+    /// socket connected to it (connecting sends nothing, it only picks the route and the
+    /// source). One socket serves every lookup: it is disconnected first, since a connected
+    /// socket keeps the source it got the first time.
+    fn source_towards(&self, target: SocketAddrV4) -> io::Result<Ipv4Addr> {
+        let socket = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
+        disconnect(socket.as_fd())?;
+        socket.connect(target)?;
+        match socket.local_addr()? {
+            SocketAddr::V4(local) => Ok(*local.ip()),
+            SocketAddr::V6(local) => Err(io::Error::other(format!(
+                "IPv6 source {local} for an IPv4 target"
+            ))),
+        }
+    }
+
+    /// Completes the probes that `packets` answer, if any, with replies read at `at`. `answers`
+    /// is scratch space (empty on return): the answers are delivered after the lock is released.
+    fn dispatch<'p>(
+        &self,
+        packets: impl IntoIterator<Item = &'p [u8]>,
+        at: Instant,
+        answers: &mut Vec<(oneshot::Sender<Answer>, Answer)>,
+    ) {
+        {
+            let mut guard = self.state();
+            let state = &mut *guard;
+            for packet in packets {
+                let Some(segment) = Segment::parse(packet) else {
+                    continue;
+                };
+                let key = Key {
+                    local: segment.destination,
+                    remote: segment.source,
+                };
+                let Some(verdict) = state.pending.get(&key).and_then(|p| segment.verdict(p.seq))
+                else {
+                    continue;
+                };
+                if let Some(probe) = state.pending.remove(&key) {
+                    state.deadlines.remove(&(probe.deadline, probe.id));
+                    let latency = probe
+                        .sent
+                        .map_or(Duration::ZERO, |sent| at.saturating_duration_since(sent));
+                    answers.push((probe.done, Answer::Reply { verdict, latency }));
+                }
+            }
+        }
+        for (done, answer) in answers.drain(..) {
+            // The probe may have been dropped meanwhile: then nobody is waiting.
+            let _ = done.send(answer);
+        }
+    }
+
+    /// Ends the probes whose deadline is not after `now`. When the reader's timer has run out,
+    /// sets it for the earliest deadline left (only then: a timer set for a probe that was
+    /// answered since just fires once for nothing, which is cheaper than moving it each time).
+    fn expire(&self, now: Instant, answers: &mut Vec<(oneshot::Sender<Answer>, Answer)>) {
+        {
+            let mut guard = self.state();
+            let state = &mut *guard;
+            while let Some(entry) = state.deadlines.first_entry() {
+                if entry.key().0 > now {
+                    break;
+                }
+                let id = entry.key().1;
+                let key = entry.remove();
+                if state.pending.get(&key).is_some_and(|p| p.id == id)
+                    && let Some(probe) = state.pending.remove(&key)
+                {
+                    answers.push((probe.done, Answer::Expired));
+                }
+            }
+            if state.armed.is_some_and(|armed| armed <= now) {
+                state.armed = state.deadlines.first_key_value().map(|(&(d, _), _)| d);
+            }
+        }
+        for (done, answer) in answers.drain(..) {
+            let _ = done.send(answer);
+        }
     }
 }
 
-/// Keeps a probe in the pending map while it waits, also when its future is dropped.
+impl State {
+    /// Forgets, once per [`FORGET_AFTER`], the targets not probed for that long.
+    fn sweep(&mut self, now: Instant) {
+        if now.saturating_duration_since(self.swept) >= FORGET_AFTER {
+            self.targets
+                .retain(|_, t| now.saturating_duration_since(t.used) < FORGET_AFTER);
+            self.swept = now;
+        }
+    }
+}
+
+/// A registered probe: in the pending map while it waits, also when its future is dropped.
 struct Registered<'a> {
     shared: &'a Shared,
     key: Key,
-}
-
-impl<'a> Registered<'a> {
-    fn new(shared: &'a Shared, key: Key, pending: Pending) -> Self {
-        // The reserved port makes the key unique among this prober's probes.
-        shared.pending().insert(key, pending);
-        Self { shared, key }
-    }
+    id: u64,
+    seq: u32,
+    answer: oneshot::Receiver<Answer>,
+    /// A port reserved for this probe alone, when the pool had none free towards the target;
+    /// released after the probe leaves the map.
+    _own_port: Option<OwnedFd>,
 }
 
 impl Drop for Registered<'_> {
     fn drop(&mut self) {
-        self.shared.pending().remove(&self.key);
+        let mut guard = self.shared.state();
+        let state = &mut *guard;
+        // Answered or expired probes have left already; the key may belong to a later probe.
+        if state
+            .pending
+            .get(&self.key)
+            .is_some_and(|p| p.id == self.id)
+            && let Some(probe) = state.pending.remove(&self.key)
+        {
+            state.deadlines.remove(&(probe.deadline, probe.id));
+        }
     }
 }
 
-/// The reader task: wakes when the filtered socket has replies, drains it, completes probes.
+/// When the reader stops (socket error, panic or abort), ends the probes still waiting (their
+/// answer channels close: a local failure) and refuses new ones, so none waits forever.
+struct Closing<'a>(&'a Shared);
+
+impl Drop for Closing<'_> {
+    fn drop(&mut self) {
+        let mut state = self.0.state();
+        state.closed = true;
+        state.pending.clear();
+        state.deadlines.clear();
+    }
+}
+
+/// The sender task: sends the SYNs queued by the probes, the ones queued in the same round of
+/// the scheduler together (one `sendmmsg` rather than a `sendmsg` each).
+async fn send_queued(shared: Arc<Shared>) {
+    let mut batch = Vec::new();
+    loop {
+        shared.flush.notified().await;
+        // Let the other tasks that are ready run first: probes started in the same round (e.g.
+        // by timers that fired together) queue their SYNs behind the first.
+        tokio::task::yield_now().await;
+        loop {
+            std::mem::swap(
+                &mut batch,
+                &mut *shared.outbox.lock().unwrap_or_else(PoisonError::into_inner),
+            );
+            if batch.is_empty() {
+                break;
+            }
+            shared.send_batch(&mut batch).await;
+        }
+    }
+}
+
+/// The reader task: wakes when the filtered socket has replies, or when the earliest deadline
+/// passes; reads the replies (in batches), completes probes, expires the late ones.
 async fn read_replies(shared: Arc<Shared>) {
-    // An IP header with options (60 bytes) and a TCP header (20): all a reply needs; the rest of
-    // a longer datagram is discarded by recv.
-    let mut buf = [0u8; 128];
-    read_datagrams(
-        &shared.socket,
-        &mut buf,
-        "half-open probe",
-        || {
-            shared.wakeups.fetch_add(1, Ordering::Relaxed);
-        },
-        |packet, at| shared.dispatch(packet, at),
-    )
-    .await;
+    let _closing = Closing(&shared);
+    let mut bufs = [[0u8; REPLY_BYTES]; MAX_BATCH];
+    let mut lens = [0usize; MAX_BATCH];
+    let mut answers = Vec::with_capacity(MAX_BATCH);
+    // Far enough never to fire, near enough not to overflow tokio's clock.
+    let never = || tokio::time::Instant::now() + Duration::from_secs(86400 * 365);
+    let timer = tokio::time::sleep_until(never());
+    tokio::pin!(timer);
+    let mut timer_at: Option<Instant> = None;
+    let mut last_read: Option<Instant> = None;
+    loop {
+        let armed = shared.state().armed;
+        if armed != timer_at {
+            timer
+                .as_mut()
+                .reset(armed.map_or_else(never, tokio::time::Instant::from_std));
+            timer_at = armed;
+        }
+        let mut burst = None;
+        tokio::select! {
+            biased;
+            ready = shared.socket.readable() => {
+                let mut ready = match ready {
+                    Ok(ready) => ready,
+                    Err(e) => {
+                        tracing::error!("half-open probe reader stopped: {e}");
+                        return;
+                    }
+                };
+                shared.wakeups.fetch_add(1, Ordering::Relaxed);
+                let mut total = 0;
+                loop {
+                    match ready.try_io(|fd| recv_many(fd.as_fd(), &mut bufs, &mut lens)) {
+                        Ok(Ok(n)) => {
+                            total += n;
+                            let packets = bufs.iter().zip(&lens).take(n).map(|(b, &l)| &b[..l]);
+                            shared.dispatch(packets, Instant::now(), &mut answers);
+                            if n < MAX_BATCH {
+                                // Drained. Clearing is a no-op if the reactor saw new data since.
+                                ready.clear_ready();
+                                break;
+                            }
+                        }
+                        // Not expected on an unconnected raw socket without IP_RECVERR (ICMP
+                        // errors are not reported to it). Readiness stays set: read again.
+                        Ok(Err(e)) => {
+                            tracing::warn!("half-open probe socket: {e}");
+                            break;
+                        }
+                        Err(_would_block) => break,
+                    }
+                }
+                burst = Some(total);
+            }
+            () = &mut timer => {
+                timer_at = None;
+                // Replies that arrived before the deadline count: read them first (without
+                // touching the reactor's readiness, which the next turn consumes).
+                drain(&shared, &mut bufs, &mut lens, &mut answers);
+            }
+            () = shared.rearm.notified() => {}
+        }
+        let now = Instant::now();
+        shared.expire(now, &mut answers);
+        if let Some(read) = burst {
+            // Replies are coming fast: let a few more queue up before the next read.
+            if read > 1 || last_read.is_some_and(|t| now.saturating_duration_since(t) < COALESCE) {
+                tokio::time::sleep(COALESCE).await;
+            }
+            last_read = Some(now);
+        }
+    }
+}
+
+/// Reads what the socket holds now, without waiting nor going through the reactor.
+fn drain(
+    shared: &Shared,
+    bufs: &mut [[u8; REPLY_BYTES]; MAX_BATCH],
+    lens: &mut [usize; MAX_BATCH],
+    answers: &mut Vec<(oneshot::Sender<Answer>, Answer)>,
+) {
+    while let Ok(n) = recv_many(shared.socket.get_ref().as_fd(), bufs, lens) {
+        let packets = bufs.iter().zip(lens.iter()).take(n).map(|(b, &l)| &b[..l]);
+        shared.dispatch(packets, Instant::now(), answers);
+        if n < MAX_BATCH {
+            break;
+        }
+    }
 }
 
 /// The TCP fields of a received IPv4 segment that matter for matching.
@@ -325,24 +911,25 @@ fn initial_sequence() -> u32 {
     RandomState::new().hash_one(COUNTER.fetch_add(1, Ordering::Relaxed)) as u32
 }
 
-/// The address the kernel would send from towards `target` (connecting a UDP socket sends
-/// nothing, it only picks the route and the source).
-fn source_ip_towards(target: SocketAddrV4) -> io::Result<Ipv4Addr> {
-    let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
-    socket.connect(target)?;
-    match socket.local_addr()? {
-        SocketAddr::V4(local) => Ok(*local.ip()),
-        SocketAddr::V6(local) => Err(io::Error::other(format!(
-            "IPv6 source {local} for an IPv4 target"
-        ))),
+/// Disconnects a UDP socket (`connect` to `AF_UNSPEC`): it forgets its peer and, unless bound
+/// to one, its source address.
+fn disconnect(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: all-zero is a valid sockaddr.
+    let mut unspec: libc::sockaddr = unsafe { std::mem::zeroed() };
+    unspec.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
+    let len = size_of::<libc::sockaddr>() as libc::socklen_t;
+    // SAFETY: valid fd, address and length.
+    if unsafe { libc::connect(fd.as_raw_fd(), &raw const unspec, len) } != 0 {
+        return Err(io::Error::last_os_error());
     }
+    Ok(())
 }
 
-/// Reserves a free TCP port on `ip` for one probe: a TCP socket bound to `(ip, 0)` that never
-/// listens nor connects. While it is open no other local socket can use the port; the kernel
-/// still resets the backend's SYN+ACK, since a socket that does not listen accepts nothing.
-/// `std::net::TcpListener` would listen and `TcpStream` cannot bind without connecting, hence
-/// libc.
+/// Reserves a free TCP port on `ip` (`0.0.0.0` for every address): a TCP socket bound to
+/// `(ip, 0)` that never listens nor connects. While it is open no other local socket can use
+/// the port; the kernel still resets the backend's SYN+ACK, since a socket that does not listen
+/// accepts nothing. `std::net::TcpListener` would listen and `TcpStream` cannot bind without
+/// connecting, hence libc.
 fn reserve_port(ip: Ipv4Addr) -> io::Result<(OwnedFd, SocketAddrV4)> {
     // SAFETY: plain socket(2) call.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
@@ -393,6 +980,14 @@ fn open_raw_socket() -> io::Result<OwnedFd> {
     if setsockopt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &RCVBUF).is_err() {
         setsockopt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, &RCVBUF)?;
     }
+    // DF, as a TCP SYN from Linux: also spares the kernel a hashed IP ID per datagram (with DF
+    // an unconnected socket's datagrams get ID 0).
+    setsockopt(
+        fd.as_fd(),
+        libc::IPPROTO_IP,
+        libc::IP_MTU_DISCOVER,
+        &libc::IP_PMTUDISC_DO,
+    )?;
     // Segments that arrived between socket() and the filter were queued unfiltered: drop them.
     let mut buf = [0u8; 1];
     while recv(fd.as_fd(), &mut buf).is_ok() {}
@@ -567,42 +1162,178 @@ mod tests {
         assert_eq!(seg(SYN, 0).verdict(seq), None, "SYN without ACK");
     }
 
-    #[test]
-    fn dispatch_completes_only_the_matching_probe() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let _rt = rt.enter();
+    /// A prober state on an unrelated socket (nothing arrives on it), with `ports` as its pool,
+    /// and `target` reachable from `source` without a route lookup.
+    fn shared_with(ports: Vec<u16>, source: Ipv4Addr, targets: &[SocketAddrV4]) -> Shared {
         let (a, b) = UnixDatagram::pair().unwrap();
         drop(b);
-        let shared = Shared {
-            socket: register(OwnedFd::from(a)).unwrap(),
-            pending: Mutex::new(HashMap::new()),
-            wakeups: AtomicU64::new(0),
-        };
-        let key = Key {
-            local: LOCAL,
-            remote: REMOTE,
-        };
-        let (done, mut answer) = oneshot::channel();
-        let registered = Registered::new(&shared, key, Pending { seq: 99, done });
-        let now = Instant::now();
-        shared.dispatch(&reply(SYN | ACK, 99, 0), now); // wrong ack
-        let mut other_port = reply(SYN | ACK, 100, 0);
-        other_port[22..24].copy_from_slice(&40001u16.to_be_bytes());
-        shared.dispatch(&other_port, now);
-        assert!(answer.try_recv().is_err(), "nothing matched yet");
-        shared.dispatch(&reply(RST | ACK, 100, 0), now);
-        assert_eq!(answer.try_recv().unwrap().verdict, Verdict::Refused);
-        assert!(shared.pending().is_empty(), "answered probes leave the map");
-        drop(registered);
-        let (done, _answer) = oneshot::channel();
-        drop(Registered::new(&shared, key, Pending { seq: 1, done }));
-        assert!(
-            shared.pending().is_empty(),
-            "a dropped probe leaves the map"
+        let shared = Shared::new(register(OwnedFd::from(a)).unwrap(), ports, Vec::new()).unwrap();
+        for &target in targets {
+            shared.state().targets.insert(
+                target,
+                Target {
+                    source: Some((source, Instant::now())),
+                    next_port: 0,
+                    used: Instant::now(),
+                },
+            );
+        }
+        shared
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    fn is_empty(shared: &Shared) -> bool {
+        let state = shared.state();
+        state.pending.is_empty() && state.deadlines.is_empty()
+    }
+
+    #[test]
+    fn dispatch_completes_only_the_matching_probe() {
+        let rt = runtime();
+        let _rt = rt.enter();
+        let shared = shared_with(vec![LOCAL.port()], *LOCAL.ip(), &[REMOTE]);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let (mut probe, cached) = shared.register(REMOTE, deadline).unwrap();
+        assert!(cached);
+        assert_eq!(
+            probe.key,
+            Key {
+                local: LOCAL,
+                remote: REMOTE
+            }
         );
+        let seq = probe.seq;
+        let mut scratch = Vec::new();
+        let now = Instant::now();
+        let wrong_ack = reply(SYN | ACK, seq, 0);
+        let mut other_port = reply(SYN | ACK, seq.wrapping_add(1), 0);
+        other_port[22..24].copy_from_slice(&40001u16.to_be_bytes());
+        shared.dispatch([&wrong_ack[..], &other_port[..]], now, &mut scratch);
+        assert!(probe.answer.try_recv().is_err(), "nothing matched yet");
+        shared.dispatch(
+            [&reply(RST | ACK, seq.wrapping_add(1), 0)[..]],
+            now,
+            &mut scratch,
+        );
+        assert_eq!(
+            probe.answer.try_recv().unwrap(),
+            Answer::Reply {
+                verdict: Verdict::Refused,
+                latency: Duration::ZERO // never sent: no send time
+            }
+        );
+        assert!(is_empty(&shared), "answered probes leave the map");
+        drop(probe);
+        drop(shared.register(REMOTE, deadline).unwrap());
+        assert!(is_empty(&shared), "a dropped probe leaves the map");
+    }
+
+    #[test]
+    fn expired_probes_end_and_the_timer_follows_the_earliest_deadline() {
+        let rt = runtime();
+        let _rt = rt.enter();
+        let other = SocketAddrV4::new(*REMOTE.ip(), 81);
+        let shared = shared_with(vec![LOCAL.port()], *LOCAL.ip(), &[REMOTE, other]);
+        let t0 = Instant::now();
+        let (d1, d2) = (t0 + Duration::from_secs(10), t0 + Duration::from_secs(20));
+        let (mut late, _) = shared.register(other, d2).unwrap();
+        assert_eq!(shared.state().armed, Some(d2));
+        let (mut early, _) = shared.register(REMOTE, d1).unwrap();
+        assert_eq!(
+            shared.state().armed,
+            Some(d1),
+            "an earlier deadline moves the timer"
+        );
+        let mut scratch = Vec::new();
+        shared.expire(d1 - Duration::from_millis(1), &mut scratch);
+        assert!(early.answer.try_recv().is_err());
+        shared.expire(d1, &mut scratch);
+        assert_eq!(early.answer.try_recv().unwrap(), Answer::Expired);
+        assert!(late.answer.try_recv().is_err());
+        assert_eq!(shared.state().armed, Some(d2), "set for the next deadline");
+        // An answered probe leaves its deadline: the timer, once run out, sleeps.
+        let ack = late.seq.wrapping_add(1);
+        let mut answer = reply(SYN | ACK, ack, 0);
+        answer[20..22].copy_from_slice(&81u16.to_be_bytes());
+        shared.dispatch([&answer[..]], t0, &mut scratch);
+        assert!(matches!(late.answer.try_recv(), Ok(Answer::Reply { .. })));
+        shared.expire(d2, &mut scratch);
+        assert_eq!(shared.state().armed, None);
+        drop((early, late));
+        assert!(is_empty(&shared));
+    }
+
+    #[test]
+    fn targets_walk_the_pool_and_share_its_ports() {
+        let rt = runtime();
+        let _rt = rt.enter();
+        let local = Ipv4Addr::LOCALHOST;
+        let (a, b) = (
+            SocketAddrV4::new(Ipv4Addr::new(10, 0, 9, 2), 80),
+            SocketAddrV4::new(Ipv4Addr::new(10, 0, 9, 3), 80),
+        );
+        let shared = shared_with(vec![41000, 41001, 41002], local, &[a, b]);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let port = |p: &Registered<'_>| p.key.local.port();
+        // One after the other, a target takes the next port each time.
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            let (p, _) = shared.register(a, deadline).unwrap();
+            seen.push(port(&p));
+        }
+        assert_eq!(seen, [41000, 41001, 41002, 41000]);
+        // At once: distinct ports towards one target; another target may use the same ones.
+        let held: Vec<_> = (0..3)
+            .map(|_| shared.register(a, deadline).unwrap().0)
+            .collect();
+        let mut ports: Vec<u16> = held.iter().map(port).collect();
+        ports.sort_unstable();
+        assert_eq!(ports, [41000, 41001, 41002]);
+        let (to_b, _) = shared.register(b, deadline).unwrap();
+        assert_eq!(port(&to_b), 41000);
+        // The pool is busy towards `a`: the next probe reserves a port of its own.
+        let (extra, _) = shared.register(a, deadline).unwrap();
+        assert!(!(41000..=41002).contains(&port(&extra)));
+        assert!(extra._own_port.is_some());
+        assert_eq!(shared.state().pending.len(), 5);
+        drop((held, to_b, extra));
+        assert!(is_empty(&shared));
+    }
+
+    #[test]
+    fn without_a_pool_each_probe_reserves_its_port() {
+        let rt = runtime();
+        let _rt = rt.enter();
+        let target = SocketAddrV4::new(Ipv4Addr::new(10, 0, 9, 2), 80);
+        let shared = shared_with(Vec::new(), Ipv4Addr::LOCALHOST, &[target]);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let (a, _) = shared.register(target, deadline).unwrap();
+        let (b, _) = shared.register(target, deadline).unwrap();
+        assert!(a._own_port.is_some() && b._own_port.is_some());
+        assert_ne!(a.key.local.port(), b.key.local.port());
+        drop((a, b));
+        assert!(is_empty(&shared));
+    }
+
+    #[test]
+    fn a_stopped_reader_fails_waiting_and_new_probes() {
+        let rt = runtime();
+        let _rt = rt.enter();
+        let shared = shared_with(vec![LOCAL.port()], *LOCAL.ip(), &[REMOTE]);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let (mut probe, _) = shared.register(REMOTE, deadline).unwrap();
+        drop(Closing(&shared));
+        assert!(matches!(
+            probe.answer.try_recv(),
+            Err(oneshot::error::TryRecvError::Closed)
+        ));
+        assert!(shared.register(REMOTE, deadline).is_err());
     }
 
     /// Runs the filter in the kernel: an AF_UNIX datagram socket applies its socket filter to
