@@ -365,7 +365,9 @@ pub async fn stop(api: ApiArgs, pin_path: PathBuf) -> anyhow::Result<()> {
         Err(e) if e.is::<client::Unreachable>() => {
             let removed = crate::dataplane::remove_pinned(&pin_path)?;
             let ids = crate::daemon::ids_file(&pin_path);
-            let _ = std::fs::remove_file(&ids); // may not exist
+            // The ids and the lock beside them (they may not exist).
+            let _ = std::fs::remove_file(ids.with_extension("lock"));
+            let _ = std::fs::remove_file(&ids);
             if removed.is_empty() {
                 println!(
                     "no daemon at {} and nothing pinned at {}",

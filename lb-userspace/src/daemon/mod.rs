@@ -245,7 +245,10 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
         (_, dir) => {
             dataplane.detach_all();
             if let Some(dir) = dir {
-                let _ = std::fs::remove_file(state::ids_file(dir)); // may not exist
+                // Everything goes: the ids and the lock beside them (they may not exist).
+                let ids = state::ids_file(dir);
+                let _ = std::fs::remove_file(ids.with_extension("lock"));
+                let _ = std::fs::remove_file(ids);
             }
         }
     }
