@@ -7,10 +7,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use lb_common::counter;
 
 use crate::{
-    api::{
-        StatsReply,
-        model::{Event, Events, Status},
-    },
+    api::model::{Event, Events, Status},
     client, config, exit,
 };
 
@@ -390,7 +387,7 @@ pub async fn stop(api: ApiArgs, pin_path: PathBuf) -> anyhow::Result<()> {
 
 /// `lb stats`.
 pub async fn stats(api: ApiArgs) -> anyhow::Result<()> {
-    let (reply, body): (StatsReply, String) = get_json(&api, "/v1/stats").await?;
+    let (reply, body): (Status, String) = get_json(&api, "/v1/healthcheck").await?;
     if api.json {
         println!("{body}");
         return Ok(());

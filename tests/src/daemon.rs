@@ -9,7 +9,7 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use lb::api::StatsReply;
+use lb::api::model::Status;
 
 use crate::{
     lb_bin,
@@ -115,7 +115,7 @@ impl Daemon {
     }
 
     /// `lb stats --json`, run in the daemon's namespace (its API listens on that loopback).
-    pub fn stats(&self) -> anyhow::Result<StatsReply> {
+    pub fn stats(&self) -> anyhow::Result<Status> {
         let out = self.lb(&["stats", "--json"]);
         if !out.status.success() {
             bail!("lb stats: {}", String::from_utf8_lossy(&out.stderr));

@@ -3,11 +3,7 @@
 //! window and gets no new flows; when it comes back it is healthy again within the success window
 //! and flows return. Flags are written within a millisecond of each verdict.
 
-use std::{
-    collections::HashMap,
-    net::SocketAddr,
-    time::{Duration, Instant},
-};
+use std::{collections::HashMap, net::SocketAddr, time::Duration};
 
 use lb_tests::{
     daemon::Daemon,
@@ -19,30 +15,9 @@ const TIMEOUT: Duration = Duration::from_millis(200);
 const INTERVAL: Duration = Duration::from_millis(300);
 const THRESHOLD: u32 = 2;
 
-fn state(daemon: &Daemon, backend: &str) -> String {
-    let stats = daemon.stats().unwrap();
-    let tcp = stats.services.iter().find(|s| s.name == "tcp").unwrap();
-    tcp.backends
-        .iter()
-        .find(|b| b.address.starts_with(backend))
-        .unwrap()
-        .state
-        .clone()
-}
-
-fn wait_for(daemon: &Daemon, backend: &str, want: &str, limit: Duration) -> Duration {
-    let start = Instant::now();
-    loop {
-        if state(daemon, backend) == want {
-            return start.elapsed();
-        }
-        assert!(
-            start.elapsed() < limit,
-            "{backend} not {want} after {limit:?}:\n{}",
-            daemon.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+/// Waits until the TCP service's backend at `ip` shows `want`; how long that took.
+fn wait_for(daemon: &Daemon, ip: &str, want: &str, limit: Duration) -> Duration {
+    daemon.wait_state("tcp", &format!("{ip}:8080"), want, limit)
 }
 
 fn spread(sb: &Sandbox, n: usize) -> HashMap<String, usize> {

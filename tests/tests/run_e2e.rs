@@ -3,7 +3,7 @@
 
 use std::{net::SocketAddr, time::Duration};
 
-use lb::api::StatsReply;
+use lb::api::model::Status;
 use lb_tests::{
     daemon::{Daemon, TempDir},
     lb_bin,
@@ -23,7 +23,7 @@ fn sandbox() -> (Sandbox, Daemon) {
     (sb, daemon)
 }
 
-fn counter(r: &StatsReply, name: &str) -> u64 {
+fn counter(r: &Status, name: &str) -> u64 {
     r.counter(name)
         .unwrap_or_else(|| panic!("no counter {name}"))
 }

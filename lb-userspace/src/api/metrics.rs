@@ -7,18 +7,7 @@
 use std::fmt::Write as _;
 
 use super::model::{BackendStatus, ServiceStatus, Status};
-
-/// Every backend state (model.rs, `BackendStatus::state`): `lb_backend_state` has one series per
-/// state so that a dashboard can select on the label and always find a sample.
-pub const STATES: [&str; 7] = [
-    "initializing",
-    "healthy",
-    "mostly_healthy",
-    "mostly_unhealthy",
-    "unhealthy",
-    "disabled",
-    "unused",
-];
+use crate::health::window::HealthState;
 
 pub fn render(status: &Status) -> String {
     let mut out = String::new();
@@ -99,7 +88,9 @@ pub fn render(status: &Status) -> String {
     let states = backends
         .iter()
         .flat_map(|(l, b)| {
-            STATES.iter().map(move |state| {
+            // One series per state, so a dashboard selecting on the label always finds a sample.
+            HealthState::ALL.iter().map(move |s| {
+                let state = s.as_str();
                 let mut l = l.clone();
                 l.push(("state", state));
                 format!("{} {}", labels(&l), u8::from(b.state == *state))

@@ -1,6 +1,6 @@
 //! The control API (SPEC §4): status as JSON (`/v1/healthcheck`), as an HTML page (same URLs
 //! with `Accept: text/html`, and `/`), Prometheus metrics (`/metrics`), the event log and its
-//! live stream (`/v1/events`), datapath counters (`/v1/stats`), and the admin endpoints: drain /
+//! live stream (`/v1/events`), datapath counters (`/v1/stats`, the status as JSON), and the admin endpoints: drain /
 //! enable / disable a backend, reload, stop. Admin endpoints need no token on a loopback
 //! listener; on any other address they need `Authorization: Bearer <lb.api_token>`; with a token
 //! configured they always need it.
@@ -21,7 +21,7 @@ use axum::{
     response::{IntoResponse, Redirect, Response},
     routing::{get, post},
 };
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use tokio::sync::{broadcast, watch};
 
 pub use model::NamedCounter;
@@ -54,49 +54,6 @@ impl ApiState {
 /// Seconds between refreshes of the status page.
 pub const PAGE_REFRESH_S: u32 = 2;
 
-/// `GET /v1/stats`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct StatsReply {
-    /// Datapath counters by name (see README, "Counters").
-    pub counters: Vec<NamedCounter>,
-    pub services: Vec<ServiceStatsReply>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct ServiceStatsReply {
-    pub name: String,
-    pub vip: String,
-    pub protocol: String,
-    /// Check kind, and SPEC's failure and success windows in seconds (worst-case response time).
-    pub check: String,
-    pub failure_window_s: Option<f64>,
-    pub success_window_s: Option<f64>,
-    pub packets: u64,
-    pub bytes: u64,
-    pub new_flows: u64,
-    pub backends: Vec<BackendStatsReply>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct BackendStatsReply {
-    pub address: String,
-    pub weight: u32,
-    /// Health state (`initializing`, `healthy`, ... see README).
-    pub state: String,
-    pub packets: u64,
-    pub bytes: u64,
-    pub new_flows: u64,
-}
-
-impl StatsReply {
-    pub fn counter(&self, name: &str) -> Option<u64> {
-        self.counters
-            .iter()
-            .find(|c| c.name == name)
-            .map(|c| c.value)
-    }
-}
-
 pub fn router(state: ApiState, loopback: bool) -> Router {
     let admin = Router::new()
         .route(
@@ -115,7 +72,8 @@ pub fn router(state: ApiState, loopback: bool) -> Router {
         .route("/v1/healthcheck/{service}", get(healthcheck_one))
         .route("/metrics", get(metrics))
         .route("/v1/events", get(events))
-        .route("/v1/stats", get(stats))
+        // The datapath counters are part of the status; kept for `lb stats` of older builds.
+        .route("/v1/stats", get(healthcheck_all))
         .merge(admin)
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint") })
         .method_not_allowed_fallback(|| async {
@@ -357,45 +315,6 @@ async fn stop(State(state): State<ApiState>) -> Response {
         Json(serde_json::json!({ "stopping": true })),
     )
         .into_response()
-}
-
-async fn stats(State(state): State<ApiState>) -> Response {
-    let status = match state.shared.status(None) {
-        Ok(s) => s,
-        Err(e) => return request_error(e),
-    };
-    let services = status
-        .services
-        .into_iter()
-        .map(|s| ServiceStatsReply {
-            name: s.name,
-            vip: s.vip,
-            protocol: s.protocol,
-            check: s.check,
-            failure_window_s: s.failure_window_s,
-            success_window_s: s.success_window_s,
-            packets: s.packets,
-            bytes: s.bytes,
-            new_flows: s.new_flows,
-            backends: s
-                .backends
-                .into_iter()
-                .map(|b| BackendStatsReply {
-                    address: b.address,
-                    weight: b.weight,
-                    state: b.state,
-                    packets: b.packets,
-                    bytes: b.bytes,
-                    new_flows: b.new_flows,
-                })
-                .collect(),
-        })
-        .collect();
-    Json(StatsReply {
-        counters: status.counters,
-        services,
-    })
-    .into_response()
 }
 
 fn error(status: StatusCode, message: &str) -> Response {

@@ -28,7 +28,7 @@ use std::{
     hash::{BuildHasher as _, RandomState},
     io,
     net::Ipv4Addr,
-    os::fd::{AsFd, FromRawFd as _, OwnedFd},
+    os::fd::{AsFd, OwnedFd},
     sync::{
         Arc, Mutex, MutexGuard, OnceLock, PoisonError,
         atomic::{AtomicU16, Ordering},
@@ -325,31 +325,13 @@ fn new_identifier() -> u16 {
 /// The raw socket: non-blocking, passing only echo replies and destination unreachables, with a
 /// larger receive buffer.
 fn open_raw_socket() -> io::Result<OwnedFd> {
-    let flags = libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
-    // SAFETY: plain socket(2) call.
-    let fd = unsafe { libc::socket(libc::AF_INET, flags, libc::IPPROTO_ICMP) };
-    if fd < 0 {
-        let e = io::Error::last_os_error();
-        if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES)) {
-            return Err(io::Error::new(
-                e.kind(),
-                format!(
-                    "icmp and udp probes need a raw ICMP socket, which needs CAP_NET_RAW ({e}); \
-                     run with that capability or use tcp-connect probes"
-                ),
-            ));
-        }
-        return Err(e);
-    }
-    // SAFETY: a fresh descriptor that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let fd = super::sys::open_raw(
+        libc::IPPROTO_ICMP,
+        "icmp and udp probes need a raw ICMP socket",
+    )?;
     let wanted: u32 = (1 << ECHO_REPLY) | (1 << DEST_UNREACHABLE);
     setsockopt(fd.as_fd(), libc::SOL_RAW, ICMP_FILTER, &!wanted)?;
-    // Many probes sent at once get their answers at once. Forcing past net.core.rmem_max needs
-    // CAP_NET_ADMIN (the daemon has it to load XDP); otherwise take what rmem_max allows.
-    if setsockopt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &RCVBUF).is_err() {
-        setsockopt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, &RCVBUF)?;
-    }
+    super::sys::grow_receive_buffer(fd.as_fd(), RCVBUF)?;
     Ok(fd)
 }
 

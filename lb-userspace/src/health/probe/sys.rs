@@ -3,7 +3,7 @@
 use std::{
     io,
     net::SocketAddrV4,
-    os::fd::{AsRawFd as _, BorrowedFd, OwnedFd},
+    os::fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
 };
 
 use tokio::io::unix::AsyncFd;
@@ -35,6 +35,39 @@ pub fn setsockopt<T>(
         != 0
     {
         return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A non-blocking raw IPv4 socket of `protocol`; without CAP_NET_RAW the error says `needs`
+/// and what to do instead.
+pub fn open_raw(protocol: libc::c_int, needs: &str) -> io::Result<OwnedFd> {
+    let flags = libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
+    // SAFETY: plain socket(2) call.
+    let fd = unsafe { libc::socket(libc::AF_INET, flags, protocol) };
+    if fd < 0 {
+        let e = io::Error::last_os_error();
+        if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES)) {
+            return Err(io::Error::new(
+                e.kind(),
+                format!(
+                    "{needs}, which needs CAP_NET_RAW ({e}); \
+                     run with that capability or use tcp-connect probes"
+                ),
+            ));
+        }
+        return Err(e);
+    }
+    // SAFETY: a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Many probes sent at once get their answers at once: a receive buffer of `bytes`. Forcing
+/// past net.core.rmem_max needs CAP_NET_ADMIN (the daemon has it to load XDP); otherwise take
+/// what rmem_max allows.
+pub fn grow_receive_buffer(fd: BorrowedFd<'_>, bytes: libc::c_int) -> io::Result<()> {
+    if setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &bytes).is_err() {
+        setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, &bytes)?;
     }
     Ok(())
 }

@@ -956,30 +956,9 @@ fn reserve_port(ip: Ipv4Addr) -> io::Result<(OwnedFd, SocketAddrV4)> {
 
 /// The raw socket: non-blocking, filtered, with a larger receive buffer.
 fn open_raw_socket() -> io::Result<OwnedFd> {
-    let flags = libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
-    // SAFETY: plain socket(2) call.
-    let fd = unsafe { libc::socket(libc::AF_INET, flags, libc::IPPROTO_TCP) };
-    if fd < 0 {
-        let e = io::Error::last_os_error();
-        if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES)) {
-            return Err(io::Error::new(
-                e.kind(),
-                format!(
-                    "half-open TCP probes need a raw socket, which needs CAP_NET_RAW ({e}); \
-                     run with that capability or use tcp-connect probes"
-                ),
-            ));
-        }
-        return Err(e);
-    }
-    // SAFETY: a fresh descriptor that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let fd = super::sys::open_raw(libc::IPPROTO_TCP, "half-open TCP probes need a raw socket")?;
     attach_filter(fd.as_fd())?;
-    // Many probes sent at once get their answers at once. Forcing past net.core.rmem_max needs
-    // CAP_NET_ADMIN (the daemon has it to load XDP); otherwise take what rmem_max allows.
-    if setsockopt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &RCVBUF).is_err() {
-        setsockopt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, &RCVBUF)?;
-    }
+    super::sys::grow_receive_buffer(fd.as_fd(), RCVBUF)?;
     // DF, as a TCP SYN from Linux: also spares the kernel a hashed IP ID per datagram (with DF
     // an unconnected socket's datagrams get ID 0).
     setsockopt(
