@@ -1,12 +1,15 @@
-//! Runs the active checks: one task per distinct probe (address and check; services sharing a
-//! backend and a check share it), probing at the window's per-state interval after a fixed
-//! per-target phase offset, with random jitter (so targets do not probe in lockstep), feeding
-//! each result to the target's [`Window`] and sending every state change as a [`Verdict`]. A
-//! config reload adds and removes tasks; the tasks of unchanged probes keep their window.
+//! The active checks of the daemon: which probes the config asks for (one per distinct address
+//! and check: services sharing a backend and a check share it), the probe of each kind, and the
+//! [`Checker`] the daemon holds. The probes run in the [`super::schedule`] task, at the window's
+//! per-state interval after a fixed per-target phase, with random jitter; every state change
+//! goes out as a [`Verdict`]. A config reload adds and removes targets; unchanged probes keep
+//! their window.
 
 use std::{
     collections::{HashMap, HashSet},
+    future::Future,
     net::SocketAddrV4,
+    pin::Pin,
     sync::{
         Arc, Mutex, OnceLock,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -21,7 +24,8 @@ use tokio::{
 
 use super::{
     probe::{ProbeResult, http, icmp::IcmpProber, tcp_connect, tcp_syn::SynProber, udp},
-    window::{Counters, HealthState, Transition, Window},
+    schedule::{Command, Scheduler, TargetShared},
+    window::{Counters, HealthState, Transition},
 };
 use crate::{
     api::model::LatencyHistogram,
@@ -72,13 +76,13 @@ pub const LATENCY_BOUNDS_S: [f64; 12] = [
 
 /// Successful probe latencies of one check kind (cumulative buckets are computed on read).
 #[derive(Default)]
-struct Histogram {
+pub(super) struct Histogram {
     buckets: [AtomicU64; LATENCY_BOUNDS_S.len() + 1],
     sum_us: AtomicU64,
 }
 
 impl Histogram {
-    fn observe(&self, latency: Duration) {
+    pub(super) fn observe(&self, latency: Duration) {
         let s = latency.as_secs_f64();
         let i = LATENCY_BOUNDS_S
             .iter()
@@ -92,39 +96,23 @@ impl Histogram {
 
 /// Shared probe machinery: one raw socket for half-open probes, one for ICMP echo (icmp and udp
 /// checks), opened when a check first needs them; one set of TLS configs.
-struct Probers {
-    syn: OnceLock<SynProber>,
+pub(super) struct Probers {
+    pub(super) syn: OnceLock<SynProber>,
     icmp: OnceLock<IcmpProber>,
     tls: http::TlsConfigs,
-    /// Bounds the probes in flight (sockets, memory) however many targets there are.
-    in_flight: tokio::sync::Semaphore,
     /// Probes started so far.
-    sent: AtomicU64,
-    latency: [Histogram; CheckKind::ALL.len()],
+    pub(super) sent: AtomicU64,
+    pub(super) latency: [Histogram; CheckKind::ALL.len()],
 }
 
-struct Task {
-    handle: JoinHandle<()>,
-    stop: watch::Sender<bool>,
-    status: Arc<Mutex<TargetStatus>>,
-    /// Send every result, not only state changes.
-    report: Arc<AtomicBool>,
-    /// Probe at all (traffic-triggered probing pauses idle targets).
-    active: Arc<AtomicBool>,
-}
-
-/// The running checks: one task per distinct probe, added and removed as the config changes.
+/// The running checks: the scheduler task and what it shares per target; targets are added
+/// and removed as the config changes.
 pub struct Checker {
-    tasks: HashMap<Arc<ProbeKey>, Task>,
+    targets: HashMap<Arc<ProbeKey>, Arc<TargetShared>>,
     probers: Arc<Probers>,
-    verdicts: mpsc::UnboundedSender<Verdict>,
-    stop: watch::Receiver<bool>,
-    epoch: Instant,
+    commands: mpsc::UnboundedSender<Command>,
+    scheduler: JoinHandle<()>,
 }
-
-/// Probes in flight at most; a probe beyond waits for a slot (its window sees a later result,
-/// never a wrong one).
-pub const MAX_PROBES_IN_FLIGHT: usize = 4096;
 
 /// Starts the checks of `config`. Call inside the tokio runtime, in the balancer's network
 /// namespace.
@@ -133,28 +121,29 @@ pub fn spawn(
     verdicts: mpsc::UnboundedSender<Verdict>,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<Checker> {
+    let probers = Arc::new(Probers {
+        syn: OnceLock::new(),
+        icmp: OnceLock::new(),
+        tls: http::TlsConfigs::new(),
+        sent: AtomicU64::new(0),
+        latency: Default::default(),
+    });
+    let (commands, commands_rx) = mpsc::unbounded_channel();
+    let scheduler = Scheduler::new(probers.clone(), verdicts, Instant::now());
     let mut checker = Checker {
-        tasks: HashMap::new(),
-        probers: Arc::new(Probers {
-            syn: OnceLock::new(),
-            icmp: OnceLock::new(),
-            tls: http::TlsConfigs::new(),
-            in_flight: tokio::sync::Semaphore::new(MAX_PROBES_IN_FLIGHT),
-            sent: AtomicU64::new(0),
-            latency: Default::default(),
-        }),
-        verdicts,
-        stop,
-        epoch: Instant::now(),
+        targets: HashMap::new(),
+        probers,
+        commands,
+        scheduler: tokio::spawn(scheduler.run(commands_rx, stop)),
     };
     checker.update(config)?;
     Ok(checker)
 }
 
 impl Checker {
-    /// Moves to the probes of `config`: probes that stay keep their task, window and state;
-    /// new ones start at `initializing`; gone ones stop. Fails (changing nothing) when a raw
-    /// socket a new check kind needs cannot be opened.
+    /// Moves to the probes of `config`: probes that stay keep their window and state; new ones
+    /// start at `initializing`; gone ones stop. Fails (changing nothing) when a raw socket a new
+    /// check kind needs cannot be opened.
     pub fn update(&mut self, config: &Config) -> anyhow::Result<()> {
         let wanted: HashSet<ProbeKey> = plan(config).into_iter().map(|(k, _)| k).collect();
         let kinds: HashSet<CheckKind> = wanted.iter().map(|k| k.check.kind).collect();
@@ -172,77 +161,70 @@ impl Checker {
             })?;
             let _ = self.probers.icmp.set(icmp);
         }
-        self.tasks.retain(|key, task| {
+        let mut commands = Vec::new();
+        self.targets.retain(|key, _| {
             let keep = wanted.contains(key.as_ref());
             if !keep {
-                task.stop.send_replace(true);
+                commands.push(Command::Remove(key.clone()));
             }
             keep
         });
         for key in wanted {
-            if self.tasks.contains_key(&key) {
+            if self.targets.contains_key(&key) {
                 continue;
             }
             let key = Arc::new(key);
-            let status = Arc::new(Mutex::new(TargetStatus {
-                state: HealthState::Initializing,
-                counters: Counters::default(),
-                last_latency: None,
-                since: Instant::now(),
-            }));
-            let (stop_tx, stop_rx) = watch::channel(false);
-            let report = Arc::new(AtomicBool::new(false));
-            let active = Arc::new(AtomicBool::new(true));
-            let job = Job {
-                report: report.clone(),
-                active: active.clone(),
-                http: http_check(&key.check),
+            let shared = Arc::new(TargetShared {
+                status: Mutex::new(TargetStatus {
+                    state: HealthState::Initializing,
+                    counters: Counters::default(),
+                    last_latency: None,
+                    since: Instant::now(),
+                }),
+                report: AtomicBool::new(false),
+                active: AtomicBool::new(true),
+            });
+            commands.push(Command::Add {
                 key: key.clone(),
-                probers: self.probers.clone(),
-                verdicts: self.verdicts.clone(),
-                status: status.clone(),
-                epoch: self.epoch,
-            };
-            let handle = tokio::spawn(job.run(self.stop.clone(), stop_rx));
-            self.tasks.insert(
-                key,
-                Task {
-                    handle,
-                    stop: stop_tx,
-                    status,
-                    report,
-                    active,
-                },
-            );
+                shared: shared.clone(),
+                http: http_check(&key.check).map(Arc::new),
+            });
+            self.targets.insert(key, shared);
+        }
+        for command in commands {
+            if self.commands.send(command).is_err() {
+                tracing::error!("the health check scheduler has stopped");
+                break;
+            }
         }
         Ok(())
     }
 
     /// Which probes send every result (`report(key)`), not only their state changes.
     pub fn set_reporting(&self, report: impl Fn(&ProbeKey) -> bool) {
-        for (key, task) in &self.tasks {
-            task.report.store(report(key), Ordering::Relaxed);
+        for (key, target) in &self.targets {
+            target.report.store(report(key), Ordering::Relaxed);
         }
     }
 
     /// Which probes run (`active(key)`); the others pause, keeping their state, until active
     /// again (traffic-triggered probing).
     pub fn set_active(&self, active: impl Fn(&ProbeKey) -> bool) {
-        for (key, task) in &self.tasks {
-            task.active.store(active(key), Ordering::Relaxed);
+        for (key, target) in &self.targets {
+            target.active.store(active(key), Ordering::Relaxed);
         }
     }
 
     /// The latest of a probe, None if no such probe runs.
     pub fn status(&self, key: &ProbeKey) -> Option<TargetStatus> {
-        self.tasks
+        self.targets
             .get(key)
             .map(|t| *t.status.lock().expect("status lock"))
     }
 
     /// Probe targets running.
     pub fn targets(&self) -> usize {
-        self.tasks.len()
+        self.targets.len()
     }
 
     /// Probes started so far (for benchmarks and diagnostics).
@@ -279,12 +261,10 @@ impl Checker {
             .collect()
     }
 
-    /// Waits for every task to end (after the stop signal).
+    /// Waits for the scheduler to end (after the stop signal).
     pub async fn join(self) {
-        for (_, task) in self.tasks {
-            if let Err(e) = task.handle.await {
-                tracing::error!(error = %e, "health check task");
-            }
+        if let Err(e) = self.scheduler.await {
+            tracing::error!(error = %e, "health check scheduler");
         }
     }
 }
@@ -310,99 +290,60 @@ pub fn plan(config: &Config) -> Vec<(ProbeKey, Vec<(usize, usize)>)> {
     out
 }
 
-struct Job {
-    key: Arc<ProbeKey>,
-    /// The request of http and https checks, built once.
-    http: Option<http::HttpCheck>,
-    probers: Arc<Probers>,
-    verdicts: mpsc::UnboundedSender<Verdict>,
-    status: Arc<Mutex<TargetStatus>>,
-    report: Arc<AtomicBool>,
-    active: Arc<AtomicBool>,
-    epoch: Instant,
-}
+/// A probe on its way.
+pub(super) type Probe = Pin<Box<dyn Future<Output = ProbeResult> + Send>>;
 
-impl Job {
-    async fn run(self, mut stop: watch::Receiver<bool>, mut removed: watch::Receiver<bool>) {
-        let check = &self.key.check;
-        let mut window = Window::new(check.window);
-        // A fixed phase per target spreads probes over the interval; each later pause gets up
-        // to 5% of random jitter so targets that started together drift apart.
-        let phase = phase(self.key.target, check.window.interval);
-        let mut pause = phase;
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep(pause) => {}
-                _ = stop.wait_for(|s| *s) => return,
-                _ = removed.wait_for(|s| *s) => return,
-            }
-            if !self.active.load(Ordering::Relaxed) {
-                // Paused (no traffic): look again a little later, probe nothing.
-                pause = check.window.interval.min(Duration::from_secs(1));
-                continue;
-            }
-            let result = self.probe().await;
-            if let ProbeResult::Success { latency } = result {
-                self.probers.latency[check.kind as usize].observe(latency);
-            }
-            let transition = window.observe(result, self.epoch.elapsed());
-            {
-                let mut status = self.status.lock().expect("status lock");
-                status.state = window.state();
-                status.counters = window.counters();
-                status.last_latency = window.last_latency();
-                if transition.is_some() {
-                    status.since = Instant::now();
-                }
-            }
-            if transition.is_some() || self.report.load(Ordering::Relaxed) {
-                let verdict = Verdict {
-                    probe: self.key.clone(),
-                    result,
-                    transition,
-                };
-                if self.verdicts.send(verdict).is_err() {
-                    return; // the daemon is shutting down
-                }
-            }
-            pause = jitter(window.next_interval());
-        }
-    }
-
-    async fn probe(&self) -> ProbeResult {
-        // The semaphore is never closed, so acquiring only waits.
-        let Ok(_slot) = self.probers.in_flight.acquire().await else {
-            return ProbeResult::Timeout;
-        };
-        self.probers.sent.fetch_add(1, Ordering::Relaxed);
-        let check = &self.key.check;
-        let target = self.key.target;
-        let timeout = check.window.timeout;
-        match check.kind {
-            CheckKind::Tcp => match self.probers.syn.get() {
+/// One probe of `key` with the shared probers. Each kind boxes its own future, so a half-open
+/// probe allocates what it needs, not room for an HTTPS exchange. HTTP(S) probes run as tasks
+/// of their own: TLS and parsing take CPU that any worker can give.
+pub(super) fn probe(
+    probers: &Arc<Probers>,
+    key: &Arc<ProbeKey>,
+    http: Option<&Arc<http::HttpCheck>>,
+) -> Probe {
+    probers.sent.fetch_add(1, Ordering::Relaxed);
+    let (p, k) = (probers.clone(), key.clone());
+    let target = key.target;
+    let timeout = key.check.window.timeout;
+    match key.check.kind {
+        CheckKind::Tcp => Box::pin(async move {
+            match p.syn.get() {
                 Some(syn) => syn.probe(target, timeout).await,
                 None => ProbeResult::TcpFailure,
-            },
-            CheckKind::TcpConnect => {
-                tcp_connect::probe(
-                    target,
-                    check.send.as_deref(),
-                    check.expect.as_deref(),
-                    timeout,
-                )
-                .await
             }
-            CheckKind::Http | CheckKind::Https => match &self.http {
-                Some(http_check) => {
-                    http::probe(http_check, &self.probers.tls, target, timeout).await
-                }
-                None => ProbeResult::HttpFailure,
-            },
-            CheckKind::Icmp => match self.probers.icmp.get() {
+        }),
+        CheckKind::TcpConnect => Box::pin(async move {
+            let check = &k.check;
+            tcp_connect::probe(
+                target,
+                check.send.as_deref(),
+                check.expect.as_deref(),
+                timeout,
+            )
+            .await
+        }),
+        CheckKind::Http | CheckKind::Https => {
+            let Some(http) = http.cloned() else {
+                return Box::pin(std::future::ready(ProbeResult::HttpFailure));
+            };
+            let task =
+                tokio::spawn(async move { http::probe(&http, &p.tls, target, timeout).await });
+            Box::pin(async move {
+                task.await.unwrap_or_else(|e| {
+                    tracing::error!(error = %e, "http health probe task");
+                    ProbeResult::HttpFailure
+                })
+            })
+        }
+        CheckKind::Icmp => Box::pin(async move {
+            match p.icmp.get() {
                 Some(icmp) => icmp.probe(*target.ip(), timeout).await,
                 None => ProbeResult::TcpFailure,
-            },
-            CheckKind::Udp => match self.probers.icmp.get() {
+            }
+        }),
+        CheckKind::Udp => Box::pin(async move {
+            let check = &k.check;
+            match p.icmp.get() {
                 Some(icmp) => {
                     udp::probe(
                         icmp,
@@ -414,10 +355,10 @@ impl Job {
                     .await
                 }
                 None => ProbeResult::TcpFailure,
-            },
-            // Checks of kind none have no task.
-            CheckKind::None => ProbeResult::TcpFailure,
-        }
+            }
+        }),
+        // Checks of kind none are not scheduled.
+        CheckKind::None => Box::pin(std::future::ready(ProbeResult::TcpFailure)),
     }
 }
 
@@ -440,18 +381,8 @@ fn http_check(check: &Check) -> Option<http::HttpCheck> {
     })
 }
 
-/// `pause` plus up to 5% more, at random.
-fn jitter(pause: Duration) -> Duration {
-    use std::hash::{BuildHasher as _, Hasher as _};
-    // RandomState is randomly seeded per instance: enough randomness for spreading timers.
-    let r = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    pause + pause.mul_f64((r % 1000) as f64 / 20_000.0)
-}
-
 /// A deterministic offset in [0, interval) from the target's address.
-fn phase(target: SocketAddrV4, interval: Duration) -> Duration {
+pub(super) fn phase(target: SocketAddrV4, interval: Duration) -> Duration {
     let key = (u64::from(u32::from(*target.ip())) << 16) | u64::from(target.port());
     let h = lb_common::fmix64(key);
     let millis = interval.as_millis().max(1) as u64;
@@ -487,5 +418,104 @@ mod tests {
         );
         assert_eq!(plan[2].0.check.kind, CheckKind::TcpConnect);
         assert_eq!(plan[3].0.check.kind, CheckKind::Udp);
+    }
+
+    /// The scheduler end to end on loopback (tcp-connect needs no privileges): verdicts for a
+    /// listening and a closed port, and a reload that removes a target stops its probes.
+    #[tokio::test]
+    async fn probes_follow_the_config() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let up = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                drop(conn);
+            }
+        });
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let config = |backends: &[std::net::SocketAddr]| {
+            let list: Vec<String> = backends
+                .iter()
+                .map(|b| format!("{{ address = \"{b}\" }}"))
+                .collect();
+            crate::config::parse(&format!(
+                "[lb]\ninterfaces = [\"eth1\"]\n[[service]]\nname = \"a\"\nvip = \"10.100.0.1:80\"\n\
+                 backends = [{}]\n[service.check]\nkind = \"tcp-connect\"\ntimeout = \"500ms\"\n\
+                 interval = \"1s\"\nhealthy_threshold = 1\nunhealthy_threshold = 1\n",
+                list.join(", ")
+            ))
+            .unwrap()
+        };
+        let both = config(&[up, closed]);
+        let key_of = |addr: std::net::SocketAddr| ProbeKey {
+            target: match addr {
+                std::net::SocketAddr::V4(a) => a,
+                _ => unreachable!(),
+            },
+            check: both.services[0].check.clone(),
+        };
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (stop_tx, stop) = watch::channel(false);
+        let mut checker = spawn(&both, tx, stop).unwrap();
+        assert_eq!(checker.targets(), 2);
+        assert_eq!(
+            checker.status(&key_of(up)).unwrap().state,
+            HealthState::Initializing
+        );
+        // Each target probes once within its first interval (its phase), then reports.
+        let mut states = HashMap::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+        while states.len() < 2 {
+            let v = tokio::time::timeout_at(deadline, rx.recv())
+                .await
+                .expect("verdicts within 3 s")
+                .unwrap();
+            if let Some(t) = v.transition {
+                states.insert(v.probe.target, t.to);
+            }
+        }
+        assert_eq!(states[&key_of(up).target], HealthState::Healthy);
+        assert_eq!(states[&key_of(closed).target], HealthState::Unhealthy);
+        assert_eq!(
+            checker.status(&key_of(closed)).unwrap().state,
+            HealthState::Unhealthy
+        );
+        // Reporting every result: the healthy target's next probe is sent although its state
+        // stays.
+        checker.set_reporting(|_| true);
+        let v = tokio::time::timeout(Duration::from_secs(3), rx.recv())
+            .await
+            .expect("a reported result")
+            .unwrap();
+        assert!(v.transition.is_none());
+        checker.set_reporting(|_| false);
+        // The closed port leaves the config: its probes stop, the other keeps its state.
+        checker.update(&config(&[up])).unwrap();
+        assert_eq!(checker.targets(), 1);
+        assert!(checker.status(&key_of(closed)).is_none());
+        let probes = checker.probes();
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let sent = checker.probes() - probes;
+        assert!(
+            (2..=3).contains(&sent),
+            "{sent} probes in 2.5 s for one target at 1 s"
+        );
+        while let Ok(v) = rx.try_recv() {
+            assert_ne!(
+                v.probe.target,
+                key_of(closed).target,
+                "removed target probed"
+            );
+        }
+        assert_eq!(
+            checker.status(&key_of(up)).unwrap().state,
+            HealthState::Healthy
+        );
+        stop_tx.send_replace(true);
+        tokio::time::timeout(Duration::from_secs(2), checker.join())
+            .await
+            .expect("the scheduler stops");
     }
 }

@@ -6,4 +6,6 @@
 pub mod checker;
 pub mod passive;
 pub mod probe;
+pub mod schedule;
+mod wheel;
 pub mod window;

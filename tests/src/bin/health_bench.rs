@@ -3,9 +3,11 @@
 //! 1. Cost: probes per second and CPU for 1,000 and 10,000 half-open TCP targets at a 1 s
 //!    interval. The targets are addresses of a namespace that owns a whole /16 (a local route),
 //!    where one listener makes the kernel answer every SYN. The probes run in-process, driven
-//!    either by the daemon's checker (`lb::health::checker::spawn`: a task and a timer per
-//!    target) or by a single task that starts the probes due in each 10 ms slot and polls them
-//!    itself (what the prober costs under a batching scheduler). Each in two modes:
+//!    either by the daemon's checker (`lb::health::checker::spawn`: its scheduler task starts
+//!    the probes due in each 10 ms slot, the half-open ones as one batch, and feeds each result
+//!    to the target's window) or by a single task that starts one probe future per target due
+//!    in each 10 ms slot and polls them itself (the prober's `probe` futures without windows,
+//!    verdicts, phase or jitter). Each in two modes:
 //!    - *in process*: plain veth, whose receive path runs in the sender's context, so the
 //!      process CPU also holds the whole simulated network: the targets' kernel answering SYNs,
 //!      our kernel receiving the SYN+ACK and sending the RST (how the cost was first measured);
@@ -77,7 +79,7 @@ enum Mode {
 /// Who schedules the probes in the cost part.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Driver {
-    /// The daemon's checker: a task and a timer per target.
+    /// The daemon's checker: its scheduler task, windows and verdicts.
     Checker,
     /// One task starting the probes due in each 10 ms slot and polling them itself.
     Single,
@@ -127,14 +129,15 @@ fn main() -> anyhow::Result<()> {
 // ---------------------------------------------------------------------------------------------
 // Cost
 
-/// CPU seconds (user + system) of this process, all threads.
-fn cpu_seconds() -> f64 {
+/// CPU seconds (user + system) of this process, all threads, and its voluntary context
+/// switches (each a thread going to sleep: what wakes it up later is a wake-up).
+fn cpu_seconds() -> (f64, u64) {
     // SAFETY: getrusage fills the struct.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: valid pointer.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
     let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
-    t(ru.ru_utime) + t(ru.ru_stime)
+    (t(ru.ru_utime) + t(ru.ru_stime), ru.ru_nvcsw as u64)
 }
 
 /// CPU seconds of the kernel threads (`/proc/PID/stat` utime + stime).
@@ -209,6 +212,8 @@ struct CostRun {
     probes: u64,
     wall: f64,
     process: f64,
+    /// Voluntary context switches of the process.
+    switches: u64,
     /// CPU seconds of the checker-side and target-side NAPI threads (threaded mode only).
     napi: Option<(f64, f64)>,
     /// Checker: state changes to anything but healthy during the measurement; single task:
@@ -272,7 +277,8 @@ fn cost_run(
             Ok(CostRun {
                 probes: p1 - p0,
                 wall,
-                process: c1 - c0,
+                process: c1.0 - c0.0,
+                switches: c1.1 - c0.1,
                 napi: n0.zip(n1).map(|(a, b)| (b.0 - a.0, b.1 - a.1)),
                 failures,
             })
@@ -294,7 +300,7 @@ fn target(i: usize) -> SocketAddrV4 {
     )
 }
 
-/// The daemon's checker (`lb::health::checker::spawn`), one task per target.
+/// The daemon's checker (`lb::health::checker::spawn`).
 fn run_checker(
     targets: usize,
     stop: watch::Receiver<bool>,
@@ -409,10 +415,12 @@ fn cost(args: &Args) -> anyhow::Result<String> {
          Half-open TCP probes (timeout 500 ms) to every target once a second, over a veth pair \
          to a namespace whose kernel answers every SYN; 2 tokio workers. CPU in % of one core.\n\n\
          Drivers:\n\
-         - *checker*: the daemon's checker (`lb::health::checker::spawn`): a task, a timer and \
-         a wake-up per probe (its per-target phase and jitter spread the probes evenly).\n\
-         - *single*: one task starts the probes due in each 10 ms slot and polls them itself \
-         (no task nor timer per probe): what the prober costs under a batching scheduler.\n\n\
+         - *checker*: the daemon's checker (`lb::health::checker::spawn`): one scheduler task \
+         starts the probes due in each 10 ms slot (half-open ones as one batch, without a \
+         future each) and feeds each result to the target's window (its per-target phase and \
+         jitter spread the probes evenly).\n\
+         - *single*: one task starts a `SynProber::probe` future per target due in each 10 ms \
+         slot and polls them itself: the prober's future API, without windows or verdicts.\n\n\
          Modes (where the veth receive path runs):\n\
          - *in process*: in the sending thread, so *process* also holds the simulated network: \
          the targets' kernel answering the SYNs, ours receiving the SYN+ACK and sending the RST.\n\
@@ -422,9 +430,10 @@ fn cost(args: &Args) -> anyhow::Result<String> {
          in, raw-socket delivery, the kernel's RST out: what a NIC's softirq costs that host); \
          *targets* is the backends' side, not the checker's. *host* = process + rx.\n\n\
          *failures*: checker: state changes to anything but healthy while measuring; single: \
-         failed probes while measuring (both should be 0).\n\n\
-         | targets | driver | mode | probes/s | process | rx | host | targets | µs per probe (process) | failures |\n\
-         |---:|---|---|---:|---:|---:|---:|---:|---:|---:|\n",
+         failed probes while measuring (both should be 0). *sleeps/s*: voluntary context \
+         switches of the process per second (a thread going to sleep, woken again later).\n\n\
+         | targets | driver | mode | probes/s | process | rx | host | targets | µs per probe (process) | sleeps/s | failures |\n\
+         |---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for &targets in &args.targets {
         for &driver in &args.drivers {
@@ -438,13 +447,14 @@ fn cost(args: &Args) -> anyhow::Result<String> {
                 let opt =
                     |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |v| format!("{:.1}", pct(v)));
                 let line = format!(
-                    "| {targets} | {driver} | {mode} | {:.0} | {:.1} | {} | {:.1} | {} | {:.1} | {} |",
+                    "| {targets} | {driver} | {mode} | {:.0} | {:.1} | {} | {:.1} | {} | {:.1} | {:.0} | {} |",
                     run.probes as f64 / run.wall,
                     pct(run.process),
                     opt(run.napi.map(|_| rx)),
                     pct(run.process + rx),
                     opt(theirs),
                     1e6 * run.process / run.probes.max(1) as f64,
+                    run.switches as f64 / run.wall,
                     run.failures,
                 );
                 eprintln!("{line}");

@@ -11,13 +11,14 @@
 //! or RST set: the reader does not wake for the host's ordinary TCP traffic.
 //!
 //! What a probe costs (issue 4: 10,000 targets a second must stay cheap): its share of a
-//! `sendmmsg` and of a `recvmmsg`, a few short lock sections and one wake-up of the probing
-//! task. Everything else is shared or amortised:
+//! `sendmmsg` and of a `recvmmsg` and a few short lock sections. Everything else is shared or
+//! amortised:
 //! - source ports come from a pool reserved once (see below), not a socket per probe;
 //! - the source address is looked up per target at most every [`ROUTE_TTL`] (and again after a
 //!   timeout or a failed send), not per probe;
-//! - the sender takes the SYNs queued while the runtime runs the tasks that are ready (e.g.
-//!   probes whose timers fired together) and sends them with one `sendmmsg` (up to 64 a call);
+//! - the checker starts a slot's probes together ([`SynProber::start_many`]: no future, task or
+//!   channel per probe; results come back in batches through [`SynProber::finished`]), and the
+//!   sender task sends the SYNs queued since it last ran with one `sendmmsg` (up to 64 a call);
 //! - deadlines live in one ordered map watched by the reader's single timer, not a timer per
 //!   probe; an answered probe leaves it at once, so the timer only fires for real timeouts;
 //! - the reader takes up to 64 replies per `recvmmsg`, and when replies come faster
@@ -101,7 +102,7 @@ const RCVBUF: libc::c_int = 4 << 20;
 pub const POOL_PORTS: usize = 64;
 
 /// How long a target's source address is used before it is looked up again.
-pub const ROUTE_TTL: Duration = Duration::from_secs(5);
+pub const ROUTE_TTL: Duration = Duration::from_secs(60);
 
 /// A target not probed for this long is forgotten (its cached source and place in the pool).
 const FORGET_AFTER: Duration = Duration::from_secs(60);
@@ -137,6 +138,9 @@ struct Shared {
     /// Looks up source addresses (one UDP socket, connected to each target in turn).
     routes: Mutex<UdpSocket>,
     wakeups: AtomicU64,
+    /// Results of the probes of `start_many`, and the signal that some are there.
+    finished: Mutex<Vec<(u64, ProbeResult)>>,
+    finished_ready: Notify,
 }
 
 /// Everything behind the one lock.
@@ -231,8 +235,24 @@ struct Pending {
     deadline: Instant,
     /// When its SYN went out (set by the sender just before the send).
     sent: Option<Instant>,
-    done: oneshot::Sender<Answer>,
+    waiter: Waiter,
+    /// A port reserved for this probe alone, when the pool had none free towards the target;
+    /// released when the probe leaves the map.
+    _own_port: Option<OwnedFd>,
 }
+
+/// Who takes a probe's answer.
+enum Waiter {
+    /// A [`SynProber::probe`] future, through its channel.
+    Future(oneshot::Sender<Answer>),
+    /// A probe of [`SynProber::start_many`]: its result goes to the finished queue under this
+    /// token. `retry`: it may be sent once more when its SYN could not be sent from a cached
+    /// source.
+    Token { token: u64, retry: bool },
+}
+
+/// An answer on its way to its waiter (delivered after the state lock is released).
+type Delivery = (Waiter, Key, Instant, Answer);
 
 /// A SYN waiting for the sender task.
 struct Queued {
@@ -316,6 +336,36 @@ impl SynProber {
         self.shared.wakeups.load(Ordering::Relaxed)
     }
 
+    /// Starts a half-open probe of each `(token, target, timeout)` without a future of its own:
+    /// the SYNs leave together, and each result comes out of [`SynProber::finished`] under its
+    /// token, with the same meaning as [`SynProber::probe`]'s. For one consumer (the checker's
+    /// scheduler): tokens are not told apart by caller.
+    pub fn start_many(&self, probes: &[(u64, SocketAddrV4, Duration)]) {
+        let now = Instant::now();
+        let mut queued = Vec::with_capacity(probes.len());
+        for &(token, target, timeout) in probes {
+            self.shared
+                .start(token, target, now + timeout, true, &mut queued);
+        }
+        self.shared.enqueue_many(queued);
+    }
+
+    /// Waits until probes of `start_many` have finished and moves their results to `out`.
+    /// Cancel-safe: nothing is taken unless it returns.
+    pub async fn finished(&self, out: &mut Vec<(u64, ProbeResult)>) {
+        loop {
+            let ready = self.shared.finished_ready.notified();
+            {
+                let mut done = self.shared.finished_queue();
+                if !done.is_empty() {
+                    out.append(&mut done);
+                    return;
+                }
+            }
+            ready.await;
+        }
+    }
+
     /// One SYN and its answer (or the reader's word that the deadline passed). If the future is
     /// dropped, the guard unregisters the probe (and releases a port of its own, if it had one).
     async fn exchange(&self, target: SocketAddrV4, deadline: Instant) -> io::Result<ProbeResult> {
@@ -389,6 +439,8 @@ impl Shared {
             _reservations: reservations,
             routes: Mutex::new(UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?),
             wakeups: AtomicU64::new(0),
+            finished: Mutex::new(Vec::new()),
+            finished_ready: Notify::new(),
         })
     }
 
@@ -405,8 +457,28 @@ impl Shared {
         target: SocketAddrV4,
         deadline: Instant,
     ) -> io::Result<(Registered<'_>, bool)> {
-        let seq = initial_sequence();
         let (done, answer) = oneshot::channel();
+        let (key, id, seq, cached) = self.insert(target, deadline, Waiter::Future(done))?;
+        let registered = Registered {
+            shared: self,
+            key,
+            id,
+            seq,
+            answer,
+        };
+        Ok((registered, cached))
+    }
+
+    /// Puts a probe of `target` into the pending map for `waiter`: the work of
+    /// [`Shared::register`]. Returns its key, id and sequence number, and whether the source
+    /// came from the cache.
+    fn insert(
+        &self,
+        target: SocketAddrV4,
+        deadline: Instant,
+        waiter: Waiter,
+    ) -> io::Result<(Key, u64, u32, bool)> {
+        let seq = initial_sequence();
         let mut looked_up = false;
         let mut own: Option<(OwnedFd, SocketAddrV4)> = None;
         loop {
@@ -477,7 +549,8 @@ impl Shared {
                     seq,
                     deadline,
                     sent: None,
-                    done,
+                    waiter,
+                    _own_port: own.map(|(fd, _)| fd),
                 },
             );
             state.deadlines.insert((deadline, id), key);
@@ -485,15 +558,7 @@ impl Shared {
                 state.armed = Some(deadline);
                 self.rearm.notify_one();
             }
-            let registered = Registered {
-                shared: self,
-                key,
-                id,
-                seq,
-                answer,
-                _own_port: own.map(|(fd, _)| fd),
-            };
-            return Ok((registered, !looked_up));
+            return Ok((key, id, seq, !looked_up));
         }
     }
 
@@ -503,6 +568,97 @@ impl Shared {
         outbox.push(syn);
         if outbox.len() == 1 {
             self.flush.notify_one();
+        }
+    }
+
+    /// Hands SYNs to the sender task, waking it if the outbox was empty.
+    fn enqueue_many(&self, mut syns: Vec<Queued>) {
+        if syns.is_empty() {
+            return;
+        }
+        let mut outbox = self.outbox.lock().unwrap_or_else(PoisonError::into_inner);
+        let first = outbox.is_empty();
+        outbox.append(&mut syns);
+        if first {
+            self.flush.notify_one();
+        }
+    }
+
+    /// Registers a probe of `start_many` and adds its SYN to `queued`; a probe that cannot
+    /// start finishes at once with `TcpFailure`.
+    fn start(
+        &self,
+        token: u64,
+        target: SocketAddrV4,
+        deadline: Instant,
+        retry: bool,
+        queued: &mut Vec<Queued>,
+    ) {
+        match self.insert(target, deadline, Waiter::Token { token, retry }) {
+            Ok((key, id, seq, _)) => queued.push(Queued {
+                key,
+                id,
+                syn: syn_segment(key.local, target, seq),
+            }),
+            Err(e) => {
+                tracing::warn!(%target, "half-open probe failed locally: {e}");
+                self.forget_source(target);
+                self.finished_queue().push((token, ProbeResult::TcpFailure));
+                self.finished_ready.notify_one();
+            }
+        }
+    }
+
+    fn finished_queue(&self) -> MutexGuard<'_, Vec<(u64, ProbeResult)>> {
+        self.finished.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Hands answers to their waiters (`answers` is emptied). Call without the state lock.
+    fn deliver(&self, answers: &mut Vec<Delivery>) {
+        let mut results = Vec::new();
+        let mut again = Vec::new();
+        for (waiter, key, deadline, answer) in answers.drain(..) {
+            let (token, retry) = match waiter {
+                // The probe may have been dropped meanwhile: then nobody is waiting.
+                Waiter::Future(done) => {
+                    let _ = done.send(answer);
+                    continue;
+                }
+                Waiter::Token { token, retry } => (token, retry),
+            };
+            let target = key.remote;
+            let result = match answer {
+                Answer::Reply {
+                    verdict: Verdict::Accepted,
+                    latency,
+                } => ProbeResult::Success { latency },
+                Answer::Reply {
+                    verdict: Verdict::Refused,
+                    ..
+                } => ProbeResult::TcpFailure,
+                Answer::Expired => {
+                    // As in `exchange`: the route may have changed under a cached source.
+                    self.forget_source(target);
+                    ProbeResult::Timeout
+                }
+                Answer::Unsent(_) if retry => {
+                    self.forget_source(target);
+                    self.start(token, target, deadline, false, &mut again);
+                    continue;
+                }
+                Answer::Unsent(errno) => {
+                    let e = io::Error::from_raw_os_error(errno);
+                    tracing::warn!(%target, "half-open probe failed locally: {e}");
+                    self.forget_source(target);
+                    ProbeResult::TcpFailure
+                }
+            };
+            results.push((token, result));
+        }
+        self.enqueue_many(again);
+        if !results.is_empty() {
+            self.finished_queue().append(&mut results);
+            self.finished_ready.notify_one();
         }
     }
 
@@ -559,16 +715,19 @@ impl Shared {
                             && let Some(probe) = state.pending.remove(&q.key)
                         {
                             state.deadlines.remove(&(probe.deadline, probe.id));
-                            answers.push((probe.done, Answer::Unsent(errno)));
+                            answers.push((
+                                probe.waiter,
+                                q.key,
+                                probe.deadline,
+                                Answer::Unsent(errno),
+                            ));
                         }
                     }
                 }
             }
         }
         batch.clear();
-        for (done, answer) in answers {
-            let _ = done.send(answer);
-        }
+        self.deliver(&mut answers);
     }
 
     /// Drops the cached source of `target`: its next probe looks the route up again.
@@ -600,7 +759,7 @@ impl Shared {
         &self,
         packets: impl IntoIterator<Item = &'p [u8]>,
         at: Instant,
-        answers: &mut Vec<(oneshot::Sender<Answer>, Answer)>,
+        answers: &mut Vec<Delivery>,
     ) {
         {
             let mut guard = self.state();
@@ -622,20 +781,22 @@ impl Shared {
                     let latency = probe
                         .sent
                         .map_or(Duration::ZERO, |sent| at.saturating_duration_since(sent));
-                    answers.push((probe.done, Answer::Reply { verdict, latency }));
+                    answers.push((
+                        probe.waiter,
+                        key,
+                        probe.deadline,
+                        Answer::Reply { verdict, latency },
+                    ));
                 }
             }
         }
-        for (done, answer) in answers.drain(..) {
-            // The probe may have been dropped meanwhile: then nobody is waiting.
-            let _ = done.send(answer);
-        }
+        self.deliver(answers);
     }
 
     /// Ends the probes whose deadline is not after `now`. When the reader's timer has run out,
     /// sets it for the earliest deadline left (only then: a timer set for a probe that was
     /// answered since just fires once for nothing, which is cheaper than moving it each time).
-    fn expire(&self, now: Instant, answers: &mut Vec<(oneshot::Sender<Answer>, Answer)>) {
+    fn expire(&self, now: Instant, answers: &mut Vec<Delivery>) {
         {
             let mut guard = self.state();
             let state = &mut *guard;
@@ -648,16 +809,14 @@ impl Shared {
                 if state.pending.get(&key).is_some_and(|p| p.id == id)
                     && let Some(probe) = state.pending.remove(&key)
                 {
-                    answers.push((probe.done, Answer::Expired));
+                    answers.push((probe.waiter, key, probe.deadline, Answer::Expired));
                 }
             }
             if state.armed.is_some_and(|armed| armed <= now) {
                 state.armed = state.deadlines.first_key_value().map(|(&(d, _), _)| d);
             }
         }
-        for (done, answer) in answers.drain(..) {
-            let _ = done.send(answer);
-        }
+        self.deliver(answers);
     }
 }
 
@@ -679,9 +838,6 @@ struct Registered<'a> {
     id: u64,
     seq: u32,
     answer: oneshot::Receiver<Answer>,
-    /// A port reserved for this probe alone, when the pool had none free towards the target;
-    /// released after the probe leaves the map.
-    _own_port: Option<OwnedFd>,
 }
 
 impl Drop for Registered<'_> {
@@ -706,22 +862,35 @@ struct Closing<'a>(&'a Shared);
 
 impl Drop for Closing<'_> {
     fn drop(&mut self) {
-        let mut state = self.0.state();
-        state.closed = true;
-        state.pending.clear();
-        state.deadlines.clear();
+        let tokens: Vec<(u64, ProbeResult)> = {
+            let mut state = self.0.state();
+            state.closed = true;
+            state.deadlines.clear();
+            state
+                .pending
+                .drain()
+                .filter_map(|(_, p)| match p.waiter {
+                    Waiter::Token { token, .. } => Some((token, ProbeResult::TcpFailure)),
+                    Waiter::Future(_) => None,
+                })
+                .collect()
+        };
+        // Probes of `start_many` end as local failures rather than never.
+        if !tokens.is_empty() {
+            self.0.finished_queue().extend(tokens);
+            self.0.finished_ready.notify_one();
+        }
     }
 }
 
-/// The sender task: sends the SYNs queued by the probes, the ones queued in the same round of
-/// the scheduler together (one `sendmmsg` rather than a `sendmsg` each).
+/// The sender task: sends the SYNs queued since it last ran together (one `sendmmsg` rather than
+/// a `sendmsg` each).
 async fn send_queued(shared: Arc<Shared>) {
     let mut batch = Vec::new();
     loop {
+        // No yield before sending: the checker queues a whole slot's SYNs at once, and a yield
+        // here woke the runtime's other worker (to steal this task) every time.
         shared.flush.notified().await;
-        // Let the other tasks that are ready run first: probes started in the same round (e.g.
-        // by timers that fired together) queue their SYNs behind the first.
-        tokio::task::yield_now().await;
         loop {
             std::mem::swap(
                 &mut batch,
@@ -817,7 +986,7 @@ fn drain(
     shared: &Shared,
     bufs: &mut [[u8; REPLY_BYTES]; MAX_BATCH],
     lens: &mut [usize; MAX_BATCH],
-    answers: &mut Vec<(oneshot::Sender<Answer>, Answer)>,
+    answers: &mut Vec<Delivery>,
 ) {
     while let Ok(n) = recv_many(shared.socket.get_ref().as_fd(), bufs, lens) {
         let packets = bufs.iter().zip(lens.iter()).take(n).map(|(b, &l)| &b[..l]);
@@ -1167,6 +1336,52 @@ mod tests {
             .unwrap()
     }
 
+    /// Whether a probe holds a port of its own.
+    fn owns_port(shared: &Shared, probe: &Registered<'_>) -> bool {
+        shared.state().pending[&probe.key]._own_port.is_some()
+    }
+
+    fn finished(shared: &Shared) -> Vec<(u64, ProbeResult)> {
+        std::mem::take(&mut *shared.finished_queue())
+    }
+
+    /// Probes of `start_many`: results by token, with the meaning of `probe`'s; a stopped
+    /// reader fails the ones waiting rather than leaving them forever.
+    #[test]
+    fn started_probes_finish_under_their_token() {
+        let rt = runtime();
+        let _rt = rt.enter();
+        let other = SocketAddrV4::new(*REMOTE.ip(), 81);
+        let third = SocketAddrV4::new(*REMOTE.ip(), 82);
+        let shared = shared_with(vec![LOCAL.port()], *LOCAL.ip(), &[REMOTE, other, third]);
+        let t0 = Instant::now();
+        let mut queued = Vec::new();
+        shared.start(7, REMOTE, t0 + Duration::from_secs(10), true, &mut queued);
+        shared.start(8, other, t0 + Duration::from_secs(5), true, &mut queued);
+        shared.start(9, third, t0 + Duration::from_secs(60), true, &mut queued);
+        assert_eq!(queued.len(), 3);
+        let seq = |key: Key| shared.state().pending[&key].seq;
+        let (first, third_key) = (queued[0].key, queued[2].key);
+        let mut scratch = Vec::new();
+        shared.dispatch(
+            [&reply(SYN | ACK, seq(first).wrapping_add(1), 0)[..]],
+            t0,
+            &mut scratch,
+        );
+        assert!(matches!(
+            finished(&shared)[..],
+            [(7, ProbeResult::Success { .. })]
+        ));
+        shared.expire(t0 + Duration::from_secs(5), &mut scratch);
+        assert_eq!(finished(&shared), [(8, ProbeResult::Timeout)]);
+        assert!(shared.state().pending.contains_key(&third_key));
+        drop(Closing(&shared));
+        assert_eq!(finished(&shared), [(9, ProbeResult::TcpFailure)]);
+        // Once stopped, a new probe fails at once.
+        shared.start(10, REMOTE, t0 + Duration::from_secs(10), true, &mut queued);
+        assert_eq!(finished(&shared), [(10, ProbeResult::TcpFailure)]);
+    }
+
     fn is_empty(shared: &Shared) -> bool {
         let state = shared.state();
         state.pending.is_empty() && state.deadlines.is_empty()
@@ -1279,7 +1494,7 @@ mod tests {
         // The pool is busy towards `a`: the next probe reserves a port of its own.
         let (extra, _) = shared.register(a, deadline).unwrap();
         assert!(!(41000..=41002).contains(&port(&extra)));
-        assert!(extra._own_port.is_some());
+        assert!(owns_port(&shared, &extra));
         assert_eq!(shared.state().pending.len(), 5);
         drop((held, to_b, extra));
         assert!(is_empty(&shared));
@@ -1294,7 +1509,7 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(60);
         let (a, _) = shared.register(target, deadline).unwrap();
         let (b, _) = shared.register(target, deadline).unwrap();
-        assert!(a._own_port.is_some() && b._own_port.is_some());
+        assert!(owns_port(&shared, &a) && owns_port(&shared, &b));
         assert_ne!(a.key.local.port(), b.key.local.port());
         drop((a, b));
         assert!(is_empty(&shared));

@@ -1,0 +1,409 @@
+//! The probe scheduler: one task runs every active check of the daemon. Targets wait in a timing wheel
+//! (`Wheel`) under the slot they are due in; the task wakes at most once per [`SLOT`], starts every probe
+//! due by then and polls the probes in flight itself, so a probe costs no task, timer or
+//! wake-up of its own (issue 4: 10,000 targets probed every second must stay cheap). A probe
+//! starts up to one slot after it is due; probes due in the same slot leave together, which
+//! also lets the half-open prober send their SYNs in one `sendmmsg`.
+//!
+//! The task owns each target's [`Window`]; what other parts of the daemon read or set (status,
+//! reporting, pausing) is shared per target through `TargetShared`.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    future::Future,
+    net::SocketAddrV4,
+    pin::Pin,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    task::{Context, Poll},
+    time::{Duration, Instant},
+};
+
+use futures_util::{FutureExt as _, StreamExt as _, stream::FuturesUnordered};
+use tokio::sync::{mpsc, watch};
+
+use crate::config::CheckKind;
+
+use super::{
+    checker::{Probe, ProbeKey, Probers, TargetStatus, Verdict, phase, probe},
+    probe::{ProbeResult, http::HttpCheck},
+    wheel::Wheel,
+    window::Window,
+};
+
+/// The scheduler's granularity: it wakes at most once per slot.
+pub const SLOT: Duration = Duration::from_millis(10);
+
+/// Probes in flight at most; a probe due beyond waits in the queue for a free place (its window
+/// sees a later result, never a wrong one).
+pub const MAX_PROBES_IN_FLIGHT: usize = 4096;
+
+/// The longest pause the wheel must hold: the longest interval (300 s) with its jitter, or a
+/// phase. Sizes the wheel (32,768 slots).
+const MAX_PAUSE: Duration = Duration::from_secs(320);
+
+/// How often a paused target (traffic-triggered probing, no traffic) looks again whether it
+/// should probe, at most.
+const PAUSED_RECHECK: Duration = Duration::from_secs(1);
+
+/// What the scheduler shares with the rest of the daemon about one target.
+pub(super) struct TargetShared {
+    pub(super) status: Mutex<TargetStatus>,
+    /// Send every result, not only state changes.
+    pub(super) report: AtomicBool,
+    /// Probe at all (traffic-triggered probing pauses idle targets).
+    pub(super) active: AtomicBool,
+}
+
+/// Changes to the set of targets, from [`super::checker::Checker::update`].
+pub(super) enum Command {
+    Add {
+        key: Arc<ProbeKey>,
+        shared: Arc<TargetShared>,
+        /// The request of http and https checks, built once.
+        http: Option<Arc<HttpCheck>>,
+    },
+    Remove(Arc<ProbeKey>),
+}
+
+/// A target the scheduler runs.
+struct Target {
+    /// Unique per scheduler: tells this target from a later one in the same place.
+    id: u64,
+    key: Arc<ProbeKey>,
+    shared: Arc<TargetShared>,
+    http: Option<Arc<HttpCheck>>,
+    window: Window,
+}
+
+/// A probe in flight and the target it is for.
+struct Tagged {
+    place: usize,
+    id: u64,
+    probe: Probe,
+}
+
+impl Future for Tagged {
+    type Output = (usize, u64, ProbeResult);
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let (place, id) = (self.place, self.id);
+        self.probe
+            .as_mut()
+            .poll(cx)
+            .map(|result| (place, id, result))
+    }
+}
+
+pub(super) struct Scheduler {
+    probers: Arc<Probers>,
+    verdicts: mpsc::UnboundedSender<Verdict>,
+    epoch: Instant,
+    targets: Vec<Option<Target>>,
+    free: Vec<usize>,
+    index: HashMap<Arc<ProbeKey>, usize>,
+    next_id: u64,
+    /// `(place, target id)` filed by the slot they are due in; entries of removed targets are
+    /// skipped.
+    wheel: Wheel<(usize, u64)>,
+    /// Taken from the wheel, waiting for a place in flight.
+    due: VecDeque<(usize, u64)>,
+    /// Scratch space for taking from the wheel.
+    taken: Vec<(usize, u64)>,
+    in_flight: FuturesUnordered<Tagged>,
+    /// Half-open probes go to the prober in one batch per turn, without a future each
+    /// ([`super::probe::tcp_syn::SynProber::start_many`]): the batch being gathered, the results taken, and how many
+    /// are out.
+    syn_batch: Vec<(u64, SocketAddrV4, Duration)>,
+    syn_done: Vec<(u64, ProbeResult)>,
+    syn_in_flight: usize,
+    /// xorshift state for the jitter.
+    random: u64,
+}
+
+impl Scheduler {
+    pub(super) fn new(
+        probers: Arc<Probers>,
+        verdicts: mpsc::UnboundedSender<Verdict>,
+        epoch: Instant,
+    ) -> Self {
+        use std::hash::{BuildHasher as _, RandomState};
+        Self {
+            probers,
+            verdicts,
+            epoch,
+            targets: Vec::new(),
+            free: Vec::new(),
+            index: HashMap::new(),
+            next_id: 0,
+            wheel: Wheel::new((MAX_PAUSE.as_millis() / SLOT.as_millis()) as usize),
+            due: VecDeque::new(),
+            taken: Vec::new(),
+            in_flight: FuturesUnordered::new(),
+            syn_batch: Vec::new(),
+            syn_done: Vec::new(),
+            syn_in_flight: 0,
+            // Seeded from the OS (std's hasher keys); never zero.
+            random: RandomState::new().hash_one(epoch) | 1,
+        }
+    }
+
+    /// Runs until `stop` turns true, the command channel closes or the daemon stops taking
+    /// verdicts.
+    pub(super) async fn run(
+        mut self,
+        mut commands: mpsc::UnboundedReceiver<Command>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        // Far enough never to fire, near enough not to overflow tokio's clock.
+        let never = || tokio::time::Instant::now() + Duration::from_secs(86400 * 365);
+        let timer = tokio::time::sleep_until(never());
+        tokio::pin!(timer);
+        let mut armed: Option<Instant> = None;
+        let probers = self.probers.clone();
+        loop {
+            self.start_due(Instant::now());
+            // While the in-flight bound is reached, a completion wakes the task.
+            let wake = (self.out() < MAX_PROBES_IN_FLIGHT)
+                .then(|| self.wheel.next())
+                .flatten()
+                .map(|slot| self.slot_time(slot));
+            if wake != armed {
+                timer
+                    .as_mut()
+                    .reset(wake.map_or_else(never, tokio::time::Instant::from_std));
+                armed = wake;
+            }
+            tokio::select! {
+                biased;
+                _ = stop.wait_for(|s| *s) => return,
+                command = commands.recv() => match command {
+                    Some(command) => self.command(command),
+                    None => return,
+                },
+                Some(first) = self.in_flight.next(), if !self.in_flight.is_empty() => {
+                    // Take every probe that has finished, not one per turn of the loop.
+                    let mut done = Some(first);
+                    while let Some((place, id, result)) = done {
+                        if !self.finish(place, id, result) {
+                            return; // the daemon is shutting down
+                        }
+                        done = self.in_flight.next().now_or_never().flatten();
+                    }
+                }
+                () = syn_finished(&probers, &mut self.syn_done), if self.syn_in_flight > 0 => {
+                    let mut done = std::mem::take(&mut self.syn_done);
+                    self.syn_in_flight -= done.len();
+                    for (token, result) in done.drain(..) {
+                        if !self.finish_token(token, result) {
+                            return;
+                        }
+                    }
+                    self.syn_done = done; // keeps its allocation
+                }
+                _ = &mut timer, if armed.is_some() => armed = None,
+            }
+        }
+    }
+
+    fn command(&mut self, command: Command) {
+        match command {
+            Command::Add { key, shared, http } => {
+                if self.index.contains_key(&key) {
+                    return;
+                }
+                let id = self.next_id;
+                self.next_id += 1;
+                let window = Window::new(key.check.window);
+                // A fixed phase per target spreads the probes over the interval.
+                let due = Instant::now() + phase(key.target, key.check.window.interval);
+                let target = Target {
+                    id,
+                    key: key.clone(),
+                    shared,
+                    http,
+                    window,
+                };
+                let place = match self.free.pop() {
+                    Some(place) => {
+                        self.targets[place] = Some(target);
+                        place
+                    }
+                    None => {
+                        self.targets.push(Some(target));
+                        self.targets.len() - 1
+                    }
+                };
+                self.index.insert(key, place);
+                self.file(due, place, id);
+            }
+            Command::Remove(key) => {
+                if let Some(place) = self.index.remove(&key) {
+                    // Its queue entry and a probe in flight are ignored when they come up.
+                    self.targets[place] = None;
+                    self.free.push(place);
+                }
+            }
+        }
+    }
+
+    /// Starts the probes due by `now` (as many as the in-flight bound allows).
+    fn start_due(&mut self, now: Instant) {
+        self.advance(now);
+        let probers = self.probers.clone();
+        let syn = probers.syn.get();
+        while self.out() + self.syn_batch.len() < MAX_PROBES_IN_FLIGHT {
+            let Some((place, id)) = self.due.pop_front() else {
+                break;
+            };
+            let Some(target) = self.targets[place].as_ref().filter(|t| t.id == id) else {
+                continue; // removed
+            };
+            if !target.shared.active.load(Ordering::Relaxed) {
+                // Paused: look again a little later, probe nothing.
+                let again = target.key.check.window.interval.min(PAUSED_RECHECK);
+                self.file(now + again, place, id);
+                continue;
+            }
+            if target.key.check.kind == CheckKind::Tcp && syn.is_some() {
+                // The place and the low half of the id: an id repeats in a place only after
+                // 2^32 targets were added.
+                let token = (place as u64) << 32 | (id & 0xffff_ffff);
+                let timeout = target.key.check.window.timeout;
+                self.syn_batch.push((token, target.key.target, timeout));
+                continue;
+            }
+            let probe = probe(&self.probers, &target.key, target.http.as_ref());
+            self.in_flight.push(Tagged { place, id, probe });
+        }
+        if let Some(syn) = syn
+            && !self.syn_batch.is_empty()
+        {
+            syn.start_many(&self.syn_batch);
+            let n = self.syn_batch.len();
+            self.probers.sent.fetch_add(n as u64, Ordering::Relaxed);
+            self.syn_in_flight += n;
+            self.syn_batch.clear();
+        }
+    }
+
+    /// Probes out: futures in flight and half-open probes started.
+    fn out(&self) -> usize {
+        self.in_flight.len() + self.syn_in_flight
+    }
+
+    /// A half-open probe's result, by its token.
+    fn finish_token(&mut self, token: u64, result: ProbeResult) -> bool {
+        let place = (token >> 32) as usize;
+        let id = self
+            .targets
+            .get(place)
+            .and_then(Option::as_ref)
+            .filter(|t| t.id & 0xffff_ffff == token & 0xffff_ffff)
+            .map(|t| t.id);
+        match id {
+            Some(id) => self.finish(place, id, result),
+            None => true, // removed while in flight
+        }
+    }
+
+    /// Moves the targets due by `now` from the wheel to the `due` queue.
+    fn advance(&mut self, now: Instant) {
+        let slot = now.saturating_duration_since(self.epoch).as_nanos() / SLOT.as_nanos();
+        self.wheel.take_until(slot as u64, &mut self.taken);
+        self.due.extend(self.taken.drain(..));
+    }
+
+    /// Files target `(place, id)` to probe at the first slot boundary from `at`.
+    fn file(&mut self, at: Instant, place: usize, id: u64) {
+        // Keeps the wheel's horizon counted from now, however long the task slept.
+        self.advance(Instant::now());
+        let slot = at
+            .saturating_duration_since(self.epoch)
+            .as_nanos()
+            .div_ceil(SLOT.as_nanos());
+        self.wheel.insert(slot as u64, (place, id));
+    }
+
+    /// When slot `slot` begins.
+    fn slot_time(&self, slot: u64) -> Instant {
+        self.epoch + Duration::from_nanos(slot * SLOT.as_nanos() as u64)
+    }
+
+    /// Feeds a probe's result to its target's window; sends the verdict if there is one to send
+    /// and queues the next probe. False if the daemon no longer takes verdicts.
+    fn finish(&mut self, place: usize, id: u64, result: ProbeResult) -> bool {
+        let Some(target) = self.targets[place].as_mut().filter(|t| t.id == id) else {
+            return true; // removed while in flight
+        };
+        let check = &target.key.check;
+        if let ProbeResult::Success { latency } = result {
+            self.probers.latency[check.kind as usize].observe(latency);
+        }
+        let transition = target.window.observe(result, self.epoch.elapsed());
+        {
+            let mut status = target.shared.status.lock().expect("status lock");
+            status.state = target.window.state();
+            status.counters = target.window.counters();
+            status.last_latency = target.window.last_latency();
+            if transition.is_some() {
+                status.since = Instant::now();
+            }
+        }
+        if transition.is_some() || target.shared.report.load(Ordering::Relaxed) {
+            let verdict = Verdict {
+                probe: target.key.clone(),
+                result,
+                transition,
+            };
+            if self.verdicts.send(verdict).is_err() {
+                return false;
+            }
+        }
+        let pause = jitter(target.window.next_interval(), xorshift(&mut self.random));
+        self.file(Instant::now() + pause, place, id);
+        true
+    }
+}
+
+/// Waits for half-open probe results (forever if no half-open prober runs).
+async fn syn_finished(probers: &Probers, out: &mut Vec<(u64, ProbeResult)>) {
+    match probers.syn.get() {
+        Some(syn) => syn.finished(out).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// `pause` plus up to 5% more, by `random`: targets that started together drift apart.
+fn jitter(pause: Duration, random: u64) -> Duration {
+    pause + pause.mul_f64((random % 1000) as f64 / 20_000.0)
+}
+
+fn xorshift(state: &mut u64) -> u64 {
+    let mut x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *state = x;
+    x
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_adds_up_to_five_percent() {
+        let mut random = 7;
+        let pause = Duration::from_secs(1);
+        let pauses: Vec<Duration> = (0..1000)
+            .map(|_| jitter(pause, xorshift(&mut random)))
+            .collect();
+        assert!(pauses.iter().all(|p| *p >= pause && *p < pause * 105 / 100));
+        let spread =
+            pauses.iter().max().unwrap().as_secs_f64() - pauses.iter().min().unwrap().as_secs_f64();
+        assert!(spread > 0.04, "jitter barely varies: {spread}");
+    }
+}
