@@ -31,7 +31,7 @@ pub fn to_backend(
     };
     // SAFETY: this CPU's slot of a per-CPU array of plain integers.
     let cached = unsafe { &mut *cached };
-    if cached.updated != 0 && now.wrapping_sub(cached.updated) <= REFRESH_NS {
+    if cached.updated != 0 && now.saturating_sub(cached.updated) <= REFRESH_NS {
         return Ok(*cached);
     }
     let mut nh = lookup(ctx, b.snat_addr, b.addr, proto, tot_len)?;

@@ -3,7 +3,7 @@
 //! (backend → SNAT address): the NAT entry turns the reply back into the VIP's.
 #![cfg_attr(not(target_arch = "bpf"), allow(dead_code))]
 
-use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_coarse_ns, programs::XdpContext};
+use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use lb_common::{
     BackendInfo, CtEntry, FlowKey, NO_BACKEND, NatEntry, PROTO_TCP, Params, SELECT_TRIES,
     SNAT_PORT_TRIES, ServiceKey, backend_flags, counter, ct_flags, ct_state, flow_hash, fmix64,
@@ -12,7 +12,7 @@ use lb_common::{
 use network_types::eth::EthHdr;
 
 use crate::{
-    fib,
+    clock, fib,
     maps::{BACKENDS, RINGS, SERVICES, TX_PORTS, params},
     nat::{self, Rewrite},
     parse::{Flow, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
@@ -57,8 +57,7 @@ pub fn forward(ctx: &XdpContext, flow: &Flow) -> Verdict {
         return (xdp_action::XDP_DROP, counter::DROP_TTL);
     }
     let p = params();
-    // SAFETY: helper without arguments.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let now = clock::now();
     let k = key(flow.saddr, flow.daddr, flow.sport, flow.dport, flow.proto);
     let hash = hash_of(&k);
     if let Some(slot) = ct_find(&k, hash, p) {
@@ -95,7 +94,7 @@ fn established(ctx: &XdpContext, flow: &Flow, e: &mut CtEntry, now: u64) -> Opti
             }
         }
     }
-    if now.wrapping_sub(e.last_seen) > REFRESH_NS {
+    if now.saturating_sub(e.last_seen) > REFRESH_NS {
         e.last_seen = now;
     }
     let len = (ctx.data_end() - ctx.data() - flow.l3_off) as u16;
@@ -288,11 +287,10 @@ pub fn reply(ctx: &XdpContext, flow: &Flow) -> Option<Verdict> {
     let slot = nat_find(&k, hash_of(&k), p)?;
     // SAFETY: a map value of plain integers.
     let held = unsafe { &mut (*slot).entry };
-    // SAFETY: helper without arguments.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let now = clock::now();
     // Whether the backend had sent anything on this flow before this packet.
     let answered = held.last_seen != 0;
-    if now.wrapping_sub(held.last_seen) > REFRESH_NS {
+    if now.saturating_sub(held.last_seen) > REFRESH_NS {
         held.last_seen = now;
     }
     let nat = *held;

@@ -7,9 +7,9 @@ use aya_ebpf::{
     maps::{Array, DevMapHash, HashMap, PerCpuArray, RingBuf},
 };
 use lb_common::{
-    BackendInfo, CtSlot, DEFAULT_CONNTRACK_SIZE, DEFAULT_MAX_BACKENDS, DEFAULT_MAX_SERVICES,
-    DEFAULT_RING_SIZE, MAX_ADDRS, MAX_TX_PORTS, NatSlot, NextHop, Params, SIGNALS_RING_BYTES,
-    ServiceInfo, ServiceKey, TrafficStats, counter,
+    ADDR_SETS, AddrSet, BackendInfo, CtSlot, DEFAULT_CONNTRACK_SIZE, DEFAULT_MAX_BACKENDS,
+    DEFAULT_MAX_SERVICES, DEFAULT_RING_SIZE, MAX_TX_PORTS, NatSlot, NextHop, Params,
+    SIGNALS_RING_BYTES, ServiceInfo, ServiceKey, TrafficStats, counter,
 };
 
 /// Datapath parameters; userspace overrides this read-only global when loading.
@@ -26,9 +26,27 @@ pub fn params() -> &'static Params {
     unsafe { &*core::ptr::read_volatile(&p) }
 }
 
-/// Address → VIP / SNAT flags: the first lookup of every IPv4 packet.
+/// Address → VIP / SNAT flags: the first lookup of every IPv4 packet. A set-associative table in
+/// an array map (see [`lb_common::AddrSet`]): the verifier inlines the lookup, no helper call.
 #[map(name = "LB_ADDRS")]
-pub static ADDRS: HashMap<u32, u32> = HashMap::with_max_entries(MAX_ADDRS, 0);
+pub static ADDRS: Array<AddrSet> = Array::with_max_entries(ADDR_SETS, 0);
+
+/// The [`lb_common::addr_flags`] of `addr` (network byte order); 0 when it is not one of lb's.
+#[inline(always)]
+pub fn lookup_addr(addr: u32) -> u32 {
+    let Some(set) = ADDRS.get_ptr(lb_common::addr_set(addr)) else {
+        return 0;
+    };
+    // SAFETY: an array map value of plain integers. A free slot (address 0, flags 0) only
+    // matches 0.0.0.0, which is never lb's: its flags 0 say so.
+    let set = unsafe { &*set };
+    for i in 0..lb_common::ADDR_WAYS {
+        if set.addrs[i] == addr {
+            return set.flags[i];
+        }
+    }
+    0
+}
 
 /// (VIP, port, protocol) → service.
 #[map(name = "LB_SERVICES")]

@@ -6,7 +6,7 @@ use lb_common::{PROTO_TCP, PROTO_UDP};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr, tcp::TcpHdr, udp::UdpHdr};
 
 use crate::{
-    csum::{replace16, replace32},
+    csum::{diff16, diff32, update},
     parse::Flow,
     ptr::ptr_at_mut,
 };
@@ -27,6 +27,8 @@ pub struct Rewrite {
 pub fn apply(data: usize, data_end: usize, flow: &Flow, rw: &Rewrite) -> Option<()> {
     let eth = ptr_at_mut::<EthHdr>(data, data_end, 0)?;
     let ip = ptr_at_mut::<Ipv4Hdr>(data, data_end, flow.l3_off)?;
+    // The address change, in both the IPv4 header and the TCP/UDP pseudo-header.
+    let addrs = diff32(flow.saddr, rw.src) + diff32(flow.daddr, rw.dst);
     // SAFETY: both pointers are bounds-checked; network-types headers are byte arrays.
     unsafe {
         (*eth).dst_addr = rw.dmac;
@@ -34,10 +36,8 @@ pub fn apply(data: usize, data_end: usize, flow: &Flow, rw: &Rewrite) -> Option<
         let old_ttl_word = u16::from_ne_bytes([(*ip).ttl, (*ip).proto]);
         (*ip).ttl -= 1;
         let new_ttl_word = u16::from_ne_bytes([(*ip).ttl, (*ip).proto]);
-        let mut check = u16::from_ne_bytes((*ip).check);
-        check = replace32(check, flow.saddr, rw.src);
-        check = replace32(check, flow.daddr, rw.dst);
-        check = replace16(check, old_ttl_word, new_ttl_word);
+        let check = u16::from_ne_bytes((*ip).check);
+        let check = update(check, addrs + diff16(old_ttl_word, new_ttl_word));
         (*ip).check = check.to_ne_bytes();
         (*ip).src_addr = rw.src.to_ne_bytes();
         (*ip).dst_addr = rw.dst.to_ne_bytes();
@@ -47,7 +47,7 @@ pub fn apply(data: usize, data_end: usize, flow: &Flow, rw: &Rewrite) -> Option<
             let tcp = ptr_at_mut::<TcpHdr>(data, data_end, flow.l4_off)?;
             // SAFETY: bounds-checked.
             unsafe {
-                let check = l4_check(u16::from_ne_bytes((*tcp).check), flow, rw);
+                let check = l4_check(u16::from_ne_bytes((*tcp).check), addrs, flow, rw);
                 (*tcp).check = check.to_ne_bytes();
                 (*tcp).source = rw.sport.to_ne_bytes();
                 (*tcp).dest = rw.dport.to_ne_bytes();
@@ -59,7 +59,7 @@ pub fn apply(data: usize, data_end: usize, flow: &Flow, rw: &Rewrite) -> Option<
             unsafe {
                 let check = u16::from_ne_bytes((*udp).check);
                 if check != 0 {
-                    let check = match l4_check(check, flow, rw) {
+                    let check = match l4_check(check, addrs, flow, rw) {
                         0 => 0xffff, // 0 would mean "no checksum"
                         c => c,
                     };
@@ -74,11 +74,11 @@ pub fn apply(data: usize, data_end: usize, flow: &Flow, rw: &Rewrite) -> Option<
     Some(())
 }
 
-/// The L4 checksum covers the pseudo-header's addresses and the ports.
+/// The L4 checksum covers the pseudo-header's addresses (`addrs`, their change) and the ports.
 #[inline(always)]
-fn l4_check(check: u16, flow: &Flow, rw: &Rewrite) -> u16 {
-    let mut c = replace32(check, flow.saddr, rw.src);
-    c = replace32(c, flow.daddr, rw.dst);
-    c = replace16(c, flow.sport, rw.sport);
-    replace16(c, flow.dport, rw.dport)
+fn l4_check(check: u16, addrs: u32, flow: &Flow, rw: &Rewrite) -> u16 {
+    update(
+        check,
+        addrs + diff16(flow.sport, rw.sport) + diff16(flow.dport, rw.dport),
+    )
 }

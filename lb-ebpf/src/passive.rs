@@ -15,7 +15,7 @@
 //! and the ICMP check starts only for ICMP.
 #![cfg_attr(not(target_arch = "bpf"), allow(dead_code))]
 
-use aya_ebpf::{helpers::bpf_ktime_get_coarse_ns, programs::XdpContext};
+use aya_ebpf::programs::XdpContext;
 use lb_common::{
     BackendInfo, CtEntry, PROTO_TCP, PROTO_UDP, PassiveSignal, SYN_RETRANSMIT_MIN_NS, addr_flags,
     counter, ct_flags, ct_state, signal_kind,
@@ -23,8 +23,9 @@ use lb_common::{
 use network_types::ip::Ipv4Hdr;
 
 use crate::{
+    clock,
     flow::{hash_of, key},
-    maps::{ADDRS, SIGNALS, params},
+    maps::{SIGNALS, lookup_addr, params},
     parse::Flow,
     ptr::read_at,
     stats,
@@ -114,11 +115,7 @@ pub fn icmp(ctx: &XdpContext, daddr: u32, l4_off: usize) {
     if kind != ICMP_DEST_UNREACH || code == ICMP_FRAG_NEEDED {
         return;
     }
-    let snat = ADDRS
-        .get_ptr(&daddr)
-        // SAFETY: a map value, read once.
-        .is_some_and(|f| unsafe { *f } & addr_flags::SNAT != 0);
-    if !snat {
+    if lookup_addr(daddr) & addr_flags::SNAT == 0 {
         return;
     }
     let inner_off = l4_off + ICMP_HDR_LEN;
@@ -166,8 +163,7 @@ pub fn icmp(ctx: &XdpContext, daddr: u32, l4_off: usize) {
     };
     // SAFETY: a map value of plain integers.
     let e = unsafe { &mut (*slot).entry };
-    // SAFETY: helper without arguments.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let now = clock::now();
     if e.backend_id != nat.backend_id || e.snat_port != snat_port || !ct_live(e, now, p) {
         return;
     }

@@ -19,7 +19,7 @@ use crate::{
 /// Whether a connection table entry is still in use.
 #[inline(always)]
 pub fn ct_live(e: &CtEntry, now: u64, p: &Params) -> bool {
-    now.wrapping_sub(e.last_seen) <= p.timeout(e.state)
+    now.saturating_sub(e.last_seen) <= p.timeout(e.state)
 }
 
 /// A table slot: a key and its entry.
@@ -148,7 +148,7 @@ pub fn same_client(a: &NatEntry, b: &NatEntry) -> bool {
 #[inline(always)]
 fn abandoned(slot: &NatSlot, now: u64, p: &Params) -> bool {
     let t = &slot.entry;
-    if t.last_seen != 0 && now.wrapping_sub(t.last_seen) <= p.timeout(ct_state::TCP_CLOSING) {
+    if t.last_seen != 0 && now.saturating_sub(t.last_seen) <= p.timeout(ct_state::TCP_CLOSING) {
         return false;
     }
     let client = FlowKey {

@@ -12,23 +12,24 @@ use std::{
 
 use anyhow::{Context as _, bail};
 use lb_common::{
-    BackendInfo, NO_BACKEND, ServiceInfo, ServiceKey, addr_flags, backend_flags, service_flags,
+    AddrSet, BackendInfo, NO_BACKEND, ServiceInfo, ServiceKey, addr_flags, backend_flags,
+    service_flags,
 };
 
 use crate::{
+    addr_table::AddrTable,
     config::{AllUnhealthy, Config, ExistingFlows},
     maglev::{self, Member},
 };
 
 /// Where the desired state goes: the BPF maps, or memory in tests.
 pub trait MapWriter {
-    fn set_addr(&mut self, addr: Ipv4Addr, flags: u32) -> anyhow::Result<()>;
+    /// Writes set `index` of the address table (see [`crate::addr_table`]).
+    fn set_addr_set(&mut self, index: u32, set: &AddrSet) -> anyhow::Result<()>;
     fn set_service(&mut self, key: ServiceKey, info: ServiceInfo) -> anyhow::Result<()>;
     fn set_backend(&mut self, id: u32, info: BackendInfo) -> anyhow::Result<()>;
     /// Writes `(slot, backend id)` pairs of one service's ring.
     fn set_ring_slots(&mut self, service_id: u32, slots: &[(u32, u32)]) -> anyhow::Result<()>;
-    /// Removes an address (no longer a VIP nor a SNAT address): its packets go to the kernel.
-    fn remove_addr(&mut self, addr: Ipv4Addr) -> anyhow::Result<()>;
     /// Removes a service: packets to it are no longer balanced.
     fn remove_service(&mut self, key: ServiceKey) -> anyhow::Result<()>;
 }
@@ -101,8 +102,8 @@ pub struct Balancer {
     services: Vec<ServiceState>,
     /// (backend id, reserved until unix seconds), see [`Ids::retired`].
     retired: Vec<(u32, u64)>,
-    /// Addresses written to the address map, with their flags.
-    addrs: BTreeMap<Ipv4Addr, u32>,
+    /// The address table as written to the map.
+    addrs: AddrTable,
     /// Ids and admin settings of a previous run, used for the first config applied.
     adopted: Option<Ids>,
 }
@@ -178,9 +179,15 @@ impl Balancer {
             max_backends: config.lb.max_backends,
             services: Vec::new(),
             retired: ids.as_ref().map(|i| i.retired.clone()).unwrap_or_default(),
-            addrs: BTreeMap::new(),
+            addrs: AddrTable::default(),
             adopted: ids,
         }
+    }
+
+    /// The address table an adopted map holds (a new map is empty): the next
+    /// [`Balancer::apply`] keeps its addresses in their slots and clears what it no longer has.
+    pub fn set_written_addrs(&mut self, table: AddrTable) {
+        self.addrs = table;
     }
 
     /// Ids and admin settings to save for a restart.
@@ -207,9 +214,10 @@ impl Balancer {
     /// ids, health and admin settings (so established flows and rings stay where they are); new
     /// ones get free ids, with `healthy(service, backend, adopted id)` as their first verdict
     /// (the id is given for a backend adopted from [`Ids`] of a previous run). Everything is
-    /// planned (ids, SNAT addresses, rings) before the first write: a config that does not fit
-    /// (too many services or backends) fails with nothing written. The map sizes and ring size
-    /// (`[lb]`) are fixed at load time; the caller refuses changes to them.
+    /// planned (ids, SNAT addresses, rings, the address table) before the first write: a config
+    /// that does not fit (too many services, backends or addresses) fails with nothing written.
+    /// The map sizes and ring size (`[lb]`) are fixed at load time; the caller refuses changes to
+    /// them.
     pub fn apply(
         &mut self,
         config: &Config,
@@ -413,6 +421,7 @@ impl Balancer {
                 .entry(Ipv4Addr::from(b.info.snat_addr.to_ne_bytes()))
                 .or_default() |= addr_flags::SNAT;
         }
+        let addr_table = self.addrs.plan(&addrs)?;
         let kept: HashSet<&str> = services.iter().map(|s| s.name.as_str()).collect();
         let removed_services: Vec<&ServiceState> = self
             .services
@@ -423,8 +432,9 @@ impl Balancer {
 
         // Writes: stop traffic to what goes, then backends, rings and services, then the new
         // addresses (a new VIP gets traffic once its ring is complete).
-        for (addr, _) in self.addrs.iter().filter(|(a, _)| !addrs.contains_key(a)) {
-            writer.remove_addr(*addr)?;
+        let cleared = self.addrs.retain(|a| addrs.contains_key(&a));
+        for (index, set) in cleared.changes_from(&self.addrs) {
+            writer.set_addr_set(index, &set)?;
         }
         for s in &removed_services {
             writer.remove_service(s.key)?;
@@ -455,12 +465,10 @@ impl Balancer {
         for sid in 0..self.services.len() {
             self.sync_ring(sid, writer)?;
         }
-        for (addr, flags) in &addrs {
-            if self.addrs.get(addr) != Some(flags) {
-                writer.set_addr(*addr, *flags)?;
-            }
+        for (index, set) in addr_table.changes_from(&cleared) {
+            writer.set_addr_set(index, &set)?;
         }
-        self.addrs = addrs;
+        self.addrs = addr_table;
         Ok(changes)
     }
 
@@ -737,7 +745,7 @@ impl Balancer {
 /// An in-memory [`MapWriter`] for tests.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct MemoryMaps {
-    pub addrs: HashMap<Ipv4Addr, u32>,
+    pub addr_sets: BTreeMap<u32, AddrSet>,
     pub services: HashMap<ServiceKey, ServiceInfo>,
     pub backends: HashMap<u32, BackendInfo>,
     pub rings: HashMap<u32, HashMap<u32, u32>>,
@@ -745,9 +753,16 @@ pub struct MemoryMaps {
     pub slot_writes: usize,
 }
 
+impl MemoryMaps {
+    /// The addresses in the address table, with their flags.
+    pub fn addrs(&self) -> BTreeMap<Ipv4Addr, u32> {
+        AddrTable::from_sets(self.addr_sets.iter().map(|(&i, &s)| (i, s))).addrs()
+    }
+}
+
 impl MapWriter for MemoryMaps {
-    fn set_addr(&mut self, addr: Ipv4Addr, flags: u32) -> anyhow::Result<()> {
-        self.addrs.insert(addr, flags);
+    fn set_addr_set(&mut self, index: u32, set: &AddrSet) -> anyhow::Result<()> {
+        self.addr_sets.insert(index, *set);
         Ok(())
     }
 
@@ -767,11 +782,6 @@ impl MapWriter for MemoryMaps {
             ring.insert(slot, id);
         }
         self.slot_writes += slots.len();
-        Ok(())
-    }
-
-    fn remove_addr(&mut self, addr: Ipv4Addr) -> anyhow::Result<()> {
-        self.addrs.remove(&addr);
         Ok(())
     }
 
@@ -810,8 +820,8 @@ mod tests {
     #[test]
     fn initial_state_is_written_whole() {
         let (b, maps) = build(&config("", 3));
-        assert_eq!(maps.addrs[&Ipv4Addr::new(10, 100, 0, 1)], addr_flags::VIP);
-        assert_eq!(maps.addrs[&Ipv4Addr::new(10, 0, 2, 1)], addr_flags::SNAT);
+        assert_eq!(maps.addrs()[&Ipv4Addr::new(10, 100, 0, 1)], addr_flags::VIP);
+        assert_eq!(maps.addrs()[&Ipv4Addr::new(10, 0, 2, 1)], addr_flags::SNAT);
         assert_eq!(maps.rings[&0].len(), 1009);
         assert_eq!(maps.backends.len(), 3);
         assert!(maps.backends.values().all(|b| b.flags == backend_flags::UP));
@@ -1032,10 +1042,10 @@ mod tests {
         assert_eq!(changes.services_removed, ["a"]);
         assert_eq!(changes.services_added, ["c"]);
         assert!(
-            !maps.addrs.contains_key(&Ipv4Addr::new(10, 100, 0, 1)),
+            !maps.addrs().contains_key(&Ipv4Addr::new(10, 100, 0, 1)),
             "old VIP gone"
         );
-        assert_eq!(maps.addrs[&Ipv4Addr::new(10, 100, 0, 3)], addr_flags::VIP);
+        assert_eq!(maps.addrs()[&Ipv4Addr::new(10, 100, 0, 3)], addr_flags::VIP);
         assert_eq!(maps.services.len(), 2);
         let c = maps.services[&ServiceKey::new([10, 100, 0, 3], 53, 17)];
         assert_eq!(c.id, 0, "c reuses a's service slot");

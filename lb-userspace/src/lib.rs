@@ -1,6 +1,7 @@
 //! lb: an XDP L4 load balancer. The library holds the daemon, the CLI and the parts the
 //! integration tests drive directly (config, dataplane).
 
+pub mod addr_table;
 pub mod api;
 pub mod balancer;
 pub mod cli;

@@ -21,7 +21,9 @@ use lb::{
     config::{self, Config},
     dataplane::{self, Dataplane},
 };
-use lb_common::{BackendInfo, ServiceInfo, ServiceKey, backend_flags, map_name};
+use lb_common::{
+    AddrSet, BackendInfo, ServiceInfo, ServiceKey, addr_flags, addr_set, backend_flags, map_name,
+};
 use lb_tests::{
     inproc::wait_for_neighbours,
     netns::{Netns, Port, veth},
@@ -149,6 +151,10 @@ fn released_datapath_stays_attached_and_is_adopted() {
         dp.set_backend(BACKEND_ID, backend())?;
         let (key, info) = service();
         dp.set_service(key, info)?;
+        let vip = ne("10.100.0.1");
+        let mut set = AddrSet::default();
+        (set.addrs[2], set.flags[2]) = (vip, addr_flags::VIP);
+        dp.set_addr_set(addr_set(vip), &set)?;
         dp.release();
         Ok(())
     })
@@ -172,6 +178,10 @@ fn released_datapath_stays_attached_and_is_adopted() {
         let mut dp = Dataplane::load(&lb, Some(pins.path()))?;
         assert!(dp.adopted());
         assert_eq!(dp.backend_info(BACKEND_ID)?, backend());
+        assert_eq!(
+            dp.addr_table()?.addrs().into_iter().collect::<Vec<_>>(),
+            [(Ipv4Addr::new(10, 100, 0, 1), addr_flags::VIP)]
+        );
         let (key, info) = service();
         assert_eq!(dp.service_info(&key)?, Some(info));
         assert_eq!(
@@ -210,6 +220,41 @@ fn released_datapath_stays_attached_and_is_adopted() {
     );
 }
 
+/// Replaces the pinned address table with a hash map `u32 → u32` of 4096 entries, as lb pinned
+/// before the table became an array (raw bpf(2): aya creates maps only from an object).
+fn pin_old_hash_addrs(dir: &Path) {
+    let path = dir.join(map_name::ADDRS);
+    std::fs::remove_file(&path).unwrap();
+    let bpf = |cmd: libc::c_long, attr: &mut [u64; 16]| {
+        // SAFETY: bpf(2) with a zeroed attribute buffer larger than the fields the command reads.
+        unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), size_of_val(attr)) }
+    };
+    // BPF_MAP_CREATE: map_type BPF_MAP_TYPE_HASH (1), key_size 4 | value_size 4, max_entries.
+    let mut attr = [0u64; 16];
+    attr[0] = 1 | 4 << 32;
+    attr[1] = 4 | 4096 << 32;
+    let fd = bpf(0, &mut attr);
+    assert!(
+        fd >= 0,
+        "BPF_MAP_CREATE: {}",
+        std::io::Error::last_os_error()
+    );
+    // BPF_OBJ_PIN: pathname, bpf_fd.
+    let cpath = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    let mut attr = [0u64; 16];
+    attr[0] = cpath.as_ptr() as u64;
+    attr[1] = fd as u64;
+    let pinned = bpf(6, &mut attr);
+    assert_eq!(
+        pinned,
+        0,
+        "BPF_OBJ_PIN: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: our own descriptor; the pin keeps the map.
+    unsafe { libc::close(fd as i32) };
+}
+
 #[test]
 fn incompatible_pins_fail_with_a_clear_error() {
     require_root();
@@ -235,6 +280,23 @@ fn incompatible_pins_fail_with_a_clear_error() {
     assert!(pins.has(map_name::CONNTRACK));
     let dp = Dataplane::load(&lb_config("lbt0", 1024), Some(pins.path())).unwrap();
     assert!(dp.adopted());
+    drop(dp);
+
+    // A datapath pinned by an lb whose address table was a hash map (same name, other type).
+    pin_old_hash_addrs(pins.path());
+    let err = Dataplane::load(&lb_config("lbt0", 1024), Some(pins.path()))
+        .err()
+        .expect("a pinned hash map where the address table is an array must be refused");
+    let msg = err.to_string();
+    for want in [
+        dir.as_str(),
+        "lb stop",
+        map_name::ADDRS,
+        "another version of lb",
+    ] {
+        assert!(msg.contains(want), "{want:?} missing from: {msg}");
+    }
+    assert!(pins.has(map_name::ADDRS) && pins.has(map_name::CONNTRACK));
 }
 
 #[test]

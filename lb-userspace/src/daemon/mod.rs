@@ -70,6 +70,10 @@ fn load(config: &Config, pin: Option<&Path>) -> anyhow::Result<(Dataplane, Balan
         }
     }
     let mut balancer = Balancer::with_ids(config, ids);
+    if dataplane.adopted() {
+        // Kept addresses stay in their slots; what this config no longer has is cleared.
+        balancer.set_written_addrs(dataplane.addr_table()?);
+    }
     balancer.apply(
         config,
         |sid, backend| snat_address(config, sid, backend),

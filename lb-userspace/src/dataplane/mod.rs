@@ -8,7 +8,6 @@ mod stats;
 use std::{
     ffi::CString,
     io,
-    net::Ipv4Addr,
     path::{Path, PathBuf},
 };
 
@@ -24,12 +23,12 @@ use aya::{
     sys::SyscallError,
 };
 use lb_common::{
-    BackendInfo, CtSlot, FlowKey, NatSlot, PARAMS_GLOBAL, PASS_PROGRAM_NAME, PROGRAM_NAME, Params,
-    ServiceInfo, ServiceKey, flow_hash, map_name, ways,
+    ADDR_SETS, AddrSet, BackendInfo, CtSlot, FlowKey, NatSlot, PARAMS_GLOBAL, PASS_PROGRAM_NAME,
+    PROGRAM_NAME, Params, ServiceInfo, ServiceKey, flow_hash, map_name, ways,
 };
 use tracing::{info, warn};
 
-use crate::{balancer::MapWriter, config};
+use crate::{addr_table::AddrTable, balancer::MapWriter, config};
 pub use pin::{BPFFS, remove_pinned};
 pub use stats::{Stats, TrafficCounters};
 
@@ -418,6 +417,16 @@ impl Dataplane {
             .with_context(|| format!("reading backend {id}"))
     }
 
+    /// The address table as the map holds it (e.g. an adopted datapath's).
+    pub fn addr_table(&mut self) -> anyhow::Result<AddrTable> {
+        let table = self.array::<AddrSet>(map_name::ADDRS)?;
+        let sets = (0..ADDR_SETS)
+            .map(|i| Ok((i, table.get(&i, 0)?)))
+            .collect::<Result<Vec<_>, MapError>>()
+            .context("reading the address table")?;
+        Ok(AddrTable::from_sets(sets))
+    }
+
     /// The service entry of `key`, None when there is none.
     pub fn service_info(&mut self, key: &ServiceKey) -> anyhow::Result<Option<ServiceInfo>> {
         match self
@@ -494,11 +503,10 @@ impl Dataplane {
 }
 
 impl MapWriter for Dataplane {
-    fn set_addr(&mut self, addr: Ipv4Addr, flags: u32) -> anyhow::Result<()> {
-        let key = u32::from_ne_bytes(addr.octets());
-        self.hash_map::<u32, u32>(map_name::ADDRS)?
-            .insert(&key, &flags, 0)
-            .with_context(|| format!("writing address {addr}"))
+    fn set_addr_set(&mut self, index: u32, set: &AddrSet) -> anyhow::Result<()> {
+        self.array::<AddrSet>(map_name::ADDRS)?
+            .set(index, set, 0)
+            .with_context(|| format!("writing set {index} of the address table"))
     }
 
     fn set_service(&mut self, key: ServiceKey, info: ServiceInfo) -> anyhow::Result<()> {
@@ -522,14 +530,6 @@ impl MapWriter for Dataplane {
                 .with_context(|| format!("writing ring slot {slot} of service {service_id}"))?;
         }
         Ok(())
-    }
-
-    fn remove_addr(&mut self, addr: Ipv4Addr) -> anyhow::Result<()> {
-        let key = u32::from_ne_bytes(addr.octets());
-        match self.hash_map::<u32, u32>(map_name::ADDRS)?.remove(&key) {
-            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-            Err(e) => Err(anyhow::Error::new(e).context(format!("removing address {addr}"))),
-        }
     }
 
     fn remove_service(&mut self, key: ServiceKey) -> anyhow::Result<()> {
