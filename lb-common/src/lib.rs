@@ -133,14 +133,19 @@ pub struct Params {
     /// Idle timeouts in nanoseconds, indexed by [`ct_state`] (an array, so the datapath indexes
     /// it with a masked state instead of a branch table).
     pub timeout_ns: [u64; 4],
+    /// How long a TCP flow closed both ways ([`ct_flags::CLOSED`]) keeps its SNAT port from other
+    /// flows, nanoseconds: late segments of the old connection (a retransmitted FIN, the last
+    /// ACK) still find it, and then a new flow may take the port, long before the closing timeout.
+    pub closed_hold_ns: u64,
 }
 
 impl Params {
     pub const DEFAULT: Self = Self {
         ring_size: DEFAULT_RING_SIZE,
         table_mask: DEFAULT_CONNTRACK_SIZE - 1,
-        snat_port_min: 20000,
-        snat_port_count: 12768,
+        // Below Linux's ip_local_port_range (32768-60999), so never one of the host's own.
+        snat_port_min: 1024,
+        snat_port_count: 31744,
         nat_mask: 2 * DEFAULT_CONNTRACK_SIZE - 1,
         // UDP 60 s, TCP SYN 30 s, established 15 min, closing 10 s (IPVS-like).
         timeout_ns: [
@@ -149,6 +154,7 @@ impl Params {
             900_000_000_000,
             10_000_000_000,
         ],
+        closed_hold_ns: 1_000_000_000,
     };
 
     /// Idle timeout of a flow in `state`.
@@ -281,6 +287,18 @@ pub mod ct_flags {
     /// A passive health signal about this TCP connection attempt was sent (or its SYN
     /// retransmission found the backend had answered): at most one signal per connection.
     pub const SIGNALLED: u8 = 2;
+    /// The client sent a FIN.
+    pub const FIN_CLIENT: u8 = 4;
+    /// The backend sent a FIN.
+    pub const FIN_BACKEND: u8 = 8;
+    /// Either side sent a RST.
+    pub const RESET: u8 = 16;
+
+    /// Whether a flow with `flags` is closed both ways: a FIN from each side, or a RST.
+    #[inline(always)]
+    pub const fn closed(flags: u8) -> bool {
+        flags & RESET != 0 || flags & (FIN_CLIENT | FIN_BACKEND) == FIN_CLIENT | FIN_BACKEND
+    }
 }
 
 /// Connection table entry of a client → VIP flow.
@@ -516,7 +534,7 @@ mod tests {
 
     #[test]
     fn layouts_have_no_implicit_padding() {
-        assert_eq!(size_of::<Params>(), 48);
+        assert_eq!(size_of::<Params>(), 56);
         assert_eq!(size_of::<AddrSet>(), 64);
         assert_eq!(size_of::<CtSlot>(), 40);
         assert_eq!(size_of::<NatSlot>(), 56);

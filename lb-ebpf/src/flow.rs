@@ -75,6 +75,21 @@ pub fn forward(ctx: &XdpContext, flow: &Flow) -> Verdict {
     new_flow(ctx, flow, &k, hash, now, p)
 }
 
+/// A FIN or RST (`tcp_flags`) on a flow, from the side whose FIN flag is `fin`: the flow is
+/// closing, and closed both ways after a FIN from each side or a RST. Dated exactly (last_seen is
+/// otherwise refreshed once a second): a closed flow's SNAT port is held for
+/// `closed_hold_ns` from its last FIN or RST.
+#[inline(always)]
+fn closing(e: &mut CtEntry, tcp_flags: u8, fin: u8, now: u64) {
+    e.state = ct_state::TCP_CLOSING;
+    e.flags |= if tcp_flags & TCP_RST != 0 {
+        ct_flags::RESET
+    } else {
+        fin
+    };
+    e.last_seen = now;
+}
+
 /// A packet of a live flow. `None`: its backend became unavailable and the flow must move.
 #[inline(always)]
 fn established(ctx: &XdpContext, flow: &Flow, e: &mut CtEntry, now: u64) -> Option<Verdict> {
@@ -84,7 +99,7 @@ fn established(ctx: &XdpContext, flow: &Flow, e: &mut CtEntry, now: u64) -> Opti
     }
     if flow.proto == PROTO_TCP {
         if flow.tcp_flags & (TCP_FIN | TCP_RST) != 0 {
-            e.state = ct_state::TCP_CLOSING;
+            closing(e, flow.tcp_flags, ct_flags::FIN_CLIENT, now);
         } else if e.state == ct_state::TCP_SYN {
             if flow.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_ACK {
                 e.state = ct_state::TCP_ESTABLISHED;
@@ -311,7 +326,7 @@ pub fn reply(ctx: &XdpContext, flow: &Flow) -> Option<Verdict> {
             if flow.tcp_flags & TCP_RST != 0 {
                 passive::backend_reset(e, nat.backend_id, flow.dport, answered);
             }
-            e.state = ct_state::TCP_CLOSING;
+            closing(e, flow.tcp_flags, ct_flags::FIN_BACKEND, now);
         }
     }
     stats::count(counter::REPLY);

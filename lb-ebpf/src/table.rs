@@ -9,7 +9,9 @@
 #![cfg_attr(not(target_arch = "bpf"), allow(dead_code))]
 
 use aya_ebpf::maps::Array;
-use lb_common::{CtEntry, CtSlot, FlowKey, NatEntry, NatSlot, Params, counter, ct_state, ways};
+use lb_common::{
+    CtEntry, CtSlot, FlowKey, NatEntry, NatSlot, Params, counter, ct_flags, ct_state, ways,
+};
 
 use crate::{
     maps::{CONNTRACK, NAT},
@@ -142,15 +144,13 @@ pub fn same_client(a: &NatEntry, b: &NatEntry) -> bool {
         && a.vip_port == b.vip_port
 }
 
-/// Whether the flow holding a NAT slot is gone: no live connection table entry uses it, and, if
-/// it ever had a reply, none for the TCP closing timeout (a live flow evicted from the connection
-/// table must find its port again when its next packet re-creates it).
+/// Whether the flow holding a NAT slot is gone: closed both ways (FIN each way, or RST) for
+/// `closed_hold_ns`; or no live connection table entry uses it, and, if it ever had a reply,
+/// none for the TCP closing timeout (a live flow evicted from the connection table must find its
+/// port again when its next packet re-creates it).
 #[inline(always)]
 fn abandoned(slot: &NatSlot, now: u64, p: &Params) -> bool {
     let t = &slot.entry;
-    if t.last_seen != 0 && now.saturating_sub(t.last_seen) <= p.timeout(ct_state::TCP_CLOSING) {
-        return false;
-    }
     let client = FlowKey {
         src: t.client_addr,
         dst: t.vip_addr,
@@ -166,12 +166,20 @@ fn abandoned(slot: &NatSlot, now: u64, p: &Params) -> bool {
         client.dport,
         client.proto,
     );
-    match ct_find(&client, hash, p) {
-        None => true,
+    // The connection table entry of the flow holding the port, if it still is this flow's.
+    let held = ct_find(&client, hash, p)
         // SAFETY: an array map value of plain integers.
-        Some(s) => {
-            let e = unsafe { &(*s).entry };
-            !ct_live(e, now, p) || e.backend_id != t.backend_id || e.snat_port != slot.key.dport
-        }
+        .map(|s| unsafe { &(*s).entry })
+        .filter(|e| e.backend_id == t.backend_id && e.snat_port == slot.key.dport);
+    if let Some(e) = held
+        && ct_flags::closed(e.flags)
+        && ct_live(e, now, p)
+    {
+        // Closed both ways: free once its last FIN or RST (and reply) is `closed_hold_ns` old.
+        return now.saturating_sub(e.last_seen.max(t.last_seen)) > p.closed_hold_ns;
     }
+    if t.last_seen != 0 && now.saturating_sub(t.last_seen) <= p.timeout(ct_state::TCP_CLOSING) {
+        return false;
+    }
+    held.is_none_or(|e| !ct_live(e, now, p))
 }

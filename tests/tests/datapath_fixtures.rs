@@ -515,3 +515,77 @@ fn a_syn_on_a_closing_flow_starts_a_new_one() {
         row("retransmitted SYN of a live flow: not new", &syn),
     ]);
 }
+
+/// With one SNAT port, a second client gets it only once the first flow is closed both ways
+/// (a FIN from each side) and `tcp_closed_timeout` has passed since the last FIN; a half-closed
+/// flow keeps it.
+#[test]
+fn a_port_closed_both_ways_is_free_after_the_closed_hold() {
+    require_root();
+    let e = TestNet::new(
+        "ring_size = 1009\nsnat_ports = \"40000-40000\"\nconntrack = { tcp_closed_timeout = \"1s\" }",
+        SERVICES,
+    )
+    .unwrap();
+    let snat = "10.0.2.1:40000";
+    let a = "10.0.1.2:41000";
+    let from_client = |flags| {
+        Fixture::new(
+            "A: client segment",
+            Packet::tcp(a, "10.100.0.1:80", flags).build(),
+            XDP_REDIRECT,
+            FWD_REDIRECT,
+        )
+        .ingress(e.vc)
+        .any_output()
+    };
+    let from_backend = |desc: &str, flags| {
+        Fixture::new(
+            desc,
+            Packet::tcp("10.0.2.2:8080", snat, flags)
+                .macs(BACKEND_MAC, e.vb_mac)
+                .build(),
+            XDP_REDIRECT,
+            FWD_REDIRECT,
+        )
+        .ingress(e.vb)
+        .any_output()
+        .also(REPLY)
+    };
+    let b_syn = Packet::tcp("10.0.1.2:41001", "10.100.0.1:80", TCP_SYN);
+    let b_refused = |desc: &str| {
+        (0..lb_common::SNAT_PORT_TRIES).fold(
+            Fixture::new(desc, b_syn.clone().build(), XDP_DROP, DROP_NO_SNAT_PORT).ingress(e.vc),
+            |f, _| f.also(SNAT_PORT_RETRY),
+        )
+    };
+    let hold = std::time::Duration::from_millis(1300);
+    e.run(&[
+        from_client(TCP_SYN).also(CT_NEW),
+        from_backend("A: SYN+ACK", TCP_SYN | TCP_ACK),
+        from_client(TCP_ACK),
+        b_refused("B while A is open: no port"),
+        from_client(TCP_FIN | TCP_ACK),
+    ]);
+    std::thread::sleep(hold);
+    e.run(&[
+        b_refused("B after the hold, A half-closed: no port"),
+        from_backend("A: backend FIN, closed both ways", TCP_FIN | TCP_ACK),
+        b_refused("B at once after the last FIN: still held"),
+    ]);
+    std::thread::sleep(hold);
+    e.run(&[Fixture::new(
+        "B after the hold: takes the port",
+        b_syn.clone().build(),
+        XDP_REDIRECT,
+        FWD_REDIRECT,
+    )
+    .ingress(e.vc)
+    .output(
+        Packet::tcp(snat, "10.0.2.2:8080", TCP_SYN)
+            .ttl(63)
+            .macs(e.vb_mac, BACKEND_MAC)
+            .build(),
+    )
+    .also(CT_NEW)]);
+}

@@ -90,6 +90,9 @@ pub struct Conntrack {
     pub tcp_syn_timeout: Duration,
     pub tcp_established_timeout: Duration,
     pub tcp_closing_timeout: Duration,
+    /// How long a TCP flow closed both ways (FIN each way, or RST) keeps its SNAT port from
+    /// other flows (at most `tcp_closing_timeout`).
+    pub tcp_closed_timeout: Duration,
     pub udp_timeout: Duration,
 }
 
@@ -103,6 +106,7 @@ impl Default for Conntrack {
             tcp_syn_timeout: t(ct_state::TCP_SYN),
             tcp_established_timeout: t(ct_state::TCP_ESTABLISHED),
             tcp_closing_timeout: t(ct_state::TCP_CLOSING),
+            tcp_closed_timeout: Duration::from_nanos(p.closed_hold_ns),
             udp_timeout: t(ct_state::UDP),
         }
     }

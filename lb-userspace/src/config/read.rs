@@ -106,7 +106,10 @@ fn read_lb(f: &Fields) -> Option<Lb> {
     };
     let snat_address = read_ipv4(f, "snat_address");
     let snat_ports = match f.str("snat_ports") {
-        None => Some(20000..=32767),
+        None => {
+            let p = lb_common::Params::DEFAULT;
+            Some(p.snat_port_min..=p.snat_port_min + (p.snat_port_count - 1))
+        }
         Some(text) => {
             let range = text
                 .split_once('-')
@@ -207,6 +210,19 @@ fn read_conntrack(f: &Fields) -> Option<Conntrack> {
         d.tcp_established_timeout,
     );
     let closing = f.duration("tcp_closing_timeout", range.clone(), d.tcp_closing_timeout);
+    let closed = f.duration("tcp_closed_timeout", range.clone(), d.tcp_closed_timeout);
+    if let (Some(closed), Some(closing)) = (closed, closing)
+        && closed > closing
+    {
+        f.problem(
+            "tcp_closed_timeout",
+            format!(
+                "{} is longer than tcp_closing_timeout ({}): a closed flow leaves the table then",
+                super::fields::show(closed),
+                super::fields::show(closing)
+            ),
+        );
+    }
     let udp = f.duration("udp_timeout", range, d.udp_timeout);
     f.finish();
     Some(Conntrack {
@@ -214,6 +230,7 @@ fn read_conntrack(f: &Fields) -> Option<Conntrack> {
         tcp_syn_timeout: syn?,
         tcp_established_timeout: established?,
         tcp_closing_timeout: closing?,
+        tcp_closed_timeout: closed?,
         udp_timeout: udp?,
     })
 }
@@ -494,7 +511,7 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
     fn the_documented_example_parses_with_defaults() {
         let c = parse(GOOD).unwrap();
         assert_eq!(c.lb.ring_size, 65537);
-        assert_eq!(c.lb.snat_ports, 20000..=32767);
+        assert_eq!(c.lb.snat_ports, 1024..=32767);
         assert_eq!(c.lb.conntrack, Conntrack::default());
         assert_eq!(c.services[0].existing_flows, ExistingFlows::Reschedule);
         assert_eq!(c.services[0].on_all_unhealthy, AllUnhealthy::UseAll);
@@ -680,6 +697,11 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
                 "[lb]",
                 "[lb]\nconntrack = { tcp_syn_timeout = \"10d\" }",
                 "lb.conntrack.tcp_syn_timeout: 10d is out of range 1s-168h",
+            ),
+            (
+                "[lb]",
+                "[lb]\nconntrack = { tcp_closed_timeout = \"20s\" }",
+                "lb.conntrack.tcp_closed_timeout: 20s is longer than tcp_closing_timeout (10s): a closed flow leaves the table then",
             ),
             (
                 "[lb]",

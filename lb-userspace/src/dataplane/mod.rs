@@ -52,6 +52,7 @@ pub fn params(lb: &config::Lb) -> Params {
             ns(lb.conntrack.tcp_established_timeout),
             ns(lb.conntrack.tcp_closing_timeout),
         ],
+        closed_hold_ns: ns(lb.conntrack.tcp_closed_timeout),
     }
 }
 

@@ -40,18 +40,15 @@ pub const SERVICE_PORT: u16 = 7000;
 pub enum Target {
     Direct,
     Lb,
-    /// lb configured for connection churn (`LB_CHURN`); only the Connection: close test.
-    LbChurn,
     Nft,
     Haproxy,
     Nginx,
 }
 
 impl Target {
-    pub const ALL: [Target; 6] = [
+    pub const ALL: [Target; 5] = [
         Target::Direct,
         Target::Lb,
-        Target::LbChurn,
         Target::Nft,
         Target::Haproxy,
         Target::Nginx,
@@ -61,7 +58,6 @@ impl Target {
         match self {
             Target::Direct => "direct",
             Target::Lb => "lb",
-            Target::LbChurn => "lb, churn config",
             Target::Nft => "nft DNAT",
             Target::Haproxy => "HAProxy",
             Target::Nginx => "nginx stream",
@@ -71,7 +67,7 @@ impl Target {
     pub fn vip(self) -> Option<Ipv4Addr> {
         match self {
             Target::Direct => None,
-            Target::Lb | Target::LbChurn => Some(Ipv4Addr::new(10, 100, 0, 1)),
+            Target::Lb => Some(Ipv4Addr::new(10, 100, 0, 1)),
             Target::Nft => Some(Ipv4Addr::new(10, 100, 0, 2)),
             Target::Haproxy => Some(Ipv4Addr::new(10, 100, 0, 3)),
             Target::Nginx => Some(Ipv4Addr::new(10, 100, 0, 4)),
@@ -80,10 +76,7 @@ impl Target {
 
     /// The tests this path runs.
     pub fn tests(self) -> &'static [Test] {
-        match self {
-            Target::LbChurn => &[Test::Close],
-            _ => &Test::ALL,
-        }
+        &Test::ALL
     }
 
     /// Paths that run `test`, in round order.
@@ -94,13 +87,6 @@ impl Target {
             .collect()
     }
 }
-
-/// The `[lb]` lines of the churn config: every SNAT port outside the balancer namespace's
-/// ephemeral range (32768-60999) and a short closing timeout, so a closed flow's port is free again
-/// after 2 s. With the defaults (12,768 ports, 10 s) one backend sustains about 1,300 new
-/// connections/s before SNAT ports run out.
-pub const LB_CHURN: &str =
-    "snat_ports = \"1024-32767\"\nconntrack = { tcp_closing_timeout = \"2s\" }";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Test {
@@ -333,13 +319,8 @@ pub fn run(bed: &Bed, rounds: usize, seconds: u64, connections: u32) -> anyhow::
             let mut daemon = None;
             let mut _nft = None;
             match target {
-                Target::Lb | Target::LbChurn => {
-                    let extra = if target == Target::LbChurn {
-                        LB_CHURN
-                    } else {
-                        ""
-                    };
-                    let d = Daemon::start(&bed.sb.lb, &lb_config(bed, extra))?;
+                Target::Lb => {
+                    let d = Daemon::start(&bed.sb.lb, &lb_config(bed, ""))?;
                     wait_for_neighbours(&bed.sb, &BTreeSet::from([backend]))?;
                     daemon = Some((counters(&d)?, d));
                 }
