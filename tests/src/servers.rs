@@ -84,6 +84,35 @@ async fn serve(tcp: TcpListener, udp: UdpSocket, name: String, mut stop: watch::
 /// Starts a minimal HTTP/1.1 server on `addr` inside `ns`: every request gets
 /// `200 OK` with the body `hello from <name>\n`, then the connection closes.
 pub fn start_http(ns: &Netns, addr: SocketAddr, name: &str) -> anyhow::Result<Servers> {
+    serve_http(ns, addr, name, None)
+}
+
+/// The same server over TLS, with a self-signed certificate for the address (checks of it need
+/// `verify_tls = false`).
+pub fn start_https(ns: &Netns, addr: SocketAddr, name: &str) -> anyhow::Result<Servers> {
+    serve_http(ns, addr, name, Some(self_signed(addr)?))
+}
+
+fn self_signed(addr: SocketAddr) -> anyhow::Result<tokio_rustls::TlsAcceptor> {
+    use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+    let ck = rcgen::generate_simple_self_signed(vec![addr.ip().to_string()])?;
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![ck.cert.der().clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(ck.signing_key.serialize_der())),
+        )?;
+    Ok(tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config)))
+}
+
+fn serve_http(
+    ns: &Netns,
+    addr: SocketAddr,
+    name: &str,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) -> anyhow::Result<Servers> {
     let tcp = ns.enter(|| -> anyhow::Result<_> {
         let tcp = TcpListener::bind(addr).with_context(|| format!("HTTP bind {addr}"))?;
         tcp.set_nonblocking(true)?;
@@ -103,7 +132,16 @@ pub fn start_http(ns: &Netns, addr: SocketAddr, name: &str) -> anyhow::Result<Se
                     _ = stop_rx.wait_for(|s| *s) => return,
                     accepted = tcp.accept() => {
                         let Ok((conn, _)) = accepted else { continue };
-                        tokio::spawn(http_reply(conn, body.clone()));
+                        let body = body.clone();
+                        match tls.clone() {
+                            None => drop(tokio::spawn(http_reply(conn, body))),
+                            Some(acceptor) => drop(tokio::spawn(async move {
+                                // A failed handshake is the client's business.
+                                if let Ok(conn) = acceptor.accept(conn).await {
+                                    http_reply(conn, body).await;
+                                }
+                            })),
+                        }
                     }
                 }
             }
@@ -115,7 +153,10 @@ pub fn start_http(ns: &Netns, addr: SocketAddr, name: &str) -> anyhow::Result<Se
     })
 }
 
-async fn http_reply(mut conn: tokio::net::TcpStream, body: String) {
+async fn http_reply<S>(mut conn: S, body: String)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     use tokio::io::AsyncReadExt as _;
     let mut request = Vec::new();
     let mut buf = [0u8; 1024];

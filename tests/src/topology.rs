@@ -37,7 +37,7 @@ pub struct Sandbox {
     /// The port every backend serves TCP and UDP on.
     pub service_port: u16,
     // Dropped in this order: servers, peer programs, then namespaces (with their links).
-    /// Per backend: its echo/UDP and HTTP servers (empty while stopped).
+    /// Per backend: its echo/UDP, HTTP and HTTPS servers (empty while stopped).
     servers: Vec<Vec<Servers>>,
     _pass: Vec<PassProgram>,
     _switch: Netns,
@@ -52,12 +52,15 @@ fn start_servers(
     Ok(vec![
         servers::start(ns, SocketAddr::from((addr, port)), name)?,
         servers::start_http(ns, SocketAddr::from((addr, HTTP_PORT)), name)?,
+        servers::start_https(ns, SocketAddr::from((addr, HTTPS_PORT)), name)?,
     ])
 }
 
 pub const VIP: Ipv4Addr = Ipv4Addr::new(10, 100, 0, 1);
 /// Every backend also serves HTTP here (see [`servers::start_http`]).
 pub const HTTP_PORT: u16 = 8000;
+/// And HTTPS here, with a self-signed certificate (see [`servers::start_https`]).
+pub const HTTPS_PORT: u16 = 8443;
 
 impl Sandbox {
     pub fn build(arms: Arms, backends: usize, service_port: u16) -> anyhow::Result<Self> {

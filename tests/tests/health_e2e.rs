@@ -8,7 +8,7 @@ use std::{collections::HashMap, net::SocketAddr, time::Duration};
 use lb_tests::{
     daemon::Daemon,
     require_root, servers,
-    topology::{Arms, HTTP_PORT, Sandbox, VIP},
+    topology::{Arms, HTTP_PORT, HTTPS_PORT, Sandbox, VIP},
 };
 
 const TIMEOUT: Duration = Duration::from_millis(200);
@@ -62,6 +62,8 @@ fn eject_and_return(kind: &str, how: Failure) -> Daemon {
     }
     let extra = match kind {
         "http" => format!("port = {HTTP_PORT}\npath = \"/\"\n"),
+        // The backends' certificates are self-signed.
+        "https" => format!("port = {HTTPS_PORT}\npath = \"/\"\nverify_tls = false\n"),
         _ => String::new(),
     };
     let check = format!(
@@ -152,6 +154,16 @@ fn http_check_ejects_a_killed_backend() {
 #[test]
 fn http_check_ejects_a_silent_backend() {
     eject_and_return("http", Failure::Silent);
+}
+
+#[test]
+fn https_check_ejects_a_killed_backend() {
+    eject_and_return("https", Failure::Killed);
+}
+
+#[test]
+fn https_check_ejects_a_silent_backend() {
+    eject_and_return("https", Failure::Silent);
 }
 
 #[test]

@@ -436,7 +436,7 @@ pub fn markdown(r: &E2e) -> String {
             .collect();
         let _ = writeln!(
             s,
-            "lb's datapath counters over its turns, both configs (packets, both directions): {}.\n",
+            "lb's datapath counters over its turns (packets, both directions): {}.\n",
             c.join(", ")
         );
     }
