@@ -50,7 +50,7 @@ enum Task {
         /// One round and short runs, for development; writes only target/bench/.
         #[arg(long)]
         quick: bool,
-        /// End-to-end rounds (default 3; 1 with --quick).
+        /// End-to-end rounds (default 5; 1 with --quick).
         #[arg(long)]
         rounds: Option<u32>,
         /// Extra arguments for lb-bench (e.g. --iterations 50000), after `--`.

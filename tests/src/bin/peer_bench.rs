@@ -24,7 +24,7 @@ struct Args {
     /// One round, shorter runs: for development (numbers are rougher).
     #[arg(long)]
     quick: bool,
-    /// End-to-end rounds (default 3, 1 with --quick).
+    /// End-to-end rounds (default 5, 1 with --quick).
     #[arg(long)]
     rounds: Option<usize>,
     /// Seconds per iperf3 / wrk run (default 4, 2 with --quick).
@@ -110,7 +110,7 @@ fn want(args: &Args, part: &str) -> bool {
 
 fn run(args: &Args, started: Instant) -> anyhow::Result<()> {
     let q = args.quick;
-    let rounds = args.rounds.unwrap_or(if q { 1 } else { 3 });
+    let rounds = args.rounds.unwrap_or(if q { 1 } else { 5 });
     let seconds = args.seconds.unwrap_or(if q { 2 } else { 4 });
     let rate_rounds = args.rate_rounds.unwrap_or(if q { 3 } else { 10 });
     let trials = args.trials.unwrap_or(if q { 2 } else { 8 });
