@@ -115,6 +115,23 @@ impl TestNet {
     }
 
     /// The SNAT port the datapath tries first for a client flow.
+    /// A TCP segment `backend` → `snat` (ADDR:PORT each) with `flags`, arriving on the backend
+    /// side: the reply of a flow, forwarded to its client (any output) and counted as a reply.
+    pub fn from_backend(&self, desc: &str, backend: &str, snat: &str, flags: u8) -> Fixture {
+        use crate::{fixture::XDP_REDIRECT, packet::Packet};
+        Fixture::new(
+            desc,
+            Packet::tcp(backend, snat, flags)
+                .macs(BACKEND_MAC, self.vb_mac)
+                .build(),
+            XDP_REDIRECT,
+            lb_common::counter::FWD_REDIRECT,
+        )
+        .ingress(self.vb)
+        .any_output()
+        .also(lb_common::counter::REPLY)
+    }
+
     pub fn snat_port(&self, client: &str, cport: u16, vip: &str, vport: u16, proto: u8) -> u16 {
         let h = flow_hash(ne(client), ne(vip), cport.to_be(), vport.to_be(), proto);
         snat_port_candidate(h, 0, &self.params)

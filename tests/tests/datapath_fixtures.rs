@@ -539,19 +539,7 @@ fn a_port_closed_both_ways_is_free_after_the_closed_hold() {
         .ingress(e.vc)
         .any_output()
     };
-    let from_backend = |desc: &str, flags| {
-        Fixture::new(
-            desc,
-            Packet::tcp("10.0.2.2:8080", snat, flags)
-                .macs(BACKEND_MAC, e.vb_mac)
-                .build(),
-            XDP_REDIRECT,
-            FWD_REDIRECT,
-        )
-        .ingress(e.vb)
-        .any_output()
-        .also(REPLY)
-    };
+    let from_backend = |desc: &str, flags| e.from_backend(desc, "10.0.2.2:8080", snat, flags);
     let b_syn = Packet::tcp("10.0.1.2:41001", "10.100.0.1:80", TCP_SYN);
     let b_refused = |desc: &str| {
         (0..lb_common::SNAT_PORT_TRIES).fold(

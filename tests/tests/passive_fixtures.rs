@@ -72,17 +72,7 @@ fn client(e: &TestNet, desc: &str, cport: u16, flags: u8) -> Fixture {
 /// A packet of the API backend to the SNAT address of client port `cport`'s flow.
 fn backend(e: &TestNet, desc: &str, cport: u16, flags: u8) -> Fixture {
     let p = e.snat_port("10.0.1.2", cport, "10.100.0.2", 80, 6);
-    Fixture::new(
-        desc,
-        Packet::tcp(API_BACKEND, &format!("10.0.2.1:{p}"), flags)
-            .macs(BACKEND_MAC, e.vb_mac)
-            .build(),
-        XDP_REDIRECT,
-        FWD_REDIRECT,
-    )
-    .ingress(e.vb)
-    .any_output()
-    .also(REPLY)
+    e.from_backend(desc, API_BACKEND, &format!("10.0.2.1:{p}"), flags)
 }
 
 #[test]
