@@ -1,9 +1,9 @@
-//! The probe scheduler: one task runs every active check of the daemon. Targets wait in a timing wheel
-//! (`Wheel`) under the slot they are due in; the task wakes at most once per [`SLOT`], starts every probe
-//! due by then and polls the probes in flight itself, so a probe costs no task, timer or
-//! wake-up of its own (issue 4: 10,000 targets probed every second must stay cheap). A probe
-//! starts up to one slot after it is due; probes due in the same slot leave together, which
-//! also lets the half-open prober send their SYNs in one `sendmmsg`.
+//! The probe scheduler: one task runs every active check of the daemon. Targets wait in a
+//! timing wheel (`Wheel`) under the slot they are due in; the task wakes at most once per
+//! [`SLOT`], starts every probe due by then and polls the probes in flight itself, so a probe
+//! costs no task, timer or wake-up of its own (issue 4: 10,000 targets probed every second must
+//! stay cheap). A probe starts up to one slot after it is due; probes due in the same slot leave
+//! together, which also lets the half-open prober send their SYNs in one `sendmmsg`.
 //!
 //! The task owns each target's [`Window`]; what other parts of the daemon read or set (status,
 //! reporting, pausing) is shared per target through `TargetShared`.
@@ -114,8 +114,8 @@ pub(super) struct Scheduler {
     taken: Vec<(usize, u64)>,
     in_flight: FuturesUnordered<Tagged>,
     /// Half-open probes go to the prober in one batch per turn, without a future each
-    /// ([`super::probe::tcp_syn::SynProber::start_many`]): the batch being gathered, the results taken, and how many
-    /// are out.
+    /// ([`super::probe::tcp_syn::SynProber::start_many`]): the batch being gathered, the
+    /// results taken, and how many are out.
     syn_batch: Vec<(u64, SocketAddrV4, Duration)>,
     syn_done: Vec<(u64, ProbeResult)>,
     syn_in_flight: usize,
