@@ -22,7 +22,7 @@ use tokio::{
     signal::unix::{SignalKind, signal},
     sync::{mpsc, watch},
 };
-use tracing::{Instrument as _, debug, error, info, info_span};
+use tracing::{Instrument as _, debug, error, info, info_span, warn};
 
 use crate::{api, balancer::Balancer, config::Config, dataplane::Dataplane, health};
 
@@ -103,6 +103,7 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
         .map(|a| *a.ip())
         .collect();
     resolve_neighbours(&backends);
+    warn_port_overlap(&config.lb.snat_ports);
     for iface in &config.lb.interfaces {
         dataplane.attach(iface, config.lb.xdp_mode)?;
     }
@@ -285,6 +286,42 @@ fn lock_pin(dir: &Path) -> anyhow::Result<std::fs::File> {
     Ok(file)
 }
 
+/// Warns when SNAT ports overlap this namespace's ephemeral ports: a connection of the host's
+/// own (a tcp-connect or http probe, say) could then share a SNAT flow's addresses and ports
+/// towards a backend, and its replies would go to the client.
+fn warn_port_overlap(snat: &std::ops::RangeInclusive<u16>) {
+    const PATH: &str = "/proc/sys/net/ipv4/ip_local_port_range";
+    let local = std::fs::read_to_string(PATH)
+        .ok()
+        .and_then(|text| parse_port_range(&text));
+    if let Some(both) = local.and_then(|local| overlap(snat, &local)) {
+        warn!(
+            "snat_ports {}-{} overlap the host's ephemeral ports ({PATH}: {}-{}); narrow \
+             snat_ports or reserve them with net.ipv4.ip_local_reserved_ports",
+            snat.start(),
+            snat.end(),
+            both.start(),
+            both.end()
+        );
+    }
+}
+
+/// `ip_local_port_range`'s "FIRST<tab>LAST".
+fn parse_port_range(text: &str) -> Option<std::ops::RangeInclusive<u16>> {
+    let mut parts = text.split_whitespace().map(|p| p.parse::<u16>().ok());
+    let (first, last) = (parts.next()??, parts.next()??);
+    Some(first..=last)
+}
+
+/// The ports two ranges share, if any.
+fn overlap(
+    a: &std::ops::RangeInclusive<u16>,
+    b: &std::ops::RangeInclusive<u16>,
+) -> Option<std::ops::RangeInclusive<u16>> {
+    let (first, last) = (*a.start().max(b.start()), *a.end().min(b.end()));
+    (first <= last).then_some(first..=last)
+}
+
 /// A backend's SNAT address: the service's, else `lb.snat_address`, else the source address the
 /// kernel uses towards the backend (its egress interface's address).
 pub fn snat_address(
@@ -335,5 +372,20 @@ async fn keep_neighbours(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
             }
             _ = stop.wait_for(|s| *s) => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snat_ports_against_the_ephemeral_range() {
+        let linux = parse_port_range("32768\t60999\n").unwrap();
+        assert_eq!(linux, 32768..=60999);
+        assert_eq!(overlap(&(1024..=32767), &linux), None, "the defaults");
+        assert_eq!(overlap(&(30000..=40000), &linux), Some(32768..=40000));
+        assert_eq!(overlap(&(1024..=65535), &linux), Some(32768..=60999));
+        assert_eq!(parse_port_range("oops"), None);
     }
 }
