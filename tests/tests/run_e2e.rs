@@ -102,9 +102,11 @@ fn run_expecting_failure(ns: &Netns, config: &str) -> String {
     let dir = TempDir::new().unwrap();
     let path = dir.0.join("lb.toml");
     std::fs::write(&path, config).unwrap();
+    // Unpinned: these runs fail before pinning matters, and the default pin path (and its
+    // lock) is the host's, shared by tests running at the same time.
     let out = ns
         .command(lb_bin())
-        .args(["run", "--config"])
+        .args(["run", "--no-pin", "--config"])
         .arg(&path)
         .output()
         .unwrap();
