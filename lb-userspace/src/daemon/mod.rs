@@ -263,7 +263,6 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
 /// Holds a lock on the pin directory's ids file for the daemon's lifetime, so that two daemons
 /// never drive one pinned datapath.
 fn lock_pin(dir: &Path) -> anyhow::Result<std::fs::File> {
-    use std::os::fd::AsRawFd as _;
     let path = state::ids_file(dir).with_extension("lock");
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)
@@ -275,15 +274,17 @@ fn lock_pin(dir: &Path) -> anyhow::Result<std::fs::File> {
         .write(true)
         .open(&path)
         .with_context(|| format!("opening {}", path.display()))?;
-    // SAFETY: flock on a file descriptor we own.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        anyhow::bail!(
+    match crate::dataplane::patiently(|| file.try_lock()) {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
             "another `lb run` drives the datapath pinned at {} (lock {} is held)",
             dir.display(),
             path.display()
-        );
+        ),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("locking {}", path.display()))
+        }
     }
-    Ok(file)
 }
 
 /// Warns when SNAT ports overlap this namespace's ephemeral ports: a connection of the host's

@@ -29,7 +29,7 @@ use lb_common::{
 use tracing::{info, warn};
 
 use crate::{addr_table::AddrTable, balancer::MapWriter, config};
-pub use pin::{BPFFS, remove_pinned};
+pub use pin::{BPFFS, patiently, remove_pinned};
 pub use stats::{Stats, TrafficCounters};
 
 /// The XDP object built by build.rs (empty when built with LB_EBPF_STUB=1).

@@ -103,10 +103,31 @@ pub fn prepare_dir(dir: &Path) -> anyhow::Result<()> {
 #[derive(Debug)]
 pub struct DirLock(#[expect(dead_code, reason = "held for its lock")] File);
 
+/// How long a held lock is waited for before it counts as in use: a lock outlives its owner for
+/// a moment while that process exits, or while a child another thread forks has not yet reached
+/// exec (the child holds a copy of every descriptor until then, close-on-exec or not).
+pub const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Tries `try_lock` until it succeeds, fails otherwise than by being held, or
+/// [`LOCK_PATIENCE`] has passed.
+pub fn patiently(
+    mut try_lock: impl FnMut() -> Result<(), TryLockError>,
+) -> Result<(), TryLockError> {
+    let start = std::time::Instant::now();
+    loop {
+        match try_lock() {
+            Err(TryLockError::WouldBlock) if start.elapsed() < LOCK_PATIENCE => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Takes the lock of `dir`, which must exist.
 pub fn lock(dir: &Path) -> anyhow::Result<DirLock> {
     let file = File::open(dir).with_context(|| format!("opening {}", dir.display()))?;
-    match file.try_lock() {
+    match patiently(|| file.try_lock()) {
         Ok(()) => Ok(DirLock(file)),
         Err(TryLockError::WouldBlock) => bail!(
             "the datapath pinned in {} is in use by a running lb: stop that one first \
