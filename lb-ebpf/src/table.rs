@@ -151,6 +151,11 @@ pub fn same_client(a: &NatEntry, b: &NatEntry) -> bool {
 #[inline(always)]
 fn abandoned(slot: &NatSlot, now: u64, p: &Params) -> bool {
     let t = &slot.entry;
+    // A reply within the closed hold keeps the port either way (the hold is at most the closing
+    // timeout): no connection table lookup for ports in use.
+    if t.last_seen != 0 && now.saturating_sub(t.last_seen) <= p.closed_hold_ns {
+        return false;
+    }
     let client = FlowKey {
         src: t.client_addr,
         dst: t.vip_addr,

@@ -41,20 +41,27 @@ pub fn sh(cmd: &mut Command) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// The entries of `dir` named `<prefix><pid>-...` whose process no longer exists: what a killed
+/// test run left behind (name, path).
+pub fn stale_entries(dir: &Path, prefix: &str) -> Vec<(String, std::path::PathBuf)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let pid = name.strip_prefix(prefix)?.split('-').next()?.to_owned();
+            (!Path::new("/proc").join(pid).exists()).then(|| (name, e.path()))
+        })
+        .collect()
+}
+
 /// Deletes `lbt-<pid>-*` namespaces whose process no longer exists.
 fn sweep_stale() {
-    let Ok(entries) = std::fs::read_dir("/run/netns") else {
-        return;
-    };
-    for e in entries.filter_map(Result::ok) {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name.strip_prefix(PREFIX).and_then(|r| r.split('-').next()) else {
-            continue;
-        };
-        if !Path::new("/proc").join(pid).exists() {
-            eprintln!("removing stale test namespace {name}");
-            let _ = sh(Command::new("ip").args(["netns", "del", &name])); // best effort
-        }
+    for (name, _) in stale_entries(Path::new("/run/netns"), PREFIX) {
+        eprintln!("removing stale test namespace {name}");
+        let _ = sh(Command::new("ip").args(["netns", "del", &name])); // best effort
     }
 }
 

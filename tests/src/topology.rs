@@ -134,6 +134,17 @@ impl Sandbox {
         Ok(())
     }
 
+    /// The balancer's interface names as the items of a TOML array (`"a", "b"`), for
+    /// `[lb] interfaces = [...]`.
+    pub fn interfaces_toml(&self) -> String {
+        let quoted: Vec<String> = self
+            .lb_interfaces()
+            .iter()
+            .map(|i| format!("\"{i}\""))
+            .collect();
+        quoted.join(", ")
+    }
+
     /// The balancer's interface names, for `[lb] interfaces`.
     pub fn lb_interfaces(&self) -> Vec<String> {
         self.lb_ports.iter().map(|p| p.ifname.clone()).collect()
@@ -154,16 +165,11 @@ impl Sandbox {
                 )
             })
             .collect();
-        let interfaces: Vec<String> = self
-            .lb_interfaces()
-            .iter()
-            .map(|i| format!("\"{i}\""))
-            .collect();
         format!(
             "[lb]\ninterfaces = [{}]\nxdp_mode = \"native\"\n\n\
              [[service]]\nname = \"tcp\"\nvip = \"{VIP}:{vip_port}\"\nprotocol = \"tcp\"\n{extra}\nbackends = [{}]\n\n\
              [[service]]\nname = \"udp\"\nvip = \"{VIP}:{vip_port}\"\nprotocol = \"udp\"\n{extra}\nbackends = [{}]\n",
-            interfaces.join(", "),
+            self.interfaces_toml(),
             backends.join(", "),
             backends.join(", ")
         )

@@ -18,11 +18,6 @@ use lb_tests::{
 /// A config with TCP services on VIP ports `ports`, all over the sandbox's backends, each with
 /// `check` and `passive` tables.
 fn config(sb: &Sandbox, ports: &[u16], check: &str, passive: &str) -> String {
-    let interfaces: Vec<String> = sb
-        .lb_interfaces()
-        .iter()
-        .map(|i| format!("\"{i}\""))
-        .collect();
     let backends: Vec<String> = sb
         .backends
         .iter()
@@ -30,7 +25,7 @@ fn config(sb: &Sandbox, ports: &[u16], check: &str, passive: &str) -> String {
         .collect();
     let mut out = format!(
         "[lb]\ninterfaces = [{}]\nxdp_mode = \"native\"\n",
-        interfaces.join(", ")
+        sb.interfaces_toml()
     );
     for port in ports {
         out.push_str(&format!(

@@ -66,19 +66,10 @@ impl Drop for PinDir {
 }
 
 fn sweep_stale() {
-    let Ok(entries) = std::fs::read_dir(dataplane::BPFFS) else {
-        return;
-    };
-    for e in entries.filter_map(Result::ok) {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name.strip_prefix(PREFIX).and_then(|r| r.split('-').next()) else {
-            continue;
-        };
-        if !Path::new("/proc").join(pid).exists() {
-            eprintln!("removing stale test pins {name}");
-            if let Err(e) = dataplane::remove_pinned(&e.path()) {
-                eprintln!("warning: {e:#}");
-            }
+    for (name, path) in lb_tests::netns::stale_entries(Path::new(dataplane::BPFFS), PREFIX) {
+        eprintln!("removing stale test pins {name}");
+        if let Err(e) = dataplane::remove_pinned(&path) {
+            eprintln!("warning: {e:#}");
         }
     }
 }

@@ -9,6 +9,7 @@ use std::{
 };
 
 use plotters::{
+    coord::{Shift, types::RangedCoordf64},
     prelude::*,
     style::text_anchor::{HPos, Pos, VPos},
 };
@@ -74,6 +75,71 @@ fn format_value(v: f64) -> String {
     }
 }
 
+type Chart<'a, 'b> =
+    ChartContext<'a, BitMapBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// Axes with one column per category at x = 0, 1, ... named below it; `caption` is (title font
+/// size, y label area width); `y_values` formats the y labels with [`format_value`].
+fn category_chart<'a, 'b>(
+    root: &'a DrawingArea<BitMapBackend<'b>, Shift>,
+    title: &str,
+    caption: (u32, u32),
+    y_desc: &str,
+    names: &[String],
+    ymax: f64,
+    y_values: bool,
+) -> anyhow::Result<Chart<'a, 'b>> {
+    let n = names.len();
+    let mut builder = ChartBuilder::on(root);
+    builder.margin(16);
+    if text() {
+        builder
+            .caption(title, ("sans-serif", caption.0))
+            .x_label_area_size(36)
+            .y_label_area_size(caption.1);
+    } else {
+        builder.x_label_area_size(4).y_label_area_size(4);
+    }
+    let mut chart = builder.build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..ymax)?;
+    let label = |x: &f64| {
+        let i = x.round();
+        if (x - i).abs() < 1e-6 && i >= 0.0 {
+            names.get(i as usize).cloned().unwrap_or_default()
+        } else {
+            String::new()
+        }
+    };
+    let value = |v: &f64| format_value(*v);
+    let mut mesh = chart.configure_mesh();
+    mesh.disable_x_mesh();
+    if text() {
+        mesh.x_labels(n)
+            .x_label_formatter(&label)
+            .y_desc(y_desc)
+            .label_style(("sans-serif", 15))
+            .axis_desc_style(("sans-serif", 16));
+        if y_values {
+            mesh.y_label_formatter(&value);
+        }
+    } else {
+        mesh.x_labels(0).y_labels(0);
+    }
+    mesh.draw()?;
+    Ok(chart)
+}
+
+/// The series legend, upper right.
+fn legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>) -> anyhow::Result<()> {
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .label_font(("sans-serif", 15))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
+    Ok(())
+}
+
 /// Bars grouped by category, one colour per series, min–max whiskers, the median written above
 /// each bar.
 pub fn grouped_bars(
@@ -91,41 +157,7 @@ pub fn grouped_bars(
         .filter(|v| v.is_finite())
         .fold(0.0f64, f64::max);
     let ymax = if top > 0.0 { top * 1.18 } else { 1.0 };
-    let n = categories.len();
-    let mut builder = ChartBuilder::on(&root);
-    builder.margin(16);
-    if text() {
-        builder
-            .caption(title, ("sans-serif", 24))
-            .x_label_area_size(36)
-            .y_label_area_size(80);
-    } else {
-        builder.x_label_area_size(4).y_label_area_size(4);
-    }
-    let mut chart = builder.build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..ymax)?;
-    let label = |x: &f64| {
-        let i = x.round();
-        if (x - i).abs() < 1e-6 && i >= 0.0 {
-            categories.get(i as usize).cloned().unwrap_or_default()
-        } else {
-            String::new()
-        }
-    };
-    {
-        let mut mesh = chart.configure_mesh();
-        mesh.disable_x_mesh();
-        if text() {
-            mesh.x_labels(n)
-                .x_label_formatter(&label)
-                .y_label_formatter(&|v| format_value(*v))
-                .y_desc(y_desc)
-                .label_style(("sans-serif", 15))
-                .axis_desc_style(("sans-serif", 16));
-        } else {
-            mesh.x_labels(0).y_labels(0);
-        }
-        mesh.draw()?;
-    }
+    let mut chart = category_chart(&root, title, (24, 80), y_desc, categories, ymax, true)?;
     let k = series.len().max(1) as f64;
     let width = 0.8 / k;
     for (j, s) in series.iter().enumerate() {
@@ -174,13 +206,7 @@ pub fn grouped_bars(
         }
     }
     if text() && series.len() > 1 {
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .label_font(("sans-serif", 15))
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()?;
+        legend(&mut chart)?;
     }
     root.present()?;
     Ok(())
@@ -204,43 +230,9 @@ pub fn strip(
         .filter(|v| v.is_finite())
         .fold(0.0f64, f64::max);
     let ymax = if top > 0.0 { top * 1.2 } else { 1.0 };
+    let names: Vec<String> = groups.iter().map(|g| g.0.clone()).collect();
     let n = groups.len();
-    let mut builder = ChartBuilder::on(&root);
-    builder.margin(16);
-    if text() {
-        builder
-            .caption(title, ("sans-serif", 22))
-            .x_label_area_size(36)
-            .y_label_area_size(70);
-    } else {
-        builder.x_label_area_size(4).y_label_area_size(4);
-    }
-    let mut chart = builder.build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..ymax)?;
-    let label = |x: &f64| {
-        let i = x.round();
-        if (x - i).abs() < 1e-6 && i >= 0.0 {
-            groups
-                .get(i as usize)
-                .map(|g| g.0.clone())
-                .unwrap_or_default()
-        } else {
-            String::new()
-        }
-    };
-    {
-        let mut mesh = chart.configure_mesh();
-        mesh.disable_x_mesh();
-        if text() {
-            mesh.x_labels(n)
-                .x_label_formatter(&label)
-                .y_desc(y_desc)
-                .label_style(("sans-serif", 15))
-                .axis_desc_style(("sans-serif", 16));
-        } else {
-            mesh.x_labels(0).y_labels(0);
-        }
-        mesh.draw()?;
-    }
+    let mut chart = category_chart(&root, title, (22, 70), y_desc, &names, ymax, false)?;
     if let Some((lo, hi, name)) = band {
         let shade = RGBColor(0xc7, 0xe9, 0xc0);
         let drawn = chart.draw_series(std::iter::once(Rectangle::new(
@@ -269,13 +261,7 @@ pub fn strip(
         }
     }
     if text() && band.is_some() {
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .label_font(("sans-serif", 15))
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()?;
+        legend(&mut chart)?;
     }
     root.present()?;
     Ok(())

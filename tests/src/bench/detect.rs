@@ -53,18 +53,12 @@ pub fn run(bed: &mut Bed, trials: usize) -> anyhow::Result<Detection> {
         "haproxy-check",
         &[("hc", hvip, backend, "check inter 1s fall 3 rise 2")],
     )?;
-    let ifaces: Vec<String> = bed
-        .sb
-        .lb_interfaces()
-        .iter()
-        .map(|i| format!("\"{i}\""))
-        .collect();
     let config = format!(
         "[lb]\ninterfaces = [{}]\nxdp_mode = \"native\"\n\n[[service]]\nname = \"hc\"\n\
          vip = \"{}:{SERVICE_PORT}\"\nbackends = [{{ address = \"{backend}\" }}]\n\
          [service.check]\nkind = \"tcp\"\ninterval = \"1s\"\ntimeout = \"1s\"\n\
          unhealthy_threshold = {FALL}\nhealthy_threshold = 2\n",
-        ifaces.join(", "),
+        bed.sb.interfaces_toml(),
         Target::Lb.vip().expect("a VIP")
     );
     let daemon = Daemon::start(&bed.sb.lb, &config)?;

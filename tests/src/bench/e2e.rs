@@ -184,17 +184,11 @@ impl Bed {
 fn lb_config(bed: &Bed, lb_extra: &str) -> String {
     let vip = Target::Lb.vip().expect("a VIP");
     let b = bed.backend();
-    let ifaces: Vec<String> = bed
-        .sb
-        .lb_interfaces()
-        .iter()
-        .map(|i| format!("\"{i}\""))
-        .collect();
     format!(
         "[lb]\ninterfaces = [{}]\nxdp_mode = \"native\"\n{lb_extra}\n\n\
          [[service]]\nname = \"iperf\"\nvip = \"{vip}:{IPERF_PORT}\"\nbackends = [{{ address = \"{b}:{IPERF_PORT}\" }}]\n\n\
          [[service]]\nname = \"http\"\nvip = \"{vip}:{VIP_HTTP_PORT}\"\nbackends = [{{ address = \"{b}:{HTTP_PORT}\" }}]\n",
-        ifaces.join(", ")
+        bed.sb.interfaces_toml()
     )
 }
 

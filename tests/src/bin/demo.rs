@@ -397,11 +397,6 @@ fn config(sb: &Sandbox) -> String {
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let interfaces: Vec<String> = sb
-        .lb_interfaces()
-        .iter()
-        .map(|i| format!("\"{i}\""))
-        .collect();
     let timing = format!(
         "timeout = \"{CHECK_TIMEOUT_MS}ms\"\ninterval = \"{CHECK_INTERVAL_S}s\"\n\
          healthy_threshold = {CHECK_THRESHOLD}\nunhealthy_threshold = {CHECK_THRESHOLD}\n"
@@ -412,7 +407,7 @@ fn config(sb: &Sandbox) -> String {
          [service.check]\nkind = \"http\"\npath = \"/\"\n{timing}\n\
          [[service]]\nname = \"{ECHO}\"\nvip = \"{VIP}:{ECHO_VIP_PORT}\"\nprotocol = \"udp\"\nbackends = [{}]\n\
          [service.check]\nkind = \"udp\"\nsend = \"ping\"\nexpect = \"backend-\"\n{timing}",
-        interfaces.join(", "),
+        sb.interfaces_toml(),
         list(HTTP_PORT),
         list(ECHO_PORT),
     )

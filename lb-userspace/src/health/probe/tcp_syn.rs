@@ -322,11 +322,7 @@ impl SynProber {
         let deadline = Instant::now() + timeout;
         match self.exchange(target, deadline).await {
             Ok(result) => result,
-            Err(e) => {
-                tracing::warn!(%target, "half-open probe failed locally: {e}");
-                self.shared.forget_source(target);
-                ProbeResult::TcpFailure
-            }
+            Err(e) => self.shared.local_failure(target, &e),
         }
     }
 
@@ -380,28 +376,16 @@ impl SynProber {
             let answer = (&mut probe.answer)
                 .await
                 .map_err(|_| io::Error::other("the reply reader has stopped"))?;
-            match answer {
-                Answer::Reply {
-                    verdict: Verdict::Accepted,
-                    latency,
-                } => return Ok(ProbeResult::Success { latency }),
-                Answer::Reply {
-                    verdict: Verdict::Refused,
-                    ..
-                } => return Ok(ProbeResult::TcpFailure),
-                Answer::Expired => {
-                    // The route may have changed under a cached source: look it up next time.
-                    self.shared.forget_source(target);
-                    return Ok(ProbeResult::Timeout);
-                }
+            match self.shared.result_of(target, answer) {
+                Ok(result) => return Ok(result),
                 // A cached source may have gone (address removed): look the route up again,
                 // once.
-                Answer::Unsent(_) if cached && !retried => {
+                Err(_) if cached && !retried => {
                     drop(probe);
                     self.shared.forget_source(target);
                     retried = true;
                 }
-                Answer::Unsent(errno) => return Err(io::Error::from_raw_os_error(errno)),
+                Err(errno) => return Err(io::Error::from_raw_os_error(errno)),
             }
         }
     }
@@ -601,12 +585,40 @@ impl Shared {
                 syn: syn_segment(key.local, target, seq),
             }),
             Err(e) => {
-                tracing::warn!(%target, "half-open probe failed locally: {e}");
-                self.forget_source(target);
-                self.finished_queue().push((token, ProbeResult::TcpFailure));
+                let failure = self.local_failure(target, &e);
+                self.finished_queue().push((token, failure));
                 self.finished_ready.notify_one();
             }
         }
+    }
+
+    /// What an answer means for a probe of `target`; `Err(errno)` when its SYN could not be sent
+    /// (the caller may resend once).
+    fn result_of(&self, target: SocketAddrV4, answer: Answer) -> Result<ProbeResult, i32> {
+        match answer {
+            Answer::Reply {
+                verdict: Verdict::Accepted,
+                latency,
+            } => Ok(ProbeResult::Success { latency }),
+            Answer::Reply {
+                verdict: Verdict::Refused,
+                ..
+            } => Ok(ProbeResult::TcpFailure),
+            Answer::Expired => {
+                // The route may have changed under a cached source: look it up next time.
+                self.forget_source(target);
+                Ok(ProbeResult::Timeout)
+            }
+            Answer::Unsent(errno) => Err(errno),
+        }
+    }
+
+    /// A probe that failed here (no route, no port, the send refused by a local firewall):
+    /// logged, and a `TcpFailure`, since the target cannot be reached either way.
+    fn local_failure(&self, target: SocketAddrV4, e: &io::Error) -> ProbeResult {
+        tracing::warn!(%target, "half-open probe failed locally: {e}");
+        self.forget_source(target);
+        ProbeResult::TcpFailure
     }
 
     fn finished_queue(&self) -> MutexGuard<'_, Vec<(u64, ProbeResult)>> {
@@ -627,31 +639,15 @@ impl Shared {
                 Waiter::Token { token, retry } => (token, retry),
             };
             let target = key.remote;
-            let result = match answer {
-                Answer::Reply {
-                    verdict: Verdict::Accepted,
-                    latency,
-                } => ProbeResult::Success { latency },
-                Answer::Reply {
-                    verdict: Verdict::Refused,
-                    ..
-                } => ProbeResult::TcpFailure,
-                Answer::Expired => {
-                    // As in `exchange`: the route may have changed under a cached source.
-                    self.forget_source(target);
-                    ProbeResult::Timeout
-                }
-                Answer::Unsent(_) if retry => {
+            let result = match self.result_of(target, answer) {
+                Ok(result) => result,
+                // As in `exchange`: resend once after looking the route up again.
+                Err(_) if retry => {
                     self.forget_source(target);
                     self.start(token, target, deadline, false, &mut again);
                     continue;
                 }
-                Answer::Unsent(errno) => {
-                    let e = io::Error::from_raw_os_error(errno);
-                    tracing::warn!(%target, "half-open probe failed locally: {e}");
-                    self.forget_source(target);
-                    ProbeResult::TcpFailure
-                }
+                Err(errno) => self.local_failure(target, &io::Error::from_raw_os_error(errno)),
             };
             results.push((token, result));
         }
