@@ -12,6 +12,7 @@ pub mod dataplane;
 pub mod events;
 pub mod health;
 pub mod maglev;
+pub mod rtnl;
 
 /// Exit codes scripts can rely on.
 pub mod exit {

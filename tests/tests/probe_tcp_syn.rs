@@ -30,18 +30,26 @@ const TIMEOUT: Duration = Duration::from_secs(2);
 struct Pair {
     prober: Netns,
     backend: Netns,
+    /// The veth ends in each namespace.
+    prober_if: String,
+    backend_if: String,
 }
 
 fn pair() -> Pair {
     require_root();
     let prober = Netns::new("synp").unwrap();
     let backend = Netns::new("synb").unwrap();
-    let (_, b) = veth(&prober, "10.0.9.1/24", &backend, "10.0.9.2/24").unwrap();
+    let (a, b) = veth(&prober, "10.0.9.1/24", &backend, "10.0.9.2/24").unwrap();
     sh(backend
         .command("ethtool")
         .args(["-K", &b.ifname, "rx", "off"]))
     .unwrap();
-    Pair { prober, backend }
+    Pair {
+        prober,
+        backend,
+        prober_if: a.ifname,
+        backend_if: b.ifname,
+    }
 }
 
 fn backend(port: u16) -> SocketAddrV4 {
@@ -556,5 +564,103 @@ fn dropping_the_prober_stops_its_reader() {
             }
             assert_eq!(raw_tcp_sockets(), 0, "raw socket closed with the reader");
         });
+    });
+}
+
+/// Counts, in the prober's netfilter OUTPUT hook, the SYNs to `port`: those that took the
+/// kernel's IP output path (the link-layer path skips it).
+fn count_output_syns(ns: &Netns, port: u16) {
+    nft(ns, &["add", "table", "inet", "lbt"]);
+    nft(
+        ns,
+        &[
+            "add",
+            "chain",
+            "inet",
+            "lbt",
+            "out",
+            "{ type filter hook output priority 0; policy accept; }",
+        ],
+    );
+    let port = port.to_string();
+    nft(
+        ns,
+        &[
+            "add", "rule", "inet", "lbt", "out", "tcp", "dport", &port, "tcp", "flags", "syn",
+            "counter",
+        ],
+    );
+}
+
+fn output_syns(ns: &Netns) -> u64 {
+    let out = sh(ns.command("nft").args(["list", "chain", "inet", "lbt", "out"])).unwrap();
+    let at = out.find("packets ").expect("counter in the chain");
+    out[at + 8..]
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn answered_targets_skip_the_ip_output_path_until_a_timeout() {
+    let p = pair();
+    let _server = listen(&p.backend, 7001);
+    count_output_syns(&p.prober, 7001);
+    let (prober_ns, backend_ns) = (p.prober.clone(), p.backend.clone());
+    with_prober(&p.prober, move |prober| async move {
+        for _ in 0..5 {
+            assert!(is_success(prober.probe(backend(7001), TIMEOUT).await));
+        }
+        // The first SYN resolved the next hop through the kernel; the others went around it.
+        assert_eq!(output_syns(&prober_ns), 1);
+
+        // A timeout sends the next probes through the kernel again, until one is answered.
+        backend_ns.drop_all_input().unwrap();
+        let timeout = Duration::from_millis(300);
+        assert_eq!(
+            prober.probe(backend(7001), timeout).await,
+            ProbeResult::Timeout
+        );
+        assert_eq!(output_syns(&prober_ns), 1);
+        assert_eq!(
+            prober.probe(backend(7001), timeout).await,
+            ProbeResult::Timeout
+        );
+        assert_eq!(output_syns(&prober_ns), 2);
+        backend_ns.clear_input_chain().unwrap();
+        for _ in 0..3 {
+            assert!(is_success(prober.probe(backend(7001), TIMEOUT).await));
+        }
+        assert_eq!(output_syns(&prober_ns), 3);
+    });
+}
+
+#[test]
+fn a_next_hop_with_a_new_mac_is_followed() {
+    let p = pair();
+    let _server = listen(&p.backend, 7001);
+    let (prober_ns, backend_ns) = (p.prober.clone(), p.backend.clone());
+    let (prober_if, backend_if) = (p.prober_if.clone(), p.backend_if.clone());
+    with_prober(&p.prober, move |prober| async move {
+        for _ in 0..3 {
+            assert!(is_success(prober.probe(backend(7001), TIMEOUT).await));
+        }
+        // The backend moves to another MAC and the prober's kernel learns it (as from a
+        // gratuitous ARP): the next SYN goes to the new MAC. One sent to the old MAC would be
+        // dropped by the backend's device and time out.
+        let new_mac = "02:00:00:09:00:02";
+        backend_ns
+            .ip(&["link", "set", "dev", &backend_if, "address", new_mac])
+            .unwrap();
+        prober_ns
+            .ip(&[
+                "neigh", "replace", "10.0.9.2", "lladdr", new_mac, "dev", &prober_if,
+            ])
+            .unwrap();
+        for _ in 0..3 {
+            let result = prober.probe(backend(7001), Duration::from_millis(500)).await;
+            assert!(is_success(result), "{result:?}");
+        }
     });
 }

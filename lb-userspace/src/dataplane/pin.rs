@@ -10,10 +10,7 @@ use std::{
     fs::{File, TryLockError},
     io,
     mem::MaybeUninit,
-    os::{
-        fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
-        unix::ffi::OsStrExt as _,
-    },
+    os::{fd::AsFd as _, unix::ffi::OsStrExt as _},
     path::{Path, PathBuf},
     sync::Mutex,
 };
@@ -259,64 +256,20 @@ const IFLA_XDP_ATTACHED: u16 = 2;
 const XDP_ATTACHED_DRV: u8 = 1;
 const XDP_ATTACHED_SKB: u8 = 2;
 const XDP_ATTACHED_HW: u8 = 3;
-const NLA_TYPE_MASK: u16 = 0x3fff;
-const NLMSG_HDRLEN: usize = 16;
 const IFINFOMSG_LEN: usize = 16;
 
 /// The mode in which an XDP program is attached to interface `ifindex` of this thread's network
 /// namespace (IFLA_XDP_ATTACHED of RTM_GETLINK): None when none is, `Default` when several are.
 pub fn attached_xdp_mode(ifindex: u32) -> io::Result<Option<XdpMode>> {
-    // SAFETY: plain socket(2).
-    let raw = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::NETLINK_ROUTE,
-        )
-    };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh fd that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    let mut req = [0u8; NLMSG_HDRLEN + IFINFOMSG_LEN];
-    req[0..4].copy_from_slice(&((NLMSG_HDRLEN + IFINFOMSG_LEN) as u32).to_ne_bytes());
-    req[4..6].copy_from_slice(&libc::RTM_GETLINK.to_ne_bytes());
-    req[6..8].copy_from_slice(&(libc::NLM_F_REQUEST as u16).to_ne_bytes());
-    req[8..12].copy_from_slice(&1u32.to_ne_bytes()); // sequence number
+    use crate::rtnl;
+    let fd = rtnl::open(0, false)?;
     // ifinfomsg: family AF_UNSPEC, type 0, then the index.
-    req[NLMSG_HDRLEN + 4..NLMSG_HDRLEN + 8].copy_from_slice(&(ifindex as i32).to_ne_bytes());
-    // SAFETY: valid buffer; an unbound netlink socket sends to the kernel.
-    if unsafe { libc::send(fd.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let mut buf = vec![0u8; 64 * 1024];
-    // SAFETY: valid buffer of that length.
-    let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let msg = &buf[..n as usize];
-    let bad = || io::Error::new(io::ErrorKind::InvalidData, "malformed rtnetlink reply");
-    let len = msg
-        .get(0..4)
-        .map(|s| u32::from_ne_bytes([s[0], s[1], s[2], s[3]]) as usize)
-        .ok_or_else(bad)?;
-    let msg = msg.get(..len).ok_or_else(bad)?;
-    match u16_at(msg, 4).ok_or_else(bad)? {
-        t if t == libc::NLMSG_ERROR as u16 => {
-            let code = msg
-                .get(NLMSG_HDRLEN..NLMSG_HDRLEN + 4)
-                .map(|s| i32::from_ne_bytes([s[0], s[1], s[2], s[3]]))
-                .ok_or_else(bad)?;
-            return Err(io::Error::from_raw_os_error(-code));
-        }
-        libc::RTM_NEWLINK => {}
-        _ => return Err(bad()),
-    }
-    let attrs = msg.get(NLMSG_HDRLEN + IFINFOMSG_LEN..).ok_or_else(bad)?;
-    let attached = find_attr(attrs, IFLA_XDP)
-        .and_then(|xdp| find_attr(xdp, IFLA_XDP_ATTACHED))
+    let mut info = [0u8; IFINFOMSG_LEN];
+    info[4..8].copy_from_slice(&(ifindex as i32).to_ne_bytes());
+    let body = rtnl::request(fd.as_fd(), libc::RTM_GETLINK, &info, &[], libc::RTM_NEWLINK)?;
+    let attrs = body.get(IFINFOMSG_LEN..).ok_or_else(rtnl::malformed)?;
+    let attached = rtnl::find_attr(attrs, IFLA_XDP)
+        .and_then(|xdp| rtnl::find_attr(xdp, IFLA_XDP_ATTACHED))
         .and_then(|v| v.first().copied())
         .unwrap_or(0);
     Ok(match attached {
@@ -326,24 +279,4 @@ pub fn attached_xdp_mode(ifindex: u32) -> io::Result<Option<XdpMode>> {
         XDP_ATTACHED_HW => Some(XdpMode::Hardware),
         _ => Some(XdpMode::Default),
     })
-}
-
-fn u16_at(b: &[u8], i: usize) -> Option<u16> {
-    b.get(i..i + 2).map(|s| u16::from_ne_bytes([s[0], s[1]]))
-}
-
-/// The payload of the first netlink attribute of type `ty` in `b`.
-fn find_attr(b: &[u8], ty: u16) -> Option<&[u8]> {
-    let mut i = 0;
-    while let (Some(len), Some(atype)) = (u16_at(b, i), u16_at(b, i + 2)) {
-        let len = len as usize;
-        if len < 4 || i + len > b.len() {
-            return None;
-        }
-        if atype & NLA_TYPE_MASK == ty {
-            return Some(&b[i + 4..i + len]);
-        }
-        i += (len + 3) & !3;
-    }
-    None
 }

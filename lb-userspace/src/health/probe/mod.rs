@@ -7,6 +7,7 @@ pub mod tcp_connect;
 pub mod tcp_syn;
 pub mod udp;
 
+mod link;
 mod sys;
 
 pub use super::window::ProbeResult;

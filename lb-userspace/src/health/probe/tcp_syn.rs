@@ -24,7 +24,14 @@
 //! - the reader takes up to 64 replies per `recvmmsg`, and when replies come faster
 //!   than one per [`COALESCE`] it pauses that long between reads, so it wakes at most about once
 //!   per `COALESCE` under load rather than once per reply;
-//! - the SYNs carry DF, like a Linux TCP SYN, which also spares the kernel a hashed IP ID each.
+//! - the SYNs carry DF, like a Linux TCP SYN, which also spares the kernel a hashed IP ID each;
+//! - a target whose last probe was answered gets its SYNs through a packet socket on the
+//!   link layer (see [`super::link`]): the kernel's IP output path was the largest single cost
+//!   of a probe. Its first probe, and every probe after a timeout or a failed send, take the
+//!   kernel's path through the raw socket, so the kernel resolves the next hop, and a failure
+//!   (unless it is the first timeout) is always seen through the kernel's own routing. On that
+//!   path a SYN skips netfilter's OUTPUT and POSTROUTING hooks and IPsec policies (README,
+//!   limitations); the answers come back through the raw socket either way.
 //!
 //! Timing: the timeout runs from the call to [`SynProber::probe`]. The reader reads the socket
 //! before it expires deadlines, so a SYN+ACK or RST that arrived before the deadline always
@@ -78,6 +85,7 @@ use tokio::{
 };
 
 use super::ProbeResult;
+use super::link::{Frame, Link, Links, ipv4_header};
 use super::sys::{
     MAX_BATCH, Outgoing, fold, ones_sum, recv, recv_many, register, send_many, setsockopt,
     sockaddr_in,
@@ -137,6 +145,9 @@ struct Shared {
     _reservations: Vec<OwnedFd>,
     /// Looks up source addresses (one UDP socket, connected to each target in turn).
     routes: Mutex<UdpSocket>,
+    /// The link-layer path for targets that answered (see [`super::link`]); None if its
+    /// sockets could not be opened (then every SYN takes the kernel's path).
+    links: Option<Links>,
     wakeups: AtomicU64,
     /// Results of the probes of `start_many`, and the signal that some are there.
     finished: Mutex<Vec<(u64, ProbeResult)>>,
@@ -163,6 +174,12 @@ struct State {
 struct Target {
     /// The cached source address and when it was looked up.
     source: Option<(Ipv4Addr, Instant)>,
+    /// Its last probe was answered through the kernel's path (so the kernel knows the next
+    /// hop): its SYNs may take the link-layer path. Cleared by a timeout or a local failure.
+    answered: bool,
+    /// The link-layer path and when it was looked up; or when a lookup last found none.
+    link: Option<(Link, Instant)>,
+    no_link: Option<Instant>,
     /// Index in the pool of the next port to try.
     next_port: usize,
     /// When it was last probed.
@@ -235,6 +252,8 @@ struct Pending {
     deadline: Instant,
     /// When its SYN went out (set by the sender just before the send).
     sent: Option<Instant>,
+    /// Its SYN was queued for the link-layer path.
+    via_link: bool,
     waiter: Waiter,
     /// A port reserved for this probe alone, when the pool had none free towards the target;
     /// released when the probe leaves the map.
@@ -251,6 +270,16 @@ enum Waiter {
     Token { token: u64, retry: bool },
 }
 
+/// A probe just put into the pending map.
+struct Inserted {
+    key: Key,
+    id: u64,
+    seq: u32,
+    /// A failed send may be retried through the kernel's path with a fresh lookup.
+    retry: bool,
+    link: Option<Link>,
+}
+
 /// An answer on its way to its waiter (delivered after the state lock is released).
 type Delivery = (Waiter, Key, Instant, Answer);
 
@@ -259,6 +288,8 @@ struct Queued {
     key: Key,
     id: u64,
     syn: [u8; SYN_LEN],
+    /// The link-layer path to send it on, if still current when it is sent.
+    link: Option<Link>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -304,7 +335,14 @@ impl SynProber {
                 }
             }
         }
-        let shared = Arc::new(Shared::new(socket, ports, reservations)?);
+        let links = Links::open()
+            .inspect_err(|e| {
+                tracing::warn!(
+                    "half-open probes: no link-layer path ({e}); every SYN takes the kernel's path"
+                );
+            })
+            .ok();
+        let shared = Arc::new(Shared::new(socket, ports, reservations, links)?);
         let reader = runtime.spawn(read_replies(Arc::clone(&shared)));
         let sender = runtime.spawn(send_queued(Arc::clone(&shared)));
         Ok(Self {
@@ -367,22 +405,23 @@ impl SynProber {
     async fn exchange(&self, target: SocketAddrV4, deadline: Instant) -> io::Result<ProbeResult> {
         let mut retried = false;
         loop {
-            let (mut probe, cached) = self.shared.register(target, deadline)?;
+            let (mut probe, cached, link) = self.shared.register(target, deadline)?;
             self.shared.enqueue(Queued {
                 key: probe.key,
                 id: probe.id,
                 syn: syn_segment(probe.key.local, target, probe.seq),
+                link,
             });
             let answer = (&mut probe.answer)
                 .await
                 .map_err(|_| io::Error::other("the reply reader has stopped"))?;
             match self.shared.result_of(target, answer) {
                 Ok(result) => return Ok(result),
-                // A cached source may have gone (address removed): look the route up again,
-                // once.
+                // A cached source may have gone (address removed), or the link-layer path failed:
+                // look the route up again and take the kernel's path, once.
                 Err(_) if cached && !retried => {
                     drop(probe);
-                    self.shared.forget_source(target);
+                    self.shared.forget_route(target);
                     retried = true;
                 }
                 Err(errno) => return Err(io::Error::from_raw_os_error(errno)),
@@ -404,6 +443,7 @@ impl Shared {
         socket: AsyncFd<OwnedFd>,
         ports: Vec<u16>,
         reservations: Vec<OwnedFd>,
+        links: Option<Links>,
     ) -> io::Result<Self> {
         Ok(Self {
             socket,
@@ -422,6 +462,7 @@ impl Shared {
             ports,
             _reservations: reservations,
             routes: Mutex::new(UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?),
+            links,
             wakeups: AtomicU64::new(0),
             finished: Mutex::new(Vec::new()),
             finished_ready: Notify::new(),
@@ -434,36 +475,41 @@ impl Shared {
     }
 
     /// Registers a probe of `target`: its source address (cached, or looked up now), a source
-    /// port free towards `target`, a fresh sequence number, its deadline. Also says whether the
-    /// source came from the cache.
+    /// port free towards `target`, a fresh sequence number, its deadline. Also says whether a
+    /// failed send may be retried (see [`Inserted::retry`]) and gives the link-layer path, if
+    /// the SYN takes it.
     fn register(
         &self,
         target: SocketAddrV4,
         deadline: Instant,
-    ) -> io::Result<(Registered<'_>, bool)> {
+    ) -> io::Result<(Registered<'_>, bool, Option<Link>)> {
         let (done, answer) = oneshot::channel();
-        let (key, id, seq, cached) = self.insert(target, deadline, Waiter::Future(done))?;
+        let inserted = self.insert(target, deadline, Waiter::Future(done))?;
         let registered = Registered {
             shared: self,
-            key,
-            id,
-            seq,
+            key: inserted.key,
+            id: inserted.id,
+            seq: inserted.seq,
             answer,
         };
-        Ok((registered, cached))
+        Ok((registered, inserted.retry, inserted.link))
     }
 
     /// Puts a probe of `target` into the pending map for `waiter`: the work of
-    /// [`Shared::register`]. Returns its key, id and sequence number, and whether the source
-    /// came from the cache.
+    /// [`Shared::register`].
+    ///
+    /// The SYN takes the link-layer path when the target's last probe was answered and a
+    /// current link to it is known (looked up now if not, at most once per [`ROUTE_TTL`] when
+    /// there is none); the kernel's path otherwise.
     fn insert(
         &self,
         target: SocketAddrV4,
         deadline: Instant,
         waiter: Waiter,
-    ) -> io::Result<(Key, u64, u32, bool)> {
+    ) -> io::Result<Inserted> {
         let seq = initial_sequence();
         let mut looked_up = false;
+        let mut link_looked_up = false;
         let mut own: Option<(OwnedFd, SocketAddrV4)> = None;
         loop {
             let now = Instant::now();
@@ -475,6 +521,9 @@ impl Shared {
             state.sweep(now);
             let entry = state.targets.entry(target).or_insert_with(|| Target {
                 source: None,
+                answered: false,
+                link: None,
+                no_link: None,
                 // Targets start at different places in the pool.
                 next_port: lb_common::fmix64(
                     u64::from(u32::from(*target.ip())) << 16 | u64::from(target.port()),
@@ -483,8 +532,41 @@ impl Shared {
                 used: now,
             });
             entry.used = now;
-            let source = match entry.source {
-                Some((source, at)) if now.saturating_duration_since(at) < ROUTE_TTL => source,
+            let mut link = None;
+            if let Some(links) = &self.links
+                && entry.answered
+            {
+                let fresh = |at: Instant| now.saturating_duration_since(at) < ROUTE_TTL;
+                match &entry.link {
+                    Some((known, at)) if fresh(*at) && links.current(known) => {
+                        link = Some(known.clone());
+                    }
+                    // Looked up during this call already, or none found lately.
+                    _ if link_looked_up || entry.no_link.is_some_and(fresh) => {}
+                    _ => {
+                        drop(guard);
+                        let found = links.lookup(*target.ip()).unwrap_or_else(|e| {
+                            tracing::debug!(%target, "link-layer path lookup failed: {e}");
+                            None
+                        });
+                        let at = Instant::now();
+                        if let Some(t) = self.state().targets.get_mut(&target) {
+                            t.no_link = found.is_none().then_some(at);
+                            if let Some(found) = &found {
+                                t.source = Some((found.source, at));
+                            }
+                            t.link = found.map(|found| (found, at));
+                        }
+                        link_looked_up = true;
+                        continue;
+                    }
+                }
+            }
+            let source = match (&link, entry.source) {
+                (Some(link), _) => link.source,
+                (None, Some((source, at))) if now.saturating_duration_since(at) < ROUTE_TTL => {
+                    source
+                }
                 _ => {
                     drop(guard);
                     let source = self.source_towards(target)?;
@@ -533,6 +615,7 @@ impl Shared {
                     seq,
                     deadline,
                     sent: None,
+                    via_link: link.is_some(),
                     waiter,
                     _own_port: own.map(|(fd, _)| fd),
                 },
@@ -542,7 +625,15 @@ impl Shared {
                 state.armed = Some(deadline);
                 self.rearm.notify_one();
             }
-            return Ok((key, id, seq, !looked_up));
+            return Ok(Inserted {
+                key,
+                id,
+                seq,
+                // The kernel's path is there to retry a link-layer send, or a send from a
+                // cached source (which may have been removed).
+                retry: link.is_some() || !looked_up,
+                link,
+            });
         }
     }
 
@@ -579,10 +670,11 @@ impl Shared {
         queued: &mut Vec<Queued>,
     ) {
         match self.insert(target, deadline, Waiter::Token { token, retry }) {
-            Ok((key, id, seq, _)) => queued.push(Queued {
-                key,
-                id,
-                syn: syn_segment(key.local, target, seq),
+            Ok(inserted) => queued.push(Queued {
+                key: inserted.key,
+                id: inserted.id,
+                syn: syn_segment(inserted.key.local, target, inserted.seq),
+                link: inserted.link,
             }),
             Err(e) => {
                 let failure = self.local_failure(target, &e);
@@ -606,7 +698,7 @@ impl Shared {
             } => Ok(ProbeResult::TcpFailure),
             Answer::Expired => {
                 // The route may have changed under a cached source: look it up next time.
-                self.forget_source(target);
+                self.forget_route(target);
                 Ok(ProbeResult::Timeout)
             }
             Answer::Unsent(errno) => Err(errno),
@@ -617,7 +709,7 @@ impl Shared {
     /// logged, and a `TcpFailure`, since the target cannot be reached either way.
     fn local_failure(&self, target: SocketAddrV4, e: &io::Error) -> ProbeResult {
         tracing::warn!(%target, "half-open probe failed locally: {e}");
-        self.forget_source(target);
+        self.forget_route(target);
         ProbeResult::TcpFailure
     }
 
@@ -643,7 +735,7 @@ impl Shared {
                 Ok(result) => result,
                 // As in `exchange`: resend once after looking the route up again.
                 Err(_) if retry => {
-                    self.forget_source(target);
+                    self.forget_route(target);
                     self.start(token, target, deadline, false, &mut again);
                     continue;
                 }
@@ -659,31 +751,68 @@ impl Shared {
     }
 
     /// Sends `batch` (emptied), [`MAX_BATCH`] SYNs per `sendmmsg`, skipping the probes that
-    /// ended meanwhile. A SYN that cannot be sent ends its probe with [`Answer::Unsent`].
+    /// ended meanwhile: on their link-layer path those whose link is still current (after
+    /// reading the change notifications), the others through the raw socket. A SYN that cannot
+    /// be sent ends its probe with [`Answer::Unsent`].
     async fn send_batch(&self, batch: &mut Vec<Queued>) {
+        if let Some(links) = &self.links {
+            links.watch();
+        }
         let mut answers = Vec::new();
         let mut rest = &batch[..];
         while !rest.is_empty() {
             let (chunk, after) = rest.split_at(rest.len().min(MAX_BATCH));
             rest = after;
             // Stamp the probes still waiting; the others need no SYN.
-            let live: Vec<&Queued> = {
+            let (mut framed, mut plain) = (Vec::new(), Vec::new());
+            {
                 let now = Instant::now();
                 let mut state = self.state();
-                chunk
+                for q in chunk {
+                    match state.pending.get_mut(&q.key) {
+                        Some(p) if p.id == q.id => p.sent = Some(now),
+                        _ => continue,
+                    }
+                    match self.link_of(q) {
+                        Some(link) => framed.push((q, link)),
+                        None => plain.push(q),
+                    }
+                }
+            }
+            if let Some(links) = &self.links
+                && !framed.is_empty()
+            {
+                let packets: Vec<[u8; 20 + SYN_LEN]> = framed
                     .iter()
-                    .filter(|q| match state.pending.get_mut(&q.key) {
-                        Some(p) if p.id == q.id => {
-                            p.sent = Some(now);
-                            true
-                        }
-                        _ => false,
+                    .map(|(q, _)| {
+                        let mut packet = [0u8; 20 + SYN_LEN];
+                        let header = ipv4_header(
+                            *q.key.local.ip(),
+                            *q.key.remote.ip(),
+                            libc::IPPROTO_TCP as u8,
+                            SYN_LEN,
+                            links.ttl,
+                        );
+                        packet[..20].copy_from_slice(&header);
+                        packet[20..].copy_from_slice(&q.syn);
+                        packet
                     })
-                    .collect()
-            };
+                    .collect();
+                let frames: Vec<Frame<'_>> = framed
+                    .iter()
+                    .zip(&packets)
+                    .map(|(&(_, link), packet)| Frame { link, packet })
+                    .collect();
+                let queued: Vec<&Queued> = framed.iter().map(|&(q, _)| q).collect();
+                let mut i = 0;
+                while i < frames.len() {
+                    let sent = links.send_many(&frames[i..]);
+                    i += self.sent_or_unsent(&queued[i..], sent, &mut answers);
+                }
+            }
             let mut i = 0;
-            while i < live.len() {
-                let datagrams: Vec<Outgoing<'_>> = live[i..]
+            while i < plain.len() {
+                let datagrams: Vec<Outgoing<'_>> = plain[i..]
                     .iter()
                     .map(|q| Outgoing {
                         source: *q.key.local.ip(),
@@ -697,39 +826,52 @@ impl Shared {
                         send_many(fd.as_fd(), &datagrams)
                     })
                     .await;
-                match sent {
-                    Ok(n) if n > 0 => i += n,
-                    failed => {
-                        let errno = match failed {
-                            Err(e) => e.raw_os_error().unwrap_or(libc::EIO),
-                            Ok(_) => libc::EIO,
-                        };
-                        let q = live[i];
-                        i += 1;
-                        let mut state = self.state();
-                        if state.pending.get(&q.key).is_some_and(|p| p.id == q.id)
-                            && let Some(probe) = state.pending.remove(&q.key)
-                        {
-                            state.deadlines.remove(&(probe.deadline, probe.id));
-                            answers.push((
-                                probe.waiter,
-                                q.key,
-                                probe.deadline,
-                                Answer::Unsent(errno),
-                            ));
-                        }
-                    }
-                }
+                i += self.sent_or_unsent(&plain[i..], sent, &mut answers);
             }
         }
         batch.clear();
         self.deliver(&mut answers);
     }
 
-    /// Drops the cached source of `target`: its next probe looks the route up again.
-    fn forget_source(&self, target: SocketAddrV4) {
+    /// The link-layer path of a queued SYN, if it has one that is still current.
+    fn link_of<'q>(&self, q: &'q Queued) -> Option<&'q Link> {
+        let links = self.links.as_ref()?;
+        q.link.as_ref().filter(|link| links.current(link))
+    }
+
+    /// After a `sendmmsg` of `queued`: how many SYNs it took. When it took none, the first
+    /// could not be sent: its probe ends with [`Answer::Unsent`] (added to `answers`) and counts
+    /// as taken, so the caller goes on with the next.
+    fn sent_or_unsent(
+        &self,
+        queued: &[&Queued],
+        sent: io::Result<usize>,
+        answers: &mut Vec<Delivery>,
+    ) -> usize {
+        let errno = match sent {
+            Ok(n) if n > 0 => return n,
+            Ok(_) => libc::EIO,
+            Err(e) => e.raw_os_error().unwrap_or(libc::EIO),
+        };
+        let q = queued[0];
+        let mut state = self.state();
+        if state.pending.get(&q.key).is_some_and(|p| p.id == q.id)
+            && let Some(probe) = state.pending.remove(&q.key)
+        {
+            state.deadlines.remove(&(probe.deadline, probe.id));
+            answers.push((probe.waiter, q.key, probe.deadline, Answer::Unsent(errno)));
+        }
+        1
+    }
+
+    /// Drops the cached source and link of `target`: its next probe looks the route up again
+    /// and takes the kernel's path until it is answered.
+    fn forget_route(&self, target: SocketAddrV4) {
         if let Some(t) = self.state().targets.get_mut(&target) {
             t.source = None;
+            t.answered = false;
+            t.link = None;
+            t.no_link = None;
         }
     }
 
@@ -774,6 +916,11 @@ impl Shared {
                 };
                 if let Some(probe) = state.pending.remove(&key) {
                     state.deadlines.remove(&(probe.deadline, probe.id));
+                    if !probe.via_link
+                        && let Some(target) = state.targets.get_mut(&key.remote)
+                    {
+                        target.answered = true;
+                    }
                     let latency = probe
                         .sent
                         .map_or(Duration::ZERO, |sent| at.saturating_duration_since(sent));
@@ -1311,12 +1458,16 @@ mod tests {
     fn shared_with(ports: Vec<u16>, source: Ipv4Addr, targets: &[SocketAddrV4]) -> Shared {
         let (a, b) = UnixDatagram::pair().unwrap();
         drop(b);
-        let shared = Shared::new(register(OwnedFd::from(a)).unwrap(), ports, Vec::new()).unwrap();
+        let shared =
+            Shared::new(register(OwnedFd::from(a)).unwrap(), ports, Vec::new(), None).unwrap();
         for &target in targets {
             shared.state().targets.insert(
                 target,
                 Target {
                     source: Some((source, Instant::now())),
+                    answered: false,
+                    link: None,
+                    no_link: None,
                     next_port: 0,
                     used: Instant::now(),
                 },
@@ -1389,7 +1540,7 @@ mod tests {
         let _rt = rt.enter();
         let shared = shared_with(vec![LOCAL.port()], *LOCAL.ip(), &[REMOTE]);
         let deadline = Instant::now() + Duration::from_secs(60);
-        let (mut probe, cached) = shared.register(REMOTE, deadline).unwrap();
+        let (mut probe, cached, _) = shared.register(REMOTE, deadline).unwrap();
         assert!(cached);
         assert_eq!(
             probe.key,
@@ -1432,9 +1583,9 @@ mod tests {
         let shared = shared_with(vec![LOCAL.port()], *LOCAL.ip(), &[REMOTE, other]);
         let t0 = Instant::now();
         let (d1, d2) = (t0 + Duration::from_secs(10), t0 + Duration::from_secs(20));
-        let (mut late, _) = shared.register(other, d2).unwrap();
+        let (mut late, _, _) = shared.register(other, d2).unwrap();
         assert_eq!(shared.state().armed, Some(d2));
-        let (mut early, _) = shared.register(REMOTE, d1).unwrap();
+        let (mut early, _, _) = shared.register(REMOTE, d1).unwrap();
         assert_eq!(
             shared.state().armed,
             Some(d1),
@@ -1474,7 +1625,7 @@ mod tests {
         // One after the other, a target takes the next port each time.
         let mut seen = Vec::new();
         for _ in 0..4 {
-            let (p, _) = shared.register(a, deadline).unwrap();
+            let (p, _, _) = shared.register(a, deadline).unwrap();
             seen.push(port(&p));
         }
         assert_eq!(seen, [41000, 41001, 41002, 41000]);
@@ -1485,10 +1636,10 @@ mod tests {
         let mut ports: Vec<u16> = held.iter().map(port).collect();
         ports.sort_unstable();
         assert_eq!(ports, [41000, 41001, 41002]);
-        let (to_b, _) = shared.register(b, deadline).unwrap();
+        let (to_b, _, _) = shared.register(b, deadline).unwrap();
         assert_eq!(port(&to_b), 41000);
         // The pool is busy towards `a`: the next probe reserves a port of its own.
-        let (extra, _) = shared.register(a, deadline).unwrap();
+        let (extra, _, _) = shared.register(a, deadline).unwrap();
         assert!(!(41000..=41002).contains(&port(&extra)));
         assert!(owns_port(&shared, &extra));
         assert_eq!(shared.state().pending.len(), 5);
@@ -1503,8 +1654,8 @@ mod tests {
         let target = SocketAddrV4::new(Ipv4Addr::new(10, 0, 9, 2), 80);
         let shared = shared_with(Vec::new(), Ipv4Addr::LOCALHOST, &[target]);
         let deadline = Instant::now() + Duration::from_secs(60);
-        let (a, _) = shared.register(target, deadline).unwrap();
-        let (b, _) = shared.register(target, deadline).unwrap();
+        let (a, _, _) = shared.register(target, deadline).unwrap();
+        let (b, _, _) = shared.register(target, deadline).unwrap();
         assert!(owns_port(&shared, &a) && owns_port(&shared, &b));
         assert_ne!(a.key.local.port(), b.key.local.port());
         drop((a, b));
@@ -1517,7 +1668,7 @@ mod tests {
         let _rt = rt.enter();
         let shared = shared_with(vec![LOCAL.port()], *LOCAL.ip(), &[REMOTE]);
         let deadline = Instant::now() + Duration::from_secs(60);
-        let (mut probe, _) = shared.register(REMOTE, deadline).unwrap();
+        let (mut probe, _, _) = shared.register(REMOTE, deadline).unwrap();
         drop(Closing(&shared));
         assert!(matches!(
             probe.answer.try_recv(),
