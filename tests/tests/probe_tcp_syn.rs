@@ -593,7 +593,10 @@ fn count_output_syns(ns: &Netns, port: u16) {
 }
 
 fn output_syns(ns: &Netns) -> u64 {
-    let out = sh(ns.command("nft").args(["list", "chain", "inet", "lbt", "out"])).unwrap();
+    let out = sh(ns
+        .command("nft")
+        .args(["list", "chain", "inet", "lbt", "out"]))
+    .unwrap();
     let at = out.find("packets ").expect("counter in the chain");
     out[at + 8..]
         .split_whitespace()
@@ -659,7 +662,9 @@ fn a_next_hop_with_a_new_mac_is_followed() {
             ])
             .unwrap();
         for _ in 0..3 {
-            let result = prober.probe(backend(7001), Duration::from_millis(500)).await;
+            let result = prober
+                .probe(backend(7001), Duration::from_millis(500))
+                .await;
             assert!(is_success(result), "{result:?}");
         }
     });
