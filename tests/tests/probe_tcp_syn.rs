@@ -669,3 +669,35 @@ fn a_next_hop_with_a_new_mac_is_followed() {
         }
     });
 }
+
+#[test]
+fn a_route_change_retires_the_link_layer_path_and_other_devices_do_not() {
+    let p = pair();
+    let _server = listen(&p.backend, 7001);
+    count_output_syns(&p.prober, 7001);
+    let prober_ns = p.prober.clone();
+    with_prober(&p.prober, move |prober| async move {
+        for _ in 0..3 {
+            assert!(is_success(prober.probe(backend(7001), TIMEOUT).await));
+        }
+        assert_eq!(output_syns(&prober_ns), 1);
+        // A device the probes do not use comes and goes (as container veths do): nothing
+        // changes for them.
+        prober_ns
+            .ip(&[
+                "link", "add", "lbtx", "type", "veth", "peer", "name", "lbty",
+            ])
+            .unwrap();
+        for dev in ["lbtx", "lbty"] {
+            prober_ns.ip(&["link", "set", dev, "up"]).unwrap();
+        }
+        assert!(is_success(prober.probe(backend(7001), TIMEOUT).await));
+        assert_eq!(output_syns(&prober_ns), 1);
+        // Any route change may move a target: its SYNs go through the kernel's routing again.
+        prober_ns
+            .ip(&["route", "add", "10.0.77.0/24", "dev", "lbtx"])
+            .unwrap();
+        assert!(is_success(prober.probe(backend(7001), TIMEOUT).await));
+        assert_eq!(output_syns(&prober_ns), 2);
+    });
+}

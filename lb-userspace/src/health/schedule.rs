@@ -185,9 +185,10 @@ impl Scheduler {
                 },
                 Some(first) = self.in_flight.next(), if !self.in_flight.is_empty() => {
                     // Take every probe that has finished, not one per turn of the loop.
+                    let now = Instant::now();
                     let mut done = Some(first);
                     while let Some((place, id, result)) = done {
-                        if !self.finish(place, id, result) {
+                        if !self.finish(place, id, result, now) {
                             return; // the daemon is shutting down
                         }
                         done = self.in_flight.next().now_or_never().flatten();
@@ -196,8 +197,10 @@ impl Scheduler {
                 () = syn_finished(&probers, &mut self.syn_done), if self.syn_in_flight > 0 => {
                     let mut done = std::mem::take(&mut self.syn_done);
                     self.syn_in_flight -= done.len();
+                    // One clock read for the batch: the results came in together.
+                    let now = Instant::now();
                     for (token, result) in done.drain(..) {
-                        if !self.finish_token(token, result) {
+                        if !self.finish_token(token, result, now) {
                             return;
                         }
                     }
@@ -218,7 +221,8 @@ impl Scheduler {
                 self.next_id += 1;
                 let window = Window::new(key.check.window);
                 // A fixed phase per target spreads the probes over the interval.
-                let due = Instant::now() + phase(key.target, key.check.window.interval);
+                let now = Instant::now();
+                let due = now + phase(key.target, key.check.window.interval);
                 let target = Target {
                     id,
                     key: key.clone(),
@@ -237,7 +241,7 @@ impl Scheduler {
                     }
                 };
                 self.index.insert(key, place);
-                self.file(due, place, id);
+                self.file(due, place, id, now);
             }
             Command::Remove(key) => {
                 if let Some(place) = self.index.remove(&key) {
@@ -264,7 +268,7 @@ impl Scheduler {
             if !target.shared.active.load(Ordering::Relaxed) {
                 // Paused: look again a little later, probe nothing.
                 let again = target.key.check.window.interval.min(PAUSED_RECHECK);
-                self.file(now + again, place, id);
+                self.file(now + again, place, id, now);
                 continue;
             }
             if target.key.check.kind == CheckKind::Tcp && syn.is_some() {
@@ -295,7 +299,7 @@ impl Scheduler {
     }
 
     /// A half-open probe's result, by its token.
-    fn finish_token(&mut self, token: u64, result: ProbeResult) -> bool {
+    fn finish_token(&mut self, token: u64, result: ProbeResult, now: Instant) -> bool {
         let place = (token >> 32) as usize;
         let id = self
             .targets
@@ -304,7 +308,7 @@ impl Scheduler {
             .filter(|t| t.id & 0xffff_ffff == token & 0xffff_ffff)
             .map(|t| t.id);
         match id {
-            Some(id) => self.finish(place, id, result),
+            Some(id) => self.finish(place, id, result, now),
             None => true, // removed while in flight
         }
     }
@@ -316,10 +320,11 @@ impl Scheduler {
         self.due.extend(self.taken.drain(..));
     }
 
-    /// Files target `(place, id)` to probe at the first slot boundary from `at`.
-    fn file(&mut self, at: Instant, place: usize, id: u64) {
+    /// Files target `(place, id)` to probe at the first slot boundary from `at`; `now` is the
+    /// present (read by the caller, once for many).
+    fn file(&mut self, at: Instant, place: usize, id: u64, now: Instant) {
         // Keeps the wheel's horizon counted from now, however long the task slept.
-        self.advance(Instant::now());
+        self.advance(now);
         let slot = at
             .saturating_duration_since(self.epoch)
             .as_nanos()
@@ -332,9 +337,10 @@ impl Scheduler {
         self.epoch + Duration::from_nanos(slot * SLOT.as_nanos() as u64)
     }
 
-    /// Feeds a probe's result to its target's window; sends the verdict if there is one to send
-    /// and queues the next probe. False if the daemon no longer takes verdicts.
-    fn finish(&mut self, place: usize, id: u64, result: ProbeResult) -> bool {
+    /// Feeds a probe's result, come in at `now`, to its target's window; sends the verdict if
+    /// there is one to send and queues the next probe. False if the daemon no longer takes
+    /// verdicts.
+    fn finish(&mut self, place: usize, id: u64, result: ProbeResult, now: Instant) -> bool {
         let Some(target) = self.targets[place].as_mut().filter(|t| t.id == id) else {
             return true; // removed while in flight
         };
@@ -342,14 +348,16 @@ impl Scheduler {
         if let ProbeResult::Success { latency } = result {
             self.probers.latency[check.kind as usize].observe(latency);
         }
-        let transition = target.window.observe(result, self.epoch.elapsed());
+        let transition = target
+            .window
+            .observe(result, now.saturating_duration_since(self.epoch));
         {
             let mut status = target.shared.status.lock().expect("status lock");
             status.state = target.window.state();
             status.counters = target.window.counters();
             status.last_latency = target.window.last_latency();
             if transition.is_some() {
-                status.since = Instant::now();
+                status.since = now;
             }
         }
         if transition.is_some() || target.shared.report.load(Ordering::Relaxed) {
@@ -363,7 +371,7 @@ impl Scheduler {
             }
         }
         let pause = jitter(target.window.next_interval(), xorshift(&mut self.random));
-        self.file(Instant::now() + pause, place, id);
+        self.file(now + pause, place, id, now);
         true
     }
 }

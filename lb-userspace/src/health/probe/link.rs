@@ -10,9 +10,11 @@
 //!
 //! What a target's [`Link`] holds (device, next hop's MAC, source address) comes from the
 //! kernel itself (`RTM_GETROUTE`, as `ip route get`, and `RTM_GETNEIGH`) and stays in use only
-//! while nothing it depends on changed: a route, address, rule or link notification makes every
-//! link stale; a neighbour notification that changes or removes a next hop's MAC makes the
-//! links through that next hop stale. Notifications are read before each batch of SYNs is sent.
+//! while nothing it depends on changed: a route or rule change, a removed address or a change
+//! to a device in use makes every link stale; a neighbour notification that changes or removes
+//! a next hop's MAC makes the links through that next hop stale. Notifications are read before
+//! each batch of SYNs is sent. (Changes to other devices, such as container veths coming and
+//! going, and added addresses, which come with their own route notification, retire nothing.)
 //! Only Ethernet-like next hops (a 6-byte MAC in a usable neighbour state) qualify; anything
 //! else (local targets, devices without link-layer addresses, next hops of another family)
 //! stays on the kernel's path.
@@ -84,7 +86,8 @@ pub struct Frame<'a> {
 /// The packet socket, the lookups and the change notifications of the calling thread's network
 /// namespace.
 pub struct Links {
-    requests: OwnedFd,
+    /// One request and its answer at a time: answers are read from the same socket.
+    requests: Mutex<OwnedFd>,
     events: OwnedFd,
     packet: OwnedFd,
     generation: AtomicU64,
@@ -104,6 +107,17 @@ impl Links {
         let events = rtnl::open(groups, true)?;
         super::sys::grow_receive_buffer(events.as_fd(), 1 << 20)?;
         let requests = rtnl::open(0, false)?;
+        // The kernel answers at once; a lookup must never hang the prober.
+        let timeout = libc::timeval {
+            tv_sec: 1,
+            tv_usec: 0,
+        };
+        setsockopt(
+            requests.as_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            &timeout,
+        )?;
         // Protocol 0: the socket sends only, it receives nothing.
         let flags = libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
         // SAFETY: plain socket(2).
@@ -120,7 +134,7 @@ impl Links {
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(64);
         Ok(Self {
-            requests,
+            requests: Mutex::new(requests),
             events,
             packet,
             generation: AtomicU64::new(0),
@@ -145,7 +159,7 @@ impl Links {
         rtm[0] = libc::AF_INET as u8;
         rtm[1] = 32; // dst_len
         let body = match rtnl::request(
-            self.requests.as_fd(),
+            self.requests().as_fd(),
             libc::RTM_GETROUTE,
             &rtm,
             &[(RTA_DST, &target.octets())],
@@ -193,13 +207,17 @@ impl Links {
         }))
     }
 
+    fn requests(&self) -> std::sync::MutexGuard<'_, OwnedFd> {
+        self.requests.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// The MAC of neighbour `address` on device `ifindex`, if the kernel has a usable one.
     fn neighbour(&self, ifindex: u32, address: Ipv4Addr) -> io::Result<Option<[u8; 6]>> {
         let mut ndm = [0u8; NDMSG_LEN];
         ndm[0] = libc::AF_INET as u8;
         ndm[4..8].copy_from_slice(&ifindex.to_ne_bytes());
         match rtnl::request(
-            self.requests.as_fd(),
+            self.requests().as_fd(),
             libc::RTM_GETNEIGH,
             &ndm,
             &[(NDA_DST, &address.octets())],
@@ -239,6 +257,17 @@ impl Links {
             for (_, message) in rtnl::messages(&buf[..n as usize]) {
                 match Change::of(message) {
                     Change::Everything => self.retire_all(),
+                    Change::Device(ifindex) => {
+                        let next_hops = self
+                            .next_hops
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner);
+                        let in_use = next_hops.keys().any(|&(i, _)| i == ifindex);
+                        drop(next_hops);
+                        if in_use {
+                            self.retire_all();
+                        }
+                    }
                     Change::Neighbour(neighbour, removed) => {
                         self.neighbour_changed(&neighbour, removed)
                     }
@@ -444,8 +473,10 @@ impl Neighbour {
 /// What a notification means for the links in use.
 #[derive(Debug, PartialEq, Eq)]
 enum Change {
-    /// A route, address, rule or device changed: every link may be wrong.
+    /// A route or rule changed, or an address was removed: every link may be wrong.
     Everything,
+    /// Device `ifindex` changed (state, address, or it went): the links through it may be wrong.
+    Device(u32),
     /// A neighbour entry changed (true: it was removed).
     Neighbour(Neighbour, bool),
     Nothing,
@@ -458,10 +489,11 @@ impl Change {
                 Some(n) => Change::Neighbour(n, message.kind == libc::RTM_DELNEIGH),
                 None => Change::Nothing, // another family
             },
-            libc::RTM_NEWLINK
-            | libc::RTM_DELLINK
-            | libc::RTM_NEWADDR
-            | libc::RTM_DELADDR
+            libc::RTM_NEWLINK | libc::RTM_DELLINK => match rtnl::u32_at(message.body, 4) {
+                Some(ifindex) => Change::Device(ifindex),
+                None => Change::Everything,
+            },
+            libc::RTM_DELADDR
             | libc::RTM_NEWROUTE
             | libc::RTM_DELROUTE
             | libc::RTM_NEWRULE
@@ -599,15 +631,23 @@ mod tests {
             body: &neighbour,
         });
         assert!(matches!(deleted, Change::Neighbour(n, true) if n.ifindex == 3));
-        for kind in [
-            libc::RTM_NEWROUTE,
-            libc::RTM_DELADDR,
-            libc::RTM_NEWLINK,
-            libc::RTM_DELRULE,
-        ] {
+        for kind in [libc::RTM_NEWROUTE, libc::RTM_DELADDR, libc::RTM_DELRULE] {
             let change = Change::of(Message { kind, body: &[] });
             assert_eq!(change, Change::Everything, "type {kind}");
         }
+        // ifinfomsg: family, pad, type, then the index.
+        let mut link = [0u8; 16];
+        link[4..8].copy_from_slice(&7i32.to_ne_bytes());
+        for kind in [libc::RTM_NEWLINK, libc::RTM_DELLINK] {
+            let change = Change::of(Message { kind, body: &link });
+            assert_eq!(change, Change::Device(7), "type {kind}");
+        }
+        // An added address retires nothing (its route comes with a notification of its own).
+        let added = Change::of(Message {
+            kind: libc::RTM_NEWADDR,
+            body: &[0; 8],
+        });
+        assert_eq!(added, Change::Nothing);
         let mut v6 = neighbour.clone();
         v6[0] = libc::AF_INET6 as u8;
         let other = Change::of(Message {

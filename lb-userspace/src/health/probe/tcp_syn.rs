@@ -112,6 +112,9 @@ pub const POOL_PORTS: usize = 64;
 /// How long a target's source address is used before it is looked up again.
 pub const ROUTE_TTL: Duration = Duration::from_secs(60);
 
+/// How often a target looks its link-layer path up at most, when changes keep retiring it.
+const RELOOKUP: Duration = Duration::from_secs(5);
+
 /// A target not probed for this long is forgotten (its cached source and place in the pool).
 const FORGET_AFTER: Duration = Duration::from_secs(60);
 
@@ -379,7 +382,7 @@ impl SynProber {
         let mut queued = Vec::with_capacity(probes.len());
         for &(token, target, timeout) in probes {
             self.shared
-                .start(token, target, now + timeout, true, &mut queued);
+                .start(token, target, now + timeout, true, &mut queued, now);
         }
         self.shared.enqueue_many(queued);
     }
@@ -484,7 +487,7 @@ impl Shared {
         deadline: Instant,
     ) -> io::Result<(Registered<'_>, bool, Option<Link>)> {
         let (done, answer) = oneshot::channel();
-        let inserted = self.insert(target, deadline, Waiter::Future(done))?;
+        let inserted = self.insert(target, deadline, Waiter::Future(done), Instant::now())?;
         let registered = Registered {
             shared: self,
             key: inserted.key,
@@ -506,13 +509,19 @@ impl Shared {
         target: SocketAddrV4,
         deadline: Instant,
         waiter: Waiter,
+        mut now: Instant,
     ) -> io::Result<Inserted> {
         let seq = initial_sequence();
         let mut looked_up = false;
         let mut link_looked_up = false;
         let mut own: Option<(OwnedFd, SocketAddrV4)> = None;
+        let mut again = false;
         loop {
-            let now = Instant::now();
+            // Another turn follows a lookup or a reservation, which took time.
+            if again {
+                now = Instant::now();
+            }
+            again = true;
             let mut guard = self.state();
             let state = &mut *guard;
             if state.closed {
@@ -541,6 +550,10 @@ impl Shared {
                     Some((known, at)) if fresh(*at) && links.current(known) => {
                         link = Some(known.clone());
                     }
+                    // Retired by a change, but looked up lately: when the network keeps
+                    // changing, look up at most every RELOOKUP and use the kernel's path
+                    // meanwhile (a lookup costs more than the path it saves).
+                    Some((_, at)) if now.saturating_duration_since(*at) < RELOOKUP => {}
                     // Looked up during this call already, or none found lately.
                     _ if link_looked_up || entry.no_link.is_some_and(fresh) => {}
                     _ => {
@@ -668,8 +681,9 @@ impl Shared {
         deadline: Instant,
         retry: bool,
         queued: &mut Vec<Queued>,
+        now: Instant,
     ) {
-        match self.insert(target, deadline, Waiter::Token { token, retry }) {
+        match self.insert(target, deadline, Waiter::Token { token, retry }, now) {
             Ok(inserted) => queued.push(Queued {
                 key: inserted.key,
                 id: inserted.id,
@@ -736,7 +750,7 @@ impl Shared {
                 // As in `exchange`: resend once after looking the route up again.
                 Err(_) if retry => {
                     self.forget_route(target);
-                    self.start(token, target, deadline, false, &mut again);
+                    self.start(token, target, deadline, false, &mut again, Instant::now());
                     continue;
                 }
                 Err(errno) => self.local_failure(target, &io::Error::from_raw_os_error(errno)),
@@ -1503,9 +1517,23 @@ mod tests {
         let shared = shared_with(vec![LOCAL.port()], *LOCAL.ip(), &[REMOTE, other, third]);
         let t0 = Instant::now();
         let mut queued = Vec::new();
-        shared.start(7, REMOTE, t0 + Duration::from_secs(10), true, &mut queued);
-        shared.start(8, other, t0 + Duration::from_secs(5), true, &mut queued);
-        shared.start(9, third, t0 + Duration::from_secs(60), true, &mut queued);
+        shared.start(
+            7,
+            REMOTE,
+            t0 + Duration::from_secs(10),
+            true,
+            &mut queued,
+            t0,
+        );
+        shared.start(8, other, t0 + Duration::from_secs(5), true, &mut queued, t0);
+        shared.start(
+            9,
+            third,
+            t0 + Duration::from_secs(60),
+            true,
+            &mut queued,
+            t0,
+        );
         assert_eq!(queued.len(), 3);
         let seq = |key: Key| shared.state().pending[&key].seq;
         let (first, third_key) = (queued[0].key, queued[2].key);
@@ -1525,7 +1553,14 @@ mod tests {
         drop(Closing(&shared));
         assert_eq!(finished(&shared), [(9, ProbeResult::TcpFailure)]);
         // Once stopped, a new probe fails at once.
-        shared.start(10, REMOTE, t0 + Duration::from_secs(10), true, &mut queued);
+        shared.start(
+            10,
+            REMOTE,
+            t0 + Duration::from_secs(10),
+            true,
+            &mut queued,
+            t0,
+        );
         assert_eq!(finished(&shared), [(10, ProbeResult::TcpFailure)]);
     }
 
