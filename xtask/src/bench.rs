@@ -159,7 +159,7 @@ pub fn bench(
 
     let mut args = vec!["--out".to_owned(), path(out.join("health.md"))];
     if quick {
-        args.extend(["--seconds".into(), "3".into()]);
+        args.extend(["--seconds", "3", "--rounds", "1"].map(String::from));
     }
     run_bin(root, &bin.join("lb-health-bench"), &args, &lb, &mut ran)?;
 

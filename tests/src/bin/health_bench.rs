@@ -7,7 +7,8 @@
 //!    the probes due in each 10 ms slot, the half-open ones as one batch, and feeds each result
 //!    to the target's window) or by a single task that starts one probe future per target due
 //!    in each 10 ms slot and polls them itself (the prober's `probe` futures without windows,
-//!    verdicts, phase or jitter). Each in two modes:
+//!    verdicts, phase or jitter). Every case runs once per round, rounds interleaved, and the
+//!    table shows medians. Each in two modes:
 //!    - *in process*: plain veth, whose receive path runs in the sender's context, so the
 //!      process CPU also holds the whole simulated network: the targets' kernel answering SYNs,
 //!      our kernel receiving the SYN+ACK and sending the RST (how the cost was first measured);
@@ -36,7 +37,10 @@ use lb::health::{
     probe::tcp_syn::SynProber,
     window::{HealthState, Window, WindowSettings},
 };
-use lb_tests::netns::{Netns, Port, sh, veth};
+use lb_tests::{
+    bench::{median, min_max},
+    netns::{Netns, Port, sh, veth},
+};
 use tokio::sync::{mpsc, watch};
 
 #[derive(Parser)]
@@ -44,6 +48,10 @@ struct Args {
     /// Seconds measured per size and mode (after a warm-up of 3 s).
     #[arg(long, default_value_t = 10)]
     seconds: u64,
+    /// Rounds of the cost part: every size, driver and mode in turn, each round (the table
+    /// shows medians).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// Target counts of the cost part.
     #[arg(long, value_delimiter = ',', default_values_t = [1000, 10000])]
     targets: Vec<usize>,
@@ -413,7 +421,9 @@ fn cost(args: &Args) -> anyhow::Result<String> {
     let mut out = String::from(
         "## Health checking cost\n\n\
          Half-open TCP probes (timeout 500 ms) to every target once a second, over a veth pair \
-         to a namespace whose kernel answers every SYN; 2 tokio workers. CPU in % of one core.\n\n\
+         to a namespace whose kernel answers every SYN; 2 tokio workers. CPU in % of one core. \
+         Every row is the median of the rounds (all cases in turn, each round; *process* also \
+         shows its range), since a shared machine drifts by ±15% between runs.\n\n\
          Drivers:\n\
          - *checker*: the daemon's checker (`lb::health::checker::spawn`): one scheduler task \
          starts the probes due in each 10 ms slot (half-open ones as one batch, without a \
@@ -430,37 +440,74 @@ fn cost(args: &Args) -> anyhow::Result<String> {
          in, raw-socket delivery, the kernel's RST out: what a NIC's softirq costs that host); \
          *targets* is the backends' side, not the checker's. *host* = process + rx.\n\n\
          *failures*: checker: state changes to anything but healthy while measuring; single: \
-         failed probes while measuring (both should be 0). *sleeps/s*: voluntary context \
+         failed probes while measuring (both should be 0; summed over the rounds). *sleeps/s*: voluntary context \
          switches of the process per second (a thread going to sleep, woken again later).\n\n\
-         | targets | driver | mode | probes/s | process | rx | host | targets | µs per probe (process) | sleeps/s | failures |\n\
+         | targets | driver | mode | probes/s | process (min – max) | rx | host | targets | µs per probe (process) | sleeps/s | failures |\n\
          |---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
+    let mut cases = Vec::new();
     for &targets in &args.targets {
         for &driver in &args.drivers {
             for &mode in &args.modes {
-                let run = cost_run(targets, args.seconds, mode == Mode::Threaded, driver)?;
-                let pct = |cpu: f64| 100.0 * cpu / run.wall;
-                let (mode, rx, theirs) = match run.napi {
-                    Some((rx, theirs)) => ("NAPI threads", rx, Some(theirs)),
-                    None => ("in process", 0.0, None),
-                };
-                let opt =
-                    |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |v| format!("{:.1}", pct(v)));
-                let line = format!(
-                    "| {targets} | {driver} | {mode} | {:.0} | {:.1} | {} | {:.1} | {} | {:.1} | {:.0} | {} |",
-                    run.probes as f64 / run.wall,
-                    pct(run.process),
-                    opt(run.napi.map(|_| rx)),
-                    pct(run.process + rx),
-                    opt(theirs),
-                    1e6 * run.process / run.probes.max(1) as f64,
-                    run.switches as f64 / run.wall,
-                    run.failures,
-                );
-                eprintln!("{line}");
-                let _ = writeln!(out, "{line}");
+                cases.push((targets, driver, mode));
             }
         }
+    }
+    let mut runs: Vec<Vec<CostRun>> = cases.iter().map(|_| Vec::new()).collect();
+    for round in 1..=args.rounds.max(1) {
+        for (c, &(targets, driver, mode)) in cases.iter().enumerate() {
+            let run = cost_run(targets, args.seconds, mode == Mode::Threaded, driver)?;
+            eprintln!(
+                "round {round}: {targets} {driver} {mode}: {:.2}% process",
+                100.0 * run.process / run.wall
+            );
+            runs[c].push(run);
+        }
+    }
+    let mut goal = None;
+    for (&(targets, driver, mode), runs) in cases.iter().zip(&runs) {
+        let of = |f: &dyn Fn(&CostRun) -> f64| -> Vec<f64> { runs.iter().map(f).collect() };
+        let pct = |cpu: f64, run: &CostRun| 100.0 * cpu / run.wall;
+        let process = of(&|r| pct(r.process, r));
+        let (lo, hi) = min_max(&process);
+        let threaded = mode == Mode::Threaded;
+        let med = |f: &dyn Fn(&CostRun) -> f64| median(&of(f));
+        let opt = |f: &dyn Fn(&CostRun) -> f64| {
+            if threaded {
+                format!("{:.1}", med(f))
+            } else {
+                "–".to_owned()
+            }
+        };
+        let rx = |r: &CostRun| r.napi.map_or(0.0, |n| pct(n.0, r));
+        let line = format!(
+            "| {targets} | {driver} | {} | {:.0} | {:.1} ({lo:.1} – {hi:.1}) | {} | {:.1} | {} | {:.1} | {:.0} | {} |",
+            if threaded {
+                "NAPI threads"
+            } else {
+                "in process"
+            },
+            med(&|r| r.probes as f64 / r.wall),
+            median(&process),
+            opt(&rx),
+            med(&|r| pct(r.process, r) + rx(r)),
+            opt(&|r| r.napi.map_or(0.0, |n| pct(n.1, r))),
+            med(&|r| 1e6 * r.process / r.probes.max(1) as f64),
+            med(&|r| r.switches as f64 / r.wall),
+            runs.iter().map(|r| r.failures).sum::<u64>(),
+        );
+        let _ = writeln!(out, "{line}");
+        if targets == 10_000 && driver == Driver::Checker && threaded {
+            goal = Some(median(&process));
+        }
+    }
+    if let Some(cpu) = goal {
+        let _ = writeln!(
+            out,
+            "\nGoal: at most 5% of one core for 10,000 targets probed every second (checker, \
+             NAPI threads: the checker's own cost): {cpu:.1}%, **{}**.",
+            if cpu <= 5.0 { "met" } else { "not met" }
+        );
     }
     Ok(out)
 }
