@@ -162,15 +162,94 @@ struct State {
     pending: HashMap<Key, Pending, FastHash>,
     /// Deadlines of the pending probes, earliest first: `(deadline, probe id)`.
     deadlines: BTreeMap<(Instant, u64), Key>,
-    targets: HashMap<SocketAddrV4, Target, FastHash>,
+    targets: Targets,
     /// The instant the reader's timer is set for; `None` while it sleeps without one. A probe
     /// with an earlier deadline moves it and wakes the reader.
     armed: Option<Instant>,
     next_id: u64,
-    /// When `targets` was last swept of targets no longer probed.
+    /// When the targets of `probe` futures were last swept of those no longer probed.
     swept: Instant,
     /// The reader has stopped: no answer can come any more.
     closed: bool,
+}
+
+/// Where the prober keeps a target's state: probes of [`SynProber::start_many`] in a table
+/// under their caller's place for the target (the high half of the token), which the caller
+/// keeps dense and stable; `probe` futures in a map by address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Home {
+    Place(usize),
+    Map,
+}
+
+impl Home {
+    fn of(waiter: &Waiter) -> Self {
+        match waiter {
+            Waiter::Token { token, .. } => Home::Place((token >> 32) as usize),
+            Waiter::Future(_) => Home::Map,
+        }
+    }
+}
+
+/// The prober's per-target state, by [`Home`].
+#[derive(Default)]
+struct Targets {
+    /// By place: the target's address and state (a place taken over by another address
+    /// starts afresh).
+    places: Vec<Option<(SocketAddrV4, Target)>>,
+    map: HashMap<SocketAddrV4, Target, FastHash>,
+}
+
+impl Targets {
+    /// The state of `addr` at `home`, created with `fresh` if there is none.
+    fn entry(
+        &mut self,
+        home: Home,
+        addr: SocketAddrV4,
+        fresh: impl FnOnce() -> Target,
+    ) -> &mut Target {
+        match home {
+            Home::Map => self.map.entry(addr).or_insert_with(fresh),
+            Home::Place(place) => {
+                if place >= self.places.len() {
+                    self.places.resize_with(place + 1, || None);
+                }
+                let slot = &mut self.places[place];
+                if slot.as_ref().is_none_or(|(a, _)| *a != addr) {
+                    *slot = Some((addr, fresh()));
+                }
+                &mut slot.as_mut().expect("just filled").1
+            }
+        }
+    }
+
+    fn get_mut(&mut self, home: Home, addr: SocketAddrV4) -> Option<&mut Target> {
+        match home {
+            Home::Map => self.map.get_mut(&addr),
+            Home::Place(place) => match self.places.get_mut(place) {
+                Some(Some((a, target))) if *a == addr => Some(target),
+                _ => None,
+            },
+        }
+    }
+
+    /// Asks the CPU to load the state at `place` ahead of its use (see `start_many`): its
+    /// first two cache lines, which hold the address and the fields a probe reads.
+    fn prefetch(&self, place: usize) {
+        if let Some(slot) = self.places.get(place) {
+            let at = (slot as *const Option<(SocketAddrV4, Target)>).cast::<i8>();
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: a prefetch never faults (not even past the end of an allocation) and has
+            // no effect the program can observe.
+            unsafe {
+                use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+                _mm_prefetch::<_MM_HINT_T0>(at);
+                _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64));
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = at;
+        }
+    }
 }
 
 /// What the prober keeps per target.
@@ -363,7 +442,7 @@ impl SynProber {
         let deadline = Instant::now() + timeout;
         match self.exchange(target, deadline).await {
             Ok(result) => result,
-            Err(e) => self.shared.local_failure(target, &e),
+            Err(e) => self.shared.local_failure(Home::Map, target, &e),
         }
     }
 
@@ -376,10 +455,21 @@ impl SynProber {
     /// Starts a half-open probe of each `(token, target, timeout)` without a future of its own:
     /// the SYNs leave together, and each result comes out of [`SynProber::finished`] under its
     /// token, with the same meaning as [`SynProber::probe`]'s. For one consumer (the checker's
-    /// scheduler): tokens are not told apart by caller.
+    /// scheduler): tokens are not told apart by caller. The high half of a token is the
+    /// caller's place for the target, a small index it keeps dense and gives to one target at
+    /// a time: the prober keeps the target's state in a table under it (a target at a place
+    /// that held another one starts afresh).
     pub fn start_many(&self, probes: &[(u64, SocketAddrV4, Duration)]) {
         let now = Instant::now();
         let mut queued = Vec::with_capacity(probes.len());
+        {
+            // The targets' states lie scattered in memory: ask for all of them before using
+            // any, so their cache misses overlap instead of coming one by one.
+            let state = self.shared.state();
+            for &(token, _, _) in probes {
+                state.targets.prefetch((token >> 32) as usize);
+            }
+        }
         for &(token, target, timeout) in probes {
             self.shared
                 .start(token, target, now + timeout, true, &mut queued, now);
@@ -418,13 +508,13 @@ impl SynProber {
             let answer = (&mut probe.answer)
                 .await
                 .map_err(|_| io::Error::other("the reply reader has stopped"))?;
-            match self.shared.result_of(target, answer) {
+            match self.shared.result_of(Home::Map, target, answer) {
                 Ok(result) => return Ok(result),
                 // A cached source may have gone (address removed), or the link-layer path failed:
                 // look the route up again and take the kernel's path, once.
                 Err(_) if cached && !retried => {
                     drop(probe);
-                    self.shared.forget_route(target);
+                    self.shared.forget_route(Home::Map, target);
                     retried = true;
                 }
                 Err(errno) => return Err(io::Error::from_raw_os_error(errno)),
@@ -453,7 +543,7 @@ impl Shared {
             state: Mutex::new(State {
                 pending: HashMap::default(),
                 deadlines: BTreeMap::new(),
-                targets: HashMap::default(),
+                targets: Targets::default(),
                 armed: None,
                 next_id: 0,
                 swept: Instant::now(),
@@ -512,6 +602,7 @@ impl Shared {
         mut now: Instant,
     ) -> io::Result<Inserted> {
         let seq = initial_sequence();
+        let home = Home::of(&waiter);
         let mut looked_up = false;
         let mut link_looked_up = false;
         let mut own: Option<(OwnedFd, SocketAddrV4)> = None;
@@ -528,7 +619,7 @@ impl Shared {
                 return Err(io::Error::other("the reply reader has stopped"));
             }
             state.sweep(now);
-            let entry = state.targets.entry(target).or_insert_with(|| Target {
+            let entry = state.targets.entry(home, target, || Target {
                 source: None,
                 answered: false,
                 link: None,
@@ -563,7 +654,7 @@ impl Shared {
                             None
                         });
                         let at = Instant::now();
-                        if let Some(t) = self.state().targets.get_mut(&target) {
+                        if let Some(t) = self.state().targets.get_mut(home, target) {
                             t.no_link = found.is_none().then_some(at);
                             if let Some(found) = &found {
                                 t.source = Some((found.source, at));
@@ -583,7 +674,7 @@ impl Shared {
                 _ => {
                     drop(guard);
                     let source = self.source_towards(target)?;
-                    if let Some(t) = self.state().targets.get_mut(&target) {
+                    if let Some(t) = self.state().targets.get_mut(home, target) {
                         t.source = Some((source, Instant::now()));
                     }
                     looked_up = true;
@@ -691,7 +782,7 @@ impl Shared {
                 link: inserted.link,
             }),
             Err(e) => {
-                let failure = self.local_failure(target, &e);
+                let failure = self.local_failure(Home::Place((token >> 32) as usize), target, &e);
                 self.finished_queue().push((token, failure));
                 self.finished_ready.notify_one();
             }
@@ -700,7 +791,12 @@ impl Shared {
 
     /// What an answer means for a probe of `target`; `Err(errno)` when its SYN could not be sent
     /// (the caller may resend once).
-    fn result_of(&self, target: SocketAddrV4, answer: Answer) -> Result<ProbeResult, i32> {
+    fn result_of(
+        &self,
+        home: Home,
+        target: SocketAddrV4,
+        answer: Answer,
+    ) -> Result<ProbeResult, i32> {
         match answer {
             Answer::Reply {
                 verdict: Verdict::Accepted,
@@ -712,7 +808,7 @@ impl Shared {
             } => Ok(ProbeResult::TcpFailure),
             Answer::Expired => {
                 // The route may have changed under a cached source: look it up next time.
-                self.forget_route(target);
+                self.forget_route(home, target);
                 Ok(ProbeResult::Timeout)
             }
             Answer::Unsent(errno) => Err(errno),
@@ -721,9 +817,9 @@ impl Shared {
 
     /// A probe that failed here (no route, no port, the send refused by a local firewall):
     /// logged, and a `TcpFailure`, since the target cannot be reached either way.
-    fn local_failure(&self, target: SocketAddrV4, e: &io::Error) -> ProbeResult {
+    fn local_failure(&self, home: Home, target: SocketAddrV4, e: &io::Error) -> ProbeResult {
         tracing::warn!(%target, "half-open probe failed locally: {e}");
-        self.forget_route(target);
+        self.forget_route(home, target);
         ProbeResult::TcpFailure
     }
 
@@ -744,16 +840,18 @@ impl Shared {
                 }
                 Waiter::Token { token, retry } => (token, retry),
             };
-            let target = key.remote;
-            let result = match self.result_of(target, answer) {
+            let (home, target) = (Home::Place((token >> 32) as usize), key.remote);
+            let result = match self.result_of(home, target, answer) {
                 Ok(result) => result,
                 // As in `exchange`: resend once after looking the route up again.
                 Err(_) if retry => {
-                    self.forget_route(target);
+                    self.forget_route(home, target);
                     self.start(token, target, deadline, false, &mut again, Instant::now());
                     continue;
                 }
-                Err(errno) => self.local_failure(target, &io::Error::from_raw_os_error(errno)),
+                Err(errno) => {
+                    self.local_failure(home, target, &io::Error::from_raw_os_error(errno))
+                }
             };
             results.push((token, result));
         }
@@ -880,8 +978,8 @@ impl Shared {
 
     /// Drops the cached source and link of `target`: its next probe looks the route up again
     /// and takes the kernel's path until it is answered.
-    fn forget_route(&self, target: SocketAddrV4) {
-        if let Some(t) = self.state().targets.get_mut(&target) {
+    fn forget_route(&self, home: Home, target: SocketAddrV4) {
+        if let Some(t) = self.state().targets.get_mut(home, target) {
             t.source = None;
             t.answered = false;
             t.link = None;
@@ -931,7 +1029,8 @@ impl Shared {
                 if let Some(probe) = state.pending.remove(&key) {
                     state.deadlines.remove(&(probe.deadline, probe.id));
                     if !probe.via_link
-                        && let Some(target) = state.targets.get_mut(&key.remote)
+                        && let Some(target) =
+                            state.targets.get_mut(Home::of(&probe.waiter), key.remote)
                     {
                         target.answered = true;
                     }
@@ -978,10 +1077,12 @@ impl Shared {
 }
 
 impl State {
-    /// Forgets, once per [`FORGET_AFTER`], the targets not probed for that long.
+    /// Forgets, once per [`FORGET_AFTER`], the targets of `probe` futures not probed for that
+    /// long. (A place is the caller's: a new target there replaces the old one.)
     fn sweep(&mut self, now: Instant) {
         if now.saturating_duration_since(self.swept) >= FORGET_AFTER {
             self.targets
+                .map
                 .retain(|_, t| now.saturating_duration_since(t.used) < FORGET_AFTER);
             self.swept = now;
         }
@@ -1474,20 +1575,45 @@ mod tests {
         drop(b);
         let shared =
             Shared::new(register(OwnedFd::from(a)).unwrap(), ports, Vec::new(), None).unwrap();
-        for &target in targets {
-            shared.state().targets.insert(
-                target,
-                Target {
-                    source: Some((source, Instant::now())),
-                    answered: false,
-                    link: None,
-                    no_link: None,
-                    next_port: 0,
-                    used: Instant::now(),
-                },
-            );
+        // Each target known both by address (for `probe`) and at its index as the place (for
+        // `start`: tokens `place << 32 | n`).
+        for (place, &target) in targets.iter().enumerate() {
+            let known = || Target {
+                source: Some((source, Instant::now())),
+                answered: false,
+                link: None,
+                no_link: None,
+                next_port: 0,
+                used: Instant::now(),
+            };
+            let mut state = shared.state();
+            state.targets.entry(Home::Map, target, known);
+            state.targets.entry(Home::Place(place), target, known);
         }
         shared
+    }
+
+    #[test]
+    fn a_place_holds_one_target_at_a_time() {
+        let fresh = || Target {
+            source: None,
+            answered: false,
+            link: None,
+            no_link: None,
+            next_port: 0,
+            used: Instant::now(),
+        };
+        let mut targets = Targets::default();
+        targets.entry(Home::Place(3), REMOTE, fresh).answered = true;
+        assert!(targets.get_mut(Home::Place(3), REMOTE).unwrap().answered);
+        // Not under another place, nor in the map of `probe` futures.
+        assert!(targets.get_mut(Home::Place(2), REMOTE).is_none());
+        assert!(targets.get_mut(Home::Map, REMOTE).is_none());
+        // Another target at the place starts afresh; the first one is gone from it.
+        let other = SocketAddrV4::new(*REMOTE.ip(), 81);
+        assert!(!targets.entry(Home::Place(3), other, fresh).answered);
+        assert!(targets.get_mut(Home::Place(3), REMOTE).is_none());
+        assert!(targets.get_mut(Home::Place(9), other).is_none());
     }
 
     fn runtime() -> tokio::runtime::Runtime {
@@ -1525,9 +1651,18 @@ mod tests {
             &mut queued,
             t0,
         );
-        shared.start(8, other, t0 + Duration::from_secs(5), true, &mut queued, t0);
+        // Tokens: the target's place (its index in `shared_with`) in the high half.
+        let (eight, nine) = (1 << 32 | 8, 2 << 32 | 9);
         shared.start(
-            9,
+            eight,
+            other,
+            t0 + Duration::from_secs(5),
+            true,
+            &mut queued,
+            t0,
+        );
+        shared.start(
+            nine,
             third,
             t0 + Duration::from_secs(60),
             true,
@@ -1548,10 +1683,10 @@ mod tests {
             [(7, ProbeResult::Success { .. })]
         ));
         shared.expire(t0 + Duration::from_secs(5), &mut scratch);
-        assert_eq!(finished(&shared), [(8, ProbeResult::Timeout)]);
+        assert_eq!(finished(&shared), [(eight, ProbeResult::Timeout)]);
         assert!(shared.state().pending.contains_key(&third_key));
         drop(Closing(&shared));
-        assert_eq!(finished(&shared), [(9, ProbeResult::TcpFailure)]);
+        assert_eq!(finished(&shared), [(nine, ProbeResult::TcpFailure)]);
         // Once stopped, a new probe fails at once.
         shared.start(
             10,
