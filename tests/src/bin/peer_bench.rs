@@ -339,7 +339,20 @@ fn report(res: &Results, ctx: &Context, img: &str) -> anyhow::Result<String> {
     let mut s = String::new();
     let args = ctx.args;
     let commit = first_line("git", &["rev-parse", "--short", "HEAD"]);
-    let dirty = !first_line("git", &["status", "--porcelain", "--untracked-files=no"]).is_empty();
+    // The charts (and a previous report) this run writes itself are not changes to the code.
+    let dirty = !first_line(
+        "git",
+        &[
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+            "--",
+            ".",
+            ":!BENCHMARKS.md",
+            ":!docs/bench",
+        ],
+    )
+    .is_empty();
     let date = first_line("date", &["-u", "+%Y-%m-%d %H:%M UTC"]);
     let _ = writeln!(
         s,
