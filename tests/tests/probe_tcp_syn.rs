@@ -78,6 +78,14 @@ fn nft(ns: &Netns, args: &[&str]) {
     ns.nft(args).unwrap();
 }
 
+/// Creates table `inet lbt` with an accepting output chain `out` in `ns`, for rules that
+/// watch or drop what the prober's host sends.
+fn output_chain(ns: &Netns) {
+    nft(ns, &["add", "table", "inet", "lbt"]);
+    let chain = "{ type filter hook output priority 0; policy accept; }";
+    nft(ns, &["add", "chain", "inet", "lbt", "out", chain]);
+}
+
 /// Half-open (SYN-RECV) connections the backend holds on `port`.
 fn syn_recv(backend: &Netns, port: u16) -> usize {
     let out = sh(backend.command("ss").args(["-Htan", "state", "syn-recv"])).unwrap();
@@ -157,18 +165,7 @@ fn backend_keeps_no_half_open_connection() {
 
         // Control: the check above does see half-open connections. With the prober's RSTs
         // dropped, the backend keeps one per probe.
-        nft(&prober_ns, &["add", "table", "inet", "lbt"]);
-        nft(
-            &prober_ns,
-            &[
-                "add",
-                "chain",
-                "inet",
-                "lbt",
-                "out",
-                "{ type filter hook output priority 0; policy accept; }",
-            ],
-        );
+        output_chain(&prober_ns);
         nft(
             &prober_ns,
             &[
@@ -570,18 +567,7 @@ fn dropping_the_prober_stops_its_reader() {
 /// Counts, in the prober's netfilter OUTPUT hook, the SYNs to `port`: those that took the
 /// kernel's IP output path (the link-layer path skips it).
 fn count_output_syns(ns: &Netns, port: u16) {
-    nft(ns, &["add", "table", "inet", "lbt"]);
-    nft(
-        ns,
-        &[
-            "add",
-            "chain",
-            "inet",
-            "lbt",
-            "out",
-            "{ type filter hook output priority 0; policy accept; }",
-        ],
-    );
+    output_chain(ns);
     let port = port.to_string();
     nft(
         ns,

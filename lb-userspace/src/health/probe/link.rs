@@ -32,7 +32,7 @@ use std::{
 
 use crate::rtnl::{self, Message};
 
-use super::sys::{MAX_BATCH, fold, ones_sum, setsockopt};
+use super::sys::{MAX_BATCH, fold, ones_sum, send_headers, setsockopt};
 
 // rtnetlink constants not in the libc crate (linux/rtnetlink.h, neighbour.h).
 const RTA_DST: u16 = 1;
@@ -333,20 +333,8 @@ impl Links {
             hdr.msg_iov = &raw mut iov[i];
             hdr.msg_iovlen = 1;
         }
-        // SAFETY: valid fd; `n` headers whose buffers and addresses are alive.
-        let sent = unsafe {
-            libc::sendmmsg(
-                self.packet.as_raw_fd(),
-                msgs.as_mut_ptr(),
-                n as libc::c_uint,
-                libc::MSG_DONTWAIT,
-            )
-        };
-        if sent < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(sent as usize)
-        }
+        // SAFETY: `n` headers whose buffers and addresses are alive.
+        unsafe { send_headers(self.packet.as_fd(), &mut msgs[..n]) }
     }
 }
 

@@ -206,12 +206,22 @@ pub fn send_many(fd: BorrowedFd<'_>, datagrams: &[Outgoing<'_>]) -> io::Result<u
             std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast(), info);
         }
     }
-    // SAFETY: valid fd; `n` headers whose buffers, addresses and control data are alive.
+    // SAFETY: `n` headers whose buffers, addresses and control data are alive.
+    unsafe { send_headers(fd, &mut msgs[..n]) }
+}
+
+/// One non-blocking `sendmmsg` of `msgs`; how many were sent.
+///
+/// # Safety
+/// Every header's pointers (name, iovecs and their buffers, control data) must be valid for
+/// the call.
+pub unsafe fn send_headers(fd: BorrowedFd<'_>, msgs: &mut [libc::mmsghdr]) -> io::Result<usize> {
+    // SAFETY: valid fd; the caller vouches for the headers.
     let sent = unsafe {
         libc::sendmmsg(
             fd.as_raw_fd(),
             msgs.as_mut_ptr(),
-            n as libc::c_uint,
+            msgs.len() as libc::c_uint,
             libc::MSG_DONTWAIT,
         )
     };
