@@ -152,6 +152,18 @@ fn status_json_html_metrics_and_events() {
         format!("lb_backend_state{{service=\"tcp\",backend=\"{dead}\",state=\"unhealthy\"}} 1");
     assert!(metrics.contains(&line), "{line} missing:\n{metrics}");
     assert!(metrics.contains("lb_probe_latency_seconds_bucket{kind=\"tcp\""));
+    // The half-open checks' SYNs: the first to each backend through the kernel, later ones to
+    // the backends that answered through the link layer.
+    let syns = |path: &str| -> u64 {
+        let prefix = format!("lb_probe_syns_total{{path=\"{path}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{prefix} missing:\n{metrics}"))
+    };
+    assert!(syns("kernel") >= 3, "one per backend at least");
+    assert!(syns("link") > 0, "no SYN took the link-layer path");
 
     // The page in a browser: rows by state, green and red.
     let url = format!("{API}/v1/healthcheck");

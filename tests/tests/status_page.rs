@@ -116,6 +116,7 @@ fn status(with_unhealthy: bool) -> Status {
             count: 11,
             sum_s: 0.4,
         }],
+        half_open_syns: None,
         events_total: 3,
     }
 }

@@ -232,6 +232,7 @@ mod tests {
             services,
             counters: vec![],
             probe_latency: vec![],
+            half_open_syns: None,
             events_total: 0,
         }
     }

@@ -236,6 +236,20 @@ pub fn render(status: &Status) -> String {
         latency,
     );
 
+    if let Some(syns) = status.half_open_syns {
+        family(
+            &mut out,
+            "lb_probe_syns_total",
+            "counter",
+            "SYNs of half-open tcp checks sent, by path: link (the packet socket, to targets that \
+             answered) or kernel (the IP output path).",
+            vec![
+                format!("{} {}", labels(&[("path", "link")]), syns.link),
+                format!("{} {}", labels(&[("path", "kernel")]), syns.kernel),
+            ],
+        );
+    }
+
     family(
         &mut out,
         "lb_events_total",
@@ -288,7 +302,7 @@ fn float(v: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::model::{LatencyHistogram, NamedCounter, ProbeCounters};
+    use crate::api::model::{LatencyHistogram, NamedCounter, ProbeCounters, SynPaths};
 
     fn small() -> Status {
         Status {
@@ -346,6 +360,10 @@ mod tests {
                 count: 4,
                 sum_s: 0.5,
             }],
+            half_open_syns: Some(SynPaths {
+                link: 90,
+                kernel: 10,
+            }),
             events_total: 5,
         }
     }
@@ -425,6 +443,10 @@ lb_probe_latency_seconds_bucket{kind="http",le="0.01"} 3
 lb_probe_latency_seconds_bucket{kind="http",le="+Inf"} 4
 lb_probe_latency_seconds_sum{kind="http"} 0.5
 lb_probe_latency_seconds_count{kind="http"} 4
+# HELP lb_probe_syns_total SYNs of half-open tcp checks sent, by path: link (the packet socket, to targets that answered) or kernel (the IP output path).
+# TYPE lb_probe_syns_total counter
+lb_probe_syns_total{path="link"} 90
+lb_probe_syns_total{path="kernel"} 10
 # HELP lb_events_total Health events (state changes and operator actions) so far.
 # TYPE lb_events_total counter
 lb_events_total 5

@@ -14,8 +14,19 @@ pub struct Status {
     pub counters: Vec<NamedCounter>,
     /// Probe latency histograms, one per check kind in use.
     pub probe_latency: Vec<LatencyHistogram>,
+    /// Half-open SYNs sent so far, by path; None while no half-open check runs.
+    #[serde(default)]
+    pub half_open_syns: Option<SynPaths>,
     /// Events so far (the log keeps the most recent ones) and events dropped from the log.
     pub events_total: u64,
+}
+
+/// Where the half-open probes' SYNs left: the link-layer path (to a target that answered
+/// before) or the kernel's IP output path (README, `tcp` checks).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SynPaths {
+    pub link: u64,
+    pub kernel: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

@@ -108,6 +108,7 @@ fn build(inner: &Inner) -> anyhow::Result<Status> {
         services,
         counters,
         probe_latency: inner.checker.latency_histograms(),
+        half_open_syns: inner.checker.half_open_syns(),
         events_total: 0,
     })
 }

@@ -232,6 +232,14 @@ impl Checker {
         self.probers.sent.load(Ordering::Relaxed)
     }
 
+    /// Half-open SYNs sent so far by path; None while no half-open check runs.
+    pub fn half_open_syns(&self) -> Option<crate::api::model::SynPaths> {
+        self.probers.syn.get().map(|syn| {
+            let (link, kernel) = syn.syns_sent();
+            crate::api::model::SynPaths { link, kernel }
+        })
+    }
+
     /// Latency histograms of successful probes, per check kind that has any.
     pub fn latency_histograms(&self) -> Vec<LatencyHistogram> {
         CheckKind::ALL

@@ -152,6 +152,9 @@ struct Shared {
     /// sockets could not be opened (then every SYN takes the kernel's path).
     links: Option<Links>,
     wakeups: AtomicU64,
+    /// SYNs sent through the link-layer path, and through the raw socket.
+    sent_link: AtomicU64,
+    sent_kernel: AtomicU64,
     /// Results of the probes of `start_many`, and the signal that some are there.
     finished: Mutex<Vec<(u64, ProbeResult)>>,
     finished_ready: Notify,
@@ -452,6 +455,15 @@ impl SynProber {
         self.shared.wakeups.load(Ordering::Relaxed)
     }
 
+    /// SYNs sent so far: through the link-layer path, and through the kernel's (raw socket).
+    pub fn syns_sent(&self) -> (u64, u64) {
+        let shared = &self.shared;
+        (
+            shared.sent_link.load(Ordering::Relaxed),
+            shared.sent_kernel.load(Ordering::Relaxed),
+        )
+    }
+
     /// Starts a half-open probe of each `(token, target, timeout)` without a future of its own:
     /// the SYNs leave together, and each result comes out of [`SynProber::finished`] under its
     /// token, with the same meaning as [`SynProber::probe`]'s. For one consumer (the checker's
@@ -557,6 +569,8 @@ impl Shared {
             routes: Mutex::new(UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?),
             links,
             wakeups: AtomicU64::new(0),
+            sent_link: AtomicU64::new(0),
+            sent_kernel: AtomicU64::new(0),
             finished: Mutex::new(Vec::new()),
             finished_ready: Notify::new(),
         })
@@ -919,6 +933,9 @@ impl Shared {
                 let mut i = 0;
                 while i < frames.len() {
                     let sent = links.send_many(&frames[i..]);
+                    if let Ok(n) = sent {
+                        self.sent_link.fetch_add(n as u64, Ordering::Relaxed);
+                    }
                     i += self.sent_or_unsent(&queued[i..], sent, &mut answers);
                 }
             }
@@ -938,6 +955,9 @@ impl Shared {
                         send_many(fd.as_fd(), &datagrams)
                     })
                     .await;
+                if let Ok(n) = sent {
+                    self.sent_kernel.fetch_add(n as u64, Ordering::Relaxed);
+                }
                 i += self.sent_or_unsent(&plain[i..], sent, &mut answers);
             }
         }
