@@ -20,7 +20,8 @@
 //!   channel per probe; results come back in batches through [`SynProber::finished`]), and the
 //!   sender task sends the SYNs queued since it last ran with one `sendmmsg` (up to 64 a call);
 //! - deadlines live in one ordered map watched by the reader's single timer, not a timer per
-//!   probe; an answered probe leaves it at once, so the timer only fires for real timeouts;
+//!   probe, and a batch shares one entry; the entry goes when its last probe is answered, so the
+//!   timer only fires for real timeouts;
 //! - the reader takes up to 64 replies per `recvmmsg`, and when replies come faster
 //!   than one per [`COALESCE`] it pauses that long between reads, so it wakes at most about once
 //!   per `COALESCE` under load rather than once per reply;
@@ -163,8 +164,9 @@ struct Shared {
 /// Everything behind the one lock.
 struct State {
     pending: HashMap<Key, Pending, FastHash>,
-    /// Deadlines of the pending probes, earliest first: `(deadline, probe id)`.
-    deadlines: BTreeMap<(Instant, u64), Key>,
+    /// The pending probes by deadline, earliest first. Probes started together share one
+    /// (see [`Deadline`]).
+    deadlines: BTreeMap<Instant, Deadline>,
     targets: Targets,
     /// The instant the reader's timer is set for; `None` while it sleeps without one. A probe
     /// with an earlier deadline moves it and wakes the reader.
@@ -253,6 +255,16 @@ impl Targets {
             let _ = at;
         }
     }
+}
+
+/// The probes due at one instant: a batch of `start_many` (one timeout) shares it, so a probe
+/// costs a push and a count rather than an entry of its own in the ordered map.
+#[derive(Default)]
+struct Deadline {
+    /// `(probe id, key)`: the probes listed here, also those that have left since.
+    probes: Vec<(u64, Key)>,
+    /// How many of them are still pending; the entry goes when none is.
+    live: usize,
 }
 
 /// What the prober keeps per target.
@@ -738,7 +750,9 @@ impl Shared {
                     _own_port: own.map(|(fd, _)| fd),
                 },
             );
-            state.deadlines.insert((deadline, id), key);
+            let due = state.deadlines.entry(deadline).or_default();
+            due.probes.push((id, key));
+            due.live += 1;
             if state.armed.is_none_or(|armed| deadline < armed) {
                 state.armed = Some(deadline);
                 self.rearm.notify_one();
@@ -990,7 +1004,7 @@ impl Shared {
         if state.pending.get(&q.key).is_some_and(|p| p.id == q.id)
             && let Some(probe) = state.pending.remove(&q.key)
         {
-            state.deadlines.remove(&(probe.deadline, probe.id));
+            state.unlist(probe.deadline);
             answers.push((probe.waiter, q.key, probe.deadline, Answer::Unsent(errno)));
         }
         1
@@ -1047,7 +1061,7 @@ impl Shared {
                     continue;
                 };
                 if let Some(probe) = state.pending.remove(&key) {
-                    state.deadlines.remove(&(probe.deadline, probe.id));
+                    state.unlist(probe.deadline);
                     if !probe.via_link
                         && let Some(target) =
                             state.targets.get_mut(Home::of(&probe.waiter), key.remote)
@@ -1077,19 +1091,20 @@ impl Shared {
             let mut guard = self.state();
             let state = &mut *guard;
             while let Some(entry) = state.deadlines.first_entry() {
-                if entry.key().0 > now {
+                if *entry.key() > now {
                     break;
                 }
-                let id = entry.key().1;
-                let key = entry.remove();
-                if state.pending.get(&key).is_some_and(|p| p.id == id)
-                    && let Some(probe) = state.pending.remove(&key)
-                {
-                    answers.push((probe.waiter, key, probe.deadline, Answer::Expired));
+                for (id, key) in entry.remove().probes {
+                    // Those that left already (answered, unsent, dropped) are skipped.
+                    if state.pending.get(&key).is_some_and(|p| p.id == id)
+                        && let Some(probe) = state.pending.remove(&key)
+                    {
+                        answers.push((probe.waiter, key, probe.deadline, Answer::Expired));
+                    }
                 }
             }
             if state.armed.is_some_and(|armed| armed <= now) {
-                state.armed = state.deadlines.first_key_value().map(|(&(d, _), _)| d);
+                state.armed = state.deadlines.first_key_value().map(|(&d, _)| d);
             }
         }
         self.deliver(answers);
@@ -1097,6 +1112,17 @@ impl Shared {
 }
 
 impl State {
+    /// A probe due at `deadline` has left the pending map (not by expiring): one fewer live
+    /// there, and the entry goes with the last.
+    fn unlist(&mut self, deadline: Instant) {
+        if let Some(due) = self.deadlines.get_mut(&deadline) {
+            due.live = due.live.saturating_sub(1);
+            if due.live == 0 {
+                self.deadlines.remove(&deadline);
+            }
+        }
+    }
+
     /// Forgets, once per [`FORGET_AFTER`], the targets of `probe` futures not probed for that
     /// long. (A place is the caller's: a new target there replaces the old one.)
     fn sweep(&mut self, now: Instant) {
@@ -1129,7 +1155,7 @@ impl Drop for Registered<'_> {
             .is_some_and(|p| p.id == self.id)
             && let Some(probe) = state.pending.remove(&self.key)
         {
-            state.deadlines.remove(&(probe.deadline, probe.id));
+            state.unlist(probe.deadline);
         }
     }
 }
@@ -1722,6 +1748,55 @@ mod tests {
     fn is_empty(shared: &Shared) -> bool {
         let state = shared.state();
         state.pending.is_empty() && state.deadlines.is_empty()
+    }
+
+    #[test]
+    fn probes_due_together_share_one_deadline_entry() {
+        let rt = runtime();
+        let _rt = rt.enter();
+        let shared = shared_with(vec![40000, 40001, 40002], *LOCAL.ip(), &[REMOTE]);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut probes: Vec<Registered<'_>> = (0..3)
+            .map(|_| shared.register(REMOTE, deadline).unwrap().0)
+            .collect();
+        assert_eq!(shared.state().deadlines.len(), 1);
+        let answer = |p: &Registered<'_>| {
+            let mut r = reply(SYN | ACK, p.seq.wrapping_add(1), 0);
+            r[22..24].copy_from_slice(&p.key.local.port().to_be_bytes());
+            r
+        };
+        let (a, b) = (answer(&probes[0]), answer(&probes[1]));
+        let mut scratch = Vec::new();
+        shared.dispatch([&a[..], &b[..]], Instant::now(), &mut scratch);
+        assert_eq!(shared.state().deadlines[&deadline].live, 1);
+        // The last one expires alone; the answered ones are not ended twice.
+        shared.expire(deadline, &mut scratch);
+        assert!(is_empty(&shared));
+        let got: Vec<Answer> = probes
+            .iter_mut()
+            .map(|p| p.answer.try_recv().unwrap())
+            .collect();
+        assert!(matches!(
+            got[0],
+            Answer::Reply {
+                verdict: Verdict::Accepted,
+                ..
+            }
+        ));
+        assert!(matches!(
+            got[1],
+            Answer::Reply {
+                verdict: Verdict::Accepted,
+                ..
+            }
+        ));
+        assert_eq!(got[2], Answer::Expired);
+        // Answering every probe of a deadline removes its entry at once.
+        let later = deadline + Duration::from_secs(1);
+        let p = shared.register(REMOTE, later).unwrap().0;
+        let c = answer(&p);
+        shared.dispatch([&c[..]], Instant::now(), &mut scratch);
+        assert!(is_empty(&shared));
     }
 
     #[test]
