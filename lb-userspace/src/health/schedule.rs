@@ -28,6 +28,7 @@ use crate::config::CheckKind;
 
 use super::{
     checker::{Probe, ProbeKey, Probers, TargetStatus, Verdict, phase, probe},
+    prefetch,
     probe::{ProbeResult, http::HttpCheck},
     wheel::Wheel,
     window::Window,
@@ -199,7 +200,7 @@ impl Scheduler {
                     self.syn_in_flight -= done.len();
                     for &(token, _) in &done {
                         if let Some(target) = self.targets.get((token >> 32) as usize) {
-                            prefetch(target);
+                            prefetch(target, 1);
                         }
                     }
                     // One clock read for the batch: the results came in together.
@@ -264,12 +265,12 @@ impl Scheduler {
         // The slot's targets lie scattered in memory: ask for all of them (and what they point
         // to) before using any, so their cache misses overlap instead of coming one by one.
         for &(place, _) in &self.due {
-            prefetch(&self.targets[place]);
+            prefetch(&self.targets[place], 1);
         }
         for &(place, _) in &self.due {
             if let Some(t) = &self.targets[place] {
-                prefetch(&*t.shared);
-                prefetch(&*t.key);
+                prefetch(&*t.shared, 1);
+                prefetch(&*t.key, 1);
             }
         }
         let probers = self.probers.clone();
@@ -398,19 +399,6 @@ async fn syn_finished(probers: &Probers, out: &mut Vec<(u64, ProbeResult)>) {
         Some(syn) => syn.finished(out).await,
         None => std::future::pending().await,
     }
-}
-
-/// Asks the CPU to load `item`'s first cache line; a hint that changes nothing else.
-#[inline(always)]
-fn prefetch<T>(item: &T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch never faults and has no effect the program can observe.
-    unsafe {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        _mm_prefetch::<_MM_HINT_T0>((item as *const T).cast());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = item;
 }
 
 /// `pause` plus up to 5% more, by `random`: targets that started together drift apart.

@@ -77,10 +77,14 @@ pub struct Link {
     generation: u64,
 }
 
-/// One IPv4 packet for [`Links::send_many`].
+/// One IPv4 datagram for [`Links::send_many`]: `payload` (of `protocol`) from `source` to
+/// `destination`, on `link`. The IP header is built on sending.
 pub struct Frame<'a> {
     pub link: &'a Link,
-    pub packet: &'a [u8],
+    pub source: Ipv4Addr,
+    pub destination: Ipv4Addr,
+    pub protocol: u8,
+    pub payload: &'a [u8],
 }
 
 /// The packet socket, the lookups and the change notifications of the calling thread's network
@@ -96,7 +100,7 @@ pub struct Links {
     /// checked against the entry it concerns.
     next_hops: Mutex<HashMap<(u32, Ipv4Addr), Arc<NextHop>>>,
     /// TTL of the packets built (the namespace's `ip_default_ttl`).
-    pub ttl: u8,
+    ttl: u8,
 }
 
 impl Links {
@@ -257,17 +261,7 @@ impl Links {
             for (_, message) in rtnl::messages(&buf[..n as usize]) {
                 match Change::of(message) {
                     Change::Everything => self.retire_all(),
-                    Change::Device(ifindex) => {
-                        let next_hops = self
-                            .next_hops
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner);
-                        let in_use = next_hops.keys().any(|&(i, _)| i == ifindex);
-                        drop(next_hops);
-                        if in_use {
-                            self.retire_all();
-                        }
-                    }
+                    Change::Device(ifindex) => self.device_changed(ifindex),
                     Change::Neighbour(neighbour, removed) => {
                         self.neighbour_changed(&neighbour, removed)
                     }
@@ -289,6 +283,18 @@ impl Links {
         next_hops.clear();
     }
 
+    fn device_changed(&self, ifindex: u32) {
+        let next_hops = self
+            .next_hops
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let in_use = next_hops.keys().any(|&(i, _)| i == ifindex);
+        drop(next_hops);
+        if in_use {
+            self.retire_all();
+        }
+    }
+
     fn neighbour_changed(&self, neighbour: &Neighbour, removed: bool) {
         let mut next_hops = self
             .next_hops
@@ -303,9 +309,10 @@ impl Links {
         }
     }
 
-    /// Sends up to [`MAX_BATCH`] frames in one `sendmmsg`, without blocking: each on its
-    /// link's device, to its next hop's MAC (the kernel writes the Ethernet header). Returns how
-    /// many were sent, from the first; an error means the first could not be.
+    /// Sends up to [`MAX_BATCH`] frames in one `sendmmsg`, without blocking: each with its IPv4
+    /// header, on its link's device, to its next hop's MAC (the kernel writes the Ethernet
+    /// header). Returns how many were sent, from the first; an error means the first could not
+    /// be.
     pub fn send_many(&self, frames: &[Frame<'_>]) -> io::Result<usize> {
         let n = frames.len().min(MAX_BATCH);
         if n == 0 {
@@ -314,7 +321,9 @@ impl Links {
         // SAFETY: all-zero sockaddr_lls, iovecs and mmsghdrs are valid; the pointers set below
         // outlive the call.
         let mut to: [libc::sockaddr_ll; MAX_BATCH] = unsafe { std::mem::zeroed() };
-        let mut iov: [libc::iovec; MAX_BATCH] = unsafe { std::mem::zeroed() };
+        let mut headers = [[0u8; 20]; MAX_BATCH];
+        // Two per datagram: its IP header, its payload.
+        let mut iov: [[libc::iovec; 2]; MAX_BATCH] = unsafe { std::mem::zeroed() };
         let mut msgs: [libc::mmsghdr; MAX_BATCH] = unsafe { std::mem::zeroed() };
         for (i, frame) in frames[..n].iter().enumerate() {
             let ll = &mut to[i];
@@ -323,17 +332,30 @@ impl Links {
             ll.sll_ifindex = frame.link.ifindex as i32;
             ll.sll_halen = 6;
             ll.sll_addr[..6].copy_from_slice(&frame.link.next_hop.mac);
-            iov[i] = libc::iovec {
-                iov_base: frame.packet.as_ptr().cast_mut().cast(),
-                iov_len: frame.packet.len(),
-            };
+            headers[i] = ipv4_header(
+                frame.source,
+                frame.destination,
+                frame.protocol,
+                frame.payload.len(),
+                self.ttl,
+            );
+            iov[i] = [
+                libc::iovec {
+                    iov_base: headers[i].as_mut_ptr().cast(),
+                    iov_len: 20,
+                },
+                libc::iovec {
+                    iov_base: frame.payload.as_ptr().cast_mut().cast(),
+                    iov_len: frame.payload.len(),
+                },
+            ];
             let hdr = &mut msgs[i].msg_hdr;
             hdr.msg_name = (&raw mut to[i]).cast();
             hdr.msg_namelen = size_of::<libc::sockaddr_ll>() as libc::socklen_t;
-            hdr.msg_iov = &raw mut iov[i];
-            hdr.msg_iovlen = 1;
+            hdr.msg_iov = iov[i].as_mut_ptr();
+            hdr.msg_iovlen = 2;
         }
-        // SAFETY: `n` headers whose buffers and addresses are alive.
+        // SAFETY: `n` headers whose buffers (IP headers, payloads) and addresses are alive.
         unsafe { send_headers(self.packet.as_fd(), &mut msgs[..n]) }
     }
 }
@@ -341,7 +363,7 @@ impl Links {
 /// An IPv4 header (20 bytes, no options) for `payload_len` bytes of `protocol` from `source` to
 /// `destination`: DF set and ID 0, as Linux sends an unfragmentable datagram of an unconnected
 /// socket (RFC 6864 lets an atomic datagram's ID be anything); checksum filled in.
-pub fn ipv4_header(
+fn ipv4_header(
     source: Ipv4Addr,
     destination: Ipv4Addr,
     protocol: u8,

@@ -86,7 +86,7 @@ use tokio::{
 };
 
 use super::ProbeResult;
-use super::link::{Frame, Link, Links, ipv4_header};
+use super::link::{Frame, Link, Links};
 use super::sys::{
     MAX_BATCH, Outgoing, fold, ones_sum, recv, recv_many, register, send_many, setsockopt,
     sockaddr_in,
@@ -190,9 +190,13 @@ enum Home {
 impl Home {
     fn of(waiter: &Waiter) -> Self {
         match waiter {
-            Waiter::Token { token, .. } => Home::Place((token >> 32) as usize),
+            Waiter::Token { token, .. } => Home::of_token(*token),
             Waiter::Future(_) => Home::Map,
         }
+    }
+
+    fn of_token(token: u64) -> Self {
+        Home::Place((token >> 32) as usize)
     }
 }
 
@@ -242,17 +246,7 @@ impl Targets {
     /// first two cache lines, which hold the address and the fields a probe reads.
     fn prefetch(&self, place: usize) {
         if let Some(slot) = self.places.get(place) {
-            let at = (slot as *const Option<(SocketAddrV4, Target)>).cast::<i8>();
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: a prefetch never faults (not even past the end of an allocation) and has
-            // no effect the program can observe.
-            unsafe {
-                use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-                _mm_prefetch::<_MM_HINT_T0>(at);
-                _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64));
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            let _ = at;
+            crate::health::prefetch(slot, 2);
         }
     }
 }
@@ -274,9 +268,9 @@ struct Target {
     /// Its last probe was answered through the kernel's path (so the kernel knows the next
     /// hop): its SYNs may take the link-layer path. Cleared by a timeout or a local failure.
     answered: bool,
-    /// The link-layer path and when it was looked up; or when a lookup last found none.
-    link: Option<(Link, Instant)>,
-    no_link: Option<Instant>,
+    /// The link-layer path, if the last lookup found one, and when that lookup was.
+    link: Option<Link>,
+    link_at: Option<Instant>,
     /// Index in the pool of the next port to try.
     next_port: usize,
     /// When it was last probed.
@@ -630,7 +624,6 @@ impl Shared {
         let seq = initial_sequence();
         let home = Home::of(&waiter);
         let mut looked_up = false;
-        let mut link_looked_up = false;
         let mut own: Option<(OwnedFd, SocketAddrV4)> = None;
         let mut again = false;
         loop {
@@ -649,7 +642,7 @@ impl Shared {
                 source: None,
                 answered: false,
                 link: None,
-                no_link: None,
+                link_at: None,
                 // Targets start at different places in the pool.
                 next_port: lb_common::fmix64(
                     u64::from(u32::from(*target.ip())) << 16 | u64::from(target.port()),
@@ -662,17 +655,17 @@ impl Shared {
             if let Some(links) = &self.links
                 && entry.answered
             {
-                let fresh = |at: Instant| now.saturating_duration_since(at) < ROUTE_TTL;
-                match &entry.link {
-                    Some((known, at)) if fresh(*at) && links.current(known) => {
+                let age = entry.link_at.map(|at| now.saturating_duration_since(at));
+                match (&entry.link, age) {
+                    (Some(known), Some(age)) if age < ROUTE_TTL && links.current(known) => {
                         link = Some(known.clone());
                     }
-                    // Retired by a change, but looked up lately: when the network keeps
-                    // changing, look up at most every RELOOKUP and use the kernel's path
-                    // meanwhile (a lookup costs more than the path it saves).
-                    Some((_, at)) if now.saturating_duration_since(*at) < RELOOKUP => {}
-                    // Looked up during this call already, or none found lately.
-                    _ if link_looked_up || entry.no_link.is_some_and(fresh) => {}
+                    // Looked up lately (also earlier in this call): a link retired since by a
+                    // change is looked up again at most every RELOOKUP, so a network that keeps
+                    // changing cannot make lookups cost more than the path saves; none found,
+                    // every ROUTE_TTL. The kernel's path meanwhile.
+                    (Some(_), Some(age)) if age < RELOOKUP => {}
+                    (None, Some(age)) if age < ROUTE_TTL => {}
                     _ => {
                         drop(guard);
                         let found = links.lookup(*target.ip()).unwrap_or_else(|e| {
@@ -681,13 +674,12 @@ impl Shared {
                         });
                         let at = Instant::now();
                         if let Some(t) = self.state().targets.get_mut(home, target) {
-                            t.no_link = found.is_none().then_some(at);
                             if let Some(found) = &found {
                                 t.source = Some((found.source, at));
                             }
-                            t.link = found.map(|found| (found, at));
+                            t.link = found;
+                            t.link_at = Some(at);
                         }
-                        link_looked_up = true;
                         continue;
                     }
                 }
@@ -810,7 +802,7 @@ impl Shared {
                 link: inserted.link,
             }),
             Err(e) => {
-                let failure = self.local_failure(Home::Place((token >> 32) as usize), target, &e);
+                let failure = self.local_failure(Home::of_token(token), target, &e);
                 self.finished_queue().push((token, failure));
                 self.finished_ready.notify_one();
             }
@@ -868,7 +860,7 @@ impl Shared {
                 }
                 Waiter::Token { token, retry } => (token, retry),
             };
-            let (home, target) = (Home::Place((token >> 32) as usize), key.remote);
+            let (home, target) = (Home::of_token(token), key.remote);
             let result = match self.result_of(home, target, answer) {
                 Ok(result) => result,
                 // As in `exchange`: resend once after looking the route up again.
@@ -922,35 +914,23 @@ impl Shared {
             if let Some(links) = &self.links
                 && !framed.is_empty()
             {
-                let packets: Vec<[u8; 20 + SYN_LEN]> = framed
-                    .iter()
-                    .map(|(q, _)| {
-                        let mut packet = [0u8; 20 + SYN_LEN];
-                        let header = ipv4_header(
-                            *q.key.local.ip(),
-                            *q.key.remote.ip(),
-                            libc::IPPROTO_TCP as u8,
-                            SYN_LEN,
-                            links.ttl,
-                        );
-                        packet[..20].copy_from_slice(&header);
-                        packet[20..].copy_from_slice(&q.syn);
-                        packet
-                    })
-                    .collect();
                 let frames: Vec<Frame<'_>> = framed
                     .iter()
-                    .zip(&packets)
-                    .map(|(&(_, link), packet)| Frame { link, packet })
+                    .map(|&(q, link)| Frame {
+                        link,
+                        source: *q.key.local.ip(),
+                        destination: *q.key.remote.ip(),
+                        protocol: libc::IPPROTO_TCP as u8,
+                        payload: &q.syn,
+                    })
                     .collect();
-                let queued: Vec<&Queued> = framed.iter().map(|&(q, _)| q).collect();
                 let mut i = 0;
                 while i < frames.len() {
                     let sent = links.send_many(&frames[i..]);
                     if let Ok(n) = sent {
                         self.sent_link.fetch_add(n as u64, Ordering::Relaxed);
                     }
-                    i += self.sent_or_unsent(&queued[i..], sent, &mut answers);
+                    i += self.sent_or_unsent(framed[i].0, sent, &mut answers);
                 }
             }
             let mut i = 0;
@@ -972,7 +952,7 @@ impl Shared {
                 if let Ok(n) = sent {
                     self.sent_kernel.fetch_add(n as u64, Ordering::Relaxed);
                 }
-                i += self.sent_or_unsent(&plain[i..], sent, &mut answers);
+                i += self.sent_or_unsent(plain[i], sent, &mut answers);
             }
         }
         batch.clear();
@@ -985,12 +965,12 @@ impl Shared {
         q.link.as_ref().filter(|link| links.current(link))
     }
 
-    /// After a `sendmmsg` of `queued`: how many SYNs it took. When it took none, the first
+    /// After a `sendmmsg` of SYNs starting with `q`: how many it took. When it took none, `q`
     /// could not be sent: its probe ends with [`Answer::Unsent`] (added to `answers`) and counts
     /// as taken, so the caller goes on with the next.
     fn sent_or_unsent(
         &self,
-        queued: &[&Queued],
+        q: &Queued,
         sent: io::Result<usize>,
         answers: &mut Vec<Delivery>,
     ) -> usize {
@@ -999,7 +979,6 @@ impl Shared {
             Ok(_) => libc::EIO,
             Err(e) => e.raw_os_error().unwrap_or(libc::EIO),
         };
-        let q = queued[0];
         let mut state = self.state();
         if state.pending.get(&q.key).is_some_and(|p| p.id == q.id)
             && let Some(probe) = state.pending.remove(&q.key)
@@ -1017,7 +996,7 @@ impl Shared {
             t.source = None;
             t.answered = false;
             t.link = None;
-            t.no_link = None;
+            t.link_at = None;
         }
     }
 
@@ -1628,7 +1607,7 @@ mod tests {
                 source: Some((source, Instant::now())),
                 answered: false,
                 link: None,
-                no_link: None,
+                link_at: None,
                 next_port: 0,
                 used: Instant::now(),
             };
@@ -1645,7 +1624,7 @@ mod tests {
             source: None,
             answered: false,
             link: None,
-            no_link: None,
+            link_at: None,
             next_port: 0,
             used: Instant::now(),
         };
