@@ -194,7 +194,7 @@ pub async fn status(api: ApiArgs, service: Option<String>) -> anyhow::Result<()>
             s.new_flows, s.packets, s.bytes
         );
         println!(
-            "  {:<22} {:>3} {:<17} {:<9} {:>8} {:>4} {:>4} {:>4} {:>9} {:>10} {:>12}",
+            "  {:<22} {:>3} {:<17} {:<9} {:>8} {:>4} {:>4} {:>4} {:>4} {:>9} {:>10} {:>12}  last failure",
             "backend",
             "w",
             "state",
@@ -202,6 +202,7 @@ pub async fn status(api: ApiArgs, service: Option<String>) -> anyhow::Result<()>
             "for",
             "ok",
             "tcp",
+            "tls",
             "http",
             "timeout",
             "latency",
@@ -209,7 +210,7 @@ pub async fn status(api: ApiArgs, service: Option<String>) -> anyhow::Result<()>
         );
         for b in &s.backends {
             println!(
-                "  {:<22} {:>3} {:<17} {:<9} {:>7.0}s {:>4} {:>4} {:>4} {:>9} {:>10} {:>12}",
+                "  {:<22} {:>3} {:<17} {:<9} {:>7.0}s {:>4} {:>4} {:>4} {:>4} {:>9} {:>10} {:>12}  {}",
                 b.address,
                 b.weight,
                 b.state,
@@ -217,11 +218,13 @@ pub async fn status(api: ApiArgs, service: Option<String>) -> anyhow::Result<()>
                 b.state_for_s,
                 b.counters.success,
                 b.counters.tcp_failure,
+                b.counters.tls_failure,
                 b.counters.http_failure,
                 b.counters.timeout_failure,
                 b.last_probe_latency_ms
                     .map_or("-".to_owned(), |ms| format!("{ms:.2}ms")),
-                b.new_flows
+                b.new_flows,
+                b.last_failure.as_deref().unwrap_or("-")
             );
         }
         println!();
@@ -261,27 +264,63 @@ pub async fn events(api: ApiArgs, follow: bool, after: u64) -> anyhow::Result<()
 }
 
 fn show_event(e: &Event) -> String {
-    let secs = e.time as i64;
-    let (h, m, s) = ((secs / 3600) % 24, (secs / 60) % 60, secs % 60);
-    let millis = ((e.time - secs as f64) * 1000.0) as u32;
+    let reason = e
+        .reason
+        .as_deref()
+        .map_or(String::new(), |r| format!(": {r}"));
+    if e.service.is_empty() {
+        // Not about a backend: a rejected reload, a local shortage.
+        return format!("#{} {} {}{reason}", e.seq, show_time(e.time), e.source);
+    }
     let flag = e
         .flag_write_us
         .map_or(String::new(), |us| format!(" flag written in {us}µs"));
+    let c = &e.counters;
     format!(
-        "#{} {h:02}:{m:02}:{s:02}.{millis:03}Z {} {} {} -> {} ({}; ok {} tcp {} http {} timeout {}; thresholds {}/{}){flag}",
+        "#{} {} {} {} {} -> {} ({}{reason}; ok {} tcp {} tls {} http {} timeout {}; thresholds {}/{}){flag}",
         e.seq,
+        show_time(e.time),
         e.service,
         e.backend,
         e.from,
         e.to,
         e.source,
-        e.counters.success,
-        e.counters.tcp_failure,
-        e.counters.http_failure,
-        e.counters.timeout_failure,
+        c.success,
+        c.tcp_failure,
+        c.tls_failure,
+        c.http_failure,
+        c.timeout_failure,
         e.unhealthy_threshold,
         e.healthy_threshold,
     )
+}
+
+/// Unix seconds as `2026-12-01 18:11:42.123Z` (UTC).
+fn show_time(t: f64) -> String {
+    let secs = t.max(0.0) as i64;
+    let millis = ((t - secs as f64) * 1000.0).clamp(0.0, 999.0) as u32;
+    let (days, rest) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{millis:03}Z",
+        rest / 3600,
+        rest / 60 % 60,
+        rest % 60
+    )
+}
+
+/// Days since 1970-01-01 → (year, month, day) of the proleptic Gregorian calendar (H. Hinnant's
+/// `civil_from_days`).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
 /// `lb backend drain|enable|disable SERVICE ADDRESS`.
@@ -438,4 +477,16 @@ fn encode(segment: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_times_have_dates() {
+        assert_eq!(show_time(0.0), "1970-01-01 00:00:00.000Z");
+        assert_eq!(show_time(1_796_148_702.5), "2026-12-01 18:11:42.500Z");
+        assert_eq!(show_time(951_782_400.0), "2000-02-29 00:00:00.000Z");
+    }
 }

@@ -1,13 +1,16 @@
-//! A minimal HTTP/1.1 client for the control API (JSON bodies, and the line-by-line event
-//! stream): the CLI needs nothing more, and it keeps TLS and connection pools out of the binary.
+//! The CLI's client of the control API: one HTTP/1.1 request per connection over hyper (already
+//! linked for the API's server), so framing, chunking and headers are a maintained parser's job.
+//! Bodies are read as bytes and decoded as UTF-8 only once complete (a body, or a line of the
+//! event stream), so a chunk boundary inside a multi-byte character is harmless.
 
 use std::{net::SocketAddr, time::Duration};
 
-use anyhow::{Context as _, anyhow, bail};
-use tokio::{
-    io::{AsyncReadExt as _, AsyncWriteExt as _},
-    net::TcpStream,
-};
+use anyhow::{Context as _, anyhow};
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Empty};
+use hyper::{Request, body::Incoming, client::conn::http1};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
 
 /// The daemon could not be reached at all (as opposed to answering with an error).
 #[derive(Debug, thiserror::Error)]
@@ -20,30 +23,16 @@ pub struct Unreachable {
     pub source: std::io::Error,
 }
 
+/// Longest wait for a connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest wait for a whole (non-streaming) answer.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest body or stream line accepted: the status of thousands of backends fits many times.
+const MAX_BODY: usize = 256 << 20;
+
 /// GETs `path` and returns (status, body).
 pub async fn get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
     request(addr, "GET", path, None).await
-}
-
-async fn connect(addr: SocketAddr) -> anyhow::Result<TcpStream> {
-    Ok(
-        tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(addr))
-            .await
-            .map_err(|_| Unreachable {
-                addr,
-                source: std::io::ErrorKind::TimedOut.into(),
-            })?
-            .map_err(|source| Unreachable { addr, source })?,
-    )
-}
-
-fn head(method: &str, path: &str, addr: SocketAddr, token: Option<&str>) -> String {
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: application/json\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
-    )
 }
 
 /// Sends `method path` (no body) and returns (status, body).
@@ -53,15 +42,15 @@ pub async fn request(
     path: &str,
     token: Option<&str>,
 ) -> anyhow::Result<(u16, String)> {
-    let mut stream = connect(addr).await?;
-    stream
-        .write_all(head(method, path, addr, token).as_bytes())
-        .await?;
-    let mut raw = Vec::new();
-    tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut raw))
+    let response = send(addr, method, path, token).await?;
+    tokio::time::timeout(ANSWER_TIMEOUT, read_all(response))
         .await
-        .context("control API did not answer in 30 s")??;
-    parse_response(&raw)
+        .map_err(|_| {
+            anyhow!(
+                "control API did not answer in {}s",
+                ANSWER_TIMEOUT.as_secs()
+            )
+        })?
 }
 
 /// GETs a streaming `path` and calls `line` with each line of the body as it arrives, until
@@ -72,103 +61,170 @@ pub async fn stream_lines(
     token: Option<&str>,
     mut line: impl FnMut(&str) -> anyhow::Result<()>,
 ) -> anyhow::Result<Option<(u16, String)>> {
-    use tokio::io::AsyncBufReadExt as _;
-    let mut stream = tokio::io::BufReader::new(connect(addr).await?);
-    stream
-        .get_mut()
-        .write_all(head("GET", path, addr, token).as_bytes())
-        .await?;
-    let mut headers = String::new();
-    loop {
-        let mut l = String::new();
-        if stream.read_line(&mut l).await? == 0 || l == "\r\n" {
-            break;
-        }
-        headers.push_str(&l);
+    let mut response = send(addr, "GET", path, token).await?;
+    if response.status() != 200 {
+        return read_all(response).await.map(Some);
     }
-    let status: u16 = headers
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| anyhow!("malformed HTTP status line"))?;
-    let mut rest = Vec::new();
-    if status != 200 {
-        stream.read_to_end(&mut rest).await?;
-        let raw = [headers.as_bytes(), b"\r\n", &rest].concat();
-        return parse_response(&raw).map(Some);
+    let mut lines = Lines::default();
+    while let Some(frame) = response.body_mut().frame().await {
+        let frame = frame.context("reading the event stream")?;
+        if let Some(data) = frame.data_ref() {
+            lines.push(data, &mut line)?;
+        }
     }
-    // Chunked: a size line, then that many bytes; lines of the body may span chunks.
-    let mut pending = String::new();
-    loop {
-        let mut size = String::new();
-        if stream.read_line(&mut size).await? == 0 {
-            return Ok(None);
+    Ok(None)
+}
+
+/// Splits a byte stream into lines, decoding each whole line.
+#[derive(Default)]
+struct Lines {
+    pending: Vec<u8>,
+}
+
+impl Lines {
+    fn push(
+        &mut self,
+        data: &[u8],
+        line: &mut impl FnMut(&str) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        self.pending.extend_from_slice(data);
+        let mut start = 0;
+        while let Some(n) = self.pending[start..].iter().position(|&b| b == b'\n') {
+            let text = std::str::from_utf8(&self.pending[start..start + n])
+                .context("the event stream is not UTF-8")?;
+            line(text)?;
+            start += n + 1;
         }
-        let size = usize::from_str_radix(size.trim(), 16).context("chunk size")?;
-        if size == 0 {
-            return Ok(None);
+        self.pending.drain(..start);
+        if self.pending.len() > MAX_BODY {
+            anyhow::bail!("a line of the event stream is longer than {MAX_BODY} bytes");
         }
-        let mut chunk = vec![0u8; size + 2];
-        stream.read_exact(&mut chunk).await?;
-        pending.push_str(std::str::from_utf8(&chunk[..size]).context("stream is not UTF-8")?);
-        while let Some((l, tail)) = pending.split_once('\n') {
-            line(l)?;
-            pending = tail.to_owned();
-        }
+        Ok(())
     }
 }
 
-fn parse_response(raw: &[u8]) -> anyhow::Result<(u16, String)> {
-    let text = std::str::from_utf8(raw).context("response is not UTF-8")?;
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| anyhow!("malformed HTTP response"))?;
-    let status: u16 = head
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| anyhow!("malformed HTTP status line"))?;
-    let chunked = head.lines().any(|l| {
-        let l = l.to_ascii_lowercase();
-        l.starts_with("transfer-encoding:") && l.contains("chunked")
+async fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+) -> anyhow::Result<hyper::Response<Incoming>> {
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
+        .await
+        .map_err(|_| Unreachable {
+            addr,
+            source: std::io::ErrorKind::TimedOut.into(),
+        })?
+        .map_err(|source| Unreachable { addr, source })?;
+    let (mut sender, connection) = http1::handshake(TokioIo::new(stream))
+        .await
+        .context("control API handshake")?;
+    // Drives the connection; it ends with the response (Connection: close) or on error.
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "control API connection");
+        }
     });
-    let body = if chunked {
-        dechunk(body)?
-    } else {
-        body.to_owned()
-    };
-    Ok((status, body))
+    let mut request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(hyper::header::HOST, addr.to_string())
+        .header(hyper::header::ACCEPT, "application/json")
+        .header(hyper::header::CONNECTION, "close");
+    if let Some(token) = token {
+        request = request.header(hyper::header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    let request = request
+        .body(Empty::<Bytes>::new())
+        .context("building the request")?;
+    sender
+        .send_request(request)
+        .await
+        .context("control API request")
 }
 
-fn dechunk(mut body: &str) -> anyhow::Result<String> {
-    let mut out = String::new();
-    loop {
-        let (size, rest) = body
-            .split_once("\r\n")
-            .ok_or_else(|| anyhow!("malformed chunk"))?;
-        let size = usize::from_str_radix(size.trim(), 16).context("chunk size")?;
-        if size == 0 {
-            return Ok(out);
-        }
-        if rest.len() < size {
-            bail!("truncated chunk");
-        }
-        out.push_str(&rest[..size]);
-        body = rest[size..].trim_start_matches("\r\n");
-    }
+async fn read_all(response: hyper::Response<Incoming>) -> anyhow::Result<(u16, String)> {
+    let status = response.status().as_u16();
+    let body = http_body_util::Limited::new(response.into_body(), MAX_BODY)
+        .collect()
+        .await
+        .map_err(|e| anyhow!("reading the control API's answer: {e}"))?
+        .to_bytes();
+    let body = String::from_utf8(body.to_vec()).context("the answer is not UTF-8")?;
+    Ok((status, body))
 }
 
 #[cfg(test)]
 mod tests {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
     use super::*;
 
-    #[test]
-    fn parses_plain_and_chunked_bodies() {
-        let (s, b) = parse_response(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}").unwrap();
-        assert_eq!((s, b.as_str()), (200, "{}"));
-        let raw = b"HTTP/1.1 404 Not Found\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n";
-        let (s, b) = parse_response(raw).unwrap();
-        assert_eq!((s, b.as_str()), (404, "abcde"));
-        assert!(parse_response(b"garbage").is_err());
+    /// A server that answers one request with `raw` (bytes as written, chunk framing included).
+    async fn serve_once(raw: Vec<Vec<u8>>) -> SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf).await;
+            for part in raw {
+                conn.write_all(&part).await.unwrap();
+                conn.flush().await.unwrap();
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn a_chunk_boundary_inside_a_character_is_harmless() {
+        // "é" is C3 A9: the first chunk ends after C3.
+        let raw = vec![
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec(),
+            b"3\r\n{\"\xc3\r\n".to_vec(),
+            b"3;ext=1\r\n\xa9\"}\r\n0\r\n\r\n".to_vec(),
+        ];
+        let addr = serve_once(raw).await;
+        let (status, body) = request(addr, "GET", "/", None).await.unwrap();
+        assert_eq!((status, body.as_str()), (200, "{\"é\"}"));
+    }
+
+    #[tokio::test]
+    async fn stream_lines_span_chunks_and_characters() {
+        let raw = vec![
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec(),
+            b"3\r\nab\xc3\r\n".to_vec(),
+            b"4\r\n\xa9\ncd\r\n".to_vec(),
+            b"1\r\n\n\r\n0\r\n\r\n".to_vec(),
+        ];
+        let addr = serve_once(raw).await;
+        let mut got = Vec::new();
+        let ended = stream_lines(addr, "/", None, |l| {
+            got.push(l.to_owned());
+            Ok(())
+        })
+        .await
+        .unwrap();
+        assert!(ended.is_none());
+        assert_eq!(got, ["abé", "cd"]);
+    }
+
+    #[tokio::test]
+    async fn errors_and_plain_bodies() {
+        let addr = serve_once(vec![
+            b"HTTP/1.1 404 Not Found\r\nContent-Length: 15\r\n\r\n{\"error\":\"no\"}\n".to_vec(),
+        ])
+        .await;
+        let (status, body) = request(addr, "GET", "/x", None).await.unwrap();
+        assert_eq!((status, body.as_str()), (404, "{\"error\":\"no\"}\n"));
+        let addr = serve_once(vec![b"garbage\r\n\r\n".to_vec()]).await;
+        assert!(request(addr, "GET", "/", None).await.is_err());
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let e = request(closed, "GET", "/", None).await.unwrap_err();
+        assert!(e.is::<Unreachable>(), "{e:#}");
     }
 }

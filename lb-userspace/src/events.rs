@@ -42,7 +42,7 @@ impl EventLog {
 
     /// Records `event` (its `seq` and `time` are set here) and returns it.
     pub fn push(&self, mut event: Event) -> Event {
-        let mut inner = self.inner.lock().expect("event log lock");
+        let mut inner = crate::lock(&self.inner);
         event.seq = inner.next_seq;
         inner.next_seq += 1;
         event.time = SystemTime::now()
@@ -60,7 +60,7 @@ impl EventLog {
 
     /// Events with `seq > after`, at most `limit` of the most recent.
     pub fn after(&self, after: u64, limit: usize) -> Events {
-        let inner = self.inner.lock().expect("event log lock");
+        let inner = crate::lock(&self.inner);
         let matching: Vec<&Event> = inner.events.iter().filter(|e| e.seq > after).collect();
         let skip = matching.len().saturating_sub(limit);
         Events {
@@ -71,7 +71,7 @@ impl EventLog {
 
     /// The backlog after `after` and a receiver of everything later, without a gap between them.
     pub fn follow(&self, after: u64) -> (Vec<Event>, broadcast::Receiver<Event>) {
-        let inner = self.inner.lock().expect("event log lock");
+        let inner = crate::lock(&self.inner);
         let rx = self.live.subscribe();
         let backlog = inner
             .events
@@ -84,7 +84,7 @@ impl EventLog {
 
     /// Events recorded so far.
     pub fn total(&self) -> u64 {
-        self.inner.lock().expect("event log lock").next_seq - 1
+        crate::lock(&self.inner).next_seq - 1
     }
 }
 
@@ -106,6 +106,7 @@ mod tests {
             healthy_threshold: 3,
             unhealthy_threshold: 3,
             flag_write_us: None,
+            reason: None,
         }
     }
 

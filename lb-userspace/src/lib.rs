@@ -12,7 +12,15 @@ pub mod dataplane;
 pub mod events;
 pub mod health;
 pub mod maglev;
+pub mod resources;
 pub mod rtnl;
+
+/// Locks `m` even if a thread panicked while holding it. No request may take the daemon down:
+/// a panic is caught where it happens (and reported), and what the lock guards stays usable
+/// for every later request instead of failing each of them.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// Exit codes scripts can rely on.
 pub mod exit {

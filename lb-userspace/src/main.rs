@@ -22,7 +22,7 @@ fn main() -> ExitCode {
 
     let result = match cli.command {
         Command::CheckConfig { file } => {
-            return match config::load(&file) {
+            return match config::load_for_host(&file) {
                 Ok(c) => {
                     println!("{}: ok ({} services)", file.display(), c.services.len());
                     for s in &c.services {
@@ -44,7 +44,7 @@ fn main() -> ExitCode {
             config: file,
             no_pin,
         } => {
-            let config = match config::load(&file) {
+            let config = match config::load_for_host(&file) {
                 Ok(c) => c,
                 Err(errors) => return config_failure(&file, &errors),
             };

@@ -126,7 +126,8 @@ fn status_json_html_metrics_and_events() {
             break line;
         }
     };
-    assert!(followed.contains("(tcp;"), "{followed}");
+    // The source and why: the stopped backend refuses the SYNs.
+    assert!(followed.contains("(tcp: connection refused;"), "{followed}");
     let _ = follower.kill();
     let _ = follower.wait();
 
@@ -140,7 +141,11 @@ fn status_json_html_metrics_and_events() {
         .find(|e| e.backend == dead && e.to == "unhealthy")
         .expect("unhealthy event");
     assert_eq!((e.service.as_str(), e.source.as_str()), ("tcp", "tcp"));
+    assert_eq!(e.reason.as_deref(), Some("connection refused"));
     assert!(e.counters.tcp_failure + e.counters.timeout_failure >= 2);
+    let s = daemon.status().unwrap();
+    let b = s.service("tcp").unwrap().backend(&dead).unwrap();
+    assert_eq!(b.last_failure.as_deref(), Some("connection refused"), "{b:?}");
     assert_eq!(e.unhealthy_threshold, 2);
     assert!(e.flag_write_us.is_some(), "the flag was written");
 

@@ -64,6 +64,9 @@ fn eject_and_return(kind: &str, how: Failure) -> Daemon {
         "http" => format!("port = {HTTP_PORT}\npath = \"/\"\n"),
         // The backends' certificates are self-signed.
         "https" => format!("port = {HTTPS_PORT}\npath = \"/\"\nverify_tls = false\n"),
+        // A UDP check of the TCP service names the UDP port it probes: the backends' echo
+        // servers answer UDP on the service port too.
+        "udp" => format!("port = {}\n", sb.service_port),
         _ => String::new(),
     };
     let check = format!(

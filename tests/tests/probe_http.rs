@@ -14,6 +14,7 @@ use std::{
 };
 
 use lb::health::{
+    outcome::{Reason, Tls},
     probe::http::{self, HttpCheck, Method, TlsCheck, TlsConfigs},
     window::ProbeResult,
 };
@@ -308,7 +309,7 @@ fn status_503_is_http_failure() {
     bed.serve(PORT, Answer::Status(503));
     assert_eq!(
         bed.probe(&HttpCheck::default(), PORT),
-        ProbeResult::HttpFailure
+        ProbeResult::HttpFailure(Reason::Status(503))
     );
 }
 
@@ -321,7 +322,10 @@ fn redirect_is_healthy_by_default_only() {
         healthy: vec![RangeInclusive::new(200, 200)],
         ..HttpCheck::default()
     };
-    assert_eq!(bed.probe(&strict, PORT), ProbeResult::HttpFailure);
+    assert_eq!(
+        bed.probe(&strict, PORT),
+        ProbeResult::HttpFailure(Reason::Status(302))
+    );
     let with_302 = HttpCheck {
         healthy: vec![200..=200, 302..=302],
         ..HttpCheck::default()
@@ -385,7 +389,7 @@ fn closed_port_is_tcp_failure() {
     let bed = Bed::new();
     bed.serve(PORT, Answer::Status(200)); // the host is up, the port is not
     let (result, took) = bed.probe_with(&HttpCheck::default(), &TlsConfigs::new(), CLOSED_PORT);
-    assert_eq!(result, ProbeResult::TcpFailure);
+    assert_eq!(result, ProbeResult::TcpFailure(Reason::Refused));
     assert!(took < TIMEOUT, "took {took:?}");
 }
 
@@ -423,9 +427,15 @@ fn answers_that_are_not_http_are_http_failures() {
     bed.serve(PORT + 2, Answer::Close);
     bed.serve(PORT + 3, Answer::Raw(b"SSH-2.0-")); // no line end, connection held
     bed.serve(PORT + 4, Answer::Raw(b"HTTP/1.1 200 OK")); // no line end, connection held
-    for port in PORT..=PORT + 3 {
+    let why = [
+        Reason::NotHttp,
+        Reason::NoStatusLine,
+        Reason::Closed,
+        Reason::NotHttp,
+    ];
+    for (port, why) in (PORT..=PORT + 3).zip(why) {
         let (result, took) = bed.probe_with(&HttpCheck::default(), &TlsConfigs::new(), port);
-        assert_eq!(result, ProbeResult::HttpFailure, "port {port}");
+        assert_eq!(result, ProbeResult::HttpFailure(why), "port {port}");
         assert!(took < TIMEOUT, "port {port} took {took:?}");
     }
     // An incomplete status line is not a status line: the probe waits for its end.
@@ -463,9 +473,16 @@ fn https_self_signed_needs_verify_off() {
          Connection: close\r\n\r\n"
     );
 
-    // verify = true against the webpki roots: the handshake fails, a connection failure.
+    // verify = true against the webpki roots: the handshake fails, a TLS failure that says why.
     let (result, took) = bed.probe_with(&https(true, None), &TlsConfigs::new(), PORT);
-    assert_eq!(result, ProbeResult::TcpFailure);
+    assert_eq!(
+        result,
+        ProbeResult::TlsFailure(Reason::Tls(Tls::UnknownIssuer))
+    );
+    assert_eq!(
+        result.failure(TIMEOUT).unwrap(),
+        "TLS: certificate not trusted (unknown issuer)"
+    );
     assert!(took < TIMEOUT, "took {took:?}");
     assert_eq!(
         log.requests().len(),
@@ -477,7 +494,7 @@ fn https_self_signed_needs_verify_off() {
     let log_503 = bed.serve_tls(PORT + 1, Answer::Status(503), &cert);
     assert_eq!(
         bed.probe(&https(false, None), PORT + 1),
-        ProbeResult::HttpFailure
+        ProbeResult::HttpFailure(Reason::Status(503))
     );
     assert_eq!(log_503.requests().len(), 1);
 }
@@ -519,7 +536,7 @@ fn https_verified_names_and_sni() {
     assert_eq!(
         bed.probe_with(&https(true, Some("other.test")), &trusted, PORT)
             .0,
-        ProbeResult::TcpFailure
+        ProbeResult::TlsFailure(Reason::Tls(Tls::WrongName))
     );
     assert_success(
         bed.probe_with(&https(false, Some("other.test")), &trusted, PORT)
@@ -529,10 +546,10 @@ fn https_verified_names_and_sni() {
 }
 
 #[test]
-fn https_probe_to_a_plain_http_port_is_tcp_failure() {
+fn https_probe_to_a_plain_http_port_is_a_tls_failure() {
     let bed = Bed::new();
     bed.serve(PORT, Answer::Blurt(b"HTTP/1.1 400 Bad Request\r\n\r\n"));
     let (result, took) = bed.probe_with(&https(false, None), &TlsConfigs::new(), PORT);
-    assert_eq!(result, ProbeResult::TcpFailure);
+    assert_eq!(result, ProbeResult::TlsFailure(Reason::Tls(Tls::Protocol)));
     assert!(took < TIMEOUT, "took {took:?}");
 }

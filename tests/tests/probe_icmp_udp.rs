@@ -19,6 +19,7 @@ use std::{
 };
 
 use lb::health::{
+    outcome::Reason,
     probe::{icmp::IcmpProber, udp},
     window::ProbeResult,
 };
@@ -185,7 +186,7 @@ fn icmp_absent_host_is_unreachable_once_arp_fails() {
         let start = Instant::now();
         assert_eq!(
             prober.probe(ABSENT_IP, Duration::from_secs(6)).await,
-            ProbeResult::TcpFailure
+            ProbeResult::TcpFailure(Reason::Unreachable(1))
         );
         assert!(
             start.elapsed() < Duration::from_secs(5),
@@ -223,7 +224,7 @@ fn icmp_rejected_is_tcp_failure() {
             let start = Instant::now();
             assert_eq!(
                 prober.probe(BACKEND_IP, TIMEOUT).await,
-                ProbeResult::TcpFailure
+                ProbeResult::TcpFailure(Reason::Unreachable(1))
             );
             assert!(start.elapsed() < TIMEOUT / 2, "the error came back at once");
         }
@@ -254,7 +255,7 @@ fn udp_without_payload_closed_port_is_tcp_failure() {
         for _ in 0..3 {
             assert_eq!(
                 udp::probe(&prober, backend(CLOSED_PORT), None, None, TIMEOUT).await,
-                ProbeResult::TcpFailure
+                ProbeResult::TcpFailure(Reason::Unreachable(3))
             );
         }
     });
@@ -274,11 +275,11 @@ fn udp_with_payload() {
         assert_success(probe(Some(b"PING"), None).await, TIMEOUT);
         assert_eq!(
             probe(Some(b"PING"), Some(b"NOPE")).await,
-            ProbeResult::HttpFailure
+            ProbeResult::HttpFailure(Reason::Mismatch)
         );
         assert_eq!(
             probe(Some(b"PING"), Some(b"PONG and more")).await,
-            ProbeResult::HttpFailure
+            ProbeResult::HttpFailure(Reason::Mismatch)
         );
         // The server ignores anything but PING: silence.
         let timeout = Duration::from_millis(300);
@@ -296,7 +297,7 @@ fn udp_with_payload() {
                 TIMEOUT
             )
             .await,
-            ProbeResult::TcpFailure
+            ProbeResult::TcpFailure(Reason::Unreachable(3))
         );
     });
 }

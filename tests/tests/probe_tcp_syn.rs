@@ -15,6 +15,7 @@ use std::{
 };
 
 use lb::health::{
+    outcome::Reason,
     probe::tcp_syn::{POOL_PORTS, ROUTE_TTL, SynProber},
     window::ProbeResult,
 };
@@ -118,7 +119,7 @@ fn closed_port_is_tcp_failure() {
         let start = Instant::now();
         assert_eq!(
             prober.probe(backend(7009), TIMEOUT).await,
-            ProbeResult::TcpFailure
+            ProbeResult::TcpFailure(Reason::Refused)
         );
         assert!(start.elapsed() < TIMEOUT / 2, "the RST came back at once");
     });
@@ -200,7 +201,7 @@ fn concurrent_probes_get_their_own_answers() {
             let (port, result) = done.unwrap();
             match result {
                 ProbeResult::Success { .. } if port != closed => ok += 1,
-                ProbeResult::TcpFailure if port == closed => refused += 1,
+                ProbeResult::TcpFailure(Reason::Refused) if port == closed => refused += 1,
                 other => panic!("port {port}: {other:?}"),
             }
         }

@@ -41,6 +41,7 @@ fn backend(address: &str, state: &str, counters: ProbeCounters) -> BackendStatus
         state_for_s: 12.0,
         counters,
         last_probe_latency_ms: (state == "healthy").then_some(0.8),
+        last_failure: (state == "unhealthy").then(|| "timeout after 2s".to_owned()),
         packets: 120,
         bytes: 64_000,
         new_flows: 9,
@@ -118,6 +119,7 @@ fn status(with_unhealthy: bool) -> Status {
         }],
         half_open_syns: None,
         events_total: 3,
+        resources: Default::default(),
     }
 }
 

@@ -81,7 +81,8 @@ fn table(out: &mut String, s: &ServiceStatus) {
         out,
         "<table data-service=\"{}\">\n<caption>{}</caption>\n<thead><tr>\
          <th>backend</th><th>weight</th><th>state</th><th>admin</th>\
-         <th>success</th><th>tcp failure</th><th>http failure</th><th>timeout failure</th>\
+         <th>success</th><th>tcp failure</th><th>tls failure</th><th>http failure</th>\
+         <th>timeout failure</th><th>last failure</th>\
          <th>last probe</th><th>packets</th><th>bytes</th><th>new flows</th>\
          </tr></thead>\n<tbody>\n",
         escape(&s.name),
@@ -116,14 +117,18 @@ fn row(out: &mut String, b: &BackendStatus) {
         "<tr class=\"state-{state}{ejected_class}\" data-state=\"{state}\" data-backend=\"{addr}\">\
          <td>{addr}</td><td class=\"n\">{}</td><td>{}{ejected_words}</td><td>{}</td>\
          <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
-         <td class=\"n\">{latency}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+         <td class=\"n\">{}</td><td class=\"reason\">{}</td><td class=\"n\">{latency}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
         b.weight,
         escape(&b.state.replace('_', " ")),
         escape(&b.admin),
         c.success,
         c.tcp_failure,
+        c.tls_failure,
         c.http_failure,
         c.timeout_failure,
+        b.last_failure
+            .as_deref()
+            .map_or_else(|| "–".to_owned(), escape),
         b.packets,
         b.bytes,
         b.new_flows,
@@ -198,10 +203,12 @@ mod tests {
             counters: ProbeCounters {
                 success: 4,
                 tcp_failure: 0,
+                tls_failure: 0,
                 http_failure: 0,
                 timeout_failure: 0,
             },
             last_probe_latency_ms: Some(1.5),
+            last_failure: None,
             packets: 10,
             bytes: 1000,
             new_flows: 2,
@@ -234,6 +241,7 @@ mod tests {
             probe_latency: vec![],
             half_open_syns: None,
             events_total: 0,
+            resources: Default::default(),
         }
     }
 

@@ -141,6 +141,13 @@ pub fn render(status: &Status) -> String {
     );
     family(
         &mut out,
+        "lb_backend_check_tls_failure",
+        "gauge",
+        "Consecutive probes of the backend whose TLS handshake failed (https).",
+        per_backend(|b| Some(b.counters.tls_failure.to_string())),
+    );
+    family(
+        &mut out,
         "lb_backend_check_http_failure",
         "gauge",
         "Consecutive probes of the backend that failed at the HTTP level.",
@@ -250,6 +257,58 @@ pub fn render(status: &Status) -> String {
         );
     }
 
+    let r = &status.resources;
+    family(
+        &mut out,
+        "lb_open_files_limit",
+        "gauge",
+        "The daemon's open-file limit (RLIMIT_NOFILE) in force.",
+        vec![format!(" {}", r.fd_limit)],
+    );
+    family(
+        &mut out,
+        "lb_api_connections",
+        "gauge",
+        "Control API connections open now.",
+        vec![format!(" {}", r.api_connections)],
+    );
+    family(
+        &mut out,
+        "lb_api_connections_max",
+        "gauge",
+        "Control API connections served at once at most.",
+        vec![format!(" {}", r.api_connections_max)],
+    );
+    family(
+        &mut out,
+        "lb_api_connections_closed_total",
+        "counter",
+        "Control API connections closed by the cap: evicted (idle, for a new one) or refused \
+         (new, with every open one busy).",
+        vec![
+            format!("{} {}", labels(&[("why", "evicted")]), r.api_evicted_total),
+            format!("{} {}", labels(&[("why", "refused")]), r.api_refused_total),
+        ],
+    );
+    family(
+        &mut out,
+        "lb_local_failures_total",
+        "counter",
+        "Failures of this host for lack of descriptors, buffers or ports: API accepts, and \
+         probes (no verdict against the backend).",
+        vec![
+            format!(
+                "{} {}",
+                labels(&[("place", "api_accept")]),
+                r.accept_errors_total
+            ),
+            format!(
+                "{} {}",
+                labels(&[("place", "probe")]),
+                r.probe_local_failures_total
+            ),
+        ],
+    );
     family(
         &mut out,
         "lb_events_total",
@@ -334,10 +393,12 @@ mod tests {
                     counters: ProbeCounters {
                         success: 0,
                         tcp_failure: 1,
+                        tls_failure: 0,
                         http_failure: 0,
                         timeout_failure: 0,
                     },
                     last_probe_latency_ms: Some(2.5),
+                    last_failure: None,
                     packets: 10,
                     bytes: 1000,
                     new_flows: 3,
@@ -365,6 +426,7 @@ mod tests {
                 kernel: 10,
             }),
             events_total: 5,
+            resources: Default::default(),
         }
     }
 
@@ -412,6 +474,9 @@ lb_backend_check_success{service="web",backend="10.0.0.2:80"} 0
 # HELP lb_backend_check_tcp_failure Consecutive probes of the backend that failed at the TCP level.
 # TYPE lb_backend_check_tcp_failure gauge
 lb_backend_check_tcp_failure{service="web",backend="10.0.0.2:80"} 1
+# HELP lb_backend_check_tls_failure Consecutive probes of the backend whose TLS handshake failed (https).
+# TYPE lb_backend_check_tls_failure gauge
+lb_backend_check_tls_failure{service="web",backend="10.0.0.2:80"} 0
 # HELP lb_backend_check_http_failure Consecutive probes of the backend that failed at the HTTP level.
 # TYPE lb_backend_check_http_failure gauge
 lb_backend_check_http_failure{service="web",backend="10.0.0.2:80"} 0
@@ -447,6 +512,23 @@ lb_probe_latency_seconds_count{kind="http"} 4
 # TYPE lb_probe_syns_total counter
 lb_probe_syns_total{path="link"} 90
 lb_probe_syns_total{path="kernel"} 10
+# HELP lb_open_files_limit The daemon's open-file limit (RLIMIT_NOFILE) in force.
+# TYPE lb_open_files_limit gauge
+lb_open_files_limit 0
+# HELP lb_api_connections Control API connections open now.
+# TYPE lb_api_connections gauge
+lb_api_connections 0
+# HELP lb_api_connections_max Control API connections served at once at most.
+# TYPE lb_api_connections_max gauge
+lb_api_connections_max 0
+# HELP lb_api_connections_closed_total Control API connections closed by the cap: evicted (idle, for a new one) or refused (new, with every open one busy).
+# TYPE lb_api_connections_closed_total counter
+lb_api_connections_closed_total{why="evicted"} 0
+lb_api_connections_closed_total{why="refused"} 0
+# HELP lb_local_failures_total Failures of this host for lack of descriptors, buffers or ports: API accepts, and probes (no verdict against the backend).
+# TYPE lb_local_failures_total counter
+lb_local_failures_total{place="api_accept"} 0
+lb_local_failures_total{place="probe"} 0
 # HELP lb_events_total Health events (state changes and operator actions) so far.
 # TYPE lb_events_total counter
 lb_events_total 5

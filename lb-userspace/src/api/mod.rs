@@ -8,6 +8,7 @@
 pub mod html;
 pub mod metrics;
 pub mod model;
+mod serve;
 
 use std::{net::SocketAddr, sync::Arc};
 
@@ -79,6 +80,7 @@ pub fn router(state: ApiState, loopback: bool) -> Router {
         .method_not_allowed_fallback(|| async {
             error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed here")
         })
+        .layer(middleware::from_fn(serve::catch_panic))
         .with_state(state)
 }
 
@@ -86,7 +88,7 @@ pub fn router(state: ApiState, loopback: bool) -> Router {
 pub async fn serve(
     addr: SocketAddr,
     mut state: ApiState,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -95,14 +97,16 @@ pub async fn serve(
     if !loopback && state.token.is_none() {
         tracing::warn!(%addr, "the control API listens beyond loopback without lb.api_token (or LB_API_TOKEN): its admin endpoints answer 401");
     }
-    tracing::info!(%addr, "control API listening");
+    tracing::info!(
+        %addr,
+        max_connections = crate::resources::MAX_API_CONNECTIONS,
+        header_timeout_s = serve::HEADER_TIMEOUT.as_secs(),
+        "control API listening"
+    );
     state.stop = shutdown.clone();
-    axum::serve(listener, router(state, loopback))
-        .with_graceful_shutdown(async move {
-            let _ = shutdown.wait_for(|stop| *stop).await;
-        })
-        .await
-        .context("control API")
+    let shared = state.shared.clone();
+    serve::run(listener, router(state, loopback), shared, shutdown).await;
+    Ok(())
 }
 
 async fn authorize(
@@ -293,7 +297,7 @@ async fn backend_action(
 async fn reload(State(state): State<ApiState>) -> Response {
     let shared = state.shared.clone();
     // Reading the file and resolving SNAT addresses block briefly.
-    match tokio::task::spawn_blocking(move || shared.reload()).await {
+    match tokio::task::spawn_blocking(move || shared.reload("API")).await {
         Ok(Ok(changes)) => Json(serde_json::json!({
             "services_added": changes.services_added,
             "services_removed": changes.services_removed,
@@ -317,6 +321,6 @@ async fn stop(State(state): State<ApiState>) -> Response {
         .into_response()
 }
 
-fn error(status: StatusCode, message: &str) -> Response {
+pub(crate) fn error(status: StatusCode, message: &str) -> Response {
     (status, Json(serde_json::json!({ "error": message }))).into_response()
 }

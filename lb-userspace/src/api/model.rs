@@ -19,6 +19,27 @@ pub struct Status {
     pub half_open_syns: Option<SynPaths>,
     /// Events so far (the log keeps the most recent ones) and events dropped from the log.
     pub events_total: u64,
+    /// The daemon's own resources: open-file limit, API connections, local shortages.
+    #[serde(default)]
+    pub resources: ResourceStatus,
+}
+
+/// What the daemon itself has and ran short of (README, "Control API": limits).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ResourceStatus {
+    /// The open-file limit in force.
+    pub fd_limit: u64,
+    /// Control API connections open now, and the most served at once.
+    pub api_connections: u64,
+    pub api_connections_max: u64,
+    /// Idle API connections closed to admit new ones.
+    pub api_evicted_total: u64,
+    /// New API connections closed at once (the cap reached, none idle).
+    pub api_refused_total: u64,
+    /// Failed accepts of the API (out of descriptors or buffers).
+    pub accept_errors_total: u64,
+    /// Probes that failed on this host (out of descriptors, buffers, ports): no verdict.
+    pub probe_local_failures_total: u64,
 }
 
 /// Where the half-open probes' SYNs left: the link-layer path (to a target that answered
@@ -83,6 +104,10 @@ pub struct BackendStatus {
     pub counters: ProbeCounters,
     /// Latency of the last probe when it succeeded, milliseconds.
     pub last_probe_latency_ms: Option<f64>,
+    /// Why the last failed probe failed ("connection refused", "timeout after 2s", "HTTP 503",
+    /// "TLS: certificate not trusted (...)"); None before any failure.
+    #[serde(default)]
+    pub last_failure: Option<String>,
     pub packets: u64,
     pub bytes: u64,
     pub new_flows: u64,
@@ -93,6 +118,9 @@ pub struct BackendStatus {
 pub struct ProbeCounters {
     pub success: u32,
     pub tcp_failure: u32,
+    /// Failed TLS handshakes (https), apart from TCP failures.
+    #[serde(default)]
+    pub tls_failure: u32,
     pub http_failure: u32,
     pub timeout_failure: u32,
 }
@@ -146,6 +174,10 @@ pub struct Event {
     pub unhealthy_threshold: u32,
     /// Microseconds from the verdict to the datapath flag written, when the flag changed.
     pub flag_write_us: Option<u64>,
+    /// Why, in a few words: the last probe failure of a move to a worse state ("connection
+    /// refused", "TLS: ..."), or what a rejected reload found.
+    #[serde(default)]
+    pub reason: Option<String>,
 }
 
 /// `GET /v1/events`.

@@ -150,13 +150,20 @@ pub fn read_check(f: &Fields, protocol: Protocol) -> Option<Check> {
     };
     let healthy = f.int_in("healthy_threshold", 1..=10, 3).map(|n| n as u32);
     let unhealthy = f.int_in("unhealthy_threshold", 1..=10, 3).map(|n| n as u32);
+    // Seed 004: an interval is at least the timeout; the period while unavailable too.
     if let (Some(t), Some(i)) = (timeout, interval)
         && i < t
     {
         f.problem("interval", "must not be shorter than timeout");
     }
-    let send = f.str("send").map(|s| s.as_bytes().to_vec());
-    let expect = f.str("expect").map(|s| s.as_bytes().to_vec());
+    if let (Some(t), Some(u)) = (timeout, unhealthy_interval)
+        && f.has("unhealthy_interval")
+        && u < t
+    {
+        f.problem("unhealthy_interval", "must not be shorter than timeout");
+    }
+    let send = payload(f, "send");
+    let expect = payload(f, "expect");
     let http = read_http(f, kind);
     // Options that do not belong to the kind are mistakes, not silently ignored settings.
     if let Some(kind) = kind {
@@ -174,6 +181,30 @@ pub fn read_check(f: &Fields, protocol: Protocol) -> Option<Check> {
         }
         if kind == CheckKind::None && f.has("port") {
             f.problem("port", "kind = \"none\" probes nothing");
+        }
+        // A TCP probe of a UDP port (or the other way round) checks a port nobody serves; a
+        // health port of the other protocol is common, so it is fine once named.
+        let probes = match kind {
+            CheckKind::Tcp | CheckKind::TcpConnect | CheckKind::Http | CheckKind::Https => {
+                Some(Protocol::Tcp)
+            }
+            CheckKind::Udp => Some(Protocol::Udp),
+            CheckKind::Icmp | CheckKind::None => None,
+        };
+        if let Some(probes) = probes
+            && probes != protocol
+            && !f.has("port")
+        {
+            f.problem(
+                "kind",
+                format!(
+                    "a {} check probes {} but the service is {}: set port to the {} port to probe",
+                    kind.as_str(),
+                    probes.as_str().to_uppercase(),
+                    protocol.as_str().to_uppercase(),
+                    probes.as_str().to_uppercase(),
+                ),
+            );
         }
     }
     f.finish();
@@ -195,6 +226,30 @@ pub fn read_check(f: &Fields, protocol: Protocol) -> Option<Check> {
         expect,
         http: http?,
     })
+}
+
+/// Longest `send` / `expect` payload: a health check, not a transfer.
+pub const MAX_PAYLOAD: usize = 4096;
+/// Longest `host`: a DNS name (253) with a port.
+pub const MAX_HOST: usize = 260;
+/// Longest `path` (request target).
+pub const MAX_PATH: usize = 2048;
+/// Extra headers at most, and the longest name and value.
+pub const MAX_HEADERS: usize = 32;
+pub const MAX_HEADER_NAME: usize = 64;
+pub const MAX_HEADER_VALUE: usize = 1024;
+/// Entries of `status` at most.
+pub const MAX_STATUS: usize = 64;
+
+/// `send` / `expect`: non-empty (leave the key out to send nothing), at most [`MAX_PAYLOAD`].
+fn payload(f: &Fields, key: &'static str) -> Option<Vec<u8>> {
+    let s = f.str(key)?;
+    if s.is_empty() {
+        f.problem(key, "empty: leave the key out instead");
+    } else if s.len() > MAX_PAYLOAD {
+        f.problem(key, format!("{} bytes, more than {MAX_PAYLOAD}", s.len()));
+    }
+    Some(s.as_bytes().to_vec())
 }
 
 /// The HTTP options: required shape for http/https, refused for other kinds.
@@ -221,6 +276,10 @@ fn read_http(f: &Fields, kind: Option<CheckKind>) -> Option<Option<HttpOptions>>
     );
     let path = match f.str("path") {
         None => Some("/".to_owned()),
+        Some(p) if p.len() > MAX_PATH => {
+            f.problem("path", format!("{} bytes, more than {MAX_PATH}", p.len()));
+            None
+        }
         Some(p)
             if p.starts_with('/') && !p.contains(|c: char| c.is_whitespace() || c.is_control()) =>
         {
@@ -235,6 +294,10 @@ fn read_http(f: &Fields, kind: Option<CheckKind>) -> Option<Option<HttpOptions>>
         }
     };
     let host = match f.str("host") {
+        Some(h) if h.len() > MAX_HOST => {
+            f.problem("host", format!("{} bytes, more than {MAX_HOST}", h.len()));
+            None
+        }
         Some(h) if h.is_empty() || h.contains(|c: char| c.is_whitespace() || c.is_control()) => {
             f.problem("host", format!("invalid host {h:?}"));
             None
@@ -243,21 +306,38 @@ fn read_http(f: &Fields, kind: Option<CheckKind>) -> Option<Option<HttpOptions>>
     };
     let headers = match f.table("headers") {
         None => Some(Vec::new()),
+        Some(t) if t.len() > MAX_HEADERS => {
+            f.problem(
+                "headers",
+                format!("{} headers, more than {MAX_HEADERS}", t.len()),
+            );
+            None
+        }
         Some(t) => {
             let mut out = Vec::new();
             let mut ok = true;
             for (name, value) in t {
-                let path = format!("headers.{name}");
+                // The name is the key: shown with escapes, so a control character in it is
+                // visible rather than printed.
+                let path = format!("headers.{}", name.escape_debug());
                 let valid_name = !name.is_empty()
+                    && name.len() <= MAX_HEADER_NAME
                     && name
                         .chars()
                         .all(|c| c.is_ascii_alphanumeric() || "-_".contains(c));
                 match value.as_str() {
-                    Some(v) if valid_name && !v.contains(['\r', '\n']) => {
+                    Some(v) if v.len() > MAX_HEADER_VALUE => {
+                        f.problem(
+                            &path,
+                            format!("{} bytes, more than {MAX_HEADER_VALUE}", v.len()),
+                        );
+                        ok = false;
+                    }
+                    Some(v) if valid_name && !v.contains(|c: char| c.is_control() && c != '\t') => {
                         out.push((name.clone(), v.to_owned()))
                     }
                     _ => {
-                        f.problem(&path, "expected a header name (A-Z a-z 0-9 - _) with a single-line string value");
+                        f.problem(&path, format!("expected a header name (1-{MAX_HEADER_NAME} of A-Z a-z 0-9 - _) with a single-line string value"));
                         ok = false;
                     }
                 }
@@ -267,6 +347,13 @@ fn read_http(f: &Fields, kind: Option<CheckKind>) -> Option<Option<HttpOptions>>
     };
     let status = match f.array("status") {
         None => Some(default_status()),
+        Some(items) if items.len() > MAX_STATUS => {
+            f.problem(
+                "status",
+                format!("{} entries, more than {MAX_STATUS}", items.len()),
+            );
+            None
+        }
         Some(items) => {
             let mut out = Vec::new();
             let mut ok = !items.is_empty();

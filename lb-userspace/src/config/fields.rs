@@ -5,6 +5,8 @@ use std::cell::RefCell;
 
 use toml::{Table, Value};
 
+use super::read::Shown;
+
 /// One problem in a config file: where (`service[1].backends[0].address`) and what.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
@@ -169,21 +171,26 @@ impl<'a> Fields<'a> {
         };
         match parse_duration(text) {
             Some(d) if range.contains(&d) => Some(d),
-            Some(_) => {
+            None if split_duration(text).is_none() => {
                 self.problem(
                     key,
                     format!(
-                        "{text} is out of range {}-{}",
-                        show(*range.start()),
-                        show(*range.end())
+                        "expected a duration like \"500ms\", \"2s\", \"15m\", got {:?}",
+                        Shown(text)
                     ),
                 );
                 None
             }
-            None => {
+            // Outside the range, or written like a duration but too long for one.
+            _ => {
                 self.problem(
                     key,
-                    format!("expected a duration like \"500ms\", \"2s\", \"15m\", got {text:?}"),
+                    format!(
+                        "{} is out of range {}-{}",
+                        Shown(text),
+                        show(*range.start()),
+                        show(*range.end())
+                    ),
                 );
                 None
             }
@@ -258,21 +265,48 @@ impl<'a> Fields<'a> {
     }
 }
 
-/// `500ms`, `2s`, `1.5s`, `15m`, `1h`.
+/// `500ms`, `2s`, `1.5s`, `15m`, `1h`, `7d`: decimal digits with at most one point, then a unit.
+/// Exact (no floating point) and checked: anything that does not fit a `Duration` is `None`.
 pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
+    let (whole, fraction, unit_ns) = split_duration(text)?;
+    // Digits only (see split_duration), so each step is a checked multiply-add; a fraction
+    // finer than a nanosecond is dropped.
+    let digits = |s: &str| -> Option<u128> {
+        s.bytes().try_fold(0u128, |n, d| {
+            n.checked_mul(10)?.checked_add(u128::from(d - b'0'))
+        })
+    };
+    let mut nanos = digits(whole)?.checked_mul(unit_ns)?;
+    let mut scale = unit_ns;
+    for d in fraction.bytes() {
+        scale /= 10;
+        nanos = nanos.checked_add(u128::from(d - b'0') * scale)?;
+    }
+    let secs = u64::try_from(nanos / 1_000_000_000).ok()?;
+    Some(std::time::Duration::new(
+        secs,
+        (nanos % 1_000_000_000) as u32,
+    ))
+}
+
+/// A duration's parts if it is written like one, whatever its size: (whole digits, fraction
+/// digits, nanoseconds per unit).
+fn split_duration(text: &str) -> Option<(&str, &str, u128)> {
     let split = text.find(|c: char| !c.is_ascii_digit() && c != '.')?;
     let (number, unit) = text.split_at(split);
-    let number: f64 = number.parse().ok()?;
-    let scale = match unit {
-        "ms" => 0.001,
-        "s" => 1.0,
-        "m" => 60.0,
-        "h" => 3600.0,
-        "d" => 86400.0,
+    let unit_ns: u128 = match unit {
+        "ms" => 1_000_000,
+        "s" => 1_000_000_000,
+        "m" => 60_000_000_000,
+        "h" => 3_600_000_000_000,
+        "d" => 86_400_000_000_000,
         _ => return None,
     };
-    let secs = number * scale;
-    (secs.is_finite() && secs >= 0.0).then(|| std::time::Duration::from_secs_f64(secs))
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if whole.is_empty() && fraction.is_empty() || fraction.contains('.') {
+        return None;
+    }
+    Some((whole, fraction, unit_ns))
 }
 
 /// A duration the way the config writes it.

@@ -3,6 +3,7 @@
 
 mod check;
 mod fields;
+pub mod host;
 mod read;
 
 use std::{
@@ -226,11 +227,45 @@ pub struct ConfigErrors(pub Vec<Problem>);
 
 /// Reads and validates `path`.
 pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
+    let bytes = std::fs::read(path).map_err(|e| {
         ConfigErrors(vec![Problem {
             path: String::new(),
             message: format!("cannot read {}: {e}", path.display()),
         }])
     })?;
-    parse(&text)
+    parse(text(&bytes)?)
+}
+
+/// Reads and validates `path` for this host: also refuses VIPs and backends that are this
+/// host's own addresses ([`host::check`]). What `lb check-config`, `lb run` and a reload use.
+pub fn load_for_host(path: &Path) -> Result<Config, ConfigErrors> {
+    let config = load(path)?;
+    let problems = match host::local_addresses() {
+        Ok(local) => host::check(&config, &local),
+        Err(e) => vec![Problem {
+            path: String::new(),
+            message: format!("cannot list this host's addresses: {e}"),
+        }],
+    };
+    if problems.is_empty() {
+        Ok(config)
+    } else {
+        Err(ConfigErrors(problems))
+    }
+}
+
+/// The file as text: TOML is UTF-8, and the first byte that is not says where.
+pub fn text(bytes: &[u8]) -> Result<&str, ConfigErrors> {
+    std::str::from_utf8(bytes).map_err(|e| {
+        let valid = &bytes[..e.valid_up_to()];
+        // The first `valid_up_to` bytes are UTF-8 by definition.
+        let valid = std::str::from_utf8(valid).unwrap_or_default();
+        ConfigErrors(vec![Problem {
+            path: read::location(valid, valid.len()),
+            message: format!(
+                "not UTF-8 (byte 0x{:02x}): TOML files are UTF-8",
+                bytes[e.valid_up_to()]
+            ),
+        }])
+    })
 }

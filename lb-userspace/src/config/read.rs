@@ -17,9 +17,12 @@ use super::{
 /// Parses and validates a whole config file.
 pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
     let table: toml::Table = toml::from_str(text).map_err(|e| {
+        // The location is the problem's path; toml's own message repeats it with the line
+        // quoted, which is kept for the context.
+        let at = e.span().map_or(0, |s| s.start);
         ConfigErrors(vec![Problem {
-            path: String::new(),
-            message: format!("invalid TOML: {}", e.to_string().trim_end()),
+            path: location(text, at),
+            message: format!("invalid TOML: {}", e.message().trim_end()),
         }])
     })?;
     let problems = Problems::default();
@@ -83,22 +86,25 @@ fn read_lb(f: &Fields) -> Option<Lb> {
     };
     let pin_path = match f.str("pin_path") {
         None => Some(PathBuf::from(DEFAULT_PIN_PATH)),
-        Some(s) if s.starts_with("/sys/fs/bpf/") && !s.contains("..") && s.len() > 12 => {
-            Some(PathBuf::from(s.trim_end_matches('/')))
-        }
+        Some(s) if valid_pin_path(s) => Some(PathBuf::from(s.trim_end_matches('/'))),
         Some(s) => {
             f.problem(
                 "pin_path",
-                format!("expected a directory under /sys/fs/bpf/, got {s:?}"),
+                format!(
+                    "expected a directory under /sys/fs/bpf/ (at most {MAX_PIN_PATH} of A-Z a-z 0-9 - _ . /), got {:?}",
+                    Shown(s)
+                ),
             );
             None
         }
     };
     let api_token = match f.str("api_token") {
-        Some(t) if t.len() < 16 || t.chars().any(|c| !c.is_ascii_graphic()) => {
+        Some(t)
+            if t.len() < 16 || t.len() > MAX_TOKEN || t.chars().any(|c| !c.is_ascii_graphic()) =>
+        {
             f.problem(
                 "api_token",
-                "expected at least 16 printable ASCII characters without spaces",
+                format!("expected 16 to {MAX_TOKEN} printable ASCII characters without spaces"),
             );
             None
         }
@@ -235,16 +241,88 @@ fn read_conntrack(f: &Fields) -> Option<Conntrack> {
     })
 }
 
+/// Longest `pin_path`: its last part names the ids file in /run/lb, which must fit a file name.
+const MAX_PIN_PATH: usize = 200;
+/// Longest `api_token`.
+const MAX_TOKEN: usize = 256;
+
+fn valid_pin_path(s: &str) -> bool {
+    s.len() > "/sys/fs/bpf/".len()
+        && s.len() <= MAX_PIN_PATH
+        && s.starts_with("/sys/fs/bpf/")
+        && !s.contains("..")
+        && !s.contains("//")
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+}
+
+/// A string as it goes into a message: cut after 64 characters, so a megabyte of input does not
+/// become a megabyte of error.
+pub(crate) struct Shown<'a>(pub &'a str);
+
+impl Shown<'_> {
+    const MAX: usize = 64;
+
+    /// The shown part, and whether it was cut.
+    fn part(&self) -> (&str, bool) {
+        match self.0.char_indices().nth(Self::MAX) {
+            None => (self.0, false),
+            Some((cut, _)) => (&self.0[..cut], true),
+        }
+    }
+}
+
+/// Quoted, with escapes.
+impl std::fmt::Debug for Shown<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.part() {
+            (all, false) => write!(f, "{all:?}"),
+            (part, true) => write!(f, "{part:?}... ({} bytes)", self.0.len()),
+        }
+    }
+}
+
+/// As is but with control characters escaped.
+impl std::fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (part, cut) = self.part();
+        write!(f, "{}", part.escape_debug())?;
+        if cut {
+            write!(f, "... ({} bytes)", self.0.len())?;
+        }
+        Ok(())
+    }
+}
+
+/// Why `ip` cannot be a VIP, backend or SNAT address, if it cannot.
+fn unusable(ip: Ipv4Addr) -> Option<&'static str> {
+    if ip.is_unspecified() || ip.octets()[0] == 0 {
+        Some("is in 0.0.0.0/8 (\"this network\")")
+    } else if ip.is_loopback() {
+        Some("is a loopback address: the datapath never sees its traffic")
+    } else if ip.is_broadcast() {
+        Some("is the broadcast address")
+    } else if ip.is_multicast() {
+        Some("is a multicast address")
+    } else {
+        None
+    }
+}
+
 /// An optional IPv4 address: `Some(None)` when absent, `None` when invalid (reported).
 fn read_ipv4(f: &Fields, key: &'static str) -> Option<Option<Ipv4Addr>> {
     match f.str(key) {
         None => (!f.has(key)).then_some(None),
         Some(text) => match text.parse::<Ipv4Addr>() {
-            Ok(ip) if !(ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast()) => {
-                Some(Some(ip))
-            }
-            _ => {
-                f.problem(key, format!("invalid IPv4 address {text:?}"));
+            Ok(ip) => match unusable(ip) {
+                None => Some(Some(ip)),
+                Some(why) => {
+                    f.problem(key, format!("{ip} {why}"));
+                    None
+                }
+            },
+            Err(_) => {
+                f.problem(key, format!("invalid IPv4 address {:?}", Shown(text)));
                 None
             }
         },
@@ -252,16 +330,17 @@ fn read_ipv4(f: &Fields, key: &'static str) -> Option<Option<Ipv4Addr>> {
 }
 
 fn check_ifname(name: &str) -> Result<(), String> {
-    // Linux: at most IFNAMSIZ - 1 bytes, no '/', ':' or whitespace, not "." or "..".
+    // Linux: at most IFNAMSIZ - 1 bytes, no '/', ':', whitespace or NUL, not "." or "..".
     if name.is_empty() || name.len() > 15 {
         return Err(format!(
-            "invalid interface name {name:?}: 1 to 15 characters"
+            "invalid interface name {:?}: 1 to 15 bytes",
+            Shown(name)
         ));
     }
     if name == "."
         || name == ".."
         || name.contains(['/', ':'])
-        || name.contains(char::is_whitespace)
+        || name.contains(|c: char| c.is_whitespace() || c.is_control())
     {
         return Err(format!("invalid interface name {name:?}"));
     }
@@ -311,7 +390,7 @@ fn read_service(f: &Fields) -> Option<Service> {
         if !ok {
             f.problem(
                 "name",
-                format!("invalid name {n:?}: 1 to 64 of A-Z a-z 0-9 - _ ."),
+                format!("invalid name {:?}: 1 to 64 of A-Z a-z 0-9 - _ .", Shown(n)),
             );
         }
         ok.then(|| n.to_owned())
@@ -438,6 +517,28 @@ fn check_services(lb: &Lb, services: &[Service], problems: &Problems) {
             );
         }
     }
+    // A backend at a VIP address would send its flows back to lb (the VIP is routed here).
+    let vip_of: HashMap<Ipv4Addr, usize> = services
+        .iter()
+        .enumerate()
+        .rev()
+        .map(|(i, s)| (*s.vip.ip(), i))
+        .collect();
+    for (i, s) in services.iter().enumerate() {
+        for (j, b) in s.backends.iter().enumerate() {
+            match vip_of.get(b.address.ip()) {
+                Some(&k) if b.address != s.vip => problems.push(
+                    format!("service[{i}].backends[{j}].address"),
+                    format!(
+                        "{} is the VIP address of service[{k}] ({:?}): flows sent there would come back to lb",
+                        b.address.ip(),
+                        services[k].name
+                    ),
+                ),
+                _ => {}
+            }
+        }
+    }
     if services.len() > lb.max_services as usize {
         problems.push(
             "service",
@@ -460,27 +561,38 @@ fn check_services(lb: &Lb, services: &[Service], problems: &Problems) {
     }
 }
 
+/// "line L, column C" (1-based, columns in characters) of byte `offset` of `text`.
+pub(crate) fn location(text: &str, offset: usize) -> String {
+    let mut offset = offset.min(text.len());
+    while !text.is_char_boundary(offset) {
+        offset -= 1;
+    }
+    let before = &text[..offset];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    format!("line {line}, column {column}")
+}
+
 /// `IPv4:PORT`, with messages an operator can act on.
 pub(crate) fn parse_addr(s: &str) -> Result<SocketAddrV4, String> {
     if s.starts_with('[') {
-        return Err(format!("{s:?}: IPv6 is not supported yet"));
+        return Err(format!("{:?}: IPv6 is not supported yet", Shown(s)));
     }
     let Some((ip, port)) = s.rsplit_once(':') else {
-        return Err(format!("expected IPv4:PORT, got {s:?}"));
+        return Err(format!("expected IPv4:PORT, got {:?}", Shown(s)));
     };
     let ip: Ipv4Addr = ip
         .parse()
-        .map_err(|_| format!("invalid IPv4 address {ip:?}"))?;
-    let port: u32 = port.parse().map_err(|_| format!("invalid port {port:?}"))?;
-    if port == 0 || port > 65535 {
-        return Err(format!("invalid port {port}"));
+        .map_err(|_| format!("invalid IPv4 address {:?}", Shown(ip)))?;
+    let port: u16 = match port.parse::<u32>() {
+        Ok(p @ 1..=65535) => p as u16,
+        Ok(p) => return Err(format!("invalid port {p}")),
+        Err(_) => return Err(format!("invalid port {:?}", Shown(port))),
+    };
+    if let Some(why) = unusable(ip) {
+        return Err(format!("{ip} {why}"));
     }
-    if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() {
-        return Err(format!(
-            "{ip} cannot be used as a service or backend address"
-        ));
-    }
-    Ok(SocketAddrV4::new(ip, port as u16))
+    Ok(SocketAddrV4::new(ip, port))
 }
 
 #[cfg(test)]
@@ -601,12 +713,12 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
             (
                 "api = \"127.0.0.1:9090\"",
                 "api = \"127.0.0.1:9090\"\npin_path = \"/tmp/lb\"",
-                "lb.pin_path: expected a directory under /sys/fs/bpf/, got \"/tmp/lb\"",
+                "lb.pin_path: expected a directory under /sys/fs/bpf/ (at most 200 of A-Z a-z 0-9 - _ . /), got \"/tmp/lb\"",
             ),
             (
                 "api = \"127.0.0.1:9090\"",
                 "api = \"127.0.0.1:9090\"\napi_token = \"short\"",
-                "lb.api_token: expected at least 16 printable ASCII characters without spaces",
+                "lb.api_token: expected 16 to 256 printable ASCII characters without spaces",
             ),
             (
                 "interfaces = [\"eth1\"]",
@@ -621,7 +733,7 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
             (
                 "interfaces = [\"eth1\"]",
                 "interfaces = [\"a-very-long-interface\"]",
-                "lb.interfaces[0]: invalid interface name \"a-very-long-interface\": 1 to 15 characters",
+                "lb.interfaces[0]: invalid interface name \"a-very-long-interface\": 1 to 15 bytes",
             ),
             (
                 "interfaces = [\"eth1\"]",
@@ -652,7 +764,7 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
             (
                 "vip = \"10.100.0.1:80\"",
                 "vip = \"0.0.0.0:80\"",
-                "service[0].vip: 0.0.0.0 cannot be used as a service or backend address",
+                "service[0].vip: 0.0.0.0 is in 0.0.0.0/8 (\"this network\")",
             ),
             (
                 "backends = [",
@@ -724,7 +836,58 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
                 "service[0].on_all_unhealthy: expected one of use-all, first, drop, got \"all\"",
             ),
         ];
-        for (from, to, want) in cases.iter().chain(more) {
+        let big = "a".repeat(1 << 20);
+        let hostile: &[(&str, &str, &str)] = &[
+            (
+                "vip = \"10.100.0.1:80\"",
+                "vip = \"127.0.0.1:80\"",
+                "service[0].vip: 127.0.0.1 is a loopback address: the datapath never sees its traffic",
+            ),
+            (
+                "address = \"10.0.3.2:8080\"",
+                "address = \"127.0.0.53:53\"",
+                "service[0].backends[1].address: 127.0.0.53 is a loopback address: the datapath never sees its traffic",
+            ),
+            (
+                "address = \"10.0.3.2:8080\"",
+                "address = \"0.1.2.3:80\"",
+                "service[0].backends[1].address: 0.1.2.3 is in 0.0.0.0/8 (\"this network\")",
+            ),
+            (
+                "address = \"10.0.3.2:8080\"",
+                "address = \"10.100.0.1:8080\"",
+                "service[0].backends[1].address: 10.100.0.1 is the VIP address of service[0] (\"web\"): flows sent there would come back to lb",
+            ),
+            (
+                "interfaces = [\"eth1\"]",
+                "interfaces = [\"eth\\u0000\"]",
+                "lb.interfaces[0]: invalid interface name \"eth\\0\"",
+            ),
+            (
+                "vip = \"10.100.0.1:80\"",
+                "vip = \"10.100.0.1:99999999999\"",
+                "service[0].vip: invalid port \"99999999999\"",
+            ),
+        ];
+        let long_host = format!("name = \"{big}\"");
+        let long: &[(&str, &str, &str)] = &[(
+            "name = \"web\"",
+            &long_host,
+            "service[0].name: invalid name \"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"... (1048576 bytes): 1 to 64 of A-Z a-z 0-9 - _ .",
+        )];
+        let long_pin = format!("api = \"127.0.0.1:9090\"\npin_path = \"/sys/fs/bpf/{big}\"");
+        let long_pin: &[(&str, &str, &str)] = &[(
+            "api = \"127.0.0.1:9090\"",
+            &long_pin,
+            "lb.pin_path: expected a directory under /sys/fs/bpf/ (at most 200 of A-Z a-z 0-9 - _ . /), got \"/sys/fs/bpf/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"... (1048588 bytes)",
+        )];
+        for (from, to, want) in cases
+            .iter()
+            .chain(more)
+            .chain(hostile)
+            .chain(long)
+            .chain(long_pin)
+        {
             assert!(
                 GOOD.contains(from),
                 "case {want}: {from:?} not in the base config"
@@ -768,8 +931,20 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
     #[test]
     fn toml_syntax_errors_say_where() {
         let got = problems("[lb\ninterfaces = 1");
-        assert!(got[0].starts_with("invalid TOML"), "{got:?}");
-        assert!(got[0].contains("line 1"), "{got:?}");
+        assert_eq!(
+            got,
+            ["line 1, column 4: invalid TOML: unclosed table, expected `]`"]
+        );
+        let got = problems("[lb]\ninterfaces = [\"eth1\"]\nx = \"ä\" z\n");
+        assert!(
+            got[0].starts_with("line 3, column 9: invalid TOML"),
+            "{got:?}"
+        );
+        let not_utf8 = super::super::text(b"[lb]\n# caf\xe9\n").unwrap_err();
+        assert_eq!(
+            not_utf8.0[0].to_string(),
+            "line 2, column 6: not UTF-8 (byte 0xe9): TOML files are UTF-8"
+        );
     }
 
     fn with_check(check: &str) -> String {
@@ -870,13 +1045,41 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
             ),
             (
                 "kind = \"http\"\nheaders = { \"Bad Name\" = \"x\" }",
-                "service[0].check.headers.Bad Name: expected a header name (A-Z a-z 0-9 - _) with a single-line string value",
+                "service[0].check.headers.Bad Name: expected a header name (1-64 of A-Z a-z 0-9 - _) with a single-line string value",
             ),
             (
                 "kind = \"none\"\nport = 80",
                 "service[0].check.port: kind = \"none\" probes nothing",
             ),
             ("colour = 1", "service[0].check.colour: unknown key"),
+            (
+                "interval = \"99999999999999999999s\"",
+                "service[0].check.interval: 99999999999999999999s is out of range 10ms-5m",
+            ),
+            (
+                "timeout = \"99999999999999999999999999999999999999999999.5d\"",
+                "service[0].check.timeout: 99999999999999999999999999999999999999999999.5d is out of range 10ms-1m",
+            ),
+            (
+                "interval = \"1.2.3s\"",
+                "service[0].check.interval: expected a duration like \"500ms\", \"2s\", \"15m\", got \"1.2.3s\"",
+            ),
+            (
+                "interval = \"-1s\"",
+                "service[0].check.interval: expected a duration like \"500ms\", \"2s\", \"15m\", got \"-1s\"",
+            ),
+            (
+                "timeout = \"2s\"\nunhealthy_interval = \"500ms\"",
+                "service[0].check.unhealthy_interval: must not be shorter than timeout",
+            ),
+            (
+                "kind = \"tcp-connect\"\nsend = \"\"",
+                "service[0].check.send: empty: leave the key out instead",
+            ),
+            (
+                "kind = \"udp\"",
+                "service[0].check.kind: a udp check probes UDP but the service is TCP: set port to the UDP port to probe",
+            ),
         ];
         for (check, want) in cases {
             let got = problems(&with_check(check));
@@ -885,6 +1088,85 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
                 "{check}: want {want:?}, got {got:?}"
             );
         }
+    }
+
+    #[test]
+    fn checks_of_the_other_protocol_need_a_port() {
+        let udp = GOOD.replace("protocol = \"tcp\"", "protocol = \"udp\"");
+        for kind in ["tcp", "tcp-connect", "http", "https"] {
+            let text = format!("{udp}\n[service.check]\nkind = \"{kind}\"\n");
+            let want = format!(
+                "service[0].check.kind: a {kind} check probes TCP but the service is UDP: set port to the TCP port to probe"
+            );
+            assert_eq!(problems(&text), [want]);
+            // A health port of the other protocol is a real set-up.
+            assert!(parse(&format!("{text}port = 8080\n")).is_ok(), "{kind}");
+        }
+        assert!(parse(&format!("{udp}\n[service.check]\nkind = \"icmp\"\n")).is_ok());
+    }
+
+    #[test]
+    fn unbounded_http_values_are_refused() {
+        let big = "x".repeat(1 << 20);
+        for (check, want) in [
+            (
+                format!("kind = \"http\"\nhost = \"{big}\""),
+                "service[0].check.host: 1048576 bytes, more than 260",
+            ),
+            (
+                format!("kind = \"http\"\npath = \"/{big}\""),
+                "service[0].check.path: 1048577 bytes, more than 2048",
+            ),
+            (
+                format!("kind = \"http\"\nheaders = {{ X-A = \"{big}\" }}"),
+                "service[0].check.headers.X-A: 1048576 bytes, more than 1024",
+            ),
+            (
+                "kind = \"http\"\nheaders = { X-A = \"a\\u0000b\" }".to_owned(),
+                "service[0].check.headers.X-A: expected a header name (1-64 of A-Z a-z 0-9 - _) with a single-line string value",
+            ),
+            (
+                format!("kind = \"tcp-connect\"\nsend = \"{big}\""),
+                "service[0].check.send: 1048576 bytes, more than 4096",
+            ),
+        ] {
+            assert_eq!(problems(&with_check(&check)), [want]);
+        }
+    }
+
+    #[test]
+    fn durations_are_exact_and_checked() {
+        use super::super::parse_duration as d;
+        assert_eq!(d("1.5s"), Some(Duration::from_millis(1500)));
+        assert_eq!(d("0.1s"), Some(Duration::from_millis(100)));
+        assert_eq!(d("250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(d("1.0000000001s"), Some(Duration::from_secs(1)));
+        assert_eq!(d("15m"), Some(Duration::from_secs(900)));
+        assert_eq!(d("7d"), Some(Duration::from_secs(7 * 86400)));
+        assert_eq!(d(".5s"), Some(Duration::from_millis(500)));
+        for bad in [
+            "",
+            "s",
+            ".s",
+            "1",
+            "1..2s",
+            "1.2.3s",
+            "-1s",
+            "1 s",
+            "1S",
+            "٣s",
+            "1e3s",
+            "NaNs",
+            "infs",
+            "99999999999999999999d",
+            "18446744073709551616s",
+        ] {
+            assert_eq!(d(bad), None, "{bad:?}");
+        }
+        assert_eq!(
+            d("18446744073709551615s"),
+            Some(Duration::from_secs(u64::MAX))
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@ mod status;
 pub use state::{RequestError, Shared, Stop, ids_file};
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeSet, HashSet},
     net::{Ipv4Addr, SocketAddrV4, UdpSocket},
     path::Path,
     sync::Arc,
@@ -43,9 +43,13 @@ pub fn prepare(config: &Config) -> anyhow::Result<(Dataplane, Balancer)> {
 }
 
 /// Loads (or, pinned, adopts) the datapath and writes `config` into it. An adopted datapath
-/// keeps its connection table, ids and flags: backends keep the availability they had until
-/// their first verdict.
-fn load(config: &Config, pin: Option<&Path>) -> anyhow::Result<(Dataplane, Balancer)> {
+/// keeps its connection table, ids and flags: a backend that was unavailable stays so, and its
+/// probe starts `unhealthy` (the verdict kept from before the restart) rather than
+/// `initializing`, which counts as available. Returns those probes too.
+fn load(
+    config: &Config,
+    pin: Option<&Path>,
+) -> anyhow::Result<(Dataplane, Balancer, HashSet<health::checker::ProbeKey>)> {
     let mut dataplane = Dataplane::load(&config.lb, pin)?;
     let ids = match pin.filter(|_| dataplane.adopted()) {
         Some(dir) => {
@@ -85,18 +89,41 @@ fn load(config: &Config, pin: Option<&Path>) -> anyhow::Result<(Dataplane, Balan
         &mut dataplane,
     )?;
     dataplane.set_counts(balancer.service_slots(), balancer.backend_count());
-    Ok((dataplane, balancer))
+    let mut down = HashSet::new();
+    for (sid, s) in config.services.iter().enumerate() {
+        for (bid, b) in s.backends.iter().enumerate() {
+            let was_down = balancer
+                .backend_id(sid, bid)
+                .and_then(|id| flags.get(&id))
+                .is_some_and(|up| !up);
+            if let Some(key) = health::checker::ProbeKey::of(s, b.address).filter(|_| was_down) {
+                info!(
+                    service = %s.name,
+                    backend = %b.address,
+                    "unavailable before the restart: starts unhealthy until its probes pass"
+                );
+                down.insert(key);
+            }
+        }
+    }
+    Ok((dataplane, balancer, down))
 }
 
 /// `lb run`: until SIGINT/SIGTERM (the datapath stays, pinned, for the next `lb run`) or
 /// `lb stop` (everything removed). `pin = false` (`--no-pin`): nothing outlives the daemon.
 pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Result<()> {
+    // Probes and API connections each need a descriptor: a budget the API cannot exhaust.
+    let (fd_limit, short) = crate::resources::raise_fd_limit();
+    match short {
+        Some(warning) => warn!(fd_limit, "{warning}"),
+        None => info!(fd_limit, "open-file limit"),
+    }
     let pin_dir = pin.then(|| config.lb.pin_path.clone());
     let _lock = match &pin_dir {
         Some(dir) => Some(lock_pin(dir)?),
         None => None,
     };
-    let (mut dataplane, balancer) = load(&config, pin_dir.as_deref())?;
+    let (mut dataplane, balancer, down) = load(&config, pin_dir.as_deref())?;
     let backends: BTreeSet<Ipv4Addr> = balancer
         .backend_addresses()
         .iter()
@@ -122,7 +149,7 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
     let (stop_tx, mut stop_rx) = watch::channel(Stop::Running);
     let (tasks_stop_tx, tasks_stop) = watch::channel(false);
     let (verdict_tx, mut verdict_rx) = mpsc::unbounded_channel();
-    let checker = health::checker::spawn(&config, verdict_tx, tasks_stop.clone())?;
+    let checker = health::checker::spawn(&config, &down, verdict_tx, tasks_stop.clone())?;
     let api_addr = config.lb.api;
     let token = std::env::var("LB_API_TOKEN")
         .ok()
@@ -157,6 +184,10 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
         )
         .instrument(info_span!("api")),
     );
+    shared
+        .resources
+        .fd_limit
+        .store(fd_limit, std::sync::atomic::Ordering::Relaxed);
     shared.lock().set_reporting();
     let passive = {
         let shared = shared.clone();
@@ -191,8 +222,11 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
             _ = sigint.recv() => { info!("SIGINT: shutting down"); break (Stop::Exit, Ok(())) }
             _ = sighup.recv() => {
                 info!("SIGHUP: reloading the config");
-                if let Err(e) = shared.reload() {
-                    error!(error = %e, "reload rejected; the running state is unchanged");
+                // Reading the file and resolving SNAT addresses block; a rejection is logged
+                // and evented by reload itself.
+                let shared = shared.clone();
+                if let Err(e) = tokio::task::spawn_blocking(move || shared.reload("SIGHUP")).await {
+                    error!(error = %e, "reload task");
                 }
             }
             how = stop_rx.wait_for(|s| *s != Stop::Running) => {
@@ -231,7 +265,10 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
     let Ok(shared) = Arc::try_unwrap(shared) else {
         anyhow::bail!("daemon state still referenced at shutdown");
     };
-    let inner = shared.inner.into_inner().expect("daemon state lock");
+    let inner = shared
+        .inner
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     inner.checker.join().await;
     let mut dataplane = inner.dataplane;
     if let Ok(stats) = dataplane.stats() {

@@ -313,6 +313,7 @@ fn apply(inner: &mut Inner, changes: Vec<Change>) -> Vec<Event> {
                 healthy_threshold: service.check.window.healthy_threshold,
                 unhealthy_threshold: service.passive.settings.failures,
                 flag_write_us: flag_us,
+                reason: None,
             });
         }
     }

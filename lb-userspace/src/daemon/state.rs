@@ -22,6 +22,7 @@ use crate::{
     events::EventLog,
     health::{
         checker::{Checker, ProbeKey, Verdict},
+        outcome::ProbeResult,
         passive::{Ejector, Scope},
         window::{Counters, HealthState},
     },
@@ -40,6 +41,8 @@ pub enum Stop {
 pub struct Shared {
     pub(super) inner: Mutex<Inner>,
     pub events: EventLog,
+    /// The daemon's own resources and shortages (outside the lock: counted from anywhere).
+    pub resources: crate::resources::Resources,
     config_path: PathBuf,
     /// Where the ids of a pinned datapath are saved (None: not pinned).
     ids_file: Option<PathBuf>,
@@ -81,6 +84,8 @@ pub struct BackendView {
     pub admin: Admin,
     pub counters: Counters,
     pub last_latency: Option<Duration>,
+    /// Why its last failed probe failed.
+    pub last_failure: Option<String>,
     pub since: Instant,
 }
 
@@ -98,6 +103,7 @@ impl Shared {
         let shared = Self {
             inner: Mutex::new(inner),
             events: EventLog::new(crate::events::CAPACITY),
+            resources: Default::default(),
             config_path,
             ids_file,
             stop,
@@ -126,7 +132,39 @@ impl Shared {
     }
 
     pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().expect("daemon state lock")
+        crate::lock(&self.inner)
+    }
+
+    /// This host ran short of something (descriptors, buffers) at `place`: logged loudly and an
+    /// event, once per [`crate::resources::REPORT_EVERY`] per place.
+    pub fn local_shortage(&self, place: &'static str, what: &str) {
+        if !self.resources.should_report(place, Instant::now()) {
+            return;
+        }
+        let limit = self
+            .resources
+            .fd_limit
+            .load(std::sync::atomic::Ordering::Relaxed);
+        tracing::error!(
+            place,
+            what,
+            fd_limit = limit,
+            "local resource shortage: this host, not a backend, is failing"
+        );
+        self.events.push(Event {
+            seq: 0,
+            time: 0.0,
+            service: String::new(),
+            backend: String::new(),
+            from: String::new(),
+            to: String::new(),
+            source: format!("local: {place}"),
+            counters: ProbeCounters::default(),
+            healthy_threshold: 0,
+            unhealthy_threshold: 0,
+            flag_write_us: None,
+            reason: Some(what.to_owned()),
+        });
     }
 
     /// Asks the daemon to end.
@@ -138,6 +176,20 @@ impl Shared {
     /// the probe stands for, and records the events.
     pub fn apply_verdict(&self, v: Verdict) {
         let started = Instant::now();
+        if let ProbeResult::Local(_) = v.result {
+            crate::resources::Resources::count(&self.resources.probe_local_failures);
+            let text = v.result.failure(v.probe.check.window.timeout);
+            self.local_shortage(
+                "health probes",
+                &format!(
+                    "{} probe of {}: {} (no verdict against the backend)",
+                    v.probe.check.kind.as_str(),
+                    v.probe.target,
+                    text.unwrap_or_default()
+                ),
+            );
+            return;
+        }
         self.passive_probe(&v);
         let Some(t) = &v.transition else {
             return;
@@ -172,6 +224,7 @@ impl Shared {
             }
             ring_us = Some(started.elapsed().as_micros() as u64);
         }
+        let reason = v.result.failure(v.probe.check.window.timeout);
         for &(sid, bid) in &pairs {
             let service = &inner.config.services[sid];
             let backend = service.backends[bid].address;
@@ -182,8 +235,10 @@ impl Shared {
                 from = t.from.as_str(),
                 to = t.to.as_str(),
                 source = service.check.kind.as_str(),
+                reason = reason.as_deref(),
                 success = t.counters.success,
                 tcp_failure = t.counters.tcp_failure,
+                tls_failure = t.counters.tls_failure,
                 http_failure = t.counters.http_failure,
                 timeout_failure = t.counters.timeout_failure,
                 healthy_threshold = w.healthy_threshold,
@@ -204,6 +259,7 @@ impl Shared {
                 healthy_threshold: w.healthy_threshold,
                 unhealthy_threshold: w.unhealthy_threshold,
                 flag_write_us: flag_us,
+                reason: reason.clone(),
             });
         }
     }
@@ -256,6 +312,7 @@ impl Shared {
                 healthy_threshold: check.window.healthy_threshold,
                 unhealthy_threshold: check.window.unhealthy_threshold,
                 flag_write_us: None,
+                reason: None,
             });
             self.save_ids();
         }
@@ -264,9 +321,57 @@ impl Shared {
 
     /// Reads the config file again and moves to it in place: services, backends, weights,
     /// rings and checks change; the connection table and the health of unchanged probes stay.
-    /// An invalid file (or one that changes what only a restart can) changes nothing.
-    pub fn reload(&self) -> Result<Changes, RequestError> {
-        let new = config::load(&self.config_path).map_err(|errors| {
+    /// An invalid file (or one that changes what only a restart can) changes nothing; a rejected
+    /// reload is logged and is an event, whichever way it came (`via`: "SIGHUP", "API"). Never
+    /// panics: a bug on the way is a failed reload, not a dead daemon.
+    pub fn reload(&self, via: &str) -> Result<Changes, RequestError> {
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.try_reload()))
+            .unwrap_or_else(|panic| {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic".to_owned());
+                Err(RequestError::Failed(anyhow::anyhow!(
+                    "internal error while reloading ({what}); the running state is kept"
+                )))
+            });
+        if let Err(e) = &result {
+            let problems: Vec<String> = match e {
+                RequestError::Invalid(p) => p.clone(),
+                other => vec![other.to_string()],
+            };
+            tracing::error!(
+                via,
+                config = %self.config_path.display(),
+                problems = %problems.join("; "),
+                "reload rejected; the running state is unchanged"
+            );
+            let reason = match problems.as_slice() {
+                [one] => one.clone(),
+                [first, rest @ ..] => format!("{first} (and {} more)", rest.len()),
+                [] => "rejected".to_owned(),
+            };
+            self.events.push(Event {
+                seq: 0,
+                time: 0.0,
+                service: String::new(),
+                backend: String::new(),
+                from: String::new(),
+                to: String::new(),
+                source: format!("reload rejected ({via})"),
+                counters: ProbeCounters::default(),
+                healthy_threshold: 0,
+                unhealthy_threshold: 0,
+                flag_write_us: None,
+                reason: Some(reason),
+            });
+        }
+        result
+    }
+
+    fn try_reload(&self) -> Result<Changes, RequestError> {
+        let new = config::load_for_host(&self.config_path).map_err(|errors| {
             RequestError::Invalid(errors.0.iter().map(ToString::to_string).collect())
         })?;
         let mut guard = self.lock();
@@ -388,6 +493,7 @@ impl Shared {
             healthy_threshold: 0,
             unhealthy_threshold: 0,
             flag_write_us: None,
+            reason: None,
         });
     }
 
@@ -418,6 +524,9 @@ impl Inner {
             .get(&(service.name.clone(), backend.address))
             .copied();
         let probe = ProbeKey::of(service, backend.address).and_then(|k| self.checker.status(&k));
+        let last_failure = probe
+            .and_then(|p| p.last_failure)
+            .and_then(|r| r.failure(service.check.window.timeout));
         let (state, counters, last_latency, since) = match probe {
             Some(p) => (p.state, p.counters, p.last_latency, p.since),
             None => (
@@ -439,6 +548,7 @@ impl Inner {
                 admin,
                 counters,
                 last_latency,
+                last_failure,
                 since: admin_since.unwrap_or(since),
             },
             None => BackendView {
@@ -446,6 +556,7 @@ impl Inner {
                 admin,
                 counters,
                 last_latency,
+                last_failure,
                 since: match admin_since {
                     Some(a) if a > since => a,
                     _ => since,
@@ -470,10 +581,11 @@ impl Inner {
     }
 }
 
-fn counters(c: Counters) -> ProbeCounters {
+pub(super) fn counters(c: Counters) -> ProbeCounters {
     ProbeCounters {
         success: c.success,
         tcp_failure: c.tcp_failure,
+        tls_failure: c.tls_failure,
         http_failure: c.http_failure,
         timeout_failure: c.timeout_failure,
     }

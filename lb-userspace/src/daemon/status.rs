@@ -6,7 +6,7 @@ use lb_common::counter;
 
 use super::state::{Inner, RequestError, Shared};
 use crate::{
-    api::model::{BackendStatus, NamedCounter, ProbeCounters, ServiceStatus, Status},
+    api::model::{BackendStatus, NamedCounter, ServiceStatus, Status},
     dataplane::TrafficCounters,
 };
 
@@ -22,6 +22,7 @@ impl Shared {
         let mut status = build(&inner).map_err(RequestError::Failed)?;
         drop(inner);
         status.events_total = self.events.total();
+        status.resources = self.resources.status();
         if let Some(name) = only {
             status.services.retain(|s| s.name == name);
         }
@@ -70,13 +71,9 @@ fn build(inner: &Inner) -> anyhow::Result<Status> {
                         ejected: ejection.as_ref().map(|e| e.0.clone()),
                         ejected_for_s: ejection.map(|e| e.1),
                         state_for_s: now.saturating_duration_since(view.since).as_secs_f64(),
-                        counters: ProbeCounters {
-                            success: view.counters.success,
-                            tcp_failure: view.counters.tcp_failure,
-                            http_failure: view.counters.http_failure,
-                            timeout_failure: view.counters.timeout_failure,
-                        },
+                        counters: super::state::counters(view.counters),
                         last_probe_latency_ms: view.last_latency.map(|d| d.as_secs_f64() * 1e3),
+                        last_failure: view.last_failure.clone(),
                         packets: t.packets,
                         bytes: t.bytes,
                         new_flows: t.new_flows,
@@ -110,5 +107,6 @@ fn build(inner: &Inner) -> anyhow::Result<Status> {
         probe_latency: inner.checker.latency_histograms(),
         half_open_syns: inner.checker.half_open_syns(),
         events_total: 0,
+        resources: Default::default(),
     })
 }

@@ -75,6 +75,11 @@ pub fn prepare_dir(dir: &Path) -> anyhow::Result<()> {
         let _one = MOUNTING.lock().unwrap_or_else(|e| e.into_inner());
         let root = Path::new(BPFFS);
         if !is_bpffs(root)? {
+            if !mount_namespace_shared()? {
+                bail!(
+                    "no bpffs at {BPFFS} in this mount namespace, and no other process shares it:                      a bpffs lb mounted here would die with lb, and the pinned datapath with it                      (`ip netns exec` gives its command a private mount namespace). Run lb with                      `nsenter --net=/run/netns/NS lb run ...` (the host's mount namespace), mount                      bpffs where it outlives lb (`mount -t bpf bpf {BPFFS}`), or use --no-pin"
+                );
+            }
             mount_bpffs(root)?;
             tracing::info!(path = BPFFS, "mounted bpffs");
         }
@@ -92,6 +97,29 @@ pub fn prepare_dir(dir: &Path) -> anyhow::Result<()> {
         );
     }
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))
+}
+
+/// Whether another process shares this one's mount namespace, so that a mount made here outlives
+/// this process. A command of `ip netns exec` runs alone in a mount namespace of its own, which
+/// ends with it: whatever was mounted in it, and pinned there, goes too.
+fn mount_namespace_shared() -> anyhow::Result<bool> {
+    let ours = std::fs::read_link("/proc/self/ns/mnt").context("reading /proc/self/ns/mnt")?;
+    let me = std::process::id();
+    for entry in std::fs::read_dir("/proc").context("reading /proc")? {
+        let Ok(entry) = entry else { continue };
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        // Processes we may not inspect (or that ended meanwhile) tell nothing.
+        if pid != me && std::fs::read_link(entry.path().join("ns/mnt")).is_ok_and(|l| l == ours) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// An exclusive lock (flock) on a pin directory, held by the `Dataplane` that uses it. The

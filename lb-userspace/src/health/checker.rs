@@ -23,6 +23,7 @@ use tokio::{
 };
 
 use super::{
+    outcome::Reason,
     probe::{ProbeResult, http, icmp::IcmpProber, tcp_connect, tcp_syn::SynProber, udp},
     schedule::{Command, Scheduler, TargetShared},
     window::{Counters, HealthState, Transition},
@@ -65,6 +66,8 @@ pub struct TargetStatus {
     pub state: HealthState,
     pub counters: Counters,
     pub last_latency: Option<Duration>,
+    /// The last failed probe's result (its reason), local failures aside.
+    pub last_failure: Option<ProbeResult>,
     /// When the current state was entered.
     pub since: Instant,
 }
@@ -114,10 +117,12 @@ pub struct Checker {
     scheduler: JoinHandle<()>,
 }
 
-/// Starts the checks of `config`. Call inside the tokio runtime, in the balancer's network
-/// namespace.
+/// Starts the checks of `config`; the probes in `down` start `unhealthy` (a verdict kept from
+/// before a restart), the others `initializing`. Call inside the tokio runtime, in the
+/// balancer's network namespace.
 pub fn spawn(
     config: &Config,
+    down: &HashSet<ProbeKey>,
     verdicts: mpsc::UnboundedSender<Verdict>,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<Checker> {
@@ -136,7 +141,7 @@ pub fn spawn(
         commands,
         scheduler: tokio::spawn(scheduler.run(commands_rx, stop)),
     };
-    checker.update(config)?;
+    checker.apply(config, down)?;
     Ok(checker)
 }
 
@@ -145,6 +150,11 @@ impl Checker {
     /// start at `initializing`; gone ones stop. Fails (changing nothing) when a raw socket a new
     /// check kind needs cannot be opened.
     pub fn update(&mut self, config: &Config) -> anyhow::Result<()> {
+        self.apply(config, &HashSet::new())
+    }
+
+    /// As [`Checker::update`]; new probes in `down` start `unhealthy`.
+    fn apply(&mut self, config: &Config, down: &HashSet<ProbeKey>) -> anyhow::Result<()> {
         let wanted: HashSet<ProbeKey> = plan(config).into_iter().map(|(k, _)| k).collect();
         let kinds: HashSet<CheckKind> = wanted.iter().map(|k| k.check.kind).collect();
         if kinds.contains(&CheckKind::Tcp) && self.probers.syn.get().is_none() {
@@ -173,12 +183,18 @@ impl Checker {
             if self.targets.contains_key(&key) {
                 continue;
             }
+            let state = if down.contains(&key) {
+                HealthState::Unhealthy
+            } else {
+                HealthState::Initializing
+            };
             let key = Arc::new(key);
             let shared = Arc::new(TargetShared {
                 status: Mutex::new(TargetStatus {
-                    state: HealthState::Initializing,
+                    state,
                     counters: Counters::default(),
                     last_latency: None,
+                    last_failure: None,
                     since: Instant::now(),
                 }),
                 report: AtomicBool::new(false),
@@ -186,6 +202,7 @@ impl Checker {
             });
             commands.push(Command::Add {
                 key: key.clone(),
+                state,
                 shared: shared.clone(),
                 http: http_check(&key.check).map(Arc::new),
             });
@@ -217,9 +234,7 @@ impl Checker {
 
     /// The latest of a probe, None if no such probe runs.
     pub fn status(&self, key: &ProbeKey) -> Option<TargetStatus> {
-        self.targets
-            .get(key)
-            .map(|t| *t.status.lock().expect("status lock"))
+        self.targets.get(key).map(|t| *crate::lock(&t.status))
     }
 
     /// Probe targets running.
@@ -317,7 +332,7 @@ pub(super) fn probe(
         CheckKind::Tcp => Box::pin(async move {
             match p.syn.get() {
                 Some(syn) => syn.probe(target, timeout).await,
-                None => ProbeResult::TcpFailure,
+                None => ProbeResult::Local(Reason::NoProber),
             }
         }),
         CheckKind::TcpConnect => Box::pin(async move {
@@ -332,21 +347,21 @@ pub(super) fn probe(
         }),
         CheckKind::Http | CheckKind::Https => {
             let Some(http) = http.cloned() else {
-                return Box::pin(std::future::ready(ProbeResult::HttpFailure));
+                return Box::pin(std::future::ready(ProbeResult::Local(Reason::Internal)));
             };
             let task =
                 tokio::spawn(async move { http::probe(&http, &p.tls, target, timeout).await });
             Box::pin(async move {
                 task.await.unwrap_or_else(|e| {
                     tracing::error!(error = %e, "http health probe task");
-                    ProbeResult::HttpFailure
+                    ProbeResult::Local(Reason::Internal)
                 })
             })
         }
         CheckKind::Icmp => Box::pin(async move {
             match p.icmp.get() {
                 Some(icmp) => icmp.probe(*target.ip(), timeout).await,
-                None => ProbeResult::TcpFailure,
+                None => ProbeResult::Local(Reason::NoProber),
             }
         }),
         CheckKind::Udp => Box::pin(async move {
@@ -362,11 +377,11 @@ pub(super) fn probe(
                     )
                     .await
                 }
-                None => ProbeResult::TcpFailure,
+                None => ProbeResult::Local(Reason::NoProber),
             }
         }),
         // Checks of kind none are not scheduled.
-        CheckKind::None => Box::pin(std::future::ready(ProbeResult::TcpFailure)),
+        CheckKind::None => Box::pin(std::future::ready(ProbeResult::Local(Reason::Internal))),
     }
 }
 
@@ -443,18 +458,26 @@ mod tests {
             .unwrap()
             .local_addr()
             .unwrap();
+        // The config refuses loopback backends (the datapath cannot reach them); the checker
+        // probes whatever it is given, so the test puts its loopback servers in afterwards.
         let config = |backends: &[std::net::SocketAddr]| {
-            let list: Vec<String> = backends
-                .iter()
-                .map(|b| format!("{{ address = \"{b}\" }}"))
+            let list: Vec<String> = (0..backends.len())
+                .map(|i| format!("{{ address = \"10.0.2.{}:80\" }}", i + 2))
                 .collect();
-            crate::config::parse(&format!(
+            let mut c = crate::config::parse(&format!(
                 "[lb]\ninterfaces = [\"eth1\"]\n[[service]]\nname = \"a\"\nvip = \"10.100.0.1:80\"\n\
                  backends = [{}]\n[service.check]\nkind = \"tcp-connect\"\ntimeout = \"500ms\"\n\
                  interval = \"1s\"\nhealthy_threshold = 1\nunhealthy_threshold = 1\n",
                 list.join(", ")
             ))
-            .unwrap()
+            .unwrap();
+            for (b, addr) in c.services[0].backends.iter_mut().zip(backends) {
+                let std::net::SocketAddr::V4(addr) = addr else {
+                    unreachable!("IPv4 loopback")
+                };
+                b.address = *addr;
+            }
+            c
         };
         let both = config(&[up, closed]);
         let key_of = |addr: std::net::SocketAddr| ProbeKey {
@@ -466,7 +489,7 @@ mod tests {
         };
         let (tx, mut rx) = mpsc::unbounded_channel();
         let (stop_tx, stop) = watch::channel(false);
-        let mut checker = spawn(&both, tx, stop).unwrap();
+        let mut checker = spawn(&both, &HashSet::new(), tx, stop).unwrap();
         assert_eq!(checker.targets(), 2);
         assert_eq!(
             checker.status(&key_of(up)).unwrap().state,

@@ -4,6 +4,7 @@
 //! Passive: `passive` is the pure ejection rule for failures seen in real traffic (SPEC §3).
 
 pub mod checker;
+pub mod outcome;
 pub mod passive;
 pub mod probe;
 pub mod schedule;

@@ -31,7 +31,7 @@ use super::{
     prefetch,
     probe::{ProbeResult, http::HttpCheck},
     wheel::Wheel,
-    window::Window,
+    window::{HealthState, Window},
 };
 
 /// The scheduler's granularity: it wakes at most once per slot.
@@ -62,6 +62,8 @@ pub(super) struct TargetShared {
 pub(super) enum Command {
     Add {
         key: Arc<ProbeKey>,
+        /// `Initializing`, or `Unhealthy` for a verdict kept from before a restart.
+        state: HealthState,
         shared: Arc<TargetShared>,
         /// The request of http and https checks, built once.
         http: Option<Arc<HttpCheck>>,
@@ -219,13 +221,21 @@ impl Scheduler {
 
     fn command(&mut self, command: Command) {
         match command {
-            Command::Add { key, shared, http } => {
+            Command::Add {
+                key,
+                state,
+                shared,
+                http,
+            } => {
                 if self.index.contains_key(&key) {
                     return;
                 }
                 let id = self.next_id;
                 self.next_id += 1;
-                let window = Window::new(key.check.window);
+                let window = match state {
+                    HealthState::Unhealthy => Window::restored_unhealthy(key.check.window),
+                    _ => Window::new(key.check.window),
+                };
                 // A fixed phase per target spreads the probes over the interval.
                 let now = Instant::now();
                 let due = now + phase(key.target, key.check.window.interval);
@@ -368,16 +378,21 @@ impl Scheduler {
         let transition = target
             .window
             .observe(result, now.saturating_duration_since(self.epoch));
+        let local = matches!(result, ProbeResult::Local(_));
         {
-            let mut status = target.shared.status.lock().expect("status lock");
+            let mut status = crate::lock(&target.shared.status);
             status.state = target.window.state();
             status.counters = target.window.counters();
             status.last_latency = target.window.last_latency();
+            if !local && !matches!(result, ProbeResult::Success { .. }) {
+                status.last_failure = Some(result);
+            }
             if transition.is_some() {
                 status.since = now;
             }
         }
-        if transition.is_some() || target.shared.report.load(Ordering::Relaxed) {
+        // A local failure moves no state, but the daemon reports it (log, metric, event).
+        if transition.is_some() || local || target.shared.report.load(Ordering::Relaxed) {
             let verdict = Verdict {
                 probe: target.key.clone(),
                 result,

@@ -18,6 +18,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+pub use super::outcome::ProbeResult;
+
 /// Timing and thresholds of one service's checks. Ranges are validated by the config reader;
 /// a threshold of 0 is treated as 1 so nothing here can misbehave on unchecked input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -69,24 +71,13 @@ impl WindowSettings {
     }
 }
 
-/// What one probe found, independent of the probe kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProbeResult {
-    /// The expected answer arrived after `latency`.
-    Success { latency: Duration },
-    /// Connection refused / RST / ICMP unreachable.
-    TcpFailure,
-    /// An answer, but the wrong one: unexpected status code or payload mismatch.
-    HttpFailure,
-    /// No answer within `timeout`.
-    Timeout,
-}
-
 /// Consecutive results of one target (seed 002, `GET /v1/healthcheck` `counter`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Counters {
     pub success: u32,
     pub tcp_failure: u32,
+    /// TLS handshakes that failed (https), apart from TCP failures.
+    pub tls_failure: u32,
     pub http_failure: u32,
     pub timeout_failure: u32,
 }
@@ -95,6 +86,7 @@ impl Counters {
     /// Failures of any kind since the last success: what `unhealthy_threshold` is compared with.
     pub fn failure_streak(&self) -> u32 {
         self.tcp_failure
+            .saturating_add(self.tls_failure)
             .saturating_add(self.http_failure)
             .saturating_add(self.timeout_failure)
     }
@@ -108,9 +100,12 @@ impl Counters {
                 };
                 return;
             }
-            ProbeResult::TcpFailure => &mut self.tcp_failure,
-            ProbeResult::HttpFailure => &mut self.http_failure,
+            ProbeResult::TcpFailure(_) => &mut self.tcp_failure,
+            ProbeResult::TlsFailure(_) => &mut self.tls_failure,
+            ProbeResult::HttpFailure(_) => &mut self.http_failure,
             ProbeResult::Timeout => &mut self.timeout_failure,
+            // Not about the target (see `Window::observe`).
+            ProbeResult::Local(_) => return,
         };
         *failures = failures.saturating_add(1);
         self.success = 0;
@@ -210,6 +205,15 @@ impl Window {
         }
     }
 
+    /// A target found unavailable before a restart (its datapath flag was down): `Unhealthy`
+    /// until `healthy_threshold` successes, as it would have been without the restart.
+    pub fn restored_unhealthy(settings: WindowSettings) -> Self {
+        Self {
+            state: HealthState::Unhealthy,
+            ..Self::new(settings)
+        }
+    }
+
     pub fn settings(&self) -> &WindowSettings {
         &self.settings
     }
@@ -239,10 +243,11 @@ impl Window {
     }
 
     /// Feeds one probe result. A result that arrives while `Disabled` or `Unused` was in flight
-    /// when the target left the checks, and is dropped.
+    /// when the target left the checks, and is dropped. A local failure (this host out of descriptors or buffers) says nothing about the target:
+    /// it changes nothing.
     pub fn observe(&mut self, result: ProbeResult, now: Duration) -> Option<Transition> {
         use HealthState::*;
-        if matches!(self.state, Disabled | Unused) {
+        if matches!(self.state, Disabled | Unused) || matches!(result, ProbeResult::Local(_)) {
             return None;
         }
         self.counters.record(result);
@@ -322,6 +327,7 @@ impl Window {
 #[cfg(test)]
 mod tests {
     use super::{HealthState::*, *};
+    use crate::health::outcome::Reason;
 
     const T: Duration = Duration::ZERO;
     const OK: ProbeResult = ProbeResult::Success {
@@ -374,13 +380,13 @@ mod tests {
         assert_eq!(feed(OK), ((1, 0, 0, 0), ms5, Initializing));
         assert_eq!(feed(OK), ((2, 0, 0, 0), ms5, Initializing));
         assert_eq!(
-            feed(ProbeResult::TcpFailure),
+            feed(ProbeResult::TcpFailure(Reason::Refused)),
             ((0, 1, 0, 0), None, Initializing)
         );
         assert_eq!(feed(F), ((0, 1, 0, 1), None, Initializing));
         // Three failures of three kinds are a streak of three: the target is ejected.
         assert_eq!(
-            feed(ProbeResult::HttpFailure),
+            feed(ProbeResult::HttpFailure(Reason::Status(500))),
             ((0, 1, 1, 1), None, Unhealthy)
         );
         assert_eq!(feed(F), ((0, 1, 1, 2), None, Unhealthy));
@@ -390,7 +396,7 @@ mod tests {
                 tcp_failure,
                 http_failure,
                 timeout_failure,
-                success: 0,
+                ..Counters::default()
             };
             c.failure_streak()
         };
@@ -413,7 +419,7 @@ mod tests {
                 (F, Some((Healthy, MostlyHealthy, None))),
                 (OK, Some((MostlyHealthy, Healthy, None))),
                 (F, Some((Healthy, MostlyHealthy, None))),
-                (ProbeResult::TcpFailure, None),
+                (ProbeResult::TcpFailure(Reason::Refused), None),
                 (F, Some((MostlyHealthy, Unhealthy, Some(false)))),
                 (F, None),
                 (OK, Some((Unhealthy, MostlyUnhealthy, None))),
@@ -432,13 +438,13 @@ mod tests {
             &mut w,
             &[
                 (
-                    ProbeResult::HttpFailure,
+                    ProbeResult::HttpFailure(Reason::Status(500)),
                     Some((Initializing, Unhealthy, Some(false))),
                 ),
                 (OK, Some((Unhealthy, Healthy, Some(true)))),
                 (OK, None),
                 (F, Some((Healthy, Unhealthy, Some(false)))),
-                (ProbeResult::TcpFailure, None),
+                (ProbeResult::TcpFailure(Reason::Refused), None),
             ],
         );
         expect(

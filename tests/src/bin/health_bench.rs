@@ -318,6 +318,7 @@ fn run_checker(
     let (tx, mut rx) = mpsc::unbounded_channel::<lb::health::checker::Verdict>();
     let checker = std::sync::Arc::new(std::sync::Mutex::new(Some(lb::health::checker::spawn(
         &config,
+        &Default::default(),
         tx,
         stop.clone(),
     )?)));

@@ -49,6 +49,7 @@ use tokio::{
 use tokio_rustls::TlsConnector;
 
 use super::ProbeResult;
+use crate::health::outcome::{Reason, from_io, from_tls};
 
 /// The most the probe reads while looking for the status line of the final answer. An answer
 /// with no complete status line within this many bytes is not HTTP (`HttpFailure`).
@@ -523,10 +524,10 @@ async fn exchange(
             match connector.connect(name, stream).await {
                 Ok(mut stream) => ask(&mut stream, check, req.as_bytes(), target, start).await,
                 Err(e) => {
-                    // Seed 000: a failed TLS handshake is a connection failure, whatever broke it
-                    // (certificate, protocol, reset or close in the middle).
+                    // Seed 000 counts a failed TLS handshake as a connection failure; it is
+                    // counted apart (tls_failure) with what broke it, and moves the same streak.
                     tracing::debug!(%target, error = %e, "https probe: TLS handshake failed");
-                    ProbeResult::TcpFailure
+                    from_tls(&e)
                 }
             }
         }
@@ -567,33 +568,30 @@ async fn ask<S: AsyncRead + AsyncWrite + Unpin>(
             }
             Head::Final(code) => {
                 tracing::debug!(%target, code, "http probe: unhealthy status");
-                return ProbeResult::HttpFailure;
+                return ProbeResult::HttpFailure(Reason::Status(code));
             }
             Head::Invalid => {
                 tracing::debug!(%target, "http probe: the answer is not HTTP/1.x");
-                return ProbeResult::HttpFailure;
+                return ProbeResult::HttpFailure(Reason::NotHttp);
             }
             Head::Incomplete if n == 0 => {
                 tracing::debug!(%target, bytes = len, "http probe: closed before a status line");
-                return ProbeResult::HttpFailure;
+                return ProbeResult::HttpFailure(Reason::Closed);
             }
             Head::Incomplete if len == buf.len() => {
                 tracing::debug!(%target, "http probe: no status line in {MAX_HEAD} bytes");
-                return ProbeResult::HttpFailure;
+                return ProbeResult::HttpFailure(Reason::NoStatusLine);
             }
             Head::Incomplete => {}
         }
     }
 }
 
-/// A socket error: the kernel's own timeout is a timeout, anything else a connection failure.
+/// A socket error: the kernel's own timeout is a timeout, a local shortage the host's, anything
+/// else a connection failure.
 fn io_failure(target: SocketAddrV4, step: &str, e: &std::io::Error) -> ProbeResult {
     tracing::debug!(%target, step, error = %e, "http probe: connection failed");
-    if e.kind() == std::io::ErrorKind::TimedOut {
-        ProbeResult::Timeout
-    } else {
-        ProbeResult::TcpFailure
-    }
+    from_io(e)
 }
 
 #[cfg(test)]

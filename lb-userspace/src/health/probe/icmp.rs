@@ -40,6 +40,7 @@ use tokio::{io::unix::AsyncFd, sync::oneshot, task::JoinHandle};
 
 use super::ProbeResult;
 use super::sys::{fold, ones_sum, read_datagrams, register, send_to, setsockopt};
+use crate::health::outcome::{Reason, from_io};
 
 const ECHO_REPLY: u8 = 0;
 const DEST_UNREACHABLE: u8 = 3;
@@ -82,8 +83,8 @@ struct Key {
 enum Verdict {
     /// Echo reply: the host is up.
     Alive,
-    /// Destination unreachable, quoting our echo request.
-    Unreachable,
+    /// Destination unreachable (its code), quoting our echo request.
+    Unreachable(u8),
 }
 
 #[derive(Debug)]
@@ -120,7 +121,7 @@ impl IcmpProber {
             Ok(Ok(result)) => result,
             Ok(Err(e)) => {
                 tracing::warn!(%target, "icmp probe failed locally: {e}");
-                ProbeResult::TcpFailure
+                from_io(&e)
             }
             Err(_elapsed) => ProbeResult::Timeout,
         }
@@ -140,7 +141,7 @@ impl IcmpProber {
             Verdict::Alive => ProbeResult::Success {
                 latency: answer.at.saturating_duration_since(sent_at),
             },
-            Verdict::Unreachable => ProbeResult::TcpFailure,
+            Verdict::Unreachable(code) => ProbeResult::TcpFailure(Reason::Unreachable(code)),
         })
     }
 
@@ -277,7 +278,7 @@ impl Reply {
                     target,
                     identifier,
                     sequence,
-                    verdict: Verdict::Unreachable,
+                    verdict: Verdict::Unreachable(icmp[1]),
                 })
             }
             _ => None,
@@ -411,7 +412,7 @@ mod tests {
                     target: TARGET,
                     identifier: 7,
                     sequence: 9,
-                    verdict: Verdict::Unreachable
+                    verdict: Verdict::Unreachable(code)
                 }
             );
         }
@@ -473,7 +474,7 @@ mod tests {
         shared.dispatch(&unreachable(ROUTER, 1, 7, 0), now);
         assert_eq!(
             second_answer.try_recv().unwrap().verdict,
-            Verdict::Unreachable
+            Verdict::Unreachable(1)
         );
         shared.dispatch(&ipv4(TARGET, LOCAL, 0, &echo_reply(7, u16::MAX)), now);
         assert_eq!(first_answer.try_recv().unwrap().verdict, Verdict::Alive);

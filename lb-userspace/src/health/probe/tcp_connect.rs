@@ -10,6 +10,7 @@ use tokio::{
 };
 
 use super::ProbeResult;
+use crate::health::outcome::{Reason, from_io};
 
 /// Longest `expect` compared, so a misconfigured check cannot make a probe read without bound.
 pub const MAX_EXPECT: usize = 4096;
@@ -23,31 +24,23 @@ pub async fn probe(
     let start = Instant::now();
     match tokio::time::timeout(timeout, exchange(target, send, expect)).await {
         Err(_) => ProbeResult::Timeout,
-        Ok(Err(Failure::Connect)) => ProbeResult::TcpFailure,
-        Ok(Err(Failure::Payload)) => ProbeResult::HttpFailure,
+        Ok(Err(result)) => result,
         Ok(Ok(())) => ProbeResult::Success {
             latency: start.elapsed(),
         },
     }
 }
 
-enum Failure {
-    /// Refused, reset or unreachable: the transport failed.
-    Connect,
-    /// Connected, but the answer was not the expected one.
-    Payload,
-}
-
+/// The exchange; a failure is the probe's result (the socket's error, or a reply that is not
+/// the expected one).
 async fn exchange(
     target: SocketAddrV4,
     send: Option<&[u8]>,
     expect: Option<&[u8]>,
-) -> Result<(), Failure> {
-    let mut stream = TcpStream::connect(target)
-        .await
-        .map_err(|_| Failure::Connect)?;
+) -> Result<(), ProbeResult> {
+    let mut stream = TcpStream::connect(target).await.map_err(|e| from_io(&e))?;
     if let Some(send) = send {
-        stream.write_all(send).await.map_err(|_| Failure::Connect)?;
+        stream.write_all(send).await.map_err(|e| from_io(&e))?;
     }
     let Some(expect) = expect.map(|e| &e[..e.len().min(MAX_EXPECT)]) else {
         return Ok(());
@@ -56,11 +49,13 @@ async fn exchange(
     let mut filled = 0;
     while filled < got.len() {
         match stream.read(&mut got[filled..]).await {
-            Ok(0) | Err(_) => return Err(Failure::Payload),
+            Ok(0) => return Err(ProbeResult::HttpFailure(Reason::Closed)),
+            // A reset or an error after the connection worked: the answer was not the one.
+            Err(_) => return Err(ProbeResult::HttpFailure(Reason::Mismatch)),
             Ok(n) => filled += n,
         }
         if got[..filled] != expect[..filled] {
-            return Err(Failure::Payload);
+            return Err(ProbeResult::HttpFailure(Reason::Mismatch));
         }
     }
     Ok(())

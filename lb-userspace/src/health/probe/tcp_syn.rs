@@ -91,6 +91,7 @@ use super::sys::{
     MAX_BATCH, Outgoing, fold, ones_sum, recv, recv_many, register, send_many, setsockopt,
     sockaddr_in,
 };
+use crate::health::outcome::{Reason, from_io};
 
 const SYN: u8 = 0x02;
 const RST: u8 = 0x04;
@@ -445,8 +446,9 @@ impl SynProber {
 
     /// Sends a SYN to `target` and waits up to `timeout`.
     ///
-    /// Local errors (no route to the target, no port left, the send refused by a local firewall)
-    /// are logged and count as `TcpFailure`: the target cannot be reached either way.
+    /// Local errors are logged; no route or a firewall refusing the send count as `TcpFailure`
+    /// (the target cannot be reached either way), a shortage here (ports, descriptors,
+    /// buffers) as `Local`.
     pub async fn probe(&self, target: SocketAddrV4, timeout: Duration) -> ProbeResult {
         let deadline = Instant::now() + timeout;
         match self.exchange(target, deadline).await {
@@ -825,7 +827,7 @@ impl Shared {
             Answer::Reply {
                 verdict: Verdict::Refused,
                 ..
-            } => Ok(ProbeResult::TcpFailure),
+            } => Ok(ProbeResult::TcpFailure(Reason::Refused)),
             Answer::Expired => {
                 // The route may have changed under a cached source: look it up next time.
                 self.forget_route(home, target);
@@ -835,12 +837,13 @@ impl Shared {
         }
     }
 
-    /// A probe that failed here (no route, no port, the send refused by a local firewall):
-    /// logged, and a `TcpFailure`, since the target cannot be reached either way.
+    /// A probe that failed here: no route or the send refused by a local firewall is a
+    /// `TcpFailure` (the target cannot be reached either way); no port, descriptor or buffer
+    /// left is the host's shortage, a `Local` result that counts against nobody.
     fn local_failure(&self, home: Home, target: SocketAddrV4, e: &io::Error) -> ProbeResult {
         tracing::warn!(%target, "half-open probe failed locally: {e}");
         self.forget_route(home, target);
-        ProbeResult::TcpFailure
+        from_io(e)
     }
 
     fn finished_queue(&self) -> MutexGuard<'_, Vec<(u64, ProbeResult)>> {
@@ -1153,7 +1156,9 @@ impl Drop for Closing<'_> {
                 .pending
                 .drain()
                 .filter_map(|(_, p)| match p.waiter {
-                    Waiter::Token { token, .. } => Some((token, ProbeResult::TcpFailure)),
+                    Waiter::Token { token, .. } => {
+                        Some((token, ProbeResult::Local(Reason::Internal)))
+                    }
                     Waiter::Future(_) => None,
                 })
                 .collect()
@@ -1711,7 +1716,10 @@ mod tests {
         assert_eq!(finished(&shared), [(eight, ProbeResult::Timeout)]);
         assert!(shared.state().pending.contains_key(&third_key));
         drop(Closing(&shared));
-        assert_eq!(finished(&shared), [(nine, ProbeResult::TcpFailure)]);
+        assert_eq!(
+            finished(&shared),
+            [(nine, ProbeResult::Local(Reason::Internal))]
+        );
         // Once stopped, a new probe fails at once.
         shared.start(
             10,
@@ -1721,7 +1729,10 @@ mod tests {
             &mut queued,
             t0,
         );
-        assert_eq!(finished(&shared), [(10, ProbeResult::TcpFailure)]);
+        assert_eq!(
+            finished(&shared),
+            [(10, ProbeResult::Local(Reason::Internal))]
+        );
     }
 
     fn is_empty(shared: &Shared) -> bool {

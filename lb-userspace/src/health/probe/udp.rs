@@ -29,6 +29,7 @@ use std::{
 use tokio::{net::UdpSocket, time::Instant};
 
 use super::{ProbeResult, icmp::IcmpProber};
+use crate::health::outcome::{Reason, from_io};
 
 /// Longest `expect` compared, so a misconfigured check cannot make a probe allocate without bound.
 pub const MAX_EXPECT: usize = 4096;
@@ -68,7 +69,7 @@ async fn exchange(
     match result {
         Err(_elapsed) => ProbeResult::Timeout,
         Ok(Err(e)) => failed(target, &e),
-        Ok(Ok(false)) => ProbeResult::HttpFailure,
+        Ok(Ok(false)) => ProbeResult::HttpFailure(Reason::Mismatch),
         Ok(Ok(true)) => ProbeResult::Success {
             latency: start.elapsed(),
         },
@@ -103,10 +104,19 @@ async fn connected(target: SocketAddrV4) -> io::Result<UdpSocket> {
     Ok(socket)
 }
 
-/// Refused or unreachable (from the network or locally, e.g. no route): a transport failure.
+/// Refused (ICMP port unreachable) or unreachable from the network or locally (no route): a
+/// transport failure; a local shortage (no socket, no buffer) is the host's, not the target's.
 fn failed(target: SocketAddrV4, e: &io::Error) -> ProbeResult {
     if e.kind() != io::ErrorKind::ConnectionRefused {
         tracing::debug!(%target, "udp probe: {e}");
     }
-    ProbeResult::TcpFailure
+    match from_io(e) {
+        // A connected UDP socket reports ICMP port unreachable as ECONNREFUSED.
+        ProbeResult::TcpFailure(Reason::Refused) => {
+            ProbeResult::TcpFailure(Reason::Unreachable(ICMP_PORT_UNREACHABLE))
+        }
+        other => other,
+    }
 }
+
+const ICMP_PORT_UNREACHABLE: u8 = 3;
