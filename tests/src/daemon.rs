@@ -48,10 +48,23 @@ pub struct Daemon {
 impl Daemon {
     /// Writes `config` and starts `lb run --no-pin` on it in `ns`; returns once its API answers.
     pub fn start(ns: &Netns, config: &str) -> anyhow::Result<Self> {
+        Self::start_under(ns, config, &[])
+    }
+
+    /// As [`Daemon::start`], with lb run by `wrapper` (a command that execs the rest, e.g.
+    /// `["prlimit", "--nofile=1024:1024"]`: lb keeps its pid).
+    pub fn start_under(ns: &Netns, config: &str, wrapper: &[&str]) -> anyhow::Result<Self> {
         let dir = TempDir::new()?;
         let config_path = dir.0.join("lb.toml");
         std::fs::write(&config_path, config)?;
-        let mut cmd = ns.command(lb_bin());
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut cmd = ns.command(program);
+                cmd.args(args).arg(lb_bin());
+                cmd
+            }
+            None => ns.command(lb_bin()),
+        };
         cmd.args(["run", "--no-pin", "--config"]).arg(&config_path);
         Self::launch(ns, cmd, dir, config_path)
     }

@@ -2,11 +2,13 @@
 //! and a fixture runner over BPF_PROG_TEST_RUN. Used by the root integration tests and the demo.
 
 pub mod bench;
+pub mod config_mutations;
 pub mod daemon;
 pub mod fixture;
 pub mod inproc;
 pub mod netns;
 pub mod packet;
+pub mod rng;
 pub mod servers;
 pub mod testnet;
 pub mod topology;

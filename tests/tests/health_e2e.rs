@@ -199,3 +199,152 @@ fn tcp_connect_check_ejects_a_killed_backend_and_writes_flags_within_a_milliseco
         "flag write times (µs): {flags:?}"
     );
 }
+
+/// The sandbox's config with `check` on the TCP service.
+fn with_check(sb: &Sandbox, check: &str) -> String {
+    sb.config(80, &[], "").replacen(
+        "\n[[service]]\nname = \"udp\"",
+        &format!("\n[service.check]\n{check}\n[[service]]\nname = \"udp\""),
+        1,
+    )
+}
+
+/// Issue 14: with `verify_tls = true` and a certificate nobody vouches for, every backend went
+/// unhealthy with nothing but `tcp_failure=2` to say why. The status, events, log, page and
+/// `lb status` now say what broke, and TLS failures are counted apart.
+#[test]
+fn an_untrusted_certificate_is_named_as_the_reason() {
+    require_root();
+    let sb = Sandbox::build(Arms::Two, 2, 8080).unwrap();
+    let config = with_check(
+        &sb,
+        &format!(
+            "kind = \"https\"\nport = {HTTPS_PORT}\npath = \"/\"\nverify_tls = true\n\
+             timeout = \"{}ms\"\ninterval = \"{}ms\"\nhealthy_threshold = {THRESHOLD}\n\
+             unhealthy_threshold = {THRESHOLD}\n",
+            TIMEOUT.as_millis(),
+            INTERVAL.as_millis()
+        ),
+    );
+    let daemon = Daemon::start(&sb.lb, &config).unwrap();
+    let reason = "TLS: certificate not trusted (unknown issuer)";
+    for b in &sb.backends {
+        wait_for(
+            &daemon,
+            &b.addr.to_string(),
+            "unhealthy",
+            Duration::from_secs(5),
+        );
+    }
+    let s = daemon.status().unwrap();
+    for b in &s.service("tcp").unwrap().backends {
+        assert_eq!(b.last_failure.as_deref(), Some(reason), "{b:?}");
+        assert!(b.counters.tls_failure >= THRESHOLD, "{b:?}");
+        assert_eq!(b.counters.tcp_failure, 0, "{b:?}");
+    }
+    let events: lb::api::model::Events =
+        serde_json::from_slice(&daemon.lb(&["events", "--json"]).stdout).unwrap();
+    let down: Vec<_> = events
+        .events
+        .iter()
+        .filter(|e| e.to == "unhealthy")
+        .collect();
+    assert_eq!(down.len(), 2, "{events:?}");
+    assert!(
+        down.iter().all(|e| e.reason.as_deref() == Some(reason)),
+        "{down:?}"
+    );
+    assert!(
+        daemon.log_text().contains(&format!("reason=\"{reason}\"")),
+        "{}",
+        daemon.log_text()
+    );
+    let table = String::from_utf8_lossy(&daemon.lb(&["status"]).stdout).into_owned();
+    assert!(table.contains(reason), "{table}");
+    let (_, page) = daemon.http(
+        "GET",
+        "http://127.0.0.1:9090/v1/healthcheck",
+        &["Accept: text/html"],
+    );
+    assert!(page.contains(reason), "{page}");
+}
+
+/// Issue 14: a probe that fails for lack of descriptors on the balancer says nothing about the
+/// backend. With the daemon's open-file limit pushed down to what it holds (no socket can be
+/// opened), its HTTP probes fail locally for several failure windows: no backend leaves
+/// `healthy`, and the shortage is counted, logged and evented.
+#[test]
+fn probes_that_fail_locally_are_not_verdicts() {
+    require_root();
+    let sb = Sandbox::build(Arms::Two, 2, 8080).unwrap();
+    let config = with_check(
+        &sb,
+        &format!(
+            "kind = \"http\"\nport = {HTTP_PORT}\npath = \"/\"\n\
+             timeout = \"{}ms\"\ninterval = \"{}ms\"\nhealthy_threshold = {THRESHOLD}\n\
+             unhealthy_threshold = {THRESHOLD}\n",
+            TIMEOUT.as_millis(),
+            INTERVAL.as_millis()
+        ),
+    );
+    let daemon = Daemon::start(&sb.lb, &config).unwrap();
+    for b in &sb.backends {
+        wait_for(
+            &daemon,
+            &b.addr.to_string(),
+            "healthy",
+            Duration::from_secs(5),
+        );
+    }
+    let pid = daemon.process.pid();
+    let limit = |n: &str| {
+        let out = std::process::Command::new("prlimit")
+            .args(["--pid", &pid.to_string(), &format!("--nofile={n}")])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let before = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let (soft, hard) = before
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| {
+            let mut w = l.split_whitespace().skip(3);
+            Some((w.next()?.to_owned(), w.next()?.to_owned()))
+        })
+        .unwrap();
+    // Nothing new can be opened (a new descriptor would be numbered 3 or more): every probe
+    // meets EMFILE. Four failure windows long. (Only the soft limit moves: raising a hard one
+    // back needs CAP_SYS_RESOURCE.)
+    limit(&format!("3:{hard}"));
+    std::thread::sleep((TIMEOUT * THRESHOLD + INTERVAL) * 4);
+    limit(&format!("{soft}:{hard}"));
+    let s = daemon.status().unwrap();
+    for b in &s.service("tcp").unwrap().backends {
+        assert_eq!(b.state, "healthy", "{b:?}\n{}", daemon.log_text());
+    }
+    assert!(
+        s.resources.probe_local_failures_total > 0,
+        "{:?}",
+        s.resources
+    );
+    let events = String::from_utf8_lossy(&daemon.lb(&["events"]).stdout).into_owned();
+    assert!(
+        !events.contains("-> unhealthy") && !events.contains("-> mostly_healthy"),
+        "{events}"
+    );
+    assert!(
+        events.contains("local: health probes: http probe of")
+            && events.contains("too many open files"),
+        "{events}"
+    );
+    assert!(
+        daemon.log_text().contains("local resource shortage"),
+        "{}",
+        daemon.log_text()
+    );
+}

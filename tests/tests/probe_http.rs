@@ -246,6 +246,20 @@ impl SelfSigned {
         }
     }
 
+    /// A self-signed certificate marked as a CA, as `openssl req -x509` makes them.
+    fn ca() -> Self {
+        let mut params =
+            rcgen::CertificateParams::new(vec!["backend.test".into(), BACKEND.to_string()])
+                .unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        Self {
+            cert: cert.der().clone(),
+            key: key.serialize_der(),
+        }
+    }
+
     fn acceptor(&self) -> TlsAcceptor {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut config = rustls::ServerConfig::builder_with_provider(provider)
@@ -552,4 +566,24 @@ fn https_probe_to_a_plain_http_port_is_a_tls_failure() {
     let (result, took) = bed.probe_with(&https(false, None), &TlsConfigs::new(), PORT);
     assert_eq!(result, ProbeResult::TlsFailure(Reason::Tls(Tls::Protocol)));
     assert!(took < TIMEOUT, "took {took:?}");
+}
+
+/// Issue 14: an `openssl req -x509` certificate is a CA; rustls refuses it as a server's
+/// certificate even when trusted, and the reason says so instead of "tcp_failure".
+#[test]
+fn a_ca_certificate_as_the_servers_is_named_as_such() {
+    let bed = Bed::new();
+    let cert = SelfSigned::ca();
+    bed.serve_tls(PORT, Answer::Status(200), &cert);
+    let (result, _) = bed.probe_with(&https(true, None), &cert.trusted(), PORT);
+    assert_eq!(
+        result,
+        ProbeResult::TlsFailure(Reason::Tls(Tls::CaUsedAsEndEntity))
+    );
+    assert_eq!(
+        result.failure(TIMEOUT).unwrap(),
+        "TLS: certificate not trusted (self-signed CA used as server certificate)"
+    );
+    // Verification off: any certificate, still TLS.
+    assert_success(bed.probe(&https(false, None), PORT));
 }

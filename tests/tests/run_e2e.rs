@@ -164,3 +164,65 @@ fn a_second_lb_on_the_same_interface_is_refused_and_the_first_keeps_running() {
     let (_, name) = connect(&sb.client.ns, SocketAddr::from((VIP, 80))).unwrap();
     assert!(name.starts_with("backend-"));
 }
+
+/// Issue 14: `ip netns exec` gives lb a mount namespace of its own; lb mounted a bpffs there,
+/// which died with it, so after kill -9 nothing was left to adopt while the log said the
+/// datapath kept forwarding. lb now refuses to pin where the pins cannot outlive it, and says
+/// how to run it instead.
+#[test]
+fn pinning_from_a_private_mount_namespace_is_refused() {
+    require_root();
+    let ns = Netns::new("lb").unwrap();
+    let peer = Netns::new("peer").unwrap();
+    let (port, _) = lb_tests::netns::veth(&ns, "10.0.2.1/24", &peer, "10.0.2.2/24").unwrap();
+    ns.sysctl("net/ipv4/ip_forward", "1").unwrap();
+    let dir = TempDir::new().unwrap();
+    let pin = format!("/sys/fs/bpf/lb-test-{}-private", std::process::id());
+    struct Cleanup(String);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let ids = lb::daemon::ids_file(std::path::Path::new(&self.0));
+            let _ = std::fs::remove_file(ids.with_extension("lock"));
+            let _ = std::fs::remove_file(ids);
+        }
+    }
+    let _cleanup = Cleanup(pin.clone());
+    let path = dir.0.join("lb.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[lb]\ninterfaces = [\"{}\"]\napi = \"127.0.0.1:9093\"\npin_path = \"{pin}\"\n{ONE_SERVICE}",
+            port.ifname
+        ),
+    )
+    .unwrap();
+    // `ip netns exec` (Netns::command), pinned: refused before anything is attached.
+    let mut child = ns
+        .command(lb_bin())
+        .args(["run", "--config"])
+        .arg(&path)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("lb run went on pinning into a mount namespace that dies with it");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("would die with lb") && stderr.contains("nsenter --net=/run/netns/NS"),
+        "{stderr}"
+    );
+    assert!(!ns.xdp_attached(&port.ifname).unwrap());
+}

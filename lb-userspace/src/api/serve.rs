@@ -314,6 +314,40 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_panicking_handler_answers_500_and_leaves_its_lock_usable() {
+        use axum::routing::get;
+        let state = Arc::new(Mutex::new(0u32));
+        let (a, b) = (state.clone(), state.clone());
+        let app = Router::new()
+            .route(
+                "/boom",
+                get(move || {
+                    let a = a.clone();
+                    async move {
+                        if let Ok(_held) = a.lock() {
+                            panic!("a bug while holding the lock");
+                        }
+                        "not reached"
+                    }
+                }),
+            )
+            .route(
+                "/ok",
+                get(move || async move { crate::lock(&b).to_string() }),
+            )
+            .layer(axum::middleware::from_fn(catch_panic));
+        let call = |path: &str| {
+            tower_call(
+                app.clone(),
+                Request::builder().uri(path).body(Body::empty()).unwrap(),
+            )
+        };
+        assert_eq!(call("/boom").await.status(), 500);
+        assert!(state.is_poisoned());
+        assert_eq!(call("/ok").await.status(), 200);
+    }
+
+    #[tokio::test]
     async fn closing_an_admitted_connection_wakes_its_task() {
         let mut c = Conns::default();
         let (tx, rx) = tokio::sync::oneshot::channel();

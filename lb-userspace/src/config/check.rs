@@ -3,7 +3,7 @@
 
 use std::{ops::RangeInclusive, time::Duration};
 
-use super::{Protocol, fields::Fields};
+use super::{Protocol, fields::Fields, read::Shown};
 use crate::health::window::WindowSettings;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -288,7 +288,10 @@ fn read_http(f: &Fields, kind: Option<CheckKind>) -> Option<Option<HttpOptions>>
         Some(p) => {
             f.problem(
                 "path",
-                format!("expected an absolute path without spaces, got {p:?}"),
+                format!(
+                    "expected an absolute path without spaces, got {:?}",
+                    Shown(p)
+                ),
             );
             None
         }
@@ -299,7 +302,7 @@ fn read_http(f: &Fields, kind: Option<CheckKind>) -> Option<Option<HttpOptions>>
             None
         }
         Some(h) if h.is_empty() || h.contains(|c: char| c.is_whitespace() || c.is_control()) => {
-            f.problem("host", format!("invalid host {h:?}"));
+            f.problem("host", format!("invalid host {:?}", Shown(h)));
             None
         }
         h => Some(h.map(str::to_owned)),
@@ -317,9 +320,7 @@ fn read_http(f: &Fields, kind: Option<CheckKind>) -> Option<Option<HttpOptions>>
             let mut out = Vec::new();
             let mut ok = true;
             for (name, value) in t {
-                // The name is the key: shown with escapes, so a control character in it is
-                // visible rather than printed.
-                let path = format!("headers.{}", name.escape_debug());
+                let path = format!("headers.{}", super::fields::file_key(name));
                 let valid_name = !name.is_empty()
                     && name.len() <= MAX_HEADER_NAME
                     && name

@@ -24,20 +24,42 @@ impl std::fmt::Display for Problem {
     }
 }
 
+/// Problems listed at most; the rest are counted in a last one (a file of a million broken
+/// lines gets a readable answer).
+pub const MAX_PROBLEMS: usize = 1000;
+
 /// Collects problems; shared by every reader of one file.
 #[derive(Debug, Default)]
-pub struct Problems(RefCell<Vec<Problem>>);
+pub struct Problems {
+    listed: RefCell<Vec<Problem>>,
+    more: std::cell::Cell<usize>,
+}
 
 impl Problems {
     pub fn push(&self, path: impl Into<String>, message: impl Into<String>) {
-        self.0.borrow_mut().push(Problem {
-            path: path.into(),
-            message: message.into(),
-        });
+        let mut listed = self.listed.borrow_mut();
+        if listed.len() < MAX_PROBLEMS {
+            listed.push(Problem {
+                path: path.into(),
+                message: message.into(),
+            });
+        } else {
+            self.more.set(self.more.get() + 1);
+        }
     }
 
     pub fn into_vec(self) -> Vec<Problem> {
-        self.0.into_inner()
+        let mut listed = self.listed.into_inner();
+        if self.more.get() > 0 {
+            listed.push(Problem {
+                path: "file".to_owned(),
+                message: format!(
+                    "{} more problems not listed (the first {MAX_PROBLEMS} are)",
+                    self.more.get()
+                ),
+            });
+        }
+        listed
     }
 }
 
@@ -46,6 +68,21 @@ pub fn join(path: &str, key: &str) -> String {
         key.to_owned()
     } else {
         format!("{path}.{key}")
+    }
+}
+
+/// A key as the file wrote it, for a path: bare when it is a plain word, else quoted with escapes
+/// (and cut when long), so a key holding a newline, NUL or a megabyte stays one short line.
+pub fn file_key(key: &str) -> String {
+    let bare = !key.is_empty()
+        && key.len() <= 64
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if bare {
+        key.to_owned()
+    } else {
+        format!("{:?}", Shown(key))
     }
 }
 
@@ -133,7 +170,11 @@ impl<'a> Fields<'a> {
             let names: Vec<&str> = options.iter().map(|(n, _)| *n).collect();
             self.problem(
                 key,
-                format!("expected one of {}, got {name:?}", names.join(", ")),
+                format!(
+                    "expected one of {}, got {:?}",
+                    names.join(", "),
+                    Shown(name)
+                ),
             );
         }
         found
@@ -259,7 +300,8 @@ impl<'a> Fields<'a> {
         let seen = self.seen.borrow();
         for key in self.table.keys() {
             if !seen.contains(&key.as_str()) {
-                self.problems.push(join(&self.path, key), "unknown key");
+                self.problems
+                    .push(join(&self.path, &file_key(key)), "unknown key");
             }
         }
     }

@@ -225,14 +225,32 @@ pub struct Backend {
 #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
 pub struct ConfigErrors(pub Vec<Problem>);
 
+/// Largest config file read: room for a million backends, a bound on memory and time.
+pub const MAX_FILE_BYTES: u64 = 64 << 20;
+
 /// Reads and validates `path`.
 pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
-    let bytes = std::fs::read(path).map_err(|e| {
+    let problem = |message: String| {
         ConfigErrors(vec![Problem {
             path: String::new(),
-            message: format!("cannot read {}: {e}", path.display()),
+            message,
         }])
-    })?;
+    };
+    let file = std::fs::File::open(path)
+        .map_err(|e| problem(format!("cannot read {}: {e}", path.display())))?;
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(file, MAX_FILE_BYTES + 1),
+        &mut bytes,
+    )
+    .map_err(|e| problem(format!("cannot read {}: {e}", path.display())))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(problem(format!(
+            "{} is larger than {} MiB",
+            path.display(),
+            MAX_FILE_BYTES >> 20
+        )));
+    }
     parse(text(&bytes)?)
 }
 

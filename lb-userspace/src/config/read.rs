@@ -62,7 +62,7 @@ fn read_lb(f: &Fields) -> Option<Lb> {
             if let Err(e) = check_ifname(name) {
                 f.problem(&key, e);
             } else if names.iter().any(|n| n == name) {
-                f.problem(&key, format!("duplicate interface {name:?}"));
+                f.problem(&key, format!("duplicate interface {:?}", Shown(name)));
             }
             names.push(name.to_owned());
         }
@@ -81,7 +81,7 @@ fn read_lb(f: &Fields) -> Option<Lb> {
         None => DEFAULT_API.parse().ok(),
         Some(s) => s
             .parse::<SocketAddr>()
-            .map_err(|_| f.problem("api", format!("expected IP:PORT, got {s:?}")))
+            .map_err(|_| f.problem("api", format!("expected IP:PORT, got {:?}", Shown(s))))
             .ok(),
     };
     let pin_path = match f.str("pin_path") {
@@ -126,7 +126,10 @@ fn read_lb(f: &Fields) -> Option<Lb> {
             if range.is_none() {
                 f.problem(
                     "snat_ports",
-                    format!("expected FIRST-LAST within 1024-65535, got {text:?}"),
+                    format!(
+                        "expected FIRST-LAST within 1024-65535, got {:?}",
+                        Shown(text)
+                    ),
                 );
             }
             range.map(|(a, b)| a..=b)
@@ -342,7 +345,7 @@ fn check_ifname(name: &str) -> Result<(), String> {
         || name.contains(['/', ':'])
         || name.contains(|c: char| c.is_whitespace() || c.is_control())
     {
-        return Err(format!("invalid interface name {name:?}"));
+        return Err(format!("invalid interface name {:?}", Shown(name)));
     }
     Ok(())
 }
@@ -1045,7 +1048,7 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
             ),
             (
                 "kind = \"http\"\nheaders = { \"Bad Name\" = \"x\" }",
-                "service[0].check.headers.Bad Name: expected a header name (1-64 of A-Z a-z 0-9 - _) with a single-line string value",
+                "service[0].check.headers.\"Bad Name\": expected a header name (1-64 of A-Z a-z 0-9 - _) with a single-line string value",
             ),
             (
                 "kind = \"none\"\nport = 80",
@@ -1088,6 +1091,20 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
                 "{check}: want {want:?}, got {got:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_flood_of_problems_is_listed_up_to_a_bound() {
+        let bad = "[[service]]\nname = \"x y\"\nvip = \"10.100.0.1:80\"\nbackends = [{ address = \"10.0.2.2:80\" }]\n";
+        let text = format!("[lb]\ninterfaces = [\"eth1\"]\n{}", bad.repeat(3000));
+        let got = problems(&text);
+        assert_eq!(got.len(), super::super::fields::MAX_PROBLEMS + 1);
+        let last = got.last().unwrap();
+        assert!(
+            last.starts_with("file: ")
+                && last.ends_with("more problems not listed (the first 1000 are)"),
+            "{last}"
+        );
     }
 
     #[test]

@@ -407,6 +407,40 @@ mod tests {
     }
 
     #[test]
+    fn local_failures_move_nothing_and_tls_failures_count_apart() {
+        let mut w = Window::new(settings(1, 1, 1, 2, 2));
+        expect(
+            &mut w,
+            &[(OK, None), (OK, Some((Initializing, Healthy, None)))],
+        );
+        let local = ProbeResult::Local(Reason::Os(libc::EMFILE));
+        for _ in 0..10 {
+            assert_eq!(w.observe(local, T), None);
+        }
+        assert_eq!((w.state(), w.counters().success), (Healthy, 2), "unchanged");
+        let tls = ProbeResult::TlsFailure(Reason::Tls(crate::health::outcome::Tls::Expired));
+        expect(
+            &mut w,
+            &[
+                (tls, Some((Healthy, MostlyHealthy, None))),
+                (F, Some((MostlyHealthy, Unhealthy, Some(false)))),
+            ],
+        );
+        let c = w.counters();
+        assert_eq!((c.tls_failure, c.timeout_failure, c.tcp_failure), (1, 1, 0));
+        // A restored target starts where it was before the restart.
+        let mut r = Window::restored_unhealthy(settings(1, 1, 1, 2, 2));
+        assert!(!r.state().is_available());
+        expect(
+            &mut r,
+            &[
+                (OK, Some((Unhealthy, MostlyUnhealthy, None))),
+                (OK, Some((MostlyUnhealthy, Healthy, Some(true)))),
+            ],
+        );
+    }
+
+    #[test]
     fn state_sequence_3_3() {
         let mut w = Window::new(WindowSettings::default());
         expect(
