@@ -40,13 +40,24 @@ pub mod map_name {
     /// `RingBuf` of [`crate::PassiveSignal`] records, [`crate::SIGNALS_RING_BYTES`] bytes: the
     /// datapath's passive health signals, drained by the daemon.
     pub const SIGNALS: &str = "LB_SIGNALS";
+    /// `PerCpuArray<TokenBucket>` of one entry: each CPU's budget of ICMP replies.
+    pub const ICMP_RATE: &str = "LB_ICMP_RATE";
+    /// `ProgramArray` of the programs the balancer tail-calls: [`crate::ICMP_PROG`].
+    pub const PROGS: &str = "LB_PROGS";
 }
+
+/// Slots of [`map_name::PROGS`].
+pub const ICMP_PROG: u32 = 0;
+pub const PROG_SLOTS: u32 = 1;
 
 /// Name of the global [`Params`] in the object, set by userspace at load time.
 pub const PARAMS_GLOBAL: &str = "LB_PARAMS";
 
 /// Name of the XDP program in the object file.
 pub const PROGRAM_NAME: &str = "lb_xdp";
+/// The balancer's handler of ICMP for lb's addresses, reached by a tail call
+/// ([`map_name::PROGS`] slot [`ICMP_PROG`]).
+pub const ICMP_PROGRAM_NAME: &str = "lb_icmp";
 /// A program that only returns XDP_PASS: the baseline for benchmarks, and the peer program that
 /// native XDP on veth needs to receive XDP_TX / redirected frames.
 pub const PASS_PROGRAM_NAME: &str = "lb_pass";
@@ -93,6 +104,8 @@ pub mod addr_flags {
     pub const VIP: u32 = 1;
     /// Source address lb gives forwarded flows; replies come back to it.
     pub const SNAT: u32 = 2;
+    /// A VIP that answers ICMP echo requests (`answer_ping`).
+    pub const PING: u32 = 4;
 }
 
 /// One set of the address table: up to [`ADDR_WAYS`] addresses (network byte order) and their
@@ -137,6 +150,17 @@ pub struct Params {
     /// flows, nanoseconds: late segments of the old connection (a retransmitted FIN, the last
     /// ACK) still find it, and then a new flow may take the port, long before the closing timeout.
     pub closed_hold_ns: u64,
+    /// [`param_flags`] bits.
+    pub flags: u32,
+    /// ICMP echo replies a CPU sends per second at most (and its burst), so a flood of pings to
+    /// a VIP cannot turn lb into a reflector.
+    pub icmp_reply_rate: u32,
+}
+
+/// Flag bits of [`Params::flags`].
+pub mod param_flags {
+    /// Translate ICMP errors about balanced flows (`translate_icmp`); off: drop them.
+    pub const TRANSLATE_ICMP: u32 = 1;
 }
 
 impl Params {
@@ -155,6 +179,8 @@ impl Params {
             10_000_000_000,
         ],
         closed_hold_ns: 1_000_000_000,
+        flags: param_flags::TRANSLATE_ICMP,
+        icmp_reply_rate: 1000,
     };
 
     /// Idle timeout of a flow in `state`.
@@ -254,9 +280,16 @@ pub struct BackendInfo {
     /// Source address of forwarded flows (its replies come back here).
     pub snat_addr: u32,
     pub port: u16,
-    pub _pad: u16,
+    /// "No data back" passive check of its service: a TCP connection whose client sent data and
+    /// got none back for this long is a failure; in units of [`DATA_TICK_SHIFT`] (2^20 ns,
+    /// about a millisecond); 0: off.
+    pub no_data_ticks: u16,
     pub flags: u32,
 }
+
+/// The coarse clock's nanoseconds shifted right by this give the "no data back" clock's ticks
+/// (about 1.05 ms): a 32-bit tick counter in the connection entry, ages by wrapping subtraction.
+pub const DATA_TICK_SHIFT: u32 = 20;
 
 /// A flow's addressing in one direction.
 #[repr(C)]
@@ -293,6 +326,11 @@ pub mod ct_flags {
     pub const FIN_BACKEND: u8 = 8;
     /// Either side sent a RST.
     pub const RESET: u8 = 16;
+    /// The client sent data at [`crate::CtEntry::data_at`] and no data has been seen back yet
+    /// ("no data back" check on).
+    pub const DATA_PENDING: u8 = 32;
+    /// The "no data back" check of this connection is over (data came back, or it was signalled).
+    pub const DATA_DONE: u8 = 64;
 
     /// Whether a flow with `flags` is closed both ways: a FIN from each side, or a RST.
     #[inline(always)]
@@ -313,7 +351,9 @@ pub struct CtEntry {
     pub snat_port: u16,
     pub state: u8,
     pub flags: u8,
-    pub _pad: [u8; 4],
+    /// When the client's first data awaiting an answer was seen, in ticks of the coarse clock
+    /// (`now >> DATA_TICK_SHIFT`, truncated): the "no data back" check.
+    pub data_at: u32,
 }
 
 /// The next hop towards a backend, cached per CPU so packets need no route lookup: refreshed
@@ -371,6 +411,19 @@ pub struct NatEntry {
     /// its port until this is older than the TCP closing timeout, so a live flow evicted under
     /// pressure gets it back; a flow that never had one (half-open, flood) does not.
     pub last_seen: u64,
+    /// [`nat_flags`] bits.
+    pub flags: u8,
+    pub _pad: [u8; 7],
+}
+
+/// Flag bits of [`NatEntry::flags`].
+pub mod nat_flags {
+    /// The backend has sent data (a payload) on this flow: the "no data back" check passes.
+    pub const DATA_BACK: u8 = 1;
+    /// The backend sent something beyond its SYN+ACK (an ACK, data, a FIN; any UDP reply): the
+    /// flow got going. Out of the connection table, a flow without it never did (a SYN flood's
+    /// flows), and its NAT slot yields to a new flow.
+    pub const ANSWERED: u8 = 2;
 }
 
 /// Values of [`PassiveSignal::kind`]: failures of a backend seen in real traffic (SPEC §3).
@@ -386,6 +439,9 @@ pub mod signal_kind {
     /// code (1 host, 3 port unreachable, ...). Once per TCP connection; for UDP every one (the
     /// sender's ICMP rate limit bounds them).
     pub const UNREACHABLE: u32 = 3;
+    /// A TCP connection whose client sent data got none back within the service's
+    /// `no_data_timeout` (seen on the client's next packet after it). Service scope only.
+    pub const NO_DATA: u32 = 4;
 
     /// A stable name for `kind` (events, logs, metrics labels).
     pub const fn name(kind: u32) -> &'static str {
@@ -393,6 +449,7 @@ pub mod signal_kind {
             REFUSED => "refused",
             CONNECT_TIMEOUT => "connect_timeout",
             UNREACHABLE => "unreachable",
+            NO_DATA => "no_data",
             _ => "unknown",
         }
     }
@@ -412,6 +469,14 @@ pub struct PassiveSignal {
     pub detail: u32,
 }
 
+/// A token bucket (one per CPU): `tokens` left at `at` (coarse ns), refilled at the rate.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TokenBucket {
+    pub at: u64,
+    pub tokens: u64,
+}
+
 /// Per-service or per-backend traffic (client → backend direction), one slot per CPU.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -422,91 +487,132 @@ pub struct TrafficStats {
 }
 
 /// Indices into the `STATS` per-CPU array. Every packet increments exactly one verdict counter
-/// (those below [`counter::VERDICTS`]); the informational counters after it are extra.
+/// (those below [`counter::VERDICTS`]); the informational counters after it are extra. Indices
+/// and names come from one list ([`counters!`]), so they cannot drift apart.
 pub mod counter {
-    /// Not IPv4 (ARP, IPv6, a second VLAN tag, ...): passed.
-    pub const PASS_NOT_IPV4: u32 = 0;
-    /// IPv4 that is not lb's: no service, no return flow. Passed.
-    pub const PASS_NOT_VIP: u32 = 1;
-    /// Could not be parsed and not for an lb address: passed (the kernel drops it itself).
-    pub const PASS_MALFORMED: u32 = 2;
-    /// Could not be parsed and addressed to an lb address: dropped.
-    pub const DROP_MALFORMED: u32 = 3;
-    /// An IPv4 fragment not for an lb address: passed.
-    pub const PASS_FRAGMENT: u32 = 4;
-    /// An IPv4 fragment for an lb address: dropped (fragments carry no ports to balance on).
-    pub const DROP_FRAGMENT: u32 = 5;
-    /// Forwarded (either direction) out of the interface it came in on.
-    pub const FWD_TX: u32 = 6;
-    /// Forwarded (either direction) out of another interface lb is attached to.
-    pub const FWD_REDIRECT: u32 = 7;
-    /// TTL 0 or 1: dropped.
-    pub const DROP_TTL: u32 = 8;
-    /// A new flow found no backend (policy `drop`, or an empty ring): dropped.
-    pub const DROP_NO_BACKEND: u32 = 9;
-    /// No route to the backend, or its egress interface is not one of lb's: dropped.
-    pub const DROP_NO_ROUTE: u32 = 10;
-    /// The backend's next hop has no resolved MAC yet (lb keeps backends' neighbours resolved,
-    /// so this is transient): dropped, the client retransmits.
-    pub const DROP_NO_NEIGH: u32 = 11;
-    /// No free SNAT port among the candidates: dropped.
-    pub const DROP_NO_SNAT_PORT: u32 = 12;
-    /// Number of verdict counters.
-    pub const VERDICTS: u32 = 13;
-    /// Informational: IPv4 header with options (IHL > 5); parsed past them.
-    pub const IP_OPTIONS: u32 = 13;
-    /// Informational: frame with one 802.1Q tag; parsed past it.
-    pub const VLAN: u32 = 14;
-    /// Informational: connection table entries created.
-    pub const CT_NEW: u32 = 15;
-    /// Informational: TCP packets without SYN and without a live entry (evicted from a full
-    /// table, expired, or lb restarted): the flow is re-created on the same backend and SNAT port
-    /// while the ring and ports allow.
-    pub const CT_MISS_MIDSTREAM: u32 = 16;
-    /// Informational: flows moved off a backend that became unavailable.
-    pub const CT_RESCHEDULED: u32 = 17;
-    /// Informational: SNAT port candidates found taken.
-    pub const SNAT_PORT_RETRY: u32 = 18;
-    /// Informational: return-path packets (backend → client).
-    pub const REPLY: u32 = 19;
-    /// Informational: live flows overwritten in a full connection table (both ways of their
-    /// set were taken). Their next packet re-creates them (see `CT_MISS_MIDSTREAM`).
-    pub const CT_EVICTED: u32 = 20;
-    /// Informational: passive health signals written to the `SIGNALS` ring buffer.
-    pub const SIGNAL_SENT: u32 = 21;
-    /// Informational: passive health signals lost because the ring buffer was full (the daemon
-    /// did not drain it in time). Never silent: a lost signal is counted here.
-    pub const SIGNAL_LOST: u32 = 22;
-    /// Size of the `STATS` array.
-    pub const COUNT: u32 = 23;
+    /// Declares each counter's index (in list order), [`NAMES`], [`VERDICTS`] and [`COUNT`].
+    macro_rules! counters {
+        (
+            verdicts { $($(#[doc = $vd:literal])* $v:ident = $vn:literal,)* }
+            informational { $($(#[doc = $id:literal])* $i:ident = $in:literal,)* }
+        ) => {
+            #[allow(non_camel_case_types, clippy::upper_case_acronyms, dead_code)]
+            #[repr(u32)]
+            enum Index { $($v,)* $($i,)* Count }
+            $( $(#[doc = $vd])* pub const $v: u32 = Index::$v as u32; )*
+            $( $(#[doc = $id])* pub const $i: u32 = Index::$i as u32; )*
+            /// Number of verdict counters: indices below are verdicts.
+            pub const VERDICTS: u32 = [$($vn),*].len() as u32;
+            /// Size of the `STATS` array.
+            pub const COUNT: u32 = Index::Count as u32;
+            /// Stable names, indexed like the constants (status output and metrics).
+            pub const NAMES: [&str; COUNT as usize] = [$($vn,)* $($in,)*];
+        };
+    }
 
-    /// Stable names, indexed like the constants (status output and metrics).
-    pub const NAMES: [&str; COUNT as usize] = [
-        "pass_not_ipv4",
-        "pass_not_vip",
-        "pass_malformed",
-        "drop_malformed",
-        "pass_fragment",
-        "drop_fragment",
-        "fwd_tx",
-        "fwd_redirect",
-        "drop_ttl",
-        "drop_no_backend",
-        "drop_no_route",
-        "drop_no_neigh",
-        "drop_no_snat_port",
-        "ip_options",
-        "vlan",
-        "ct_new",
-        "ct_miss_midstream",
-        "ct_rescheduled",
-        "snat_port_retry",
-        "reply",
-        "ct_evicted",
-        "signal_sent",
-        "signal_lost",
-    ];
+    counters! {
+        verdicts {
+            /// Not IPv4 (ARP, IPv6, a second VLAN tag, ...): passed.
+            PASS_NOT_IPV4 = "pass_not_ipv4",
+            /// IPv4 that is not lb's: no VIP, no return flow, no ICMP about one. Passed.
+            PASS_NOT_VIP = "pass_not_vip",
+            /// Could not be parsed and not for an lb address: passed (the kernel drops it itself).
+            PASS_MALFORMED = "pass_malformed",
+            /// Could not be parsed and addressed to an lb address: dropped.
+            DROP_MALFORMED = "drop_malformed",
+            /// An IPv4 fragment not for an lb address: passed.
+            PASS_FRAGMENT = "pass_fragment",
+            /// An IPv4 fragment for an lb address: dropped (fragments carry no ports to balance on).
+            DROP_FRAGMENT = "drop_fragment",
+            /// Forwarded (either direction, ICMP errors about flows too) out of the interface it
+            /// came in on.
+            FWD_TX = "fwd_tx",
+            /// Forwarded out of another interface lb is attached to.
+            FWD_REDIRECT = "fwd_redirect",
+            /// TTL 0 or 1: dropped.
+            DROP_TTL = "drop_ttl",
+            /// A new flow found no backend (policy `drop`, or an empty ring): dropped.
+            DROP_NO_BACKEND = "drop_no_backend",
+            /// No route to the backend, or its egress interface is not one of lb's: dropped.
+            DROP_NO_ROUTE = "drop_no_route",
+            /// The backend's next hop has no resolved MAC yet (lb keeps backends' neighbours
+            /// resolved, so this is transient): dropped, the client retransmits.
+            DROP_NO_NEIGH = "drop_no_neigh",
+            /// Every SNAT port candidate is held by a live flow towards that backend: dropped.
+            DROP_NO_SNAT_PORT = "drop_no_snat_port",
+            /// No NAT table slot: the sets of every candidate port are full of established flows
+            /// (the table is too small for the flows alive): dropped.
+            DROP_NAT_FULL = "drop_nat_full",
+            /// To a VIP address, on a port or protocol no service has: dropped (never passed: the
+            /// VIP is routed to lb, so the kernel would route it back out).
+            DROP_NO_SERVICE = "drop_no_service",
+            /// An ICMP echo request to a VIP, answered (XDP_TX).
+            ICMP_ECHO_REPLY = "icmp_echo_reply",
+            /// An ICMP echo request to a VIP beyond the reply rate: dropped.
+            DROP_ICMP_RATE = "drop_icmp_rate",
+            /// An ICMP error to a VIP whose quoted packet is no live flow's, or cannot be read:
+            /// dropped.
+            DROP_ICMP_NO_FLOW = "drop_icmp_no_flow",
+            /// Any other ICMP to a VIP (echo with `answer_ping` off, replies, other types, errors
+            /// with translation off): dropped.
+            DROP_ICMP = "drop_icmp",
+        }
+        informational {
+            /// IPv4 header with options (IHL > 5); parsed past them.
+            IP_OPTIONS = "ip_options",
+            /// Frame with one 802.1Q tag; parsed past it.
+            VLAN = "vlan",
+            /// Connection table entries created.
+            CT_NEW = "ct_new",
+            /// TCP packets without SYN and without a live entry (evicted from a full table,
+            /// expired, or lb restarted): the flow is re-created on the same backend and SNAT port
+            /// while the ring and ports allow.
+            CT_MISS_MIDSTREAM = "ct_miss_midstream",
+            /// Flows moved off a backend that became unavailable.
+            CT_RESCHEDULED = "ct_rescheduled",
+            /// SNAT port candidates found taken.
+            SNAT_PORT_RETRY = "snat_port_retry",
+            /// Return-path packets (backend → client).
+            REPLY = "reply",
+            /// Live flows overwritten in a full connection table (both ways of their set were
+            /// taken). Their next packet re-creates them (see `CT_MISS_MIDSTREAM`).
+            CT_EVICTED = "ct_evicted",
+            /// Passive health signals written to the `SIGNALS` ring buffer.
+            SIGNAL_SENT = "signal_sent",
+            /// Passive health signals lost because the ring buffer was full (the daemon did not
+            /// drain it in time). Never silent: a lost signal is counted here.
+            SIGNAL_LOST = "signal_lost",
+            /// ICMP errors about a flow from the client side (to a VIP), translated and sent to the
+            /// flow's backend.
+            ICMP_TRANSLATED_IN = "icmp_translated_in",
+            /// ICMP errors about a flow from the backend side (to a SNAT address), translated and
+            /// sent to the flow's client.
+            ICMP_TRANSLATED_OUT = "icmp_translated_out",
+            /// NAT table entries of half-open or closed flows given up for a new flow in a full
+            /// set (a SYN flood's flows make room for new ones).
+            NAT_EVICTED = "nat_evicted",
+        }
+    }
 }
+
+// The layouts both sides rely on, checked wherever this crate builds (the BPF object too).
+const _: () = {
+    use core::mem::size_of;
+    assert!(size_of::<Params>() == 64);
+    assert!(size_of::<AddrSet>() == 64);
+    assert!(size_of::<CtSlot>() == 40);
+    assert!(size_of::<NatSlot>() == 64);
+    assert!(size_of::<ServiceKey>() == 8);
+    assert!(size_of::<ServiceInfo>() == 8);
+    assert!(size_of::<BackendInfo>() == 16);
+    assert!(size_of::<FlowKey>() == 16);
+    assert!(size_of::<CtEntry>() == 24);
+    assert!(size_of::<NextHop>() == 24);
+    assert!(size_of::<NatEntry>() == 48);
+    assert!(size_of::<TrafficStats>() == 24);
+    assert!(size_of::<PassiveSignal>() == 16);
+    assert!(size_of::<TokenBucket>() == 16);
+};
 
 #[cfg(feature = "user")]
 mod pod {
@@ -525,29 +631,12 @@ mod pod {
     unsafe impl aya::Pod for super::NatSlot {}
     unsafe impl aya::Pod for super::TrafficStats {}
     unsafe impl aya::Pod for super::PassiveSignal {}
+    unsafe impl aya::Pod for super::TokenBucket {}
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use core::mem::size_of;
-
-    #[test]
-    fn layouts_have_no_implicit_padding() {
-        assert_eq!(size_of::<Params>(), 56);
-        assert_eq!(size_of::<AddrSet>(), 64);
-        assert_eq!(size_of::<CtSlot>(), 40);
-        assert_eq!(size_of::<NatSlot>(), 56);
-        assert_eq!(size_of::<ServiceKey>(), 8);
-        assert_eq!(size_of::<ServiceInfo>(), 8);
-        assert_eq!(size_of::<BackendInfo>(), 16);
-        assert_eq!(size_of::<FlowKey>(), 16);
-        assert_eq!(size_of::<CtEntry>(), 24);
-        assert_eq!(size_of::<NextHop>(), 24);
-        assert_eq!(size_of::<NatEntry>(), 40);
-        assert_eq!(size_of::<TrafficStats>(), 24);
-        assert_eq!(size_of::<PassiveSignal>(), 16);
-    }
 
     #[test]
     fn service_key_is_in_network_order() {
@@ -584,7 +673,7 @@ mod tests {
     #[test]
     fn signal_kinds_have_distinct_names() {
         use signal_kind::*;
-        let names = [REFUSED, CONNECT_TIMEOUT, UNREACHABLE].map(name);
+        let names = [REFUSED, CONNECT_TIMEOUT, UNREACHABLE, NO_DATA].map(name);
         assert!(!names.contains(&"unknown"));
         assert_eq!(name(0), "unknown");
         for (i, a) in names.iter().enumerate() {

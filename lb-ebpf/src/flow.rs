@@ -7,7 +7,7 @@ use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use lb_common::{
     BackendInfo, CtEntry, FlowKey, NO_BACKEND, NatEntry, PROTO_TCP, Params, SELECT_TRIES,
     SNAT_PORT_TRIES, ServiceKey, backend_flags, counter, ct_flags, ct_state, flow_hash, fmix64,
-    service_flags, snat_port_candidate,
+    nat_flags, service_flags, snat_port_candidate,
 };
 use network_types::eth::EthHdr;
 
@@ -19,7 +19,7 @@ use crate::{
     passive,
     ptr::read_at,
     stats,
-    table::{ct_find, ct_live, ct_store, nat_claim, nat_find, same_client},
+    table::{Claim, ct_find, ct_live, ct_store, nat_claim, nat_find, same_client},
 };
 
 /// (XDP action, verdict counter).
@@ -98,6 +98,10 @@ fn established(ctx: &XdpContext, flow: &Flow, e: &mut CtEntry, now: u64) -> Opti
         return None;
     }
     if flow.proto == PROTO_TCP {
+        // "No data back" (off unless the service sets it): one test of a value already loaded.
+        if backend.no_data_ticks != 0 && e.flags & ct_flags::DATA_DONE == 0 {
+            passive::no_data(e, &backend, flow, now);
+        }
         if flow.tcp_flags & (TCP_FIN | TCP_RST) != 0 {
             closing(e, flow.tcp_flags, ct_flags::FIN_CLIENT, now);
         } else if e.state == ct_state::TCP_SYN {
@@ -150,8 +154,10 @@ fn new_flow(
         _pad: 0,
     };
     // SAFETY: read-only use of a plain-integer value.
+    // A VIP's port or protocol that no service has: dropped, never passed (the kernel has no
+    // such address and would route it back out, a loop).
     let Some(svc) = (unsafe { SERVICES.get(&skey) }).copied() else {
-        return (xdp_action::XDP_PASS, counter::PASS_NOT_VIP);
+        return (xdp_action::XDP_DROP, counter::DROP_NO_SERVICE);
     };
     if svc.flags & service_flags::DROP != 0 {
         return (xdp_action::XDP_DROP, counter::DROP_NO_BACKEND);
@@ -177,11 +183,13 @@ fn new_flow(
         client_mac: eth.src_addr,
         lb_mac: eth.dst_addr,
         last_seen: 0,
+        flags: 0,
+        _pad: [0; 7],
     };
     let midstream = flow.proto == PROTO_TCP && !is_new_syn(flow.tcp_flags);
-    let Some(snat_port) = reserve_snat_port(&backend, flow.proto, hash, &reply, midstream, now, p)
-    else {
-        return (xdp_action::XDP_DROP, counter::DROP_NO_SNAT_PORT);
+    let snat_port = match reserve_snat_port(&backend, flow.proto, hash, &reply, midstream, now, p) {
+        Ok(port) => port,
+        Err(reason) => return (xdp_action::XDP_DROP, reason),
     };
     let state = if flow.proto != PROTO_TCP {
         ct_state::UDP
@@ -202,7 +210,7 @@ fn new_flow(
         } else {
             0
         },
-        _pad: [0; 4],
+        data_at: 0,
     };
     ct_store(k, hash, &entry, now, p);
     stats::count(counter::CT_NEW);
@@ -250,6 +258,9 @@ fn select(
 /// Reserves a SNAT source port for (SNAT address → backend): no two live flows may share
 /// (SNAT address, port, backend address, port, protocol). The first candidate depends only on
 /// the flow, so a flow re-created after eviction usually gets its old port back. Network order.
+/// `Err(drop counter)`: what ran out, the ports ([`counter::DROP_NO_SNAT_PORT`]: the last
+/// candidate is a live flow's) or the NAT table ([`counter::DROP_NAT_FULL`]: its set was full of
+/// flows that may not give way).
 #[inline(always)]
 fn reserve_snat_port(
     backend: &BackendInfo,
@@ -259,9 +270,9 @@ fn reserve_snat_port(
     recreated: bool,
     now: u64,
     p: &Params,
-) -> Option<u16> {
+) -> Result<u16, u32> {
     if p.snat_port_count == 0 {
-        return None;
+        return Err(counter::DROP_NO_SNAT_PORT);
     }
     if recreated {
         // A flow that lost its connection table entry keeps its port if its NAT entry is there,
@@ -273,25 +284,32 @@ fn reserve_snat_port(
                 // SAFETY: a map value of plain integers.
                 let held = unsafe { &mut (*slot).entry };
                 if same_client(held, reply) {
-                    // Keep when it last had a reply: it still protects the port.
+                    // Keep when it last had a reply, and what it had: they still protect the
+                    // port and tell what the flow is.
                     *held = NatEntry {
                         last_seen: held.last_seen,
+                        flags: held.flags,
                         ..*reply
                     };
-                    return Some(port);
+                    return Ok(port);
                 }
             }
         }
     }
+    // What the last candidate found names what ran out. (Only the last: a flag kept over all
+    // tries would double the verifier's states at each of them.)
+    let mut why = counter::DROP_NO_SNAT_PORT;
     for i in 0..SNAT_PORT_TRIES {
         let port = snat_port_candidate(hash, i, p).to_be();
         let k = key(backend.addr, backend.snat_addr, backend.port, port, proto);
-        if nat_claim(&k, hash_of(&k), reply, now, p) {
-            return Some(port);
-        }
+        why = match nat_claim(&k, hash_of(&k), reply, now, p) {
+            Claim::Claimed => return Ok(port),
+            Claim::Full => counter::DROP_NAT_FULL,
+            Claim::Taken => counter::DROP_NO_SNAT_PORT,
+        };
         stats::count(counter::SNAT_PORT_RETRY);
     }
-    None
+    Err(why)
 }
 
 /// Backend → SNAT address. `None`: no such flow (the host's own traffic; passed by the caller).
@@ -307,6 +325,18 @@ pub fn reply(ctx: &XdpContext, flow: &Flow) -> Option<Verdict> {
     let answered = held.last_seen != 0;
     if now.saturating_sub(held.last_seen) > REFRESH_NS {
         held.last_seen = now;
+    }
+    // What this reply tells of the flow: it got going (more than a SYN+ACK), it carries data.
+    // Each bit is written once per flow.
+    let mut seen = 0;
+    if flow.proto != PROTO_TCP || flow.tcp_flags & (TCP_SYN | TCP_ACK) != TCP_SYN | TCP_ACK {
+        seen |= nat_flags::ANSWERED;
+    }
+    if flow.payload_len != 0 {
+        seen |= nat_flags::DATA_BACK;
+    }
+    if held.flags & seen != seen {
+        held.flags |= seen;
     }
     let nat = *held;
     if flow.ttl <= 1 {
@@ -341,13 +371,19 @@ pub fn reply(ctx: &XdpContext, flow: &Flow) -> Option<Verdict> {
     Some(transmit(ctx, flow, &rw, nat.ifindex))
 }
 
-/// Rewrites the frame and sends it out of `ifindex`: XDP_TX when that is where it came in,
-/// XDP_REDIRECT through the devmap otherwise.
+/// Rewrites the frame and sends it out of `ifindex`.
 #[inline(always)]
 fn transmit(ctx: &XdpContext, flow: &Flow, rw: &Rewrite, ifindex: u32) -> Verdict {
     if nat::apply(ctx.data(), ctx.data_end(), flow, rw).is_none() {
         return (xdp_action::XDP_DROP, counter::DROP_MALFORMED);
     }
+    send_out(ctx, ifindex)
+}
+
+/// Sends the (rewritten) frame out of `ifindex`: XDP_TX when that is where it came in,
+/// XDP_REDIRECT through the devmap otherwise.
+#[inline(always)]
+pub fn send_out(ctx: &XdpContext, ifindex: u32) -> Verdict {
     if ifindex == ctx.ingress_ifindex() as u32 {
         return (xdp_action::XDP_TX, counter::FWD_TX);
     }

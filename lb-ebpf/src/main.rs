@@ -1,4 +1,5 @@
-//! The lb XDP program. This file only orchestrates: parse → look the service up → verdict.
+//! The lb XDP program. This file only orchestrates: parse → look the address up → a flow (forward
+//! or return) or ICMP for it → verdict.
 //! Each concern lives in its own module.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
@@ -7,6 +8,7 @@ mod clock;
 mod csum;
 mod fib;
 mod flow;
+mod icmp;
 mod maps;
 mod nat;
 mod parse;
@@ -18,13 +20,13 @@ mod table;
 #[cfg(target_arch = "bpf")]
 mod prog {
     use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
-    use lb_common::{addr_flags, counter};
+    use lb_common::{ICMP_PROG, addr_flags, counter};
 
     use crate::{
-        flow,
-        maps::lookup_addr,
+        flow, icmp,
+        maps::{PROGS, lookup_addr},
         parse::{self, Parsed},
-        passive, stats,
+        stats,
     };
 
     /// The balancer. Every packet ends in exactly one verdict counter.
@@ -33,6 +35,15 @@ mod prog {
     #[inline(always)]
     pub fn lb_xdp(ctx: XdpContext) -> u32 {
         let (action, reason) = classify(&ctx);
+        stats::count(reason);
+        action
+    }
+
+    /// ICMP for lb's addresses, tail-called by the balancer: echo replies of VIPs, errors about
+    /// flows translated (see icmp.rs).
+    #[xdp]
+    pub fn lb_icmp(ctx: XdpContext) -> u32 {
+        let (action, reason) = icmp::handle(&ctx);
         stats::count(reason);
         action
     }
@@ -53,12 +64,29 @@ mod prog {
             Parsed::Fragment { daddr } => {
                 return odd_packet(Some(daddr), counter::PASS_FRAGMENT, counter::DROP_FRAGMENT);
             }
-            Parsed::Icmp { daddr, l4_off } => {
-                // Passed on as any ICMP; an unreachable about a flow to a backend is reported.
-                passive::icmp(ctx, daddr, l4_off);
-                return (xdp_action::XDP_PASS, counter::PASS_NOT_VIP);
+            Parsed::Icmp(pkt) => {
+                let flags = lookup_addr(pkt.daddr);
+                if flags & (addr_flags::SNAT | addr_flags::VIP) == 0 {
+                    return (xdp_action::XDP_PASS, counter::PASS_NOT_VIP);
+                }
+                // ICMP for lb's addresses: the handler program (it counts the verdict). A
+                // tail call returns only when the slot is empty, for a moment while lb loads.
+                // SAFETY: the program array holds XDP programs of this object.
+                let _ = unsafe { PROGS.tail_call(ctx, ICMP_PROG) };
+                return if flags & addr_flags::VIP != 0 {
+                    (xdp_action::XDP_DROP, counter::DROP_ICMP)
+                } else {
+                    (xdp_action::XDP_PASS, counter::PASS_NOT_VIP)
+                };
             }
-            Parsed::OtherL4 => return (xdp_action::XDP_PASS, counter::PASS_NOT_VIP),
+            Parsed::OtherL4 { daddr } => {
+                // A VIP has no service of another protocol: dropped, never passed (a loop).
+                return if lookup_addr(daddr) & addr_flags::VIP != 0 {
+                    (xdp_action::XDP_DROP, counter::DROP_NO_SERVICE)
+                } else {
+                    (xdp_action::XDP_PASS, counter::PASS_NOT_VIP)
+                };
+            }
             Parsed::Flow(flow) => flow,
         };
         // One address lookup decides whether the packet is lb's at all.

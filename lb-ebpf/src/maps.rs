@@ -4,12 +4,12 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, DevMapHash, HashMap, PerCpuArray, RingBuf},
+    maps::{Array, DevMapHash, HashMap, PerCpuArray, ProgramArray, RingBuf},
 };
 use lb_common::{
     ADDR_SETS, AddrSet, BackendInfo, CtSlot, DEFAULT_CONNTRACK_SIZE, DEFAULT_MAX_BACKENDS,
-    DEFAULT_MAX_SERVICES, DEFAULT_RING_SIZE, MAX_TX_PORTS, NatSlot, NextHop, Params,
-    SIGNALS_RING_BYTES, ServiceInfo, ServiceKey, TrafficStats, counter,
+    DEFAULT_MAX_SERVICES, DEFAULT_RING_SIZE, MAX_TX_PORTS, NatSlot, NextHop, PROG_SLOTS, Params,
+    SIGNALS_RING_BYTES, ServiceInfo, ServiceKey, TokenBucket, TrafficStats, counter,
 };
 
 /// Datapath parameters; userspace overrides this read-only global when loading.
@@ -93,3 +93,11 @@ pub static BACKEND_STATS: PerCpuArray<TrafficStats> =
 /// buffer.
 #[map(name = "LB_SIGNALS")]
 pub static SIGNALS: RingBuf = RingBuf::with_byte_size(SIGNALS_RING_BYTES, 0);
+
+/// Each CPU's budget of ICMP replies (see icmp.rs).
+#[map(name = "LB_ICMP_RATE")]
+pub static ICMP_RATE: PerCpuArray<TokenBucket> = PerCpuArray::with_max_entries(1, 0);
+
+/// Programs the balancer hands packets to (tail calls): the ICMP handler, verified apart.
+#[map(name = "LB_PROGS")]
+pub static PROGS: ProgramArray = ProgramArray::with_max_entries(PROG_SLOTS, 0);

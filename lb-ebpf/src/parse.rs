@@ -29,6 +29,20 @@ pub struct Flow {
     pub ttl: u8,
     pub l3_off: usize,
     pub l4_off: usize,
+    /// Bytes after the TCP/UDP header (its options included for TCP).
+    pub payload_len: u16,
+}
+
+/// An ICMP message (not a fragment): its IPv4 header's addressing and where its parts are.
+pub struct Icmp {
+    pub saddr: u32,
+    pub daddr: u32,
+    pub ttl: u8,
+    pub l3_off: usize,
+    /// The ICMP header, unchecked.
+    pub l4_off: usize,
+    /// End of the IP datagram (Ethernet padding may follow).
+    pub end: usize,
 }
 
 pub enum Parsed {
@@ -42,13 +56,12 @@ pub enum Parsed {
     Fragment {
         daddr: u32,
     },
-    /// ICMP (not a fragment); its header, unchecked, at `l4_off`.
-    Icmp {
-        daddr: u32,
-        l4_off: usize,
-    },
+    /// ICMP (not a fragment).
+    Icmp(Icmp),
     /// IPv4 that is neither TCP, UDP nor ICMP.
-    OtherL4,
+    OtherL4 {
+        daddr: u32,
+    },
     Flow(Flow),
 }
 
@@ -96,7 +109,7 @@ pub fn parse(data: usize, data_end: usize) -> Parsed {
 
     let l4_off = l3_off + ihl;
     let l4_len = tot_len - ihl;
-    let (sport, dport, tcp_flags) = match ip.proto {
+    let (sport, dport, tcp_flags, payload_len) = match ip.proto {
         PROTO_TCP => {
             let Some(tcp) = read_at::<TcpHdr>(data, data_end, l4_off) else {
                 return malformed;
@@ -113,6 +126,7 @@ pub fn parse(data: usize, data_end: usize) -> Parsed {
                 u16::from_ne_bytes(tcp.source),
                 u16::from_ne_bytes(tcp.dest),
                 flags,
+                (l4_len - doff) as u16,
             )
         }
         PROTO_UDP => {
@@ -123,10 +137,24 @@ pub fn parse(data: usize, data_end: usize) -> Parsed {
             if len < UdpHdr::LEN || len > l4_len {
                 return malformed;
             }
-            (u16::from_ne_bytes(udp.src), u16::from_ne_bytes(udp.dst), 0)
+            (
+                u16::from_ne_bytes(udp.src),
+                u16::from_ne_bytes(udp.dst),
+                0,
+                (len - UdpHdr::LEN) as u16,
+            )
         }
-        PROTO_ICMP => return Parsed::Icmp { daddr, l4_off },
-        _ => return Parsed::OtherL4,
+        PROTO_ICMP => {
+            return Parsed::Icmp(Icmp {
+                saddr: u32::from_ne_bytes(ip.src_addr),
+                daddr,
+                ttl: ip.ttl,
+                l3_off,
+                l4_off,
+                end: l3_off + tot_len,
+            });
+        }
+        _ => return Parsed::OtherL4 { daddr },
     };
     Parsed::Flow(Flow {
         saddr: u32::from_ne_bytes(ip.src_addr),
@@ -138,5 +166,6 @@ pub fn parse(data: usize, data_end: usize) -> Parsed {
         ttl: ip.ttl,
         l3_off,
         l4_off,
+        payload_len,
     })
 }

@@ -11,32 +11,25 @@
 //! every one written is counted in `signal_sent`.
 //!
 //! Nothing here runs on the healthy path: each check sits behind a test of flags or fields the
-//! connection table lookup already loaded (a RST on the return path, a SYN on a half-open flow),
-//! and the ICMP check starts only for ICMP.
+//! connection table lookup already loaded (a RST on the return path, a SYN on a half-open flow,
+//! the backend's "no data back" timeout), and the ICMP check starts only for ICMP.
 #![cfg_attr(not(target_arch = "bpf"), allow(dead_code))]
 
-use aya_ebpf::programs::XdpContext;
 use lb_common::{
-    BackendInfo, CtEntry, PROTO_TCP, PROTO_UDP, PassiveSignal, SYN_RETRANSMIT_MIN_NS, addr_flags,
-    counter, ct_flags, ct_state, signal_kind,
+    BackendInfo, CtEntry, DATA_TICK_SHIFT, NatEntry, PROTO_TCP, PassiveSignal,
+    SYN_RETRANSMIT_MIN_NS, counter, ct_flags, ct_state, nat_flags, signal_kind,
 };
-use network_types::ip::Ipv4Hdr;
 
 use crate::{
-    clock,
     flow::{hash_of, key},
-    maps::{SIGNALS, lookup_addr, params},
+    maps::{SIGNALS, params},
     parse::Flow,
-    ptr::read_at,
     stats,
-    table::{ct_find, ct_live, nat_find},
+    table::nat_find,
 };
 
-const ICMP_DEST_UNREACH: u8 = 3;
 /// "Fragmentation needed and DF set": path MTU discovery, not a failure of the backend.
 const ICMP_FRAG_NEEDED: u8 = 4;
-/// ICMP header before the quoted datagram: type, code, checksum, 4 unused bytes.
-const ICMP_HDR_LEN: usize = 8;
 
 /// Sends one signal, or counts it lost when the ring buffer is full.
 #[inline(always)]
@@ -102,69 +95,13 @@ pub fn syn_again(e: &mut CtEntry, backend: &BackendInfo, flow: &Flow, now: u64) 
     report(e.backend_id, e.service_id, signal_kind::CONNECT_TIMEOUT, 0);
 }
 
-/// An ICMP message to `daddr`, its header at `l4_off`. A destination unreachable sent to a SNAT
-/// address about a live flow to a backend (the quoted datagram: SNAT address:port → backend
-/// address:port) is reported. The caller passes the packet on to the kernel either way.
+/// An ICMP destination unreachable (code `code`) sent to lb's SNAT address about the live flow
+/// `e` to the backend of `nat` (the caller matched them). Path MTU discovery ("fragmentation
+/// needed") is not a failure. Once per TCP connection; for UDP every one (the sender's ICMP rate
+/// limit bounds them).
 #[inline(always)]
-pub fn icmp(ctx: &XdpContext, daddr: u32, l4_off: usize) {
-    let (data, data_end) = (ctx.data(), ctx.data_end());
-    let Some(icmp) = read_at::<[u8; 2]>(data, data_end, l4_off) else {
-        return;
-    };
-    let (kind, code) = (icmp[0], icmp[1]);
-    if kind != ICMP_DEST_UNREACH || code == ICMP_FRAG_NEEDED {
-        return;
-    }
-    if lookup_addr(daddr) & addr_flags::SNAT == 0 {
-        return;
-    }
-    let inner_off = l4_off + ICMP_HDR_LEN;
-    let Some(ip) = read_at::<Ipv4Hdr>(data, data_end, inner_off) else {
-        return;
-    };
-    let ihl = ((ip.vihl & 0x0f) as usize) * 4;
-    if ip.vihl >> 4 != 4
-        || ihl < Ipv4Hdr::LEN
-        || (ip.proto != PROTO_TCP && ip.proto != PROTO_UDP)
-        || u32::from_ne_bytes(ip.src_addr) != daddr
-    {
-        return;
-    }
-    // The first 4 bytes of the quoted TCP/UDP header: source (SNAT) port, destination port.
-    let Some(ports) = read_at::<[u8; 4]>(data, data_end, inner_off + ihl) else {
-        return;
-    };
-    let snat_port = u16::from_ne_bytes([ports[0], ports[1]]);
-    let backend_port = u16::from_ne_bytes([ports[2], ports[3]]);
-    let proto = ip.proto;
-    let p = params();
-    // The return-path key of the quoted flow: backend → SNAT address.
-    let k = key(
-        u32::from_ne_bytes(ip.dst_addr),
-        daddr,
-        backend_port,
-        snat_port,
-        proto,
-    );
-    let Some(slot) = nat_find(&k, hash_of(&k), p) else {
-        return;
-    };
-    // SAFETY: a map value of plain integers.
-    let nat = unsafe { (*slot).entry };
-    let fwd = key(
-        nat.client_addr,
-        nat.vip_addr,
-        nat.client_port,
-        nat.vip_port,
-        proto,
-    );
-    let Some(slot) = ct_find(&fwd, hash_of(&fwd), p) else {
-        return;
-    };
-    // SAFETY: a map value of plain integers.
-    let e = unsafe { &mut (*slot).entry };
-    let now = clock::now();
-    if e.backend_id != nat.backend_id || e.snat_port != snat_port || !ct_live(e, now, p) {
+pub fn unreachable(e: &mut CtEntry, nat: &NatEntry, proto: u8, code: u8) {
+    if code == ICMP_FRAG_NEEDED {
         return;
     }
     if proto == PROTO_TCP {
@@ -179,4 +116,46 @@ pub fn icmp(ctx: &XdpContext, daddr: u32, l4_off: usize) {
         signal_kind::UNREACHABLE,
         u32::from(code),
     );
+}
+
+/// "No data back" (seed 000): a client packet of TCP flow `e` to `backend`, whose service has
+/// the check on and whose check is not over. The first packet with data starts the clock; the
+/// first client packet past `no_data_ticks` looks at the flow's NAT entry once: data came back
+/// (the return path marked it) and the check is over, or none did and the backend failed this
+/// connection (service scope). Before that a packet costs a comparison.
+///
+/// A client that sends data and then nothing at all is not seen (no packet to look from); a
+/// protocol whose server answers later than the timeout, or never (uploads, log shipping), must
+/// keep the check off or its timeout above its answer time.
+#[inline(always)]
+pub fn no_data(e: &mut CtEntry, backend: &BackendInfo, flow: &Flow, now: u64) {
+    let tick = (now >> DATA_TICK_SHIFT) as u32;
+    if e.flags & ct_flags::DATA_PENDING == 0 {
+        if flow.payload_len != 0 {
+            e.flags |= ct_flags::DATA_PENDING;
+            e.data_at = tick;
+        }
+        return;
+    }
+    if tick.wrapping_sub(e.data_at) < u32::from(backend.no_data_ticks) {
+        return;
+    }
+    e.flags = (e.flags & !ct_flags::DATA_PENDING) | ct_flags::DATA_DONE;
+    let k = key(
+        backend.addr,
+        backend.snat_addr,
+        backend.port,
+        e.snat_port,
+        PROTO_TCP,
+    );
+    let answered = nat_find(&k, hash_of(&k), params()).is_some_and(|slot| {
+        // SAFETY: a map value of plain integers.
+        let nat = unsafe { &(*slot).entry };
+        nat.client_addr == flow.saddr
+            && nat.client_port == flow.sport
+            && nat.flags & nat_flags::DATA_BACK != 0
+    });
+    if !answered {
+        report(e.backend_id, e.service_id, signal_kind::NO_DATA, 0);
+    }
 }

@@ -25,3 +25,14 @@ pub fn read_at<T: Copy>(data: usize, data_end: usize, offset: usize) -> Option<T
 pub fn ptr_at_mut<T>(data: usize, data_end: usize, offset: usize) -> Option<*mut T> {
     ptr_at::<T>(data, data_end, offset).map(|p| p as *mut T)
 }
+
+/// As [`ptr_at_mut`], with a bounds check the compiler cannot drop. The verifier needs a check
+/// of each packet pointer it is given; LLVM removes a check it can prove from another (a later
+/// one at a larger, variable offset), leaving a pointer the verifier cannot vouch for. Reading
+/// `data_end` through a volatile load makes this check stand on its own.
+#[inline(always)]
+pub fn ptr_at_mut_checked<T>(data: usize, data_end: usize, offset: usize) -> Option<*mut T> {
+    // SAFETY: a read of a local variable.
+    let end = unsafe { core::ptr::read_volatile(&data_end) };
+    ptr_at_mut::<T>(data, end, offset)
+}

@@ -10,7 +10,8 @@
 
 use aya_ebpf::maps::Array;
 use lb_common::{
-    CtEntry, CtSlot, FlowKey, NatEntry, NatSlot, Params, counter, ct_flags, ct_state, ways,
+    CtEntry, CtSlot, FlowKey, NatEntry, NatSlot, Params, counter, ct_flags, ct_state, nat_flags,
+    ways,
 };
 
 use crate::{
@@ -101,29 +102,53 @@ pub fn nat_find(key: &FlowKey, hash: u64, p: &Params) -> Option<*mut NatSlot> {
     find(&NAT, key, hash, p.nat_mask)
 }
 
+/// What claiming a SNAT port's NAT slot found.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    Claimed,
+    /// The port is held by another client's live flow.
+    Taken,
+    /// Both slots of the port's set hold flows that may not give way.
+    Full,
+}
+
 /// Claims `key` (a SNAT port towards a backend) for `entry`. Refused while a live flow other than
-/// this client's holds the key, or while both slots of its set hold live flows.
+/// this client's holds the key. When both slots of its set hold other live flows, a flow that
+/// never got established or is closed gives way (counted): a flood of half-open flows cannot
+/// keep new flows out; established flows are never given up.
 #[inline(always)]
-pub fn nat_claim(key: &FlowKey, hash: u64, entry: &NatEntry, now: u64, p: &Params) -> bool {
+pub fn nat_claim(key: &FlowKey, hash: u64, entry: &NatEntry, now: u64, p: &Params) -> Claim {
     let (a, b) = ways(hash, p.nat_mask);
     let (Some(sa), Some(sb)) = (NAT.get_ptr_mut(a), NAT.get_ptr_mut(b)) else {
-        return false;
+        return Claim::Full;
     };
     // SAFETY: array map values of plain integers.
     let (na, nb) = unsafe { (&*sa, &*sb) };
     let target = if na.key == *key {
-        (same_client(&na.entry, entry) || abandoned(na, now, p)).then_some(sa)
+        if !(same_client(&na.entry, entry) || abandoned(na, now, p)) {
+            return Claim::Taken;
+        }
+        sa
     } else if nb.key == *key {
-        (same_client(&nb.entry, entry) || abandoned(nb, now, p)).then_some(sb)
+        if !(same_client(&nb.entry, entry) || abandoned(nb, now, p)) {
+            return Claim::Taken;
+        }
+        sb
     } else if na.key.proto == 0 || abandoned(na, now, p) {
-        Some(sa)
+        sa
     } else if nb.key.proto == 0 || abandoned(nb, now, p) {
-        Some(sb)
+        sb
     } else {
-        None
-    };
-    let Some(target) = target else {
-        return false;
+        // The slow path of a full set: which of the two may give way (a lookup each).
+        let target = match (yields(na, now, p), yields(nb, now, p)) {
+            (true, true) if na.entry.last_seen <= nb.entry.last_seen => sa,
+            (true, true) => sb,
+            (true, false) => sa,
+            (false, true) => sb,
+            (false, false) => return Claim::Full,
+        };
+        stats::count(counter::NAT_EVICTED);
+        target
     };
     // SAFETY: as above.
     unsafe {
@@ -132,7 +157,48 @@ pub fn nat_claim(key: &FlowKey, hash: u64, entry: &NatEntry, now: u64, p: &Param
             entry: *entry,
         }
     };
-    true
+    Claim::Claimed
+}
+
+/// The live connection table entry of the flow holding NAT slot `slot`, if it still is that
+/// flow's.
+#[inline(always)]
+fn holder(slot: &NatSlot, now: u64, p: &Params) -> Option<*mut CtSlot> {
+    let t = &slot.entry;
+    let client = FlowKey {
+        src: t.client_addr,
+        dst: t.vip_addr,
+        sport: t.client_port,
+        dport: t.vip_port,
+        proto: slot.key.proto,
+        _pad: [0; 3],
+    };
+    let hash = lb_common::flow_hash(
+        client.src,
+        client.dst,
+        client.sport,
+        client.dport,
+        client.proto,
+    );
+    let found = ct_find(&client, hash, p)?;
+    // SAFETY: an array map value of plain integers.
+    let e = unsafe { &(*found).entry };
+    (e.backend_id == t.backend_id && e.snat_port == slot.key.dport && ct_live(e, now, p))
+        .then_some(found)
+}
+
+/// Whether the live flow holding `slot` may give way to a new one: half-open or closed both
+/// ways in the connection table, or, out of it, never answered beyond a SYN+ACK.
+#[inline(always)]
+fn yields(slot: &NatSlot, now: u64, p: &Params) -> bool {
+    match holder(slot, now, p) {
+        Some(ct) => {
+            // SAFETY: an array map value of plain integers.
+            let e = unsafe { &(*ct).entry };
+            e.state == ct_state::TCP_SYN || ct_flags::closed(e.flags)
+        }
+        None => slot.entry.flags & nat_flags::ANSWERED == 0,
+    }
 }
 
 /// Whether two NAT entries belong to the same client flow.
@@ -156,29 +222,11 @@ fn abandoned(slot: &NatSlot, now: u64, p: &Params) -> bool {
     if t.last_seen != 0 && now.saturating_sub(t.last_seen) <= p.closed_hold_ns {
         return false;
     }
-    let client = FlowKey {
-        src: t.client_addr,
-        dst: t.vip_addr,
-        sport: t.client_port,
-        dport: t.vip_port,
-        proto: slot.key.proto,
-        _pad: [0; 3],
-    };
-    let hash = lb_common::flow_hash(
-        client.src,
-        client.dst,
-        client.sport,
-        client.dport,
-        client.proto,
-    );
     // The connection table entry of the flow holding the port, if it still is this flow's.
-    let held = ct_find(&client, hash, p)
-        // SAFETY: an array map value of plain integers.
-        .map(|s| unsafe { &(*s).entry })
-        .filter(|e| e.backend_id == t.backend_id && e.snat_port == slot.key.dport);
+    // SAFETY: an array map value of plain integers.
+    let held = holder(slot, now, p).map(|s| unsafe { &(*s).entry });
     if let Some(e) = held
         && ct_flags::closed(e.flags)
-        && ct_live(e, now, p)
     {
         // Closed both ways: free once its last FIN or RST (and reply) is `closed_hold_ns` old.
         return now.saturating_sub(e.last_seen.max(t.last_seen)) > p.closed_hold_ns;
@@ -186,5 +234,5 @@ fn abandoned(slot: &NatSlot, now: u64, p: &Params) -> bool {
     if t.last_seen != 0 && now.saturating_sub(t.last_seen) <= p.timeout(ct_state::TCP_CLOSING) {
         return false;
     }
-    held.is_none_or(|e| !ct_live(e, now, p))
+    held.is_none()
 }

@@ -115,6 +115,8 @@ struct ServiceState {
     info: ServiceInfo,
     keep_flows: bool,
     on_all_unhealthy: AllUnhealthy,
+    /// Its VIP answers pings (`answer_ping`).
+    answer_ping: bool,
     backends: Vec<BackendState>,
     /// Indices into `backends` of the ring members (weight > 0), and their plain Maglev ring.
     members: Vec<usize>,
@@ -123,6 +125,17 @@ struct ServiceState {
     ring: Vec<u32>,
     /// The service entry must be written (new key or new service).
     dirty: bool,
+}
+
+/// The "no data back" timeout of a service's backends in the datapath's ticks (2^20 ns); 0 off.
+fn no_data_ticks(passive: &crate::config::Passive) -> u16 {
+    match passive.no_data_timeout {
+        Some(t) if passive.enabled => {
+            let ticks = (t.as_nanos() >> lb_common::DATA_TICK_SHIFT).max(1);
+            u16::try_from(ticks).unwrap_or(u16::MAX)
+        }
+        _ => 0,
+    }
 }
 
 #[derive(Clone)]
@@ -348,7 +361,7 @@ impl Balancer {
                         addr: u32::from_ne_bytes(b.address.ip().octets()),
                         snat_addr: u32::from_ne_bytes(snat_addr.octets()),
                         port: b.address.port().to_be(),
-                        _pad: 0,
+                        no_data_ticks: no_data_ticks(&s.passive),
                         flags: 0,
                     },
                 };
@@ -396,6 +409,7 @@ impl Balancer {
                 },
                 keep_flows: s.existing_flows == ExistingFlows::Keep,
                 on_all_unhealthy: s.on_all_unhealthy,
+                answer_ping: s.answer_ping,
                 backends,
                 members,
                 base,
@@ -405,9 +419,11 @@ impl Balancer {
         }
         let mut addrs: BTreeMap<Ipv4Addr, u32> = BTreeMap::new();
         for s in &services {
+            // Services sharing a VIP agree on answer_ping (the config reader checks it).
+            let ping = if s.answer_ping { addr_flags::PING } else { 0 };
             *addrs
                 .entry(Ipv4Addr::from(s.key.addr.to_ne_bytes()))
-                .or_default() |= addr_flags::VIP;
+                .or_default() |= addr_flags::VIP | ping;
             for b in &s.backends {
                 *addrs
                     .entry(Ipv4Addr::from(b.info.snat_addr.to_ne_bytes()))
@@ -820,7 +836,11 @@ mod tests {
     #[test]
     fn initial_state_is_written_whole() {
         let (b, maps) = build(&config("", 3));
-        assert_eq!(maps.addrs()[&Ipv4Addr::new(10, 100, 0, 1)], addr_flags::VIP);
+        assert_eq!(
+            maps.addrs()[&Ipv4Addr::new(10, 100, 0, 1)],
+            addr_flags::VIP | addr_flags::PING,
+            "answer_ping is on by default"
+        );
         assert_eq!(maps.addrs()[&Ipv4Addr::new(10, 0, 2, 1)], addr_flags::SNAT);
         assert_eq!(maps.rings[&0].len(), 1009);
         assert_eq!(maps.backends.len(), 3);
@@ -1045,7 +1065,10 @@ mod tests {
             !maps.addrs().contains_key(&Ipv4Addr::new(10, 100, 0, 1)),
             "old VIP gone"
         );
-        assert_eq!(maps.addrs()[&Ipv4Addr::new(10, 100, 0, 3)], addr_flags::VIP);
+        assert_eq!(
+            maps.addrs()[&Ipv4Addr::new(10, 100, 0, 3)],
+            addr_flags::VIP | addr_flags::PING
+        );
         assert_eq!(maps.services.len(), 2);
         let c = maps.services[&ServiceKey::new([10, 100, 0, 3], 53, 17)];
         assert_eq!(c.id, 0, "c reuses a's service slot");

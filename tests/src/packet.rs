@@ -1,5 +1,6 @@
 //! Builds Ethernet frames (optional 802.1Q tag) carrying IPv4 (optional options, fragment bits)
-//! with TCP or UDP, checksums correct unless told otherwise; and checks checksums of frames.
+//! with TCP, UDP or ICMP (echo, and errors quoting another packet), checksums correct unless told
+//! otherwise; and checks checksums of frames.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 
@@ -14,10 +15,32 @@ pub const LB_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
 
 #[derive(Clone, Debug)]
 enum L4 {
-    Tcp { flags: u8, seq: u32, ack: u32 },
-    Udp { zero_checksum: bool },
-    Other { proto: u8 },
+    Tcp {
+        flags: u8,
+        seq: u32,
+        ack: u32,
+    },
+    Udp {
+        zero_checksum: bool,
+    },
+    /// Type, code and the header's last 4 bytes (identifier and sequence, or the next-hop MTU).
+    Icmp {
+        ty: u8,
+        code: u8,
+        rest: [u8; 4],
+    },
+    Other {
+        proto: u8,
+    },
 }
+
+pub const ICMP_ECHO_REPLY: u8 = 0;
+pub const ICMP_DEST_UNREACH: u8 = 3;
+pub const ICMP_ECHO_REQUEST: u8 = 8;
+pub const ICMP_TIME_EXCEEDED: u8 = 11;
+/// Destination unreachable codes.
+pub const ICMP_PORT_UNREACH: u8 = 3;
+pub const ICMP_FRAG_NEEDED: u8 = 4;
 
 /// A frame under construction. `build()` produces the bytes.
 #[derive(Clone, Debug)]
@@ -77,6 +100,50 @@ impl Packet {
                 zero_checksum: false,
             },
         )
+    }
+
+    /// An ICMP echo request (or reply) with `id` and `seq`; ports in the addresses are ignored.
+    pub fn icmp_echo(src: &str, dst: &str, reply: bool, id: u16, seq: u16) -> Self {
+        let (id, seq) = (id.to_be_bytes(), seq.to_be_bytes());
+        let ty = if reply {
+            ICMP_ECHO_REPLY
+        } else {
+            ICMP_ECHO_REQUEST
+        };
+        Self::new(
+            src,
+            dst,
+            L4::Icmp {
+                ty,
+                code: 0,
+                rest: [id[0], id[1], seq[0], seq[1]],
+            },
+        )
+    }
+
+    /// An ICMP error (`ty`, `code`; `mtu` for "fragmentation needed") quoting `quoted`, an IP
+    /// datagram (see [`Packet::datagram`]), cut to its first `quote_len` bytes.
+    pub fn icmp_error(
+        src: &str,
+        dst: &str,
+        ty: u8,
+        code: u8,
+        mtu: u16,
+        quoted: &[u8],
+        quote_len: usize,
+    ) -> Self {
+        let mtu = mtu.to_be_bytes();
+        let mut p = Self::new(
+            src,
+            dst,
+            L4::Icmp {
+                ty,
+                code,
+                rest: [0, 0, mtu[0], mtu[1]],
+            },
+        );
+        p.payload = quoted[..quote_len.min(quoted.len())].to_vec();
+        p
     }
 
     /// IPv4 with another protocol (e.g. 1 = ICMP); ports in the addresses are ignored.
@@ -140,6 +207,11 @@ impl Packet {
         self
     }
 
+    /// The IP datagram of the frame (what an ICMP error quotes).
+    pub fn datagram(&self) -> Vec<u8> {
+        self.build()[self.l3_offset()..].to_vec()
+    }
+
     /// Offset of the IPv4 header in the frame.
     pub fn l3_offset(&self) -> usize {
         14 + if self.vlan.is_some() { 4 } else { 0 }
@@ -165,14 +237,20 @@ impl Packet {
                 h[4..6].copy_from_slice(&((8 + self.payload.len()) as u16).to_be_bytes());
                 h
             }
+            L4::Icmp { ty, code, rest } => vec![ty, code, 0, 0, rest[0], rest[1], rest[2], rest[3]],
             L4::Other { .. } => Vec::new(),
         };
         l4.extend_from_slice(&self.payload);
         let proto = match self.l4 {
             L4::Tcp { .. } => 6,
             L4::Udp { .. } => 17,
+            L4::Icmp { .. } => 1,
             L4::Other { proto } => proto,
         };
+        if let L4::Icmp { .. } = self.l4 {
+            let c = checksum(&l4);
+            l4[2..4].copy_from_slice(&c.to_be_bytes());
+        }
         let (src, dst) = (*self.src.ip(), *self.dst.ip());
         match self.l4 {
             L4::Tcp { .. } => {
@@ -268,6 +346,7 @@ pub fn verify_checksums(frame: &[u8]) -> Result<(), String> {
         6 => 16,
         17 if seg[6..8] == [0, 0] => return Ok(()),
         17 => 6,
+        1 => return verify_icmp(seg),
         _ => return Ok(()),
     };
     let mut copy = seg.to_vec();
@@ -281,6 +360,40 @@ pub fn verify_checksums(frame: &[u8]) -> Result<(), String> {
     };
     if stored != want {
         return Err(format!("bad L4 checksum {stored:#06x}, want {want:#06x}"));
+    }
+    Ok(())
+}
+
+/// An ICMP message's checksum, and for an error, the checksum of the quoted IPv4 header and, when
+/// the quote holds the whole quoted datagram, of its TCP/UDP segment too.
+fn verify_icmp(msg: &[u8]) -> Result<(), String> {
+    if msg.len() < 8 {
+        return Err("ICMP message shorter than its header".into());
+    }
+    if fold(sum(0, msg)) != 0xffff {
+        return Err("bad ICMP checksum".into());
+    }
+    if !matches!(msg[0], ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED) {
+        return Ok(());
+    }
+    let quoted = &msg[8..];
+    let Some(&vihl) = quoted.first() else {
+        return Ok(());
+    };
+    let ihl = usize::from(vihl & 0x0f) * 4;
+    if quoted.len() < ihl || ihl < 20 {
+        return Ok(()); // nothing lb could have rewritten
+    }
+    if fold(sum(0, &quoted[..ihl])) != 0xffff {
+        return Err("bad checksum of the quoted IPv4 header".into());
+    }
+    let tot = usize::from(u16::from_be_bytes([quoted[2], quoted[3]]));
+    if quoted.len() >= tot && tot > ihl {
+        // The whole datagram is quoted: its segment must check too.
+        let mut frame = vec![0u8; 14];
+        frame[12..14].copy_from_slice(&[0x08, 0x00]);
+        frame.extend_from_slice(&quoted[..tot]);
+        return verify_checksums(&frame).map_err(|e| format!("quoted: {e}"));
     }
     Ok(())
 }
@@ -300,6 +413,27 @@ mod tests {
         ] {
             let f = p.build();
             verify_checksums(&f).unwrap();
+        }
+    }
+
+    #[test]
+    fn icmp_messages_have_valid_checksums() {
+        let echo = Packet::icmp_echo("10.0.0.1:0", "10.0.0.2:0", false, 7, 1).payload(b"ping");
+        verify_checksums(&echo.build()).unwrap();
+        let quoted = Packet::tcp("10.0.0.2:80", "10.0.0.1:4000", TCP_ACK)
+            .payload(&[7u8; 1400])
+            .datagram();
+        for len in [28, 48, quoted.len()] {
+            let err = Packet::icmp_error(
+                "10.0.9.1:0",
+                "10.0.0.2:0",
+                ICMP_DEST_UNREACH,
+                ICMP_FRAG_NEEDED,
+                1400,
+                &quoted,
+                len,
+            );
+            verify_checksums(&err.build()).unwrap();
         }
     }
 

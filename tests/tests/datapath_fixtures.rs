@@ -5,7 +5,10 @@
 use lb_common::counter::*;
 use lb_tests::{
     fixture::{Fixture, XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX},
-    packet::{CLIENT_MAC, LB_MAC, Packet, TCP_ACK, TCP_FIN, TCP_PSH, TCP_SYN, verify_checksums},
+    packet::{
+        CLIENT_MAC, ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED, ICMP_TIME_EXCEEDED, LB_MAC, Packet,
+        TCP_ACK, TCP_FIN, TCP_PSH, TCP_SYN, verify_checksums,
+    },
     require_root,
     testnet::{BACKEND_MAC, ONE_ARM_MAC, TestNet},
 };
@@ -209,28 +212,38 @@ fn parse_paths_have_defined_counted_verdicts() {
             XDP_PASS,
             PASS_NOT_VIP,
         ),
+        // A VIP is routed to lb, not configured on it: the kernel would route a packet for a
+        // port or protocol no service has back out (a loop), so it is dropped (issue 13).
         Fixture::new(
-            "TCP to the VIP address, other port",
+            "TCP to the VIP address, other port: dropped, never passed",
             Packet::tcp("10.0.1.2:1", "10.100.0.1:443", TCP_SYN).build(),
-            XDP_PASS,
-            PASS_NOT_VIP,
+            XDP_DROP,
+            DROP_NO_SERVICE,
         ),
         Fixture::new(
             "UDP to the TCP service's port",
             Packet::udp("10.0.1.2:1", "10.100.0.1:80").build(),
-            XDP_PASS,
-            PASS_NOT_VIP,
+            XDP_DROP,
+            DROP_NO_SERVICE,
         ),
         Fixture::new(
             "TCP to the UDP service's port",
             Packet::tcp("10.0.1.2:1", "10.100.0.1:53", TCP_SYN).build(),
-            XDP_PASS,
-            PASS_NOT_VIP,
+            XDP_DROP,
+            DROP_NO_SERVICE,
         ),
         Fixture::new(
-            "ICMP to the VIP address",
-            Packet::ip_proto("10.0.1.2:0", "10.100.0.1:0", 1)
-                .payload(&[8, 0, 0, 0, 0, 1, 0, 1])
+            "another protocol (GRE) to the VIP address",
+            Packet::ip_proto("10.0.1.2:0", "10.100.0.1:0", 47)
+                .payload(&[0; 8])
+                .build(),
+            XDP_DROP,
+            DROP_NO_SERVICE,
+        ),
+        Fixture::new(
+            "another protocol to another address: passed",
+            Packet::ip_proto("10.0.1.2:0", other, 47)
+                .payload(&[0; 8])
                 .build(),
             XDP_PASS,
             PASS_NOT_VIP,
@@ -576,4 +589,235 @@ fn a_port_closed_both_ways_is_free_after_the_closed_hold() {
             .build(),
     )
     .also(CT_NEW)]);
+}
+
+/// ICMP for a VIP (issue 13): echo requests answered in place, everything else dropped and
+/// counted, errors about a live flow translated to its backend (the path MTU case: the router's
+/// "fragmentation needed" about a reply to the client goes to the backend, quoting what the
+/// backend sent, every checksum right), errors about no flow dropped.
+#[test]
+fn icmp_to_a_vip() {
+    let e = env();
+    let vip = "10.100.0.1";
+    let p = snat_port(&e, CLIENT, 40200, vip, 80, 6);
+    let echo = Packet::icmp_echo("10.0.1.2:0", "10.100.0.1:0", false, 0x77, 3).payload(b"abcdefgh");
+    // A reply to the client lb forwarded, 1400 bytes of data, as the router received it.
+    let reply = Packet::tcp("10.100.0.1:80", "10.0.1.2:40200", TCP_ACK)
+        .seq(5001, 1001)
+        .payload(&[0x5a; 1400])
+        .ttl(63);
+    // The same packet as the backend sent it: what the translated error must quote.
+    let from_backend = Packet::tcp("10.0.2.2:8080", &format!("10.0.2.1:{p}"), TCP_ACK)
+        .seq(5001, 1001)
+        .payload(&[0x5a; 1400])
+        .ttl(63);
+    let frag_needed = |quoted: &Packet, len| {
+        Packet::icmp_error(
+            "10.0.1.99:0",
+            "10.100.0.1:0",
+            ICMP_DEST_UNREACH,
+            ICMP_FRAG_NEEDED,
+            1400,
+            &quoted.datagram(),
+            len,
+        )
+    };
+    let to_backend = |quoted: &Packet, len| {
+        Packet::icmp_error(
+            "10.0.2.1:0",
+            "10.0.2.2:0",
+            ICMP_DEST_UNREACH,
+            ICMP_FRAG_NEEDED,
+            1400,
+            &quoted.datagram(),
+            len,
+        )
+        .ttl(63)
+        .macs(e.vb_mac, BACKEND_MAC)
+        .build()
+    };
+    let time_exceeded = Packet::icmp_error(
+        "10.0.1.99:0",
+        "10.100.0.1:0",
+        ICMP_TIME_EXCEEDED,
+        0,
+        0,
+        &reply.datagram(),
+        28,
+    );
+    let unknown = Packet::tcp("10.100.0.1:80", "10.0.1.2:40299", TCP_ACK).ttl(63);
+    let fixtures = vec![
+        Fixture::new(
+            "echo request to the VIP: answered",
+            echo.build(),
+            XDP_TX,
+            ICMP_ECHO_REPLY,
+        )
+        .ingress(e.vc)
+        .output(
+            Packet::icmp_echo("10.100.0.1:0", "10.0.1.2:0", true, 0x77, 3)
+                .payload(b"abcdefgh")
+                .macs(LB_MAC, CLIENT_MAC)
+                .build(),
+        ),
+        Fixture::new(
+            "echo reply to the VIP: dropped",
+            Packet::icmp_echo("10.0.1.2:0", "10.100.0.1:0", true, 1, 1).build(),
+            XDP_DROP,
+            DROP_ICMP,
+        )
+        .ingress(e.vc),
+        Fixture::new(
+            "echo request to another address: passed",
+            Packet::icmp_echo("10.0.1.2:0", "10.0.1.9:0", false, 1, 1).build(),
+            XDP_PASS,
+            PASS_NOT_VIP,
+        )
+        .ingress(e.vc),
+        Fixture::new(
+            "truncated ICMP to the VIP",
+            echo.build()[..14 + 20 + 4].to_vec(),
+            XDP_DROP,
+            DROP_MALFORMED,
+        )
+        .ingress(e.vc),
+        Fixture::new(
+            "fragmentation needed about no flow: dropped",
+            frag_needed(&unknown, 28).build(),
+            XDP_DROP,
+            DROP_ICMP_NO_FLOW,
+        )
+        .ingress(e.vc),
+        Fixture::new(
+            "fragmentation needed quoting a fragment's middle: dropped",
+            frag_needed(&reply.clone().fragment(true, 100), 28).build(),
+            XDP_DROP,
+            DROP_ICMP_NO_FLOW,
+        )
+        .ingress(e.vc),
+        Fixture::new(
+            "the flow's SYN",
+            Packet::tcp("10.0.1.2:40200", "10.100.0.1:80", TCP_SYN).build(),
+            XDP_REDIRECT,
+            FWD_REDIRECT,
+        )
+        .ingress(e.vc)
+        .any_output()
+        .also(CT_NEW),
+        Fixture::new(
+            "fragmentation needed about the flow, 28 bytes quoted: to the backend",
+            frag_needed(&reply, 28).build(),
+            XDP_REDIRECT,
+            FWD_REDIRECT,
+        )
+        .ingress(e.vc)
+        .output(to_backend(&from_backend, 28))
+        .also(ICMP_TRANSLATED_IN),
+        Fixture::new(
+            "the same with 576 bytes quoted (the TCP checksum inside is rewritten too)",
+            frag_needed(&reply, 548).build(),
+            XDP_REDIRECT,
+            FWD_REDIRECT,
+        )
+        .ingress(e.vc)
+        .output(to_backend(&from_backend, 548))
+        .also(ICMP_TRANSLATED_IN),
+        Fixture::new(
+            "the same with the whole packet quoted",
+            frag_needed(&reply, 2000).build(),
+            XDP_REDIRECT,
+            FWD_REDIRECT,
+        )
+        .ingress(e.vc)
+        .output(to_backend(&from_backend, 2000))
+        .also(ICMP_TRANSLATED_IN),
+        Fixture::new(
+            "time exceeded about the flow: to the backend",
+            time_exceeded.build(),
+            XDP_REDIRECT,
+            FWD_REDIRECT,
+        )
+        .ingress(e.vc)
+        .output(
+            Packet::icmp_error(
+                "10.0.2.1:0",
+                "10.0.2.2:0",
+                ICMP_TIME_EXCEEDED,
+                0,
+                0,
+                &from_backend.datagram(),
+                28,
+            )
+            .ttl(63)
+            .macs(e.vb_mac, BACKEND_MAC)
+            .build(),
+        )
+        .also(ICMP_TRANSLATED_IN),
+        Fixture::new(
+            "an error whose outer TTL is 1",
+            frag_needed(&reply, 28).ttl(1).build(),
+            XDP_DROP,
+            DROP_TTL,
+        )
+        .ingress(e.vc),
+    ];
+    for f in &fixtures {
+        if let Some(out) = &f.output {
+            verify_checksums(out).unwrap_or_else(|err| panic!("{}: expected frame: {err}", f.desc));
+        }
+    }
+    e.run(&fixtures);
+}
+
+/// Echo replies are rate-limited per CPU (`icmp_reply_rate`), and a VIP with `answer_ping = false`
+/// answers none.
+#[test]
+fn echo_replies_are_rate_limited_and_can_be_off() {
+    require_root();
+    let e = TestNet::new(
+        "ring_size = 1009\nicmp_reply_rate = 5",
+        "[[service]]\nname = \"web\"\nvip = \"10.100.0.1:80\"\nbackends = [{ address = \"10.0.2.2:8080\" }]\n\
+         [[service]]\nname = \"quiet\"\nvip = \"10.100.0.7:80\"\nanswer_ping = false\nbackends = [{ address = \"10.0.2.2:8080\" }]\n",
+    )
+    .unwrap();
+    let echo = |dst: &str, seq| {
+        Packet::icmp_echo("10.0.1.2:0", &format!("{dst}:0"), false, 9, seq).build()
+    };
+    // The budget is per CPU: the runs stay on one. A burst of 5, then none until time refills
+    // the bucket (a second for 5 more; the rows take milliseconds).
+    let mut rows: Vec<Fixture> = (0..5)
+        .map(|i| {
+            Fixture::new(
+                format!("echo {i}: within the burst"),
+                echo("10.100.0.1", i),
+                XDP_TX,
+                ICMP_ECHO_REPLY,
+            )
+            .any_output()
+        })
+        .collect();
+    rows.push(Fixture::new(
+        "echo 5: beyond the rate",
+        echo("10.100.0.1", 5),
+        XDP_DROP,
+        DROP_ICMP_RATE,
+    ));
+    rows.push(Fixture::new(
+        "echo to a VIP that does not answer",
+        echo("10.100.0.7", 1),
+        XDP_DROP,
+        DROP_ICMP,
+    ));
+    e.ns.enter(|| {
+        // SAFETY: a zeroed cpu_set_t with one CPU set, for this thread only.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(0, &mut set);
+            assert_eq!(
+                libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set),
+                0
+            );
+        }
+        lb_tests::fixture::run_fixtures(&e.dp, &rows);
+    });
 }

@@ -225,7 +225,7 @@ fn read_backend(lb: &InProcess, id: u32) -> lb_common::BackendInfo {
         addr: u32::from_ne_bytes(b.address.ip().octets()),
         snat_addr: u32::from_ne_bytes([10, 0, 2, 1]),
         port: b.address.port().to_be(),
-        _pad: 0,
+        no_data_ticks: 0,
         flags: lb_common::backend_flags::UP,
     }
 }

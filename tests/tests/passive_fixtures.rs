@@ -7,7 +7,7 @@ use std::{thread::sleep, time::Duration};
 use lb_common::{PassiveSignal, SIGNALS_RING_BYTES, counter::*, signal_kind};
 use lb_tests::{
     fixture::{Fixture, XDP_PASS, XDP_REDIRECT, run_once},
-    packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, checksum},
+    packet::{CLIENT_MAC, ICMP_DEST_UNREACH, LB_MAC, Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     require_root,
     testnet::TestNet,
 };
@@ -209,48 +209,77 @@ fn a_retransmitted_syn_without_answer_is_a_connect_timeout_once_per_flow() {
     );
 }
 
-/// An ICMP destination unreachable from `from` to the SNAT address, quoting `quoted` (a frame
+/// An ICMP destination unreachable from `from` to the SNAT address, quoting `quoted` (a packet
 /// lb sent to the backend; its IPv4 header and first 8 bytes of TCP/UDP).
-fn icmp_unreachable(e: &TestNet, from: &str, code: u8, quoted: &[u8]) -> Vec<u8> {
-    let mut icmp = vec![3, code, 0, 0, 0, 0, 0, 0];
-    icmp.extend_from_slice(&quoted[14..14 + 20 + 8]);
-    let c = checksum(&icmp);
-    icmp[2..4].copy_from_slice(&c.to_be_bytes());
-    Packet::ip_proto(&format!("{from}:0"), "10.0.2.1:0", 1)
-        .payload(&icmp)
-        .macs(BACKEND_MAC, e.vb_mac)
-        .build()
+fn icmp_unreachable(e: &TestNet, from: &str, code: u8, quoted: &Packet) -> Vec<u8> {
+    Packet::icmp_error(
+        &format!("{from}:0"),
+        "10.0.2.1:0",
+        ICMP_DEST_UNREACH,
+        code,
+        0,
+        &quoted.datagram(),
+        28,
+    )
+    .macs(BACKEND_MAC, e.vb_mac)
+    .build()
+}
+
+/// What the client gets of it: from the VIP, quoting `quoted` (what the client sent).
+fn to_client(code: u8, quoted: &Packet) -> Vec<u8> {
+    Packet::icmp_error(
+        "10.100.0.2:0",
+        "10.0.1.2:0",
+        ICMP_DEST_UNREACH,
+        code,
+        0,
+        &quoted.datagram(),
+        28,
+    )
+    .ttl(63)
+    .macs(LB_MAC, CLIENT_MAC)
+    .build()
 }
 
 #[test]
-fn an_icmp_unreachable_about_a_flow_is_reported_and_passed() {
+fn an_icmp_unreachable_about_a_flow_is_reported_and_translated() {
     let mut e = env();
     let p = e.snat_port("10.0.1.2", 45300, "10.100.0.2", 80, 6);
-    let sent = Packet::tcp(&format!("10.0.2.1:{p}"), API_BACKEND, TCP_SYN)
-        .ttl(63)
-        .build();
+    let sent = Packet::tcp(&format!("10.0.2.1:{p}"), API_BACKEND, TCP_SYN).ttl(63);
+    let syn = Packet::tcp("10.0.1.2:45300", "10.100.0.2:80", TCP_SYN).ttl(63);
     let pu = e.snat_port("10.0.1.2", 45301, "10.100.0.2", 53, 17);
     let sent_udp = Packet::udp(&format!("10.0.2.1:{pu}"), "10.0.2.3:5353")
         .payload(b"q")
-        .ttl(63)
-        .build();
-    let other = Packet::tcp("10.0.2.1:1234", API_BACKEND, TCP_SYN).build();
+        .ttl(63);
+    let query = Packet::udp("10.0.1.2:45301", "10.100.0.2:53")
+        .payload(b"q")
+        .ttl(63);
+    let other = Packet::tcp("10.0.2.1:1234", API_BACKEND, TCP_SYN);
     let passed = |desc: &str, frame: Vec<u8>| {
         Fixture::new(desc, frame, XDP_PASS, PASS_NOT_VIP).ingress(e.vb)
     };
+    // Translated back to the client (issue 13): from the VIP, quoting what the client sent.
+    let translated = |desc: &str, frame: Vec<u8>, out: Vec<u8>| {
+        Fixture::new(desc, frame, XDP_REDIRECT, FWD_REDIRECT)
+            .ingress(e.vb)
+            .output(out)
+            .also(ICMP_TRANSLATED_OUT)
+    };
     e.run(&[
         client(&e, "SYN", 45300, TCP_SYN).also(CT_NEW),
-        passed(
-            "host unreachable from a router about it: reported, passed",
+        translated(
+            "host unreachable from a router about it: reported, sent to the client",
             icmp_unreachable(&e, "10.0.2.254", 1, &sent),
+            to_client(1, &syn),
         )
         .also(SIGNAL_SENT),
-        passed(
+        translated(
             "port unreachable about it again: once per TCP connection",
             icmp_unreachable(&e, "10.0.2.3", 3, &sent),
+            to_client(3, &syn),
         ),
         passed(
-            "about a port no flow holds: passed only",
+            "about a port no flow holds: the host's, passed",
             icmp_unreachable(&e, "10.0.2.3", 3, &other),
         ),
         Fixture::new(
@@ -264,18 +293,21 @@ fn an_icmp_unreachable_about_a_flow_is_reported_and_passed() {
         .ingress(e.vc)
         .any_output()
         .also(CT_NEW),
-        passed(
+        translated(
             "fragmentation needed: path MTU, not a failure",
             icmp_unreachable(&e, "10.0.2.3", 4, &sent_udp),
+            to_client(4, &query),
         ),
-        passed(
+        translated(
             "port unreachable about the UDP flow",
             icmp_unreachable(&e, "10.0.2.3", 3, &sent_udp),
+            to_client(3, &query),
         )
         .also(SIGNAL_SENT),
-        passed(
+        translated(
             "and again: UDP reports each one",
             icmp_unreachable(&e, "10.0.2.3", 3, &sent_udp),
+            to_client(3, &query),
         )
         .also(SIGNAL_SENT),
         passed(

@@ -113,7 +113,7 @@ fn backend() -> BackendInfo {
         addr: ne("10.0.1.2"),
         snat_addr: ne("10.0.1.1"),
         port: 8080u16.to_be(),
-        _pad: 0,
+        no_data_ticks: 0,
         flags: backend_flags::UP | backend_flags::DRAINED,
     }
 }

@@ -42,6 +42,14 @@ impl Lb {
         check("max_services", self.max_services == other.max_services);
         check("max_backends", self.max_backends == other.max_backends);
         check("conntrack", self.conntrack == other.conntrack);
+        check(
+            "translate_icmp",
+            self.translate_icmp == other.translate_icmp,
+        );
+        check(
+            "icmp_reply_rate",
+            self.icmp_reply_rate == other.icmp_reply_rate,
+        );
         out
     }
 }
@@ -78,6 +86,11 @@ pub struct Lb {
     pub max_services: u32,
     pub max_backends: u32,
     pub conntrack: Conntrack,
+    /// Translate ICMP errors about balanced flows (path MTU discovery through lb); off: drop
+    /// those sent to a VIP, pass those sent to a SNAT address.
+    pub translate_icmp: bool,
+    /// ICMP echo replies per CPU per second at most (VIPs answering pings).
+    pub icmp_reply_rate: u32,
 }
 
 pub const RING_SIZE_RANGE: RangeInclusive<i64> = 7..=1_048_573;
@@ -183,6 +196,8 @@ pub struct Service {
     pub snat_address: Option<Ipv4Addr>,
     pub existing_flows: ExistingFlows,
     pub on_all_unhealthy: AllUnhealthy,
+    /// The VIP answers ICMP echo requests (services sharing a VIP agree).
+    pub answer_ping: bool,
     /// The active check of the backends (`[service.check]`).
     pub check: Check,
     /// Passive checks from real traffic (`[service.passive]`).
@@ -199,6 +214,9 @@ pub struct Passive {
     /// after its last.
     pub traffic_triggered: bool,
     pub traffic_idle: Duration,
+    /// "No data back": a TCP connection whose client sent data and got none back for this long
+    /// is a failure of the backend (service scope). None: off.
+    pub no_data_timeout: Option<Duration>,
 }
 
 impl Default for Passive {
@@ -209,6 +227,7 @@ impl Default for Passive {
             settings: Default::default(),
             traffic_triggered: false,
             traffic_idle: Duration::from_secs(30 * 60),
+            no_data_timeout: None,
         }
     }
 }

@@ -179,6 +179,14 @@ fn read_lb(f: &Fields) -> Option<Lb> {
         None => Some(Conntrack::default()),
         Some(t) => read_conntrack(&Fields::new(t, f.path("conntrack"), f.problems())),
     };
+    let translate_icmp = f.bool_or("translate_icmp", true);
+    let icmp_reply_rate = f
+        .int_in(
+            "icmp_reply_rate",
+            1..=1_000_000,
+            i64::from(lb_common::Params::DEFAULT.icmp_reply_rate),
+        )
+        .map(|n| n as u32);
     f.finish();
     Some(Lb {
         interfaces: interfaces?,
@@ -192,6 +200,8 @@ fn read_lb(f: &Fields) -> Option<Lb> {
         max_services: max_services?,
         max_backends: max_backends?,
         conntrack: conntrack?,
+        translate_icmp: translate_icmp?,
+        icmp_reply_rate: icmp_reply_rate?,
     })
 }
 
@@ -371,6 +381,16 @@ fn read_passive(f: &Fields) -> Option<Passive> {
         Duration::from_secs(1)..=Duration::from_secs(7 * 24 * 3600),
         d.traffic_idle,
     );
+    let no_data = match f.has("no_data_timeout") {
+        true => f
+            .duration(
+                "no_data_timeout",
+                Duration::from_millis(100)..=Duration::from_secs(60),
+                Duration::ZERO,
+            )
+            .map(Some),
+        false => Some(None),
+    };
     f.finish();
     Some(Passive {
         enabled: enabled?,
@@ -381,6 +401,7 @@ fn read_passive(f: &Fields) -> Option<Passive> {
         },
         traffic_triggered: traffic_triggered?,
         traffic_idle: idle?,
+        no_data_timeout: no_data?,
     })
 }
 
@@ -424,6 +445,7 @@ fn read_service(f: &Fields) -> Option<Service> {
         ],
         AllUnhealthy::UseAll,
     );
+    let answer_ping = f.bool_or("answer_ping", true);
     let check = match (f.table("check"), protocol) {
         (Some(t), Some(protocol)) => {
             super::check::read_check(&Fields::new(t, f.path("check"), f.problems()), protocol)
@@ -462,9 +484,16 @@ fn read_service(f: &Fields) -> Option<Service> {
         snat_address: snat_address?,
         existing_flows: existing_flows?,
         on_all_unhealthy: on_all_unhealthy?,
+        answer_ping: answer_ping?,
         check: check?,
         passive: passive?,
     };
+    if service.protocol == Protocol::Udp && service.passive.no_data_timeout.is_some() {
+        f.problems().push(
+            f.path("passive.no_data_timeout"),
+            "only for TCP services: UDP has no connection whose answer is awaited",
+        );
+    }
     let mut seen = HashMap::new();
     for (i, b) in service.backends.iter().enumerate() {
         let path = f.path(&format!("backends[{i}].address"));
@@ -518,6 +547,24 @@ fn check_services(lb: &Lb, services: &[Service], problems: &Problems) {
                     s.protocol.as_str()
                 ),
             );
+        }
+    }
+    // A VIP answers pings or does not: its services agree.
+    let mut ping: HashMap<Ipv4Addr, (usize, bool)> = HashMap::new();
+    for (i, s) in services.iter().enumerate() {
+        match ping.get(s.vip.ip()) {
+            Some(&(first, answer)) if answer != s.answer_ping => problems.push(
+                format!("service[{i}].answer_ping"),
+                format!(
+                    "{} disagrees with service[{first}] on the same VIP {}",
+                    s.answer_ping,
+                    s.vip.ip()
+                ),
+            ),
+            Some(_) => {}
+            None => {
+                ping.insert(*s.vip.ip(), (i, s.answer_ping));
+            }
         }
     }
     // A backend at a VIP address would send its flows back to lb (the VIP is routed here).

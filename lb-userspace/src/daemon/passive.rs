@@ -164,12 +164,15 @@ impl Shared {
             let address = service.backends[bid].address;
             let scope = inner.service_scope(sid, bid);
             changes.extend(inner.passive.failure(scope, signal, &settings, now));
-            changes.extend(inner.passive.failure(
-                Scope::Host(*address.ip()),
-                signal,
-                &settings,
-                now,
-            ));
+            // "No data back" says nothing of the host: another service on it may be fine.
+            if signal != Signal::NoData {
+                changes.extend(inner.passive.failure(
+                    Scope::Host(*address.ip()),
+                    signal,
+                    &settings,
+                    now,
+                ));
+            }
         }
         changes.extend(inner.passive.tick(now));
         let events = apply(inner, changes);
@@ -229,6 +232,7 @@ fn signal_of(kind: u32) -> Option<Signal> {
         signal::REFUSED => Some(Signal::Refused),
         signal::CONNECT_TIMEOUT => Some(Signal::ConnectTimeout),
         signal::UNREACHABLE => Some(Signal::Unreachable),
+        signal::NO_DATA => Some(Signal::NoData),
         _ => None,
     }
 }

@@ -14,7 +14,7 @@ use std::{
 use anyhow::{Context as _, anyhow, bail};
 use aya::{
     Ebpf, EbpfError, EbpfLoader, Pod,
-    maps::{Array, DevMapHash, HashMap as BpfHashMap, MapData, MapError},
+    maps::{Array, DevMapHash, HashMap as BpfHashMap, MapData, MapError, ProgramArray},
     programs::{
         ProgramError, Xdp, XdpMode,
         links::{FdLink, PinnedLink},
@@ -23,8 +23,9 @@ use aya::{
     sys::SyscallError,
 };
 use lb_common::{
-    ADDR_SETS, AddrSet, BackendInfo, CtSlot, FlowKey, NatSlot, PARAMS_GLOBAL, PASS_PROGRAM_NAME,
-    PROGRAM_NAME, Params, ServiceInfo, ServiceKey, flow_hash, map_name, ways,
+    ADDR_SETS, AddrSet, BackendInfo, CtSlot, FlowKey, ICMP_PROG, ICMP_PROGRAM_NAME, NatSlot,
+    PARAMS_GLOBAL, PASS_PROGRAM_NAME, PROGRAM_NAME, Params, ServiceInfo, ServiceKey, flow_hash,
+    map_name, ways,
 };
 use tracing::{info, warn};
 
@@ -53,6 +54,12 @@ pub fn params(lb: &config::Lb) -> Params {
             ns(lb.conntrack.tcp_closing_timeout),
         ],
         closed_hold_ns: ns(lb.conntrack.tcp_closed_timeout),
+        flags: if lb.translate_icmp {
+            lb_common::param_flags::TRANSLATE_ICMP
+        } else {
+            0
+        },
+        icmp_reply_rate: lb.icmp_reply_rate,
     }
 }
 
@@ -556,7 +563,7 @@ fn verify(mut ebpf: Ebpf) -> anyhow::Result<Ebpf> {
     if !unlisted.is_empty() {
         bail!("maps {unlisted:?} of the XDP object are missing from dataplane::pin::MAPS");
     }
-    for name in [PROGRAM_NAME, PASS_PROGRAM_NAME] {
+    for name in [PROGRAM_NAME, ICMP_PROGRAM_NAME, PASS_PROGRAM_NAME] {
         let prog: &mut Xdp = ebpf
             .program_mut(name)
             .ok_or_else(|| anyhow!("program {name} missing from the XDP object"))?
@@ -564,6 +571,21 @@ fn verify(mut ebpf: Ebpf) -> anyhow::Result<Ebpf> {
         prog.load()
             .with_context(|| format!("the kernel rejected XDP program {name}"))?;
     }
+    // The balancer hands ICMP for its addresses to this program (a tail call). Set before the
+    // balancer is attached; on adoption it replaces the old handler at once, in place.
+    let icmp = ebpf
+        .program(ICMP_PROGRAM_NAME)
+        .context("ICMP program missing")?
+        .fd()
+        .context("ICMP program not loaded")?
+        .try_clone()?;
+    let mut progs = ProgramArray::try_from(
+        ebpf.map_mut(map_name::PROGS)
+            .context("program array missing")?,
+    )?;
+    progs
+        .set(ICMP_PROG, &icmp, 0)
+        .context("installing the ICMP program")?;
     Ok(ebpf)
 }
 

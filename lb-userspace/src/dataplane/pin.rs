@@ -24,7 +24,7 @@ pub const BPFFS: &str = "/sys/fs/bpf";
 
 /// Every map of the XDP object, pinned under these names. `Dataplane::load` checks that the
 /// object has no other map (besides the `.rodata`/`.bss` sections of globals).
-pub const MAPS: [&str; 12] = [
+pub const MAPS: [&str; 14] = [
     map_name::ADDRS,
     map_name::SERVICES,
     map_name::BACKENDS,
@@ -37,6 +37,8 @@ pub const MAPS: [&str; 12] = [
     map_name::BACKEND_STATS,
     map_name::NEXTHOPS,
     map_name::SIGNALS,
+    map_name::ICMP_RATE,
+    map_name::PROGS,
 ];
 
 const LINK_PREFIX: &str = "link-";

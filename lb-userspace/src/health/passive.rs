@@ -54,6 +54,10 @@ pub enum Signal {
     ConnectTimeout,
     /// ICMP destination unreachable from the backend's side about a flow.
     Unreachable,
+    /// A connection whose client sent data got none back within `no_data_timeout` (service
+    /// scope only: seed 000 counts connection failures in both scopes, "no data" in the
+    /// service's).
+    NoData,
     /// An active probe failed (host scope only).
     Probe,
 }
@@ -64,6 +68,7 @@ impl Signal {
             Self::Refused => "refused",
             Self::ConnectTimeout => "connect_timeout",
             Self::Unreachable => "unreachable",
+            Self::NoData => "no_data",
             Self::Probe => "probe",
         }
     }
