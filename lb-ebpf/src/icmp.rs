@@ -140,9 +140,7 @@ fn echo(ctx: &XdpContext, pkt: &Icmp) -> Verdict {
     };
     // SAFETY: bounds-checked pointers to byte-array headers.
     unsafe {
-        let mac = (*eth).src_addr;
-        (*eth).src_addr = (*eth).dst_addr;
-        (*eth).dst_addr = mac;
+        core::mem::swap(&mut (*eth).src_addr, &mut (*eth).dst_addr);
         // Swapping the addresses leaves the header's sum as it is; the TTL changes it.
         let old_ttl = u16::from_ne_bytes([(*ip).ttl, (*ip).proto]);
         (*ip).ttl = REPLY_TTL;

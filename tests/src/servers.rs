@@ -174,6 +174,51 @@ where
     let _ = conn.shutdown().await;
 }
 
+/// The bytes [`start_blob`] sends: a pattern no two offsets of a megabyte repeat in phase.
+pub fn blob(len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_be_bytes()[1])
+        .collect()
+}
+
+/// Starts a TCP server on `addr` inside `ns` that sends [`blob`]`(len)` to each connection and
+/// closes it: a download of known content.
+pub fn start_blob(ns: &Netns, addr: SocketAddr, len: usize) -> anyhow::Result<Servers> {
+    let tcp = ns.enter(|| -> anyhow::Result<_> {
+        let tcp = TcpListener::bind(addr).with_context(|| format!("blob bind {addr}"))?;
+        tcp.set_nonblocking(true)?;
+        Ok(tcp)
+    })?;
+    let (stop, mut stop_rx) = watch::channel(false);
+    let body = std::sync::Arc::new(blob(len));
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let tcp = tokio::net::TcpListener::from_std(tcp).expect("tcp");
+            loop {
+                tokio::select! {
+                    _ = stop_rx.wait_for(|s| *s) => return,
+                    accepted = tcp.accept() => {
+                        let Ok((mut conn, _)) = accepted else { continue };
+                        let body = body.clone();
+                        tokio::spawn(async move {
+                            let _ = conn.write_all(&body).await;
+                            let _ = conn.shutdown().await;
+                        });
+                    }
+                }
+            }
+        });
+    });
+    Ok(Servers {
+        stop,
+        thread: Some(thread),
+    })
+}
+
 /// Connects to `addr` from inside `ns`, reads the greeting line, returns (stream, backend name).
 pub fn connect(ns: &Netns, addr: SocketAddr) -> anyhow::Result<(std::net::TcpStream, String)> {
     use std::io::BufRead as _;

@@ -7,7 +7,9 @@ use std::{thread::sleep, time::Duration};
 use lb_common::{PassiveSignal, SIGNALS_RING_BYTES, counter::*, signal_kind};
 use lb_tests::{
     fixture::{Fixture, XDP_PASS, XDP_REDIRECT, run_once},
-    packet::{CLIENT_MAC, ICMP_DEST_UNREACH, LB_MAC, Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
+    packet::{
+        CLIENT_MAC, ICMP_DEST_UNREACH, LB_MAC, Packet, TCP_ACK, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN,
+    },
     require_root,
     testnet::TestNet,
 };
@@ -29,6 +31,13 @@ name = "dns"
 vip = "10.100.0.2:53"
 protocol = "udp"
 backends = [{ address = "10.0.2.3:5353" }]
+
+[[service]]
+name = "quiet"
+vip = "10.100.0.4:80"
+backends = [{ address = "10.0.2.4:8080" }]
+[service.passive]
+no_data_timeout = "200ms"
 "#;
 
 const API_VIP: &str = "10.100.0.2:80";
@@ -379,4 +388,101 @@ fn a_full_ring_counts_lost_signals() {
     );
     assert_eq!(stats.counter(SIGNAL_LOST), lost);
     assert_eq!(e.dp.take_signals().unwrap(), [want]);
+}
+
+/// The "no data back" signal (issue 13, seed 000): a connection on which the client sent data
+/// and the backend sent none (only ACKs) within `no_data_timeout` is reported on the client's
+/// next packet after it, once; one that got data back, or of a service without the check, is
+/// not.
+#[test]
+fn a_connection_without_data_back_is_reported_once() {
+    let mut e = env();
+    let vip = "10.100.0.4:80";
+    let backend = "10.0.2.4:8080";
+    let to = |cport: u16, flags: u8, data: &[u8], desc: &str| {
+        Fixture::new(
+            desc,
+            Packet::tcp(&format!("10.0.1.2:{cport}"), vip, flags)
+                .payload(data)
+                .build(),
+            XDP_REDIRECT,
+            FWD_REDIRECT,
+        )
+        .ingress(e.vc)
+        .any_output()
+    };
+    let back = |cport: u16, flags: u8, data: &[u8], desc: &str| {
+        let p = e.snat_port("10.0.1.2", cport, "10.100.0.4", 80, 6);
+        Fixture::new(
+            desc,
+            Packet::tcp(backend, &format!("10.0.2.1:{p}"), flags)
+                .payload(data)
+                .macs(BACKEND_MAC, e.vb_mac)
+                .build(),
+            XDP_REDIRECT,
+            FWD_REDIRECT,
+        )
+        .ingress(e.vb)
+        .any_output()
+        .also(REPLY)
+    };
+    let handshake = |cport: u16| {
+        vec![
+            to(cport, TCP_SYN, b"", "SYN").also(CT_NEW),
+            back(cport, TCP_SYN | TCP_ACK, b"", "SYN+ACK"),
+            to(cport, TCP_ACK, b"", "ACK"),
+            to(
+                cport,
+                TCP_ACK | TCP_PSH,
+                b"GET / HTTP/1.1\r\n\r\n",
+                "the request",
+            ),
+        ]
+    };
+    // Two connections: one answered with data, one with a bare ACK only.
+    let mut rows = handshake(46000);
+    rows.push(back(
+        46000,
+        TCP_ACK | TCP_PSH,
+        b"HTTP/1.1 200 OK\r\n\r\n",
+        "an answer",
+    ));
+    rows.extend(handshake(46001));
+    rows.push(back(46001, TCP_ACK, b"", "a bare ACK, no answer"));
+    // And one of a service without the check, never answered.
+    rows.push(
+        Fixture::new(
+            "the web service's request",
+            Packet::tcp("10.0.1.2:46002", "10.100.0.1:80", TCP_SYN).build(),
+            XDP_REDIRECT,
+            FWD_REDIRECT,
+        )
+        .ingress(e.vc)
+        .any_output()
+        .also(CT_NEW),
+    );
+    e.run(&rows);
+    e.run(&[to(46001, TCP_ACK, b"", "before the timeout: nothing yet")]);
+    assert!(e.dp.take_signals().unwrap().is_empty());
+    // The timeout passes (what is tested is a timeout: nothing to wait for but time).
+    sleep(Duration::from_millis(300));
+    e.run(&[to(46000, TCP_ACK, b"", "answered: no signal")]);
+    e.run(&[
+        to(46001, TCP_ACK | TCP_PSH, b"again", "unanswered: reported").also(SIGNAL_SENT),
+        to(46001, TCP_FIN | TCP_ACK, b"", "once only"),
+        Fixture::new(
+            "the other service: never",
+            Packet::tcp("10.0.1.2:46002", "10.100.0.1:80", TCP_ACK)
+                .payload(b"x")
+                .build(),
+            XDP_REDIRECT,
+            FWD_REDIRECT,
+        )
+        .ingress(e.vc)
+        .any_output(),
+    ]);
+    assert_eq!(
+        e.dp.take_signals().unwrap(),
+        [signal(&e, "quiet", backend, signal_kind::NO_DATA, 0)]
+    );
 }
