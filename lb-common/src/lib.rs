@@ -44,6 +44,8 @@ pub mod map_name {
     pub const ICMP_RATE: &str = "LB_ICMP_RATE";
     /// `ProgramArray` of the programs the balancer tail-calls: [`crate::ICMP_PROG`].
     pub const PROGS: &str = "LB_PROGS";
+    /// `PerCpuArray<TokenBucket>` of [`crate::SYN_BUCKETS`]: the per-source SYN limit.
+    pub const SYN_RATE: &str = "LB_SYN_RATE";
 }
 
 /// Slots of [`map_name::PROGS`].
@@ -155,6 +157,20 @@ pub struct Params {
     /// ICMP echo replies a CPU sends per second at most (and its burst), so a flood of pings to
     /// a VIP cannot turn lb into a reflector.
     pub icmp_reply_rate: u32,
+    /// New TCP connections (SYNs without a flow) a CPU takes per second from one source address
+    /// at most (its burst too; sources share [`SYN_BUCKETS`] buckets by hash); 0: no limit.
+    pub syn_rate_per_source: u32,
+    pub _pad: u32,
+}
+
+/// Token buckets of the per-source SYN limit, per CPU (a power of two): a source shares its
+/// bucket with another one with p = 1/16384.
+pub const SYN_BUCKETS: u32 = 1 << 14;
+
+/// The SYN-limit bucket of source address `addr` (network byte order).
+#[inline(always)]
+pub const fn syn_bucket(addr: u32) -> u32 {
+    (fmix64(addr as u64) as u32) & (SYN_BUCKETS - 1)
 }
 
 /// Flag bits of [`Params::flags`].
@@ -181,6 +197,8 @@ impl Params {
         closed_hold_ns: 1_000_000_000,
         flags: param_flags::TRANSLATE_ICMP,
         icmp_reply_rate: 1000,
+        syn_rate_per_source: 10_000,
+        _pad: 0,
     };
 
     /// Idle timeout of a flow in `state`.
@@ -543,6 +561,9 @@ pub mod counter {
             /// No NAT table slot: the sets of every candidate port are full of established flows
             /// (the table is too small for the flows alive): dropped.
             DROP_NAT_FULL = "drop_nat_full",
+            /// A SYN of a new connection beyond its source's rate (`syn_rate_per_source`):
+            /// dropped, so one flooding address cannot churn the tables others need.
+            DROP_SYN_RATE = "drop_syn_rate",
             /// To a VIP address, on a port or protocol no service has: dropped (never passed: the
             /// VIP is routed to lb, so the kernel would route it back out).
             DROP_NO_SERVICE = "drop_no_service",
@@ -598,7 +619,7 @@ pub mod counter {
 // The layouts both sides rely on, checked wherever this crate builds (the BPF object too).
 const _: () = {
     use core::mem::size_of;
-    assert!(size_of::<Params>() == 64);
+    assert!(size_of::<Params>() == 72);
     assert!(size_of::<AddrSet>() == 64);
     assert!(size_of::<CtSlot>() == 40);
     assert!(size_of::<NatSlot>() == 64);

@@ -7,18 +7,18 @@ use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use lb_common::{
     BackendInfo, CtEntry, FlowKey, NO_BACKEND, NatEntry, PROTO_TCP, Params, SELECT_TRIES,
     SNAT_PORT_TRIES, ServiceKey, backend_flags, counter, ct_flags, ct_state, flow_hash, fmix64,
-    nat_flags, service_flags, snat_port_candidate,
+    nat_flags, service_flags, snat_port_candidate, syn_bucket,
 };
 use network_types::eth::EthHdr;
 
 use crate::{
     clock, fib,
-    maps::{BACKENDS, RINGS, SERVICES, TX_PORTS, params},
+    maps::{BACKENDS, RINGS, SERVICES, SYN_RATE, TX_PORTS, params},
     nat::{self, Rewrite},
     parse::{Flow, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     passive,
     ptr::read_at,
-    stats,
+    ratelimit, stats,
     table::{Claim, ct_find, ct_live, ct_store, nat_claim, nat_find, same_client},
 };
 
@@ -162,6 +162,11 @@ fn new_flow(
     if svc.flags & service_flags::DROP != 0 {
         return (xdp_action::XDP_DROP, counter::DROP_NO_BACKEND);
     }
+    // One source flooding SYNs must not churn the tables every other client needs: its new
+    // connections beyond its rate are dropped here, before they take any state.
+    if flow.proto == PROTO_TCP && is_new_syn(flow.tcp_flags) && !syn_allowed(flow.saddr, now, p) {
+        return (xdp_action::XDP_DROP, counter::DROP_SYN_RATE);
+    }
     let Some((backend_id, backend)) = select(svc.id, svc.flags, hash, p.ring_size) else {
         return (xdp_action::XDP_DROP, counter::DROP_NO_BACKEND);
     };
@@ -224,6 +229,20 @@ fn new_flow(
         dmac: nh.dmac,
     };
     transmit(ctx, flow, &rw, nh.ifindex)
+}
+
+/// Whether a SYN of a new connection from `saddr` is within its source's rate (this CPU's bucket
+/// of it); always, with the limit off.
+#[inline(always)]
+fn syn_allowed(saddr: u32, now: u64, p: &Params) -> bool {
+    if p.syn_rate_per_source == 0 {
+        return true;
+    }
+    match SYN_RATE.get_ptr_mut(syn_bucket(saddr)) {
+        // SAFETY: this CPU's slot of a per-CPU array of plain integers.
+        Some(b) => ratelimit::take(unsafe { &mut *b }, p.syn_rate_per_source, now),
+        None => true,
+    }
 }
 
 /// The backend for a new flow: the ring's slot for `hash`. If that backend cannot take new flows

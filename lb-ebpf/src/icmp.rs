@@ -27,7 +27,7 @@ use crate::{
     parse::{Icmp, Parsed},
     passive,
     ptr::{ptr_at_mut, ptr_at_mut_checked, read_at},
-    stats,
+    ratelimit, stats,
     table::{ct_find, ct_live, nat_find},
 };
 
@@ -163,26 +163,11 @@ fn echo(ctx: &XdpContext, pkt: &Icmp) -> Verdict {
 /// One token of this CPU's reply budget: `icmp_reply_rate` a second, as many in a burst.
 #[inline(always)]
 fn take_token(now: u64) -> bool {
-    let rate = u64::from(params().icmp_reply_rate);
-    let Some(b) = ICMP_RATE.get_ptr_mut(0) else {
-        return false;
-    };
-    // SAFETY: this CPU's slot of a per-CPU array of plain integers.
-    let b: &mut TokenBucket = unsafe { &mut *b };
-    // At most two seconds count (a full bucket is one second's worth): with the rate at most a
-    // million (the config's bound), the product fits 64 bits, and no 128-bit multiply (which BPF
-    // has not) is needed.
-    let elapsed = now.saturating_sub(b.at).min(2_000_000_000);
-    let earned = elapsed * rate / 1_000_000_000;
-    if earned > 0 {
-        b.tokens = b.tokens.saturating_add(earned).min(rate);
-        b.at = now;
+    match ICMP_RATE.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot of a per-CPU array of plain integers.
+        Some(b) => ratelimit::take(unsafe { &mut *b }, params().icmp_reply_rate, now),
+        None => false,
     }
-    if b.tokens == 0 {
-        return false;
-    }
-    b.tokens -= 1;
-    true
 }
 
 /// An error from the client side about VIP:port → client:port: to the flow's backend.

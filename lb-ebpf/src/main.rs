@@ -14,6 +14,7 @@ mod nat;
 mod parse;
 mod passive;
 mod ptr;
+mod ratelimit;
 mod stats;
 mod table;
 

@@ -9,7 +9,7 @@ use aya_ebpf::{
 use lb_common::{
     ADDR_SETS, AddrSet, BackendInfo, CtSlot, DEFAULT_CONNTRACK_SIZE, DEFAULT_MAX_BACKENDS,
     DEFAULT_MAX_SERVICES, DEFAULT_RING_SIZE, MAX_TX_PORTS, NatSlot, NextHop, PROG_SLOTS, Params,
-    SIGNALS_RING_BYTES, ServiceInfo, ServiceKey, TokenBucket, TrafficStats, counter,
+    SIGNALS_RING_BYTES, SYN_BUCKETS, ServiceInfo, ServiceKey, TokenBucket, TrafficStats, counter,
 };
 
 /// Datapath parameters; userspace overrides this read-only global when loading.
@@ -101,3 +101,7 @@ pub static ICMP_RATE: PerCpuArray<TokenBucket> = PerCpuArray::with_max_entries(1
 /// Programs the balancer hands packets to (tail calls): the ICMP handler, verified apart.
 #[map(name = "LB_PROGS")]
 pub static PROGS: ProgramArray = ProgramArray::with_max_entries(PROG_SLOTS, 0);
+
+/// The per-source SYN limit's buckets, per CPU (see flow.rs).
+#[map(name = "LB_SYN_RATE")]
+pub static SYN_RATE: PerCpuArray<TokenBucket> = PerCpuArray::with_max_entries(SYN_BUCKETS, 0);

@@ -63,8 +63,9 @@ pub fn ct_find(key: &FlowKey, hash: u64, p: &Params) -> Option<*mut CtSlot> {
 }
 
 /// Stores `entry` for `key`: in its own slot, else a free or dead one, else over a live one
-/// (counted): a half-open flow before an established one (a SYN flood does not push out
-/// established flows), else the older.
+/// (counted): a closed flow before a half-open one, a half-open one before an established one
+/// (a SYN flood, whose flows the attacker's own kernel resets, pushes out its own flows first,
+/// then handshakes in progress, never established flows), else the older.
 #[inline(always)]
 pub fn ct_store(key: &FlowKey, hash: u64, entry: &CtEntry, now: u64, p: &Params) {
     let (a, b) = ways(hash, p.table_mask);
@@ -79,12 +80,20 @@ pub fn ct_store(key: &FlowKey, hash: u64, entry: &CtEntry, now: u64, p: &Params)
         sb
     } else {
         stats::count(counter::CT_EVICTED);
-        let half_open = |e: &CtEntry| e.state == ct_state::TCP_SYN;
-        match (half_open(&ea.entry), half_open(&eb.entry)) {
-            (true, false) => sa,
-            (false, true) => sb,
-            _ if ea.entry.last_seen <= eb.entry.last_seen => sa,
-            _ => sb,
+        let rank = |e: &CtEntry| {
+            if ct_flags::closed(e.flags) {
+                2
+            } else if e.state == ct_state::TCP_SYN {
+                1
+            } else {
+                0
+            }
+        };
+        let (ra, rb) = (rank(&ea.entry), rank(&eb.entry));
+        if ra > rb || ra == rb && ea.entry.last_seen <= eb.entry.last_seen {
+            sa
+        } else {
+            sb
         }
     };
     // SAFETY: as above; the whole slot is written at once.
@@ -140,15 +149,16 @@ pub fn nat_claim(key: &FlowKey, hash: u64, entry: &NatEntry, now: u64, p: &Param
         sb
     } else {
         // The slow path of a full set: which of the two may give way (a lookup each).
-        let target = match (yields(na, now, p), yields(nb, now, p)) {
-            (true, true) if na.entry.last_seen <= nb.entry.last_seen => sa,
-            (true, true) => sb,
-            (true, false) => sa,
-            (false, true) => sb,
-            (false, false) => return Claim::Full,
-        };
+        let (ra, rb) = (yields(na, now, p), yields(nb, now, p));
+        if ra == 0 && rb == 0 {
+            return Claim::Full;
+        }
         stats::count(counter::NAT_EVICTED);
-        target
+        if ra > rb || ra == rb && na.entry.last_seen <= nb.entry.last_seen {
+            sa
+        } else {
+            sb
+        }
     };
     // SAFETY: as above.
     unsafe {
@@ -187,17 +197,26 @@ fn holder(slot: &NatSlot, now: u64, p: &Params) -> Option<*mut CtSlot> {
         .then_some(found)
 }
 
-/// Whether the live flow holding `slot` may give way to a new one: half-open or closed both
-/// ways in the connection table, or, out of it, never answered beyond a SYN+ACK.
+/// How readily the live flow holding `slot` gives way to a new one, 0 (never: established,
+/// or answered) to 3: closed both ways (3); out of the connection table and never answered beyond
+/// a SYN+ACK, a SYN flood's leftover (2); a handshake in progress (1). A SYN flood's flows, which
+/// the attacker's kernel resets, go before the handshakes of real clients.
 #[inline(always)]
-fn yields(slot: &NatSlot, now: u64, p: &Params) -> bool {
+fn yields(slot: &NatSlot, now: u64, p: &Params) -> u32 {
     match holder(slot, now, p) {
         Some(ct) => {
             // SAFETY: an array map value of plain integers.
             let e = unsafe { &(*ct).entry };
-            e.state == ct_state::TCP_SYN || ct_flags::closed(e.flags)
+            if ct_flags::closed(e.flags) {
+                3
+            } else if e.state == ct_state::TCP_SYN {
+                1
+            } else {
+                0
+            }
         }
-        None => slot.entry.flags & nat_flags::ANSWERED == 0,
+        None if slot.entry.flags & nat_flags::ANSWERED == 0 => 2,
+        None => 0,
     }
 }
 

@@ -7,7 +7,7 @@ use lb_tests::{
     fixture::{Fixture, XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX},
     packet::{
         CLIENT_MAC, ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED, ICMP_TIME_EXCEEDED, LB_MAC, Packet,
-        TCP_ACK, TCP_FIN, TCP_PSH, TCP_SYN, verify_checksums,
+        TCP_ACK, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN, verify_checksums,
     },
     require_root,
     testnet::{BACKEND_MAC, ONE_ARM_MAC, TestNet},
@@ -504,6 +504,102 @@ fn a_flood_overwrites_counted_entries_and_flows_recover() {
         &again.output[30..34],
         &first.output[30..34],
         "same backend after re-creation"
+    );
+}
+
+/// Issue 13: a SYN flood whose flows the backend answers (SYN+ACK) and the attacker's kernel
+/// resets filled the NAT table with flows a new one could not displace (they had replies), and
+/// every new flow was dropped. Now such flows give way; an established flow keeps its entry,
+/// both ways.
+#[test]
+fn answered_half_open_flows_make_room_in_the_nat_table() {
+    require_root();
+    let e = TestNet::new(
+        "ring_size = 1009\nconntrack = { size = 1024 }\nsyn_rate_per_source = 0",
+        SERVICES,
+    )
+    .unwrap();
+    let run = |frame: &[u8], ingress: u32| {
+        e.ns.enter(|| lb_tests::fixture::run_once(e.dp.program(), frame, ingress))
+            .unwrap()
+    };
+    let backend_side = |out: &[u8]| -> (String, String) {
+        let ip = |o: usize| std::net::Ipv4Addr::new(out[o], out[o + 1], out[o + 2], out[o + 3]);
+        let port = |o: usize| u16::from_be_bytes([out[o], out[o + 1]]);
+        (
+            format!("{}:{}", ip(26), port(34)),
+            format!("{}:{}", ip(30), port(36)),
+        )
+    };
+    // An established flow: SYN, the backend's SYN+ACK, the client's ACK, data both ways.
+    let syn = run(
+        &Packet::tcp("10.0.1.2:42500", "10.100.0.1:80", TCP_SYN).build(),
+        e.vc,
+    );
+    assert_eq!(syn.verdict, XDP_REDIRECT);
+    let (snat, backend) = backend_side(&syn.output);
+    let reply = |flags| {
+        Packet::tcp(&backend, &snat, flags)
+            .payload(b"data")
+            .macs(BACKEND_MAC, e.vb_mac)
+            .build()
+    };
+    assert_eq!(run(&reply(TCP_SYN | TCP_ACK), e.vb).verdict, XDP_REDIRECT);
+    assert_eq!(
+        run(
+            &Packet::tcp("10.0.1.2:42500", "10.100.0.1:80", TCP_ACK).build(),
+            e.vc
+        )
+        .verdict,
+        XDP_REDIRECT
+    );
+    assert_eq!(run(&reply(TCP_ACK | TCP_PSH), e.vb).verdict, XDP_REDIRECT);
+    // The flood: 4000 SYNs, each answered by the backend and reset by the attacker.
+    for i in 0..4000u32 {
+        let client = format!("10.0.{}.{}:{}", 3 + i / 250, 1 + i % 250, 1024 + i);
+        let out = run(
+            &Packet::tcp(&client, "10.100.0.1:80", TCP_SYN).build(),
+            e.vc,
+        );
+        assert_eq!(
+            out.verdict,
+            XDP_REDIRECT,
+            "flood SYN {i}: {}",
+            lb_tests::fixture::verdict_name(out.verdict)
+        );
+        let (fsnat, fbackend) = backend_side(&out.output);
+        let syn_ack = Packet::tcp(&fbackend, &fsnat, TCP_SYN | TCP_ACK)
+            .macs(BACKEND_MAC, e.vb_mac)
+            .build();
+        assert_eq!(
+            run(&syn_ack, e.vb).verdict,
+            XDP_REDIRECT,
+            "flood SYN+ACK {i}"
+        );
+        let rst = Packet::tcp(&client, "10.100.0.1:80", TCP_RST).build();
+        assert_eq!(run(&rst, e.vc).verdict, XDP_REDIRECT, "flood RST {i}");
+    }
+    let stats = e.dp.stats().unwrap();
+    assert!(
+        stats.counter(NAT_EVICTED) > 1000,
+        "{}",
+        stats.counter(NAT_EVICTED)
+    );
+    assert_eq!(
+        stats.counter(DROP_NO_SNAT_PORT) + stats.counter(DROP_NAT_FULL),
+        0
+    );
+    // The established flow still has both ways.
+    let again = run(&reply(TCP_ACK | TCP_PSH), e.vb);
+    assert_eq!(again.verdict, XDP_REDIRECT, "its reply was not translated");
+    let fwd = run(
+        &Packet::tcp("10.0.1.2:42500", "10.100.0.1:80", TCP_ACK).build(),
+        e.vc,
+    );
+    assert_eq!(
+        backend_side(&fwd.output),
+        (snat, backend),
+        "same SNAT port and backend"
     );
 }
 

@@ -20,6 +20,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("iputils-ping", "ping"),
     ("curl", "curl"),
     ("nftables", "nft"),
+    // The SYN flood of the flood test (bounded, inside its namespaces).
+    ("hping3", "hping3"),
     ("chromium", "chromium"),
     ("prometheus", "promtool"),
 ];

@@ -91,6 +91,8 @@ pub struct Lb {
     pub translate_icmp: bool,
     /// ICMP echo replies per CPU per second at most (VIPs answering pings).
     pub icmp_reply_rate: u32,
+    /// New TCP connections per second one source address may open (per CPU); 0: no limit.
+    pub syn_rate_per_source: u32,
 }
 
 pub const RING_SIZE_RANGE: RangeInclusive<i64> = 7..=1_048_573;

@@ -187,6 +187,13 @@ fn read_lb(f: &Fields) -> Option<Lb> {
             i64::from(lb_common::Params::DEFAULT.icmp_reply_rate),
         )
         .map(|n| n as u32);
+    let syn_rate_per_source = f
+        .int_in(
+            "syn_rate_per_source",
+            0..=1_000_000,
+            i64::from(lb_common::Params::DEFAULT.syn_rate_per_source),
+        )
+        .map(|n| n as u32);
     f.finish();
     Some(Lb {
         interfaces: interfaces?,
@@ -202,6 +209,7 @@ fn read_lb(f: &Fields) -> Option<Lb> {
         conntrack: conntrack?,
         translate_icmp: translate_icmp?,
         icmp_reply_rate: icmp_reply_rate?,
+        syn_rate_per_source: syn_rate_per_source?,
     })
 }
 

@@ -60,6 +60,8 @@ pub fn params(lb: &config::Lb) -> Params {
             0
         },
         icmp_reply_rate: lb.icmp_reply_rate,
+        syn_rate_per_source: lb.syn_rate_per_source,
+        _pad: 0,
     }
 }
 

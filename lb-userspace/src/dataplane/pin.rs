@@ -24,7 +24,7 @@ pub const BPFFS: &str = "/sys/fs/bpf";
 
 /// Every map of the XDP object, pinned under these names. `Dataplane::load` checks that the
 /// object has no other map (besides the `.rodata`/`.bss` sections of globals).
-pub const MAPS: [&str; 14] = [
+pub const MAPS: [&str; 15] = [
     map_name::ADDRS,
     map_name::SERVICES,
     map_name::BACKENDS,
@@ -39,6 +39,7 @@ pub const MAPS: [&str; 14] = [
     map_name::SIGNALS,
     map_name::ICMP_RATE,
     map_name::PROGS,
+    map_name::SYN_RATE,
 ];
 
 const LINK_PREFIX: &str = "link-";
