@@ -15,7 +15,7 @@
 #![cfg_attr(not(target_arch = "bpf"), allow(dead_code))]
 
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
-use lb_common::{PROTO_ICMP, PROTO_TCP, PROTO_UDP, TokenBucket, addr_flags, counter, param_flags};
+use lb_common::{PROTO_ICMP, PROTO_TCP, PROTO_UDP, addr_flags, counter, param_flags};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use crate::{

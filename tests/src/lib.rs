@@ -8,6 +8,7 @@ pub mod fixture;
 pub mod inproc;
 pub mod netns;
 pub mod packet;
+pub mod packet_fuzz;
 pub mod rng;
 pub mod servers;
 pub mod testnet;

@@ -364,6 +364,85 @@ pub fn verify_checksums(frame: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
+/// Which checksums of a frame are right, layer by layer (None: the layer is absent or cut, so
+/// nothing to judge). What a rewriting datapath must preserve: a right checksum stays right, and
+/// a wrong one stays wrong (never laundered into a right one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Checksums {
+    pub ip: Option<bool>,
+    /// TCP or UDP (a UDP checksum of 0 counts as right: none).
+    pub l4: Option<bool>,
+    pub icmp: Option<bool>,
+    /// The IPv4 header an ICMP error quotes.
+    pub quoted_ip: Option<bool>,
+}
+
+/// The [`Checksums`] of an Ethernet frame carrying IPv4 (one optional VLAN tag).
+pub fn checksums(frame: &[u8]) -> Checksums {
+    let mut out = Checksums::default();
+    let mut l3 = 14;
+    if frame.get(12..14) == Some(&[0x81, 0x00]) {
+        l3 += 4;
+    }
+    if frame.get(l3 - 2..l3) != Some(&[0x08, 0x00]) {
+        return out;
+    }
+    let Some(&vihl) = frame.get(l3) else {
+        return out;
+    };
+    let ihl = usize::from(vihl & 0x0f) * 4;
+    if vihl >> 4 != 4 || ihl < 20 || frame.len() < l3 + ihl {
+        return out;
+    }
+    let ip = &frame[l3..l3 + ihl];
+    out.ip = Some(fold(sum(0, ip)) == 0xffff);
+    let tot = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+    if tot < ihl || frame.len() < l3 + tot || u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff != 0 {
+        return out;
+    }
+    let seg = &frame[l3 + ihl..l3 + tot];
+    let src = Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
+    let dst = Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]);
+    match ip[9] {
+        6 | 17 => {
+            let at = if ip[9] == 6 { 16 } else { 6 };
+            if seg.len() < at + 2 {
+                return out;
+            }
+            if ip[9] == 17 && seg[6..8] == [0, 0] {
+                out.l4 = Some(true);
+                return out;
+            }
+            let mut pseudo = Vec::with_capacity(12 + seg.len());
+            pseudo.extend_from_slice(&src.octets());
+            pseudo.extend_from_slice(&dst.octets());
+            pseudo.extend_from_slice(&[0, ip[9]]);
+            pseudo.extend_from_slice(&(seg.len() as u16).to_be_bytes());
+            let all = fold(sum(sum(0, &pseudo), seg));
+            // Right when the sum over everything is all ones; for UDP a computed 0 is sent as
+            // 0xffff, which sums the same.
+            out.l4 = Some(all == 0xffff);
+        }
+        1 => {
+            if seg.len() < 8 {
+                return out;
+            }
+            out.icmp = Some(fold(sum(0, seg)) == 0xffff);
+            if matches!(seg[0], ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED) {
+                let q = &seg[8..];
+                if let Some(&qv) = q.first() {
+                    let qihl = usize::from(qv & 0x0f) * 4;
+                    if qv >> 4 == 4 && qihl >= 20 && q.len() >= qihl {
+                        out.quoted_ip = Some(fold(sum(0, &q[..qihl])) == 0xffff);
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+    out
+}
+
 /// An ICMP message's checksum, and for an error, the checksum of the quoted IPv4 header and, when
 /// the quote holds the whole quoted datagram, of its TCP/UDP segment too.
 fn verify_icmp(msg: &[u8]) -> Result<(), String> {

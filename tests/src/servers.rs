@@ -219,6 +219,43 @@ pub fn start_blob(ns: &Netns, addr: SocketAddr, len: usize) -> anyhow::Result<Se
     })
 }
 
+/// Starts a TCP server on `addr` inside `ns` that accepts, reads whatever comes and never
+/// answers (an application that hangs after accept): "no data back".
+pub fn start_silent(ns: &Netns, addr: SocketAddr) -> anyhow::Result<Servers> {
+    let tcp = ns.enter(|| -> anyhow::Result<_> {
+        let tcp = TcpListener::bind(addr).with_context(|| format!("silent bind {addr}"))?;
+        tcp.set_nonblocking(true)?;
+        Ok(tcp)
+    })?;
+    let (stop, mut stop_rx) = watch::channel(false);
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            use tokio::io::AsyncReadExt as _;
+            let tcp = tokio::net::TcpListener::from_std(tcp).expect("tcp");
+            loop {
+                tokio::select! {
+                    _ = stop_rx.wait_for(|s| *s) => return,
+                    accepted = tcp.accept() => {
+                        let Ok((mut conn, _)) = accepted else { continue };
+                        tokio::spawn(async move {
+                            let mut buf = [0u8; 1024];
+                            while matches!(conn.read(&mut buf).await, Ok(n) if n > 0) {}
+                        });
+                    }
+                }
+            }
+        });
+    });
+    Ok(Servers {
+        stop,
+        thread: Some(thread),
+    })
+}
+
 /// Connects to `addr` from inside `ns`, reads the greeting line, returns (stream, backend name).
 pub fn connect(ns: &Netns, addr: SocketAddr) -> anyhow::Result<(std::net::TcpStream, String)> {
     use std::io::BufRead as _;

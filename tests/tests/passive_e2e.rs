@@ -321,3 +321,92 @@ fn traffic_triggered_probing_starts_with_traffic_and_pauses_when_idle() {
     ));
     daemon.wait_state("web80", &backend, "unhealthy", Duration::from_secs(4));
 }
+
+/// "No data back" (issue 13, seed 000): a backend that accepts connections and then never
+/// answers is ejected by real traffic in the service that checks for it, and only there (the
+/// signal counts in the service scope, not the host's: another service on the host is untouched).
+#[test]
+fn connections_without_data_back_eject_in_the_service_scope_only() {
+    require_root();
+    let mut sb = Sandbox::build(Arms::Two, 2, 8080).unwrap();
+    let backends: Vec<String> = sb
+        .backends
+        .iter()
+        .map(|b| format!("{{ address = \"{}:8080\" }}", b.addr))
+        .collect();
+    let service = |name: &str, port: u16, passive: &str| {
+        format!(
+            "\n[[service]]\nname = \"{name}\"\nvip = \"{VIP}:{port}\"\nbackends = [{}]\n\
+             [service.check]\nkind = \"none\"\n[service.passive]\n{passive}\n",
+            backends.join(", ")
+        )
+    };
+    let config = format!(
+        "[lb]\ninterfaces = [{}]\nxdp_mode = \"native\"\n{}{}",
+        sb.interfaces_toml(),
+        service(
+            "quiet",
+            80,
+            "failures = 2\nwindow = \"30s\"\nejection = \"60s\"\nno_data_timeout = \"300ms\""
+        ),
+        service(
+            "other",
+            81,
+            "failures = 2\nwindow = \"30s\"\nejection = \"60s\""
+        )
+    );
+    let daemon = Daemon::start(&sb.lb, &config).unwrap();
+    // backend-1 hangs after accept.
+    sb.stop_backend(1);
+    let hung = sb.backends[1].addr;
+    let _silent =
+        lb_tests::servers::start_silent(&sb.backends[1].ns, SocketAddr::from((hung, 8080)))
+            .unwrap();
+    let hung = format!("{hung}:8080");
+    let to = SocketAddr::from((VIP, 80));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut unanswered = 0;
+    while ejected(&daemon, "quiet", &hung).is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "not ejected:\n{}",
+            daemon.log_text()
+        );
+        let mut conn = sb
+            .client
+            .ns
+            .enter(|| TcpStream::connect_timeout(&to, Duration::from_secs(2)))
+            .unwrap();
+        conn.set_read_timeout(Some(Duration::from_millis(400)))
+            .unwrap();
+        std::io::Write::write_all(&mut conn, b"hello\n").unwrap();
+        let mut buf = [0u8; 64];
+        if matches!(std::io::Read::read(&mut conn, &mut buf), Ok(n) if n > 0) {
+            continue; // backend-0 greets
+        }
+        // Past the timeout: the client's next packet is where lb looks.
+        std::io::Write::write_all(&mut conn, b"anyone?\n").unwrap();
+        unanswered += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let why = ejected(&daemon, "quiet", &hung).unwrap();
+    assert_eq!(why, "service: no_data");
+    assert!(unanswered >= 2, "{unanswered}");
+    // The host scope is not: the other service on the same host keeps the backend.
+    assert_eq!(ejected(&daemon, "other", &hung), None);
+    let s = daemon.status().unwrap();
+    assert!(
+        s.service("other")
+            .unwrap()
+            .backend(&hung)
+            .unwrap()
+            .available
+    );
+    assert!(
+        !s.service("quiet")
+            .unwrap()
+            .backend(&hung)
+            .unwrap()
+            .available
+    );
+}

@@ -57,6 +57,16 @@ enum Task {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// The packet fuzzer (root): seeded random and mutated frames through the XDP program,
+    /// each judged (verdict, counters, unchanged frames, checksums, destinations).
+    Fuzz {
+        /// Frames to run.
+        #[arg(long, default_value_t = 10_000_000)]
+        packets: usize,
+        /// Seed of the run (printed; repeat a failing run with it).
+        #[arg(long)]
+        seed: Option<u64>,
+    },
     /// Formatting and lint checks, unit tests and the root integration tests.
     Test {
         /// Extra arguments for `cargo test` (e.g. a test name filter), after `--`.
@@ -107,6 +117,27 @@ fn main() -> anyhow::Result<()> {
             setup::ensure(&root, setup::Need::Everything)?;
             require_root("the benchmarks (network namespaces, XDP, servers in namespaces)")?;
             bench::bench(&root, quick, rounds, &args)
+        }
+        Task::Fuzz { packets, seed } => {
+            setup::ensure(&root, setup::Need::Build)?;
+            require_root("the fuzzer (a network namespace, BPF_PROG_TEST_RUN)")?;
+            let mut cmd = cargo(&root);
+            cmd.args([
+                "run",
+                "--quiet",
+                "--release",
+                "--package",
+                "lb-tests",
+                "--bin",
+                "lb-fuzz",
+                "--",
+                "--packets",
+                &packets.to_string(),
+            ]);
+            if let Some(seed) = seed {
+                cmd.args(["--seed", &seed.to_string()]);
+            }
+            run(&mut cmd)
         }
         Task::Test { cargo_args } => {
             setup::ensure(&root, setup::Need::Everything)?;

@@ -1,0 +1,534 @@
+//! The packet fuzzer (issue 13): seeded random and mutated frames through the XDP program
+//! (BPF_PROG_TEST_RUN) with services, SNAT addresses and live flows set up, each judged by the
+//! properties every packet must have:
+//!
+//! - a defined verdict (DROP, PASS, TX or REDIRECT; never ABORTED or anything else);
+//! - exactly one verdict counter moved (checked packet by packet for the first
+//!   [`EXACT`] packets, then per batch: as many verdict counts as packets, and per verdict class
+//!   as many as the program returned);
+//! - PASS and DROP leave the frame as it came, byte for byte;
+//! - TX and REDIRECT send a frame whose checksums (IPv4, TCP/UDP, ICMP, the quoted IPv4 header)
+//!   are right where the input's were and wrong where the input's were (lb updates checksums
+//!   incrementally, as IPVS and netfilter NAT do: it neither checks nor launders them), to a
+//!   backend or to a client lb has seen.
+//!
+//! Frames start from seeds covering every path (new and live flows both ways, UDP, echo, ICMP
+//! errors about flows from either side, fragments, options, VLAN tags, other protocols and
+//! addresses) and are mutated: random frames, flipped bytes, header fields set to edge values,
+//! truncations at any offset, garbage appended, VLAN tags added, destinations pointed at lb's
+//! addresses. A failure names the seed and shows both frames in hex.
+
+use std::{collections::HashSet, fmt::Write as _, net::Ipv4Addr};
+
+use anyhow::Context as _;
+
+use crate::{
+    fixture::{XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX, hex_diff, run_once, verdict_name},
+    packet::{
+        Checksums, ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED, ICMP_PORT_UNREACH, ICMP_TIME_EXCEEDED,
+        Packet, TCP_ACK, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN, checksums,
+    },
+    rng::Rng,
+    testnet::{BACKEND_MAC, TestNet},
+};
+use lb_common::counter;
+
+/// Packets whose counters are read one by one (the rest are checked per batch).
+pub const EXACT: usize = 3000;
+/// Packets per batch check.
+const BATCH: usize = 500;
+/// Shortest frame run: an Ethernet header.
+const MIN_FRAME: usize = 14;
+/// Failures collected before giving up.
+const MAX_FAILURES: usize = 8;
+
+const SERVICES: &str = r#"
+[[service]]
+name = "web"
+vip = "10.100.0.1:80"
+backends = [{ address = "10.0.2.2:8080" }, { address = "10.0.2.3:8080" }]
+[service.passive]
+no_data_timeout = "100ms"
+
+[[service]]
+name = "dns"
+vip = "10.100.0.1:53"
+protocol = "udp"
+backends = [{ address = "10.0.2.2:5353" }]
+
+[[service]]
+name = "one-arm"
+vip = "10.100.0.2:80"
+backends = [{ address = "10.0.1.20:8080" }]
+
+[[service]]
+name = "quiet"
+vip = "10.100.0.3:80"
+answer_ping = false
+backends = [{ address = "10.0.2.4:8080" }]
+"#;
+
+/// Addresses a mutated destination is pointed at: VIPs, SNAT addresses, others.
+const TARGETS: [[u8; 4]; 6] = [
+    [10, 100, 0, 1],
+    [10, 100, 0, 2],
+    [10, 100, 0, 3],
+    [10, 0, 2, 1],
+    [10, 0, 1, 1],
+    [10, 0, 1, 9],
+];
+
+/// What a run found.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub packets: usize,
+    /// Returns by verdict (DROP, PASS, TX, REDIRECT).
+    pub verdicts: [u64; 5],
+    /// Verdict counters moved over the run, by name.
+    pub counters: Vec<(String, u64)>,
+    pub failures: Vec<String>,
+}
+
+impl Report {
+    pub fn summary(&self) -> String {
+        let mut s = format!(
+            "{} packets: {} dropped, {} passed, {} TX, {} redirected",
+            self.packets, self.verdicts[1], self.verdicts[2], self.verdicts[3], self.verdicts[4]
+        );
+        let moved: Vec<String> = self
+            .counters
+            .iter()
+            .filter(|(_, v)| *v > 0)
+            .map(|(n, v)| format!("{n} {v}"))
+            .collect();
+        let _ = write!(s, "\n  counters: {}", moved.join(", "));
+        s
+    }
+}
+
+struct Seed {
+    frame: Vec<u8>,
+    ingress: u32,
+}
+
+/// The network, the flows set up in it and the frames to start from.
+pub struct Bed {
+    net: TestNet,
+    seeds: Vec<Seed>,
+    backends: HashSet<Ipv4Addr>,
+}
+
+/// (source, destination) of what lb sent: a frame's IPv4 addresses and ports as strings.
+fn addressing(frame: &[u8]) -> (String, String) {
+    let ip = |o: usize| Ipv4Addr::new(frame[o], frame[o + 1], frame[o + 2], frame[o + 3]);
+    let port = |o: usize| u16::from_be_bytes([frame[o], frame[o + 1]]);
+    (
+        format!("{}:{}", ip(26), port(34)),
+        format!("{}:{}", ip(30), port(36)),
+    )
+}
+
+impl Bed {
+    /// Loads the datapath, sets up live flows (TCP handshakes, UDP exchanges) and builds the
+    /// seed frames.
+    pub fn new() -> anyhow::Result<Self> {
+        let net = TestNet::new("ring_size = 1009\nconntrack = { size = 4096 }", SERVICES)?;
+        let (vc, vb) = (net.vc, net.vb);
+        let run = |frame: &[u8], ingress: u32| {
+            net.ns
+                .enter(|| run_once(net.dp.program(), frame, ingress))
+                .context("test run")
+        };
+        let mut seeds = Vec::new();
+        let mut seed = |frame: Vec<u8>, ingress| seeds.push(Seed { frame, ingress });
+        // Live TCP flows: SYN, the backend's SYN+ACK, the client's ACK, data both ways.
+        for (i, vip) in ["10.100.0.1:80", "10.100.0.2:80", "10.100.0.3:80"]
+            .iter()
+            .enumerate()
+        {
+            for n in 0..3u16 {
+                let client = format!("10.0.1.{}:{}", 2 + n, 47000 + i as u16 * 10 + n);
+                let syn = Packet::tcp(&client, vip, TCP_SYN);
+                let out = run(&syn.build(), vc)?;
+                if out.verdict != XDP_REDIRECT && out.verdict != XDP_TX {
+                    continue;
+                }
+                let (snat, backend) = addressing(&out.output);
+                let ingress = if out.verdict == XDP_TX { vc } else { vb };
+                let from_backend = |flags: u8, data: &[u8]| {
+                    Packet::tcp(&backend, &snat, flags)
+                        .payload(data)
+                        .macs(BACKEND_MAC, net.vb_mac)
+                };
+                run(&from_backend(TCP_SYN | TCP_ACK, b"").build(), ingress)?;
+                let ack = Packet::tcp(&client, vip, TCP_ACK).seq(1001, 5001);
+                run(&ack.build(), vc)?;
+                let data = Packet::tcp(&client, vip, TCP_ACK | TCP_PSH)
+                    .seq(1001, 5001)
+                    .payload(b"GET / HTTP/1.1\r\n\r\n");
+                seed(syn.build(), vc);
+                seed(ack.build(), vc);
+                seed(data.build(), vc);
+                seed(Packet::tcp(&client, vip, TCP_FIN | TCP_ACK).build(), vc);
+                seed(Packet::tcp(&client, vip, TCP_RST).build(), vc);
+                let reply = from_backend(TCP_ACK | TCP_PSH, &[0x41; 600]);
+                seed(reply.build(), ingress);
+                seed(from_backend(TCP_RST, b"").build(), ingress);
+                seed(from_backend(TCP_FIN | TCP_ACK, b"").build(), ingress);
+                // What lb sends the client for that reply, as a router on the way quotes it.
+                let to_client = Packet::tcp(vip, &client, TCP_ACK | TCP_PSH)
+                    .payload(&[0x41; 600])
+                    .ttl(63);
+                for (ty, code) in [
+                    (ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED),
+                    (ICMP_DEST_UNREACH, 1),
+                    (ICMP_TIME_EXCEEDED, 0),
+                ] {
+                    for len in [28, 48, 700] {
+                        seed(
+                            Packet::icmp_error(
+                                "10.0.1.99:0",
+                                &format!("{}:0", &vip[..vip.find(':').unwrap_or(0)]),
+                                ty,
+                                code,
+                                1400,
+                                &to_client.datagram(),
+                                len,
+                            )
+                            .build(),
+                            vc,
+                        );
+                    }
+                }
+                // From the backend's side: quoting what lb sent it.
+                let sent = Packet::tcp(&snat, &backend, TCP_ACK | TCP_PSH)
+                    .payload(b"GET / HTTP/1.1\r\n\r\n")
+                    .ttl(63);
+                let snat_ip = &snat[..snat.find(':').unwrap_or(0)];
+                let backend_ip = &backend[..backend.find(':').unwrap_or(0)];
+                for (ty, code) in [
+                    (ICMP_DEST_UNREACH, ICMP_PORT_UNREACH),
+                    (ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED),
+                    (ICMP_TIME_EXCEEDED, 0),
+                ] {
+                    seed(
+                        Packet::icmp_error(
+                            &format!("{backend_ip}:0"),
+                            &format!("{snat_ip}:0"),
+                            ty,
+                            code,
+                            1300,
+                            &sent.datagram(),
+                            28,
+                        )
+                        .macs(BACKEND_MAC, net.vb_mac)
+                        .build(),
+                        ingress,
+                    );
+                }
+            }
+        }
+        // UDP both ways.
+        let query = Packet::udp("10.0.1.2:47100", "10.100.0.1:53").payload(b"query");
+        let out = run(&query.build(), vc)?;
+        if out.verdict == XDP_REDIRECT {
+            let (snat, backend) = addressing(&out.output);
+            seed(
+                Packet::udp(&backend, &snat)
+                    .payload(b"answer")
+                    .macs(BACKEND_MAC, net.vb_mac)
+                    .build(),
+                vb,
+            );
+        }
+        seed(query.build(), vc);
+        seed(query.clone().udp_zero_checksum().build(), vc);
+        // ICMP to lb's addresses and others, other traffic.
+        for dst in ["10.100.0.1:0", "10.100.0.3:0", "10.0.2.1:0", "10.0.1.9:0"] {
+            seed(
+                Packet::icmp_echo("10.0.1.2:0", dst, false, 7, 1)
+                    .payload(b"ping")
+                    .build(),
+                vc,
+            );
+            seed(Packet::icmp_echo("10.0.1.2:0", dst, true, 7, 1).build(), vc);
+        }
+        let syn = Packet::tcp("10.0.1.7:48000", "10.100.0.1:80", TCP_SYN);
+        seed(syn.clone().vlan(5).build(), vc);
+        seed(syn.clone().ip_options(&[1, 1, 7, 3, 4, 0]).build(), vc);
+        seed(syn.clone().fragment(true, 0).build(), vc);
+        seed(syn.clone().fragment(false, 9).build(), vc);
+        seed(
+            Packet::tcp("10.0.1.7:48001", "10.100.0.1:443", TCP_SYN).build(),
+            vc,
+        );
+        seed(
+            Packet::tcp("10.0.1.7:48002", "10.0.1.9:22", TCP_SYN).build(),
+            vc,
+        );
+        seed(
+            Packet::tcp("10.0.1.7:48003", "10.0.2.1:22", TCP_SYN).build(),
+            vc,
+        );
+        seed(
+            Packet::ip_proto("10.0.1.7:0", "10.100.0.1:0", 47)
+                .payload(&[0; 12])
+                .build(),
+            vc,
+        );
+        seed(syn.clone().ether_type(0x86dd).build(), vc);
+        seed(syn.clone().ether_type(0x0806).build(), vc);
+        let backends = net
+            .balancer
+            .backend_addresses()
+            .iter()
+            .map(|a| *a.ip())
+            .collect();
+        Ok(Self {
+            net,
+            seeds,
+            backends,
+        })
+    }
+
+    /// Runs `packets` fuzzed frames with `seed`.
+    pub fn run(&self, packets: usize, seed: u64) -> anyhow::Result<Report> {
+        self.net.ns.enter(|| self.run_here(packets, seed))
+    }
+
+    fn run_here(&self, packets: usize, seed: u64) -> anyhow::Result<Report> {
+        let mut rng = Rng::new(seed);
+        let mut report = Report::default();
+        // The clients lb knows: those of the flows set up, and every source sent since.
+        let mut sources: HashSet<Ipv4Addr> =
+            self.seeds.iter().filter_map(|s| source(&s.frame)).collect();
+        let start = self.net.dp.stats()?.counters;
+        let mut batch_start = start.clone();
+        let mut batch = [0u64; 5];
+        for i in 0..packets {
+            let (frame, ingress) = self.frame(&mut rng);
+            if let Some(src) = source(&frame) {
+                sources.insert(src);
+            }
+            let before = (i < EXACT).then(|| self.net.dp.stats()).transpose()?;
+            let out = run_once(self.net.dp.program(), &frame, ingress)?;
+            let mut wrong: Vec<String> = Vec::new();
+            if matches!(out.verdict, XDP_DROP | XDP_PASS | XDP_TX | XDP_REDIRECT) {
+                report.verdicts[out.verdict as usize] += 1;
+                batch[out.verdict as usize] += 1;
+            } else {
+                wrong.push(format!("verdict {}", verdict_name(out.verdict)));
+            }
+            match out.verdict {
+                XDP_DROP | XDP_PASS if out.output != frame => {
+                    wrong.push(format!("{} changed the frame", verdict_name(out.verdict)));
+                }
+                XDP_TX | XDP_REDIRECT => {
+                    let (was, now) = (checksums(&frame), checksums(&out.output));
+                    if !preserved(&was, &now) {
+                        wrong.push(format!("checksums in {was:?}, out {now:?}"));
+                    }
+                    match destination(&out.output) {
+                        Some(dst) if self.backends.contains(&dst) || sources.contains(&dst) => {}
+                        other => {
+                            wrong.push(format!("sent to {other:?}, neither a backend nor a client"))
+                        }
+                    }
+                }
+                _ => {}
+            }
+            if let Some(before) = before {
+                let after = self.net.dp.stats()?;
+                let moved: Vec<usize> = (0..counter::VERDICTS as usize)
+                    .filter(|&c| after.counters[c] != before.counters[c])
+                    .collect();
+                let one = moved.len() == 1
+                    && after.counters[moved[0]] == before.counters[moved[0]] + 1
+                    && class(moved[0] as u32) == out.verdict;
+                if !one {
+                    let names: Vec<&str> = moved.iter().map(|&c| counter::NAMES[c]).collect();
+                    wrong.push(format!(
+                        "verdict {} moved verdict counters {names:?}",
+                        verdict_name(out.verdict)
+                    ));
+                }
+            }
+            if !wrong.is_empty() && report.failures.len() < MAX_FAILURES {
+                report.failures.push(format!(
+                    "seed {seed}, packet {i} (ingress {ingress}): {}\n{}",
+                    wrong.join("; "),
+                    hex_diff(&frame, &out.output)
+                ));
+            }
+            if (i + 1) % BATCH == 0 || i + 1 == packets {
+                let now = self.net.dp.stats()?.counters;
+                let mut by_class = [0u64; 5];
+                for c in 0..counter::VERDICTS as usize {
+                    by_class[class(c as u32) as usize] += now[c] - batch_start[c];
+                }
+                if by_class != batch {
+                    report.failures.push(format!(
+                        "seed {seed}, packets to {i}: verdict counters by class {by_class:?}, returned {batch:?}"
+                    ));
+                }
+                batch_start = now;
+                batch = [0; 5];
+            }
+            report.packets += 1;
+            if report.failures.len() >= MAX_FAILURES {
+                break;
+            }
+        }
+        let end = self.net.dp.stats()?.counters;
+        report.counters = (0..counter::COUNT as usize)
+            .map(|c| (counter::NAMES[c].to_owned(), end[c] - start[c]))
+            .collect();
+        Ok(report)
+    }
+
+    /// One frame to run and the interface it arrives on.
+    fn frame(&self, rng: &mut Rng) -> (Vec<u8>, u32) {
+        let ingress = if rng.chance(2) {
+            self.net.vc
+        } else {
+            self.net.vb
+        };
+        if rng.chance(12) {
+            // Random bytes, now and then behind a valid Ethernet+IPv4 start.
+            let most = if rng.chance(3) { 1600 } else { 120 };
+            let len = MIN_FRAME + rng.below(most);
+            let mut f = rng.bytes(len);
+            if f.len() >= 34 && rng.chance(2) {
+                f[12..14].copy_from_slice(&[0x08, 0x00]);
+                f[14] = 0x45;
+                f[30..34].copy_from_slice(rng.pick(&TARGETS));
+            }
+            return (f, ingress);
+        }
+        let s = rng.pick(&self.seeds);
+        let mut f = s.frame.clone();
+        let ingress = if rng.chance(8) { ingress } else { s.ingress };
+        let rounds = if rng.chance(6) { 0 } else { 1 + rng.below(3) };
+        for _ in 0..rounds {
+            mutate(rng, &mut f);
+        }
+        // The kernel refuses test runs of frames shorter than an Ethernet header (a NIC never
+        // delivers one either).
+        while f.len() < MIN_FRAME {
+            f.push(rng.byte());
+        }
+        (f, ingress)
+    }
+}
+
+/// The verdict (XDP action) a verdict counter stands for.
+fn class(c: u32) -> u32 {
+    use counter::*;
+    match c {
+        PASS_NOT_IPV4 | PASS_NOT_VIP | PASS_MALFORMED | PASS_FRAGMENT => XDP_PASS,
+        FWD_TX | ICMP_ECHO_REPLY => XDP_TX,
+        FWD_REDIRECT => XDP_REDIRECT,
+        _ => XDP_DROP,
+    }
+}
+
+/// A right checksum stays right and a wrong one wrong; a layer may not appear or vanish.
+fn preserved(was: &Checksums, now: &Checksums) -> bool {
+    was.ip == now.ip && was.l4 == now.l4 && was.icmp == now.icmp && was.quoted_ip == now.quoted_ip
+}
+
+fn l3(frame: &[u8]) -> usize {
+    if frame.get(12..14) == Some(&[0x81, 0x00]) {
+        18
+    } else {
+        14
+    }
+}
+
+fn source(frame: &[u8]) -> Option<Ipv4Addr> {
+    let o = l3(frame) + 12;
+    let b = frame.get(o..o + 4)?;
+    Some(Ipv4Addr::new(b[0], b[1], b[2], b[3]))
+}
+
+fn destination(frame: &[u8]) -> Option<Ipv4Addr> {
+    let o = l3(frame) + 16;
+    let b = frame.get(o..o + 4)?;
+    Some(Ipv4Addr::new(b[0], b[1], b[2], b[3]))
+}
+
+/// One mutation of `f`.
+fn mutate(rng: &mut Rng, f: &mut Vec<u8>) {
+    if f.is_empty() {
+        return;
+    }
+    let l3 = l3(f);
+    let ihl = f.get(l3).map_or(20, |v| usize::from(v & 0x0f) * 4).max(20);
+    let l4 = l3 + ihl;
+    // Offsets of the fields that steer the program: Ethernet type, IPv4 header, TCP/UDP/ICMP
+    // header, the quoted IPv4 and transport headers of an ICMP error.
+    let fields: [usize; 22] = [
+        12,
+        l3,
+        l3 + 2,
+        l3 + 3,
+        l3 + 6,
+        l3 + 7,
+        l3 + 8,
+        l3 + 9,
+        l3 + 10,
+        l3 + 16,
+        l3 + 19,
+        l4,
+        l4 + 1,
+        l4 + 2,
+        l4 + 3,
+        l4 + 4,
+        l4 + 5,
+        l4 + 12,
+        l4 + 13,
+        l4 + 8,
+        l4 + 17,
+        l4 + 8 + 20,
+    ];
+    match rng.below(10) {
+        0 | 1 => {
+            for _ in 0..=rng.below(4) {
+                let i = rng.below(f.len());
+                f[i] = rng.byte();
+            }
+        }
+        2..=4 => {
+            let at = *rng.pick(&fields);
+            let random = rng.byte();
+            let edge = [
+                0, 1, 2, 4, 5, 6, 0x0f, 0x10, 0x11, 0x40, 0x45, 0x4f, 0x7f, 0x80, 0xff, random,
+            ];
+            if at < f.len() {
+                f[at] = *rng.pick(&edge);
+            }
+        }
+        5 | 6 => {
+            let cut = rng.below(f.len() + 1);
+            f.truncate(cut);
+        }
+        7 => {
+            let n = rng.below(64);
+            let extra = rng.bytes(n);
+            f.extend_from_slice(&extra);
+        }
+        8 => {
+            // A VLAN tag (another one, maybe: QinQ).
+            if f.len() >= 14 {
+                let tag = [0x81, 0x00, 0x00, rng.byte()];
+                f.splice(12..12, tag);
+            }
+        }
+        _ => {
+            let o = l3 + 16;
+            if f.len() >= o + 4 {
+                f[o..o + 4].copy_from_slice(rng.pick(&TARGETS));
+            }
+        }
+    }
+}
