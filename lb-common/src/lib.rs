@@ -46,6 +46,9 @@ pub mod map_name {
     pub const PROGS: &str = "LB_PROGS";
     /// `PerCpuArray<TokenBucket>` of [`crate::SYN_BUCKETS`]: the per-source SYN limit.
     pub const SYN_RATE: &str = "LB_SYN_RATE";
+    /// `PerCpuArray` of one entry: the SNAT port search's working state for the packet on that
+    /// CPU. Holds nothing between packets: never pinned, each load has its own.
+    pub const SNAT_SEARCH: &str = "LB_SNAT_SEARCH";
 }
 
 /// Slots of [`map_name::PROGS`].
@@ -160,6 +163,10 @@ pub struct Params {
     /// New TCP connections (SYNs without a flow) a CPU takes per second from one source address
     /// at most (its burst too; sources share [`SYN_BUCKETS`] buckets by hash); 0: no limit.
     pub syn_rate_per_source: u32,
+    /// The two rates in tokens per 2^32 ns ([`Params::per_2_32_ns`]): a token bucket refills by a
+    /// multiply and a shift, no division on the packet path.
+    pub icmp_reply_scaled: u32,
+    pub syn_rate_scaled: u32,
     pub _pad: u32,
 }
 
@@ -198,8 +205,16 @@ impl Params {
         flags: param_flags::TRANSLATE_ICMP,
         icmp_reply_rate: 1000,
         syn_rate_per_source: 10_000,
+        icmp_reply_scaled: Self::per_2_32_ns(1000),
+        syn_rate_scaled: Self::per_2_32_ns(10_000),
         _pad: 0,
     };
+
+    /// A rate per second as tokens per 2^32 ns (rounded up, so no rate becomes none; at most
+    /// 1e6/s, the config's bound, which fits 32 bits).
+    pub const fn per_2_32_ns(per_second: u32) -> u32 {
+        ((per_second as u64) << 32).div_ceil(1_000_000_000) as u32
+    }
 
     /// Idle timeout of a flow in `state`.
     #[inline(always)]
@@ -619,7 +634,7 @@ pub mod counter {
 // The layouts both sides rely on, checked wherever this crate builds (the BPF object too).
 const _: () = {
     use core::mem::size_of;
-    assert!(size_of::<Params>() == 72);
+    assert!(size_of::<Params>() == 80);
     assert!(size_of::<AddrSet>() == 64);
     assert!(size_of::<CtSlot>() == 40);
     assert!(size_of::<NatSlot>() == 64);
@@ -658,6 +673,25 @@ mod pod {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A bucket refilled for a second earns its rate (rounded up: never less), for every rate
+    /// the config allows, with the datapath's multiply and shift.
+    #[test]
+    fn scaled_rates_earn_their_rate_a_second() {
+        for rate in (1..=1_000_000u32)
+            .step_by(997)
+            .chain([1_000_000, 10_000, 1000, 1])
+        {
+            let earned = (1_000_000_000u64 * u64::from(Params::per_2_32_ns(rate))) >> 32;
+            assert!(
+                earned >= u64::from(rate) && earned <= u64::from(rate) + 1,
+                "{rate}/s earned {earned}"
+            );
+            let two_seconds = (2_000_000_000u64).checked_mul(u64::from(Params::per_2_32_ns(rate)));
+            assert!(two_seconds.is_some(), "{rate}/s overflows");
+        }
+        assert_eq!(Params::per_2_32_ns(0), 0);
+    }
 
     #[test]
     fn service_key_is_in_network_order() {

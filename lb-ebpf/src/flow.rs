@@ -6,8 +6,8 @@
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use lb_common::{
     BackendInfo, CtEntry, FlowKey, NO_BACKEND, NatEntry, PROTO_TCP, Params, SELECT_TRIES,
-    SNAT_PORT_TRIES, ServiceKey, backend_flags, counter, ct_flags, ct_state, flow_hash, fmix64,
-    nat_flags, service_flags, snat_port_candidate, syn_bucket,
+    ServiceKey, backend_flags, counter, ct_flags, ct_state, flow_hash, fmix64, nat_flags,
+    service_flags, syn_bucket,
 };
 use network_types::eth::EthHdr;
 
@@ -18,8 +18,8 @@ use crate::{
     parse::{Flow, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     passive,
     ptr::read_at,
-    ratelimit, stats,
-    table::{Claim, ct_find, ct_live, ct_store, nat_claim, nat_find, same_client},
+    ratelimit, snat, stats,
+    table::{ct_find, ct_live, ct_store, nat_find},
 };
 
 /// (XDP action, verdict counter).
@@ -178,6 +178,9 @@ fn new_flow(
     let Some(eth) = read_at::<EthHdr>(ctx.data(), ctx.data_end(), 0) else {
         return (xdp_action::XDP_DROP, counter::DROP_MALFORMED);
     };
+    let midstream = flow.proto == PROTO_TCP && !is_new_syn(flow.tcp_flags);
+    // The return entry is built where the port search keeps it (a copy would cost stack the
+    // search's callbacks need).
     let reply = NatEntry {
         client_addr: flow.saddr,
         vip_addr: flow.daddr,
@@ -191,8 +194,7 @@ fn new_flow(
         flags: 0,
         _pad: [0; 7],
     };
-    let midstream = flow.proto == PROTO_TCP && !is_new_syn(flow.tcp_flags);
-    let snat_port = match reserve_snat_port(&backend, flow.proto, hash, &reply, midstream, now, p) {
+    let snat_port = match snat::reserve(&backend, flow.proto, hash, reply, midstream, now) {
         Ok(port) => port,
         Err(reason) => return (xdp_action::XDP_DROP, reason),
     };
@@ -240,7 +242,12 @@ fn syn_allowed(saddr: u32, now: u64, p: &Params) -> bool {
     }
     match SYN_RATE.get_ptr_mut(syn_bucket(saddr)) {
         // SAFETY: this CPU's slot of a per-CPU array of plain integers.
-        Some(b) => ratelimit::take(unsafe { &mut *b }, p.syn_rate_per_source, now),
+        Some(b) => ratelimit::take(
+            unsafe { &mut *b },
+            p.syn_rate_per_source,
+            p.syn_rate_scaled,
+            now,
+        ),
         None => true,
     }
 }
@@ -272,63 +279,6 @@ fn select(
         h = fmix64(h);
     }
     None
-}
-
-/// Reserves a SNAT source port for (SNAT address → backend): no two live flows may share
-/// (SNAT address, port, backend address, port, protocol). The first candidate depends only on
-/// the flow, so a flow re-created after eviction usually gets its old port back. Network order.
-/// `Err(drop counter)`: what ran out, the ports ([`counter::DROP_NO_SNAT_PORT`]: the last
-/// candidate is a live flow's) or the NAT table ([`counter::DROP_NAT_FULL`]: its set was full of
-/// flows that may not give way).
-#[inline(always)]
-fn reserve_snat_port(
-    backend: &BackendInfo,
-    proto: u8,
-    hash: u64,
-    reply: &NatEntry,
-    recreated: bool,
-    now: u64,
-    p: &Params,
-) -> Result<u16, u32> {
-    if p.snat_port_count == 0 {
-        return Err(counter::DROP_NO_SNAT_PORT);
-    }
-    if recreated {
-        // A flow that lost its connection table entry keeps its port if its NAT entry is there,
-        // even when an earlier candidate is free now.
-        for i in 0..SNAT_PORT_TRIES {
-            let port = snat_port_candidate(hash, i, p).to_be();
-            let k = key(backend.addr, backend.snat_addr, backend.port, port, proto);
-            if let Some(slot) = nat_find(&k, hash_of(&k), p) {
-                // SAFETY: a map value of plain integers.
-                let held = unsafe { &mut (*slot).entry };
-                if same_client(held, reply) {
-                    // Keep when it last had a reply, and what it had: they still protect the
-                    // port and tell what the flow is.
-                    *held = NatEntry {
-                        last_seen: held.last_seen,
-                        flags: held.flags,
-                        ..*reply
-                    };
-                    return Ok(port);
-                }
-            }
-        }
-    }
-    // What the last candidate found names what ran out. (Only the last: a flag kept over all
-    // tries would double the verifier's states at each of them.)
-    let mut why = counter::DROP_NO_SNAT_PORT;
-    for i in 0..SNAT_PORT_TRIES {
-        let port = snat_port_candidate(hash, i, p).to_be();
-        let k = key(backend.addr, backend.snat_addr, backend.port, port, proto);
-        why = match nat_claim(&k, hash_of(&k), reply, now, p) {
-            Claim::Claimed => return Ok(port),
-            Claim::Full => counter::DROP_NAT_FULL,
-            Claim::Taken => counter::DROP_NO_SNAT_PORT,
-        };
-        stats::count(counter::SNAT_PORT_RETRY);
-    }
-    Err(why)
 }
 
 /// Backend → SNAT address. `None`: no such flow (the host's own traffic; passed by the caller).

@@ -163,9 +163,15 @@ fn echo(ctx: &XdpContext, pkt: &Icmp) -> Verdict {
 /// One token of this CPU's reply budget: `icmp_reply_rate` a second, as many in a burst.
 #[inline(always)]
 fn take_token(now: u64) -> bool {
+    let p = params();
     match ICMP_RATE.get_ptr_mut(0) {
         // SAFETY: this CPU's slot of a per-CPU array of plain integers.
-        Some(b) => ratelimit::take(unsafe { &mut *b }, params().icmp_reply_rate, now),
+        Some(b) => ratelimit::take(
+            unsafe { &mut *b },
+            p.icmp_reply_rate,
+            p.icmp_reply_scaled,
+            now,
+        ),
         None => false,
     }
 }

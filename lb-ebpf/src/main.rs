@@ -15,6 +15,7 @@ mod parse;
 mod passive;
 mod ptr;
 mod ratelimit;
+mod snat;
 mod stats;
 mod table;
 

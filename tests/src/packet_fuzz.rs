@@ -14,9 +14,10 @@
 //!
 //! Frames start from seeds covering every path (new and live flows both ways, UDP, echo, ICMP
 //! errors about flows from either side, fragments, options, VLAN tags, other protocols and
-//! addresses) and are mutated: random frames, flipped bytes, header fields set to edge values,
-//! truncations at any offset, garbage appended, VLAN tags added, destinations pointed at lb's
-//! addresses. A failure names the seed and shows both frames in hex.
+//! addresses). Each is first cut at every length, then they are mutated: random frames, flipped
+//! bytes, header fields set to edge values, truncations at any offset, garbage appended, VLAN
+//! tags added, destinations pointed at lb's addresses. A failure names the seed and shows both
+//! frames in hex.
 
 use std::{collections::HashSet, fmt::Write as _, net::Ipv4Addr};
 
@@ -305,8 +306,12 @@ impl Bed {
         let start = self.net.dp.stats()?.counters;
         let mut batch_start = start.clone();
         let mut batch = [0u64; 5];
+        // First every seed cut at every length (truncation at each offset), then random ones.
+        let mut cuts = self.seeds.iter().flat_map(|s| {
+            (MIN_FRAME..s.frame.len()).map(move |n| (s.frame[..n].to_vec(), s.ingress))
+        });
         for i in 0..packets {
-            let (frame, ingress) = self.frame(&mut rng);
+            let (frame, ingress) = cuts.next().unwrap_or_else(|| self.frame(&mut rng));
             if let Some(src) = source(&frame) {
                 sources.insert(src);
             }

@@ -917,3 +917,20 @@ fn echo_replies_are_rate_limited_and_can_be_off() {
         lb_tests::fixture::run_fixtures(&e.dp, &rows);
     });
 }
+
+/// The kernel verifies a program by walking its paths, up to a million instructions: past that
+/// it refuses to load it, on this kernel or a slightly different one. Keep a wide margin, and
+/// show where the programs stand.
+#[test]
+fn the_programs_stay_well_inside_the_verifiers_limit() {
+    let e = env();
+    let counts = e.dp.verified_instructions();
+    eprintln!("verifier: {counts:?}");
+    for (name, n) in counts {
+        let n = n.expect("the kernel reports verified instructions (5.16+)");
+        assert!(
+            n <= 700_000,
+            "{name}: {n} instructions processed of 1,000,000"
+        );
+    }
+}

@@ -61,6 +61,8 @@ pub fn params(lb: &config::Lb) -> Params {
         },
         icmp_reply_rate: lb.icmp_reply_rate,
         syn_rate_per_source: lb.syn_rate_per_source,
+        icmp_reply_scaled: Params::per_2_32_ns(lb.icmp_reply_rate),
+        syn_rate_scaled: Params::per_2_32_ns(lb.syn_rate_per_source),
         _pad: 0,
     }
 }
@@ -186,6 +188,22 @@ impl Dataplane {
 
     pub fn program(&self) -> &Xdp {
         self.named_program(PROGRAM_NAME)
+    }
+
+    /// Instructions the verifier processed for the balancer and its ICMP program (its limit is
+    /// 1,000,000 per program): how far the datapath is from what the kernel accepts.
+    pub fn verified_instructions(&self) -> Vec<(&'static str, Option<u32>)> {
+        [PROGRAM_NAME, ICMP_PROGRAM_NAME]
+            .into_iter()
+            .map(|name| {
+                let count = self
+                    .named_program(name)
+                    .info()
+                    .ok()
+                    .and_then(|i| i.verified_instruction_count());
+                (name, count)
+            })
+            .collect()
     }
 
     /// The program that only passes: benchmark baseline and veth peer program.
@@ -560,7 +578,9 @@ fn verify(mut ebpf: Ebpf) -> anyhow::Result<Ebpf> {
     let unlisted: Vec<&str> = ebpf
         .maps()
         .map(|(name, _)| name)
-        .filter(|name| !name.starts_with('.') && !pin::MAPS.contains(name))
+        .filter(|name| {
+            !name.starts_with('.') && !pin::MAPS.contains(name) && !pin::SCRATCH.contains(name)
+        })
         .collect();
     if !unlisted.is_empty() {
         bail!("maps {unlisted:?} of the XDP object are missing from dataplane::pin::MAPS");

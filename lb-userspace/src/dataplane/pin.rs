@@ -22,8 +22,9 @@ use lb_common::map_name;
 /// Where bpffs is mounted (mounted there by [`prepare_dir`] when it is not).
 pub const BPFFS: &str = "/sys/fs/bpf";
 
-/// Every map of the XDP object, pinned under these names. `Dataplane::load` checks that the
-/// object has no other map (besides the `.rodata`/`.bss` sections of globals).
+/// Every map of the XDP object that holds state, pinned under these names. `Dataplane::load`
+/// checks that the object has no other map besides [`SCRATCH`] and the `.rodata`/`.bss`
+/// sections of globals.
 pub const MAPS: [&str; 15] = [
     map_name::ADDRS,
     map_name::SERVICES,
@@ -41,6 +42,9 @@ pub const MAPS: [&str; 15] = [
     map_name::PROGS,
     map_name::SYN_RATE,
 ];
+
+/// Maps that hold nothing from one packet to the next: never pinned.
+pub const SCRATCH: [&str; 1] = [map_name::SNAT_SEARCH];
 
 const LINK_PREFIX: &str = "link-";
 

@@ -50,7 +50,9 @@ fn main() -> anyhow::Result<()> {
         bail!("--iterations must be 1..=60000 (one new flow per sample)");
     }
     let net = TestNet::new(
-        "snat_ports = \"1024-65535\"\nconntrack = { size = 262144 }",
+        // The per-source SYN limit at its highest: the new-flow cases send up to 60,000 SYNs
+        // within a second from one address, all to be forwarded, and still pay for the limit.
+        "snat_ports = \"1024-65535\"\nsyn_rate_per_source = 1000000\nconntrack = { size = 262144 }",
         SERVICES,
     )?;
     let mut net = net;
@@ -59,6 +61,16 @@ fn main() -> anyhow::Result<()> {
         ns.enter(|| measure(&mut net, args.iterations))?
     };
     print!("{table}");
+    let verified: Vec<String> = net
+        .dp
+        .verified_instructions()
+        .into_iter()
+        .map(|(name, n)| format!("{name} {}", n.map_or("?".into(), |n| n.to_string())))
+        .collect();
+    println!(
+        "\nVerifier: instructions processed {} (the kernel's limit: 1,000,000 per program)",
+        verified.join(", ")
+    );
     if let Some(out) = args.out {
         std::fs::write(&out, &table).with_context(|| format!("writing {}", out.display()))?;
     }
