@@ -78,6 +78,18 @@ pub fn syn_again(e: &mut CtEntry, backend: &BackendInfo, flow: &Flow, now: u64) 
         return;
     }
     e.flags |= ct_flags::SIGNALLED;
+    if let Some(nat) = return_entry(e, backend, flow)
+        && nat.last_seen != 0
+    {
+        return;
+    }
+    report(e.backend_id, e.service_id, signal_kind::CONNECT_TIMEOUT, 0);
+}
+
+/// The return-path entry of TCP flow `e` (client side `flow`) to `backend`, if it is still this
+/// client's: what the backend's replies have shown.
+#[inline(always)]
+fn return_entry(e: &CtEntry, backend: &BackendInfo, flow: &Flow) -> Option<&'static NatEntry> {
     let k = key(
         backend.addr,
         backend.snat_addr,
@@ -85,14 +97,10 @@ pub fn syn_again(e: &mut CtEntry, backend: &BackendInfo, flow: &Flow, now: u64) 
         e.snat_port,
         PROTO_TCP,
     );
-    if let Some(slot) = nat_find(&k, hash_of(&k), params()) {
-        // SAFETY: a map value of plain integers.
-        let nat = unsafe { &(*slot).entry };
-        if nat.last_seen != 0 && nat.client_addr == flow.saddr && nat.client_port == flow.sport {
-            return;
-        }
-    }
-    report(e.backend_id, e.service_id, signal_kind::CONNECT_TIMEOUT, 0);
+    let slot = nat_find(&k, hash_of(&k), params())?;
+    // SAFETY: a map value of plain integers.
+    let nat = unsafe { &(*slot).entry };
+    (nat.client_addr == flow.saddr && nat.client_port == flow.sport).then_some(nat)
 }
 
 /// An ICMP destination unreachable (code `code`) sent to lb's SNAT address about the live flow
@@ -141,20 +149,8 @@ pub fn no_data(e: &mut CtEntry, backend: &BackendInfo, flow: &Flow, now: u64) {
         return;
     }
     e.flags = (e.flags & !ct_flags::DATA_PENDING) | ct_flags::DATA_DONE;
-    let k = key(
-        backend.addr,
-        backend.snat_addr,
-        backend.port,
-        e.snat_port,
-        PROTO_TCP,
-    );
-    let answered = nat_find(&k, hash_of(&k), params()).is_some_and(|slot| {
-        // SAFETY: a map value of plain integers.
-        let nat = unsafe { &(*slot).entry };
-        nat.client_addr == flow.saddr
-            && nat.client_port == flow.sport
-            && nat.flags & nat_flags::DATA_BACK != 0
-    });
+    let answered =
+        return_entry(e, backend, flow).is_some_and(|n| n.flags & nat_flags::DATA_BACK != 0);
     if !answered {
         report(e.backend_id, e.service_id, signal_kind::NO_DATA, 0);
     }

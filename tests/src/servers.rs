@@ -184,46 +184,34 @@ pub fn blob(len: usize) -> Vec<u8> {
 /// Starts a TCP server on `addr` inside `ns` that sends [`blob`]`(len)` to each connection and
 /// closes it: a download of known content.
 pub fn start_blob(ns: &Netns, addr: SocketAddr, len: usize) -> anyhow::Result<Servers> {
-    let tcp = ns.enter(|| -> anyhow::Result<_> {
-        let tcp = TcpListener::bind(addr).with_context(|| format!("blob bind {addr}"))?;
-        tcp.set_nonblocking(true)?;
-        Ok(tcp)
-    })?;
-    let (stop, mut stop_rx) = watch::channel(false);
     let body = std::sync::Arc::new(blob(len));
-    let thread = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async move {
-            let tcp = tokio::net::TcpListener::from_std(tcp).expect("tcp");
-            loop {
-                tokio::select! {
-                    _ = stop_rx.wait_for(|s| *s) => return,
-                    accepted = tcp.accept() => {
-                        let Ok((mut conn, _)) = accepted else { continue };
-                        let body = body.clone();
-                        tokio::spawn(async move {
-                            let _ = conn.write_all(&body).await;
-                            let _ = conn.shutdown().await;
-                        });
-                    }
-                }
-            }
-        });
-    });
-    Ok(Servers {
-        stop,
-        thread: Some(thread),
+    start_each(ns, addr, "blob", move |mut conn| {
+        let body = body.clone();
+        async move {
+            let _ = conn.write_all(&body).await;
+            let _ = conn.shutdown().await;
+        }
     })
 }
 
 /// Starts a TCP server on `addr` inside `ns` that accepts, reads whatever comes and never
 /// answers (an application that hangs after accept): "no data back".
 pub fn start_silent(ns: &Netns, addr: SocketAddr) -> anyhow::Result<Servers> {
+    start_each(ns, addr, "silent", |mut conn| async move {
+        use tokio::io::AsyncReadExt as _;
+        let mut buf = [0u8; 1024];
+        while matches!(conn.read(&mut buf).await, Ok(n) if n > 0) {}
+    })
+}
+
+/// A TCP server on `addr` inside `ns` running `serve` as a task for each connection.
+fn start_each<F, Fut>(ns: &Netns, addr: SocketAddr, what: &str, serve: F) -> anyhow::Result<Servers>
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let tcp = ns.enter(|| -> anyhow::Result<_> {
-        let tcp = TcpListener::bind(addr).with_context(|| format!("silent bind {addr}"))?;
+        let tcp = TcpListener::bind(addr).with_context(|| format!("{what} bind {addr}"))?;
         tcp.set_nonblocking(true)?;
         Ok(tcp)
     })?;
@@ -234,17 +222,13 @@ pub fn start_silent(ns: &Netns, addr: SocketAddr) -> anyhow::Result<Servers> {
             .build()
             .expect("runtime");
         rt.block_on(async move {
-            use tokio::io::AsyncReadExt as _;
             let tcp = tokio::net::TcpListener::from_std(tcp).expect("tcp");
             loop {
                 tokio::select! {
                     _ = stop_rx.wait_for(|s| *s) => return,
                     accepted = tcp.accept() => {
-                        let Ok((mut conn, _)) = accepted else { continue };
-                        tokio::spawn(async move {
-                            let mut buf = [0u8; 1024];
-                            while matches!(conn.read(&mut buf).await, Ok(n) if n > 0) {}
-                        });
+                        let Ok((conn, _)) = accepted else { continue };
+                        tokio::spawn(serve(conn));
                     }
                 }
             }

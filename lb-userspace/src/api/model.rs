@@ -180,6 +180,27 @@ pub struct Event {
     pub reason: Option<String>,
 }
 
+impl Event {
+    /// An event of the daemon itself (a rejected reload, a local shortage): no backend, no
+    /// state change; `seq` and `time` are the log's to set.
+    pub fn daemon(source: String, reason: String) -> Self {
+        Self {
+            seq: 0,
+            time: 0.0,
+            service: String::new(),
+            backend: String::new(),
+            from: String::new(),
+            to: String::new(),
+            source,
+            counters: ProbeCounters::default(),
+            healthy_threshold: 0,
+            unhealthy_threshold: 0,
+            flag_write_us: None,
+            reason: Some(reason),
+        }
+    }
+}
+
 /// `GET /v1/events`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Events {

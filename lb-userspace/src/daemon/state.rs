@@ -151,20 +151,8 @@ impl Shared {
             fd_limit = limit,
             "local resource shortage: this host, not a backend, is failing"
         );
-        self.events.push(Event {
-            seq: 0,
-            time: 0.0,
-            service: String::new(),
-            backend: String::new(),
-            from: String::new(),
-            to: String::new(),
-            source: format!("local: {place}"),
-            counters: ProbeCounters::default(),
-            healthy_threshold: 0,
-            unhealthy_threshold: 0,
-            flag_write_us: None,
-            reason: Some(what.to_owned()),
-        });
+        self.events
+            .push(Event::daemon(format!("local: {place}"), what.to_owned()));
     }
 
     /// Asks the daemon to end.
@@ -352,20 +340,8 @@ impl Shared {
                 [first, rest @ ..] => format!("{first} (and {} more)", rest.len()),
                 [] => "rejected".to_owned(),
             };
-            self.events.push(Event {
-                seq: 0,
-                time: 0.0,
-                service: String::new(),
-                backend: String::new(),
-                from: String::new(),
-                to: String::new(),
-                source: format!("reload rejected ({via})"),
-                counters: ProbeCounters::default(),
-                healthy_threshold: 0,
-                unhealthy_threshold: 0,
-                flag_write_us: None,
-                reason: Some(reason),
-            });
+            self.events
+                .push(Event::daemon(format!("reload rejected ({via})"), reason));
         }
         result
     }
