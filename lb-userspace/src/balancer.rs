@@ -16,6 +16,7 @@ use lb_common::{
     service_flags,
 };
 
+pub use crate::model::Admin;
 use crate::{
     addr_table::AddrTable,
     config::{AllUnhealthy, Config, ExistingFlows},
@@ -32,32 +33,6 @@ pub trait MapWriter {
     fn set_ring_slots(&mut self, service_id: u32, slots: &[(u32, u32)]) -> anyhow::Result<()>;
     /// Removes a service: packets to it are no longer balanced.
     fn remove_service(&mut self, key: ServiceKey) -> anyhow::Result<()>;
-}
-
-/// An operator's setting for a backend (`lb backend drain|enable|disable`).
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum Admin {
-    /// Takes new flows when healthy.
-    #[default]
-    Enabled,
-    /// No new flows; established flows continue.
-    Drained,
-    /// Out: no new flows, and established flows are treated as for a dead backend
-    /// (rescheduled or kept, per the service's `existing_flows`).
-    Disabled,
-}
-
-impl Admin {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Enabled => "enabled",
-            Self::Drained => "drained",
-            Self::Disabled => "disabled",
-        }
-    }
 }
 
 /// Ids handed out so far: what a restarted daemon needs to adopt a pinned datapath whose

@@ -7,8 +7,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use lb_common::counter;
 
 use crate::{
-    api::model::{Event, Events, Status},
     client, config, exit,
+    model::{AdminReply, ErrorReply, Event, Events, ReloadReply, Status},
 };
 
 #[derive(Debug, Parser)]
@@ -110,13 +110,7 @@ pub struct Refused {
 }
 
 fn refused(status: u16, body: &str) -> anyhow::Error {
-    #[derive(serde::Deserialize)]
-    struct Reply {
-        error: String,
-        #[serde(default)]
-        problems: Vec<String>,
-    }
-    let (message, problems) = match serde_json::from_str::<Reply>(body) {
+    let (message, problems) = match serde_json::from_str::<ErrorReply>(body) {
         Ok(r) => (r.error, r.problems),
         Err(_) => (body.trim().to_owned(), Vec::new()),
     };
@@ -347,12 +341,8 @@ pub async fn backend(
     if api.json {
         println!("{body}");
     } else {
-        let v: serde_json::Value = serde_json::from_str(&body)?;
-        println!(
-            "{service} {address}: admin {}, state {}",
-            v["admin"].as_str().unwrap_or("?"),
-            v["state"].as_str().unwrap_or("?")
-        );
+        let r: AdminReply = serde_json::from_str(&body)?;
+        println!("{service} {address}: admin {}, state {}", r.admin, r.state);
     }
     Ok(())
 }
@@ -364,28 +354,17 @@ pub async fn reload(api: ApiArgs) -> anyhow::Result<()> {
         println!("{body}");
         return Ok(());
     }
-    let v: serde_json::Value = serde_json::from_str(&body)?;
-    let list = |k: &str| {
-        v[k].as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|x| x.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            })
-            .unwrap_or_default()
-    };
+    let r: ReloadReply = serde_json::from_str(&body)?;
     println!("reloaded");
-    for (key, label) in [
-        ("services_added", "services added"),
-        ("services_removed", "services removed"),
-        ("services_changed", "services changed"),
-        ("backends_added", "backends added"),
-        ("backends_removed", "backends removed"),
+    for (list, label) in [
+        (&r.services_added, "services added"),
+        (&r.services_removed, "services removed"),
+        (&r.services_changed, "services changed"),
+        (&r.backends_added, "backends added"),
+        (&r.backends_removed, "backends removed"),
     ] {
-        let l = list(key);
-        if !l.is_empty() {
-            println!("  {label}: {l}");
+        if !list.is_empty() {
+            println!("  {label}: {}", list.join(", "));
         }
     }
     Ok(())

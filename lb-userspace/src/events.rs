@@ -9,7 +9,7 @@ use std::{
 
 use tokio::sync::broadcast;
 
-use crate::api::model::{Event, Events};
+use crate::model::{Event, Events};
 
 /// Events kept for `GET /v1/events`.
 pub const CAPACITY: usize = 1024;
@@ -91,7 +91,7 @@ impl EventLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::model::ProbeCounters;
+    use crate::model::ProbeCounters;
 
     fn event(backend: &str) -> Event {
         Event {

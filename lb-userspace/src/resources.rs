@@ -12,16 +12,19 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::api::model::ResourceStatus;
+use crate::model::ResourceStatus;
 
 /// Connections the control API serves at once. Beyond it, a new connection closes the oldest
 /// idle one (no request in progress), or is closed itself when none is idle.
 pub const MAX_API_CONNECTIONS: usize = 256;
 
+/// Probes in flight at most (each may hold a socket); a probe due beyond waits in the
+/// scheduler's queue for a free place (its window sees a later result, never a wrong one).
+pub const MAX_PROBES_IN_FLIGHT: usize = 4096;
+
 /// Descriptors the daemon wants: one per probe in flight (tcp-connect, http, udp sockets), the
 /// API's connections, and room for the datapath's maps, raw sockets and the rest.
-pub const WANTED_FILES: u64 =
-    crate::health::schedule::MAX_PROBES_IN_FLIGHT as u64 + MAX_API_CONNECTIONS as u64 + 1024;
+pub const WANTED_FILES: u64 = MAX_PROBES_IN_FLIGHT as u64 + MAX_API_CONNECTIONS as u64 + 1024;
 
 /// Least time between two reports (log line and event) of the same shortage.
 pub const REPORT_EVERY: Duration = Duration::from_secs(10);
@@ -132,6 +135,20 @@ pub fn raise_fd_limit() -> (u64, Option<String>) {
             std::io::Error::last_os_error()
         )),
     )
+}
+
+/// An OS error as words: "too many open files" rather than "Too many open files (os error 24)".
+pub fn os_error_text(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    let text = match text.rfind(" (os error ") {
+        Some(i) => &text[..i],
+        None => &text,
+    };
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_lowercase().chain(chars).collect(),
+        None => String::new(),
+    }
 }
 
 #[cfg(test)]

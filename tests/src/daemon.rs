@@ -9,7 +9,7 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use lb::api::model::Status;
+use lb::model::Status;
 
 use crate::{
     lb_bin,
@@ -148,7 +148,7 @@ impl Daemon {
     }
 
     /// `lb status --json`.
-    pub fn status(&self) -> anyhow::Result<lb::api::model::Status> {
+    pub fn status(&self) -> anyhow::Result<lb::model::Status> {
         let out = self.lb(&["status", "--json"]);
         if !out.status.success() {
             bail!("lb status: {}", String::from_utf8_lossy(&out.stderr));
@@ -174,8 +174,8 @@ impl Daemon {
             let now = self
                 .status()
                 .ok()
-                .and_then(|s| Some(s.service(service)?.backend(backend)?.state.clone()));
-            if now.as_deref() == Some(state) {
+                .and_then(|s| Some(s.service(service)?.backend(backend)?.state));
+            if now.is_some_and(|now| now == state) {
                 return start.elapsed();
             }
             assert!(

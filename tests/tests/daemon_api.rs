@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use lb::api::{html, model::Events};
+use lb::{api::html, model::Events};
 use lb_tests::{
     daemon::Daemon,
     lb_bin, require_root,
@@ -362,7 +362,7 @@ fn reload_applies_in_place_and_rejects_bad_files() {
         String::from_utf8_lossy(&out.stderr).contains("lb.ring_size: cannot change while running")
     );
     let after = daemon.status().unwrap();
-    let names = |s: &lb::api::model::Status| -> Vec<(String, Vec<String>)> {
+    let names = |s: &lb::model::Status| -> Vec<(String, Vec<String>)> {
         s.services
             .iter()
             .map(|s| {
@@ -537,7 +537,7 @@ impl Drop for PinGuard {
 }
 
 /// What a reload must not change: services, backends, their states and admin settings.
-fn shape(s: &lb::api::model::Status) -> Vec<String> {
+fn shape(s: &lb::model::Status) -> Vec<String> {
     s.services
         .iter()
         .flat_map(|s| {
@@ -549,7 +549,7 @@ fn shape(s: &lb::api::model::Status) -> Vec<String> {
 }
 
 /// Rejected reloads so far, by the way they came.
-fn rejected(daemon: &Daemon, via: &str) -> Vec<lb::api::model::Event> {
+fn rejected(daemon: &Daemon, via: &str) -> Vec<lb::model::Event> {
     let out = daemon.lb(&["events", "--json"]);
     let events: Events = serde_json::from_slice(&out.stdout).unwrap();
     events

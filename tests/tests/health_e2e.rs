@@ -242,7 +242,7 @@ fn an_untrusted_certificate_is_named_as_the_reason() {
         assert!(b.counters.tls_failure >= THRESHOLD, "{b:?}");
         assert_eq!(b.counters.tcp_failure, 0, "{b:?}");
     }
-    let events: lb::api::model::Events =
+    let events: lb::model::Events =
         serde_json::from_slice(&daemon.lb(&["events", "--json"]).stdout).unwrap();
     let down: Vec<_> = events
         .events

@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use lb::api::model::Events;
+use lb::model::Events;
 use lb_tests::{
     daemon::Daemon,
     require_root,
@@ -298,7 +298,6 @@ fn traffic_triggered_probing_starts_with_traffic_and_pauses_when_idle() {
             .backend(&backend)
             .unwrap()
             .state
-            .clone()
     };
     // No traffic yet: not probed.
     std::thread::sleep(Duration::from_millis(1500));

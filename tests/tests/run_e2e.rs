@@ -3,7 +3,7 @@
 
 use std::{net::SocketAddr, time::Duration};
 
-use lb::api::model::Status;
+use lb::model::Status;
 use lb_tests::{
     daemon::{Daemon, TempDir},
     lb_bin,

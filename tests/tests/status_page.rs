@@ -8,10 +8,15 @@ use std::{
     net::TcpListener,
 };
 
-use lb::api::{
-    html::{self, HEALTHY_COLOUR, UNHEALTHY_COLOUR},
-    metrics,
-    model::{BackendStatus, LatencyHistogram, NamedCounter, ProbeCounters, ServiceStatus, Status},
+use lb::{
+    api::{
+        html::{self, HEALTHY_COLOUR, UNHEALTHY_COLOUR},
+        metrics,
+    },
+    model::{
+        Admin, BackendStatus, HealthState, LatencyHistogram, NamedCounter, ProbeCounters,
+        ServiceStatus, Status,
+    },
 };
 use lb_tests::{
     netns::Netns,
@@ -33,8 +38,8 @@ fn backend(address: &str, state: &str, counters: ProbeCounters) -> BackendStatus
         ip: ip.to_owned(),
         port: port.parse().expect("port"),
         weight: 1,
-        state: state.to_owned(),
-        admin: "enabled".to_owned(),
+        state: HealthState::from_name(state).expect("a state name"),
+        admin: Admin::Enabled,
         available: state == "healthy",
         ejected: None,
         ejected_for_s: None,

@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use super::model::{BackendStatus, ServiceStatus, Status};
+use crate::model::{BackendStatus, ServiceStatus, Status};
 
 /// Background of `healthy` and `mostly_healthy` rows (#c8f7c5). Exported so that the end-to-end
 /// test can look for it in a screenshot.
@@ -95,7 +95,7 @@ fn table(out: &mut String, s: &ServiceStatus) {
 }
 
 fn row(out: &mut String, b: &BackendStatus) {
-    let state = escape(&b.state);
+    let state = b.state.as_str();
     // Ejected by passive checks: out whatever its probes say, so red too.
     let (ejected_class, ejected_words) = match &b.ejected {
         Some(why) => (
@@ -119,8 +119,8 @@ fn row(out: &mut String, b: &BackendStatus) {
          <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
          <td class=\"n\">{}</td><td class=\"reason\">{}</td><td class=\"n\">{latency}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
         b.weight,
-        escape(&b.state.replace('_', " ")),
-        escape(&b.admin),
+        b.state.as_str().replace('_', " "),
+        b.admin.as_str(),
         c.success,
         c.tcp_failure,
         c.tls_failure,
@@ -186,7 +186,7 @@ fn utc(time: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::model::ProbeCounters;
+    use crate::model::{Admin, HealthState, ProbeCounters};
 
     fn backend(address: &str, state: &str) -> BackendStatus {
         BackendStatus {
@@ -194,8 +194,8 @@ mod tests {
             ip: address.split(':').next().unwrap_or_default().to_owned(),
             port: 80,
             weight: 1,
-            state: state.to_owned(),
-            admin: "enabled".to_owned(),
+            state: HealthState::from_name(state).expect("a state name"),
+            admin: Admin::Enabled,
             available: state.contains("healthy") && !state.contains("unhealthy"),
             ejected: None,
             ejected_for_s: None,
@@ -253,7 +253,7 @@ mod tests {
         );
         let evil = "<script>alert(\"x\")</script>";
         let mut b = backend("10.0.0.2:80", "healthy");
-        b.admin = evil.to_owned();
+        b.address = evil.to_owned();
         let html = page(&status(vec![service(evil, vec![b])]), 5);
         assert!(!html.contains("<script"), "{html}");
         assert!(html.contains("&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;"));

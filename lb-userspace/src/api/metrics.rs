@@ -6,8 +6,7 @@
 
 use std::fmt::Write as _;
 
-use super::model::{BackendStatus, ServiceStatus, Status};
-use crate::health::window::HealthState;
+use crate::model::{BackendStatus, HealthState, ServiceStatus, Status};
 
 pub fn render(status: &Status) -> String {
     let mut out = String::new();
@@ -90,10 +89,9 @@ pub fn render(status: &Status) -> String {
         .flat_map(|(l, b)| {
             // One series per state, so a dashboard selecting on the label always finds a sample.
             HealthState::ALL.iter().map(move |s| {
-                let state = s.as_str();
                 let mut l = l.clone();
-                l.push(("state", state));
-                format!("{} {}", labels(&l), u8::from(b.state == *state))
+                l.push(("state", s.as_str()));
+                format!("{} {}", labels(&l), u8::from(b.state == *s))
             })
         })
         .collect();
@@ -361,7 +359,7 @@ fn float(v: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::model::{LatencyHistogram, NamedCounter, ProbeCounters, SynPaths};
+    use crate::model::{LatencyHistogram, NamedCounter, ProbeCounters, SynPaths};
 
     fn small() -> Status {
         Status {
@@ -384,8 +382,8 @@ mod tests {
                     ip: "10.0.0.2".to_owned(),
                     port: 80,
                     weight: 2,
-                    state: "mostly_healthy".to_owned(),
-                    admin: "enabled".to_owned(),
+                    state: HealthState::MostlyHealthy,
+                    admin: crate::model::Admin::Enabled,
                     available: true,
                     ejected: None,
                     ejected_for_s: None,

@@ -7,7 +7,6 @@
 
 pub mod html;
 pub mod metrics;
-pub mod model;
 mod serve;
 
 use std::{net::SocketAddr, sync::Arc};
@@ -25,17 +24,50 @@ use axum::{
 use serde::Deserialize;
 use tokio::sync::{broadcast, watch};
 
-pub use model::NamedCounter;
-
 use crate::{
-    balancer::Admin,
-    daemon::{RequestError, Shared, Stop},
+    events::EventLog,
+    model::{Admin, AdminReply, ErrorReply, Event, ReloadReply, Status, StopReply},
+    resources::Resources,
 };
+
+/// What the API asks of the daemon: `daemon::Shared` implements it (a fake does in the router's
+/// tests). The API knows nothing else of the daemon.
+pub trait Control: Send + Sync + 'static {
+    /// Every service, or only `only`.
+    fn status(&self, only: Option<&str>) -> Result<Status, RequestError>;
+    fn events(&self) -> &EventLog;
+    /// An operator's setting for a backend (`backend`: "IP:PORT" as given).
+    fn set_admin(
+        &self,
+        service: &str,
+        backend: &str,
+        admin: Admin,
+    ) -> Result<AdminReply, RequestError>;
+    /// Reads the config file again and moves to it (blocks: run it off the async workers).
+    fn reload(&self, via: &str) -> Result<ReloadReply, RequestError>;
+    /// The daemon exits and removes its datapath.
+    fn stop(&self);
+    /// The daemon's resources: the API counts its connections there.
+    fn resources(&self) -> &Resources;
+    /// Reports a shortage of the host's (logged and evented, rate-limited).
+    fn local_shortage(&self, place: &'static str, what: &str);
+}
+
+/// A failed operator request: what the API answers (status code by kind).
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{}", .0.join("\n"))]
+    Invalid(Vec<String>),
+    #[error("{0:#}")]
+    Failed(anyhow::Error),
+}
 
 /// What the API serves from.
 #[derive(Clone)]
 pub struct ApiState {
-    shared: Arc<Shared>,
+    control: Arc<dyn Control>,
     /// Required bearer token of the admin endpoints (None: none configured).
     token: Option<Arc<str>>,
     /// Ends long-lived responses (the event stream) when the daemon stops.
@@ -43,9 +75,9 @@ pub struct ApiState {
 }
 
 impl ApiState {
-    pub fn new(shared: Arc<Shared>, token: Option<String>) -> Self {
+    pub fn new(control: Arc<dyn Control>, token: Option<String>) -> Self {
         Self {
-            shared,
+            control,
             token: token.map(Into::into),
             stop: watch::channel(false).1,
         }
@@ -104,8 +136,8 @@ pub async fn serve(
         "control API listening"
     );
     state.stop = shutdown.clone();
-    let shared = state.shared.clone();
-    serve::run(listener, router(state, loopback), shared, shutdown).await;
+    let control = state.control.clone();
+    serve::run(listener, router(state, loopback), control, shutdown).await;
     Ok(())
 }
 
@@ -151,7 +183,10 @@ fn request_error(e: RequestError) -> Response {
         RequestError::NotFound(m) => error(StatusCode::NOT_FOUND, &m),
         RequestError::Invalid(problems) => (
             StatusCode::BAD_REQUEST,
-            Json(serde_json::json!({ "error": problems.join("; "), "problems": problems })),
+            Json(ErrorReply {
+                error: problems.join("; "),
+                problems,
+            }),
         )
             .into_response(),
         RequestError::Failed(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e:#}")),
@@ -166,7 +201,7 @@ fn wants_html(headers: &HeaderMap) -> bool {
 }
 
 fn status_reply(state: &ApiState, headers: &HeaderMap, only: Option<&str>) -> Response {
-    match state.shared.status(only) {
+    match state.control.status(only) {
         Ok(status) if wants_html(headers) => (
             [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
             html::page(&status, PAGE_REFRESH_S),
@@ -190,7 +225,7 @@ async fn healthcheck_one(
 }
 
 async fn metrics(State(state): State<ApiState>) -> Response {
-    match state.shared.status(None) {
+    match state.control.status(None) {
         Ok(status) => (
             [(
                 header::CONTENT_TYPE,
@@ -229,9 +264,9 @@ async fn events(
         Err(e) => return error(StatusCode::BAD_REQUEST, &e.body_text()),
     };
     if !q.follow {
-        return Json(state.shared.events.after(q.after, q.limit)).into_response();
+        return Json(state.control.events().after(q.after, q.limit)).into_response();
     }
-    let (backlog, live) = state.shared.events.follow(q.after);
+    let (backlog, live) = state.control.events().follow(q.after);
     let stream = futures_util::stream::unfold(
         (backlog.into_iter(), live, state.stop.clone()),
         |(mut backlog, mut live, mut stop)| async move {
@@ -259,7 +294,7 @@ async fn events(
         .into_response()
 }
 
-fn line(event: &model::Event) -> String {
+fn line(event: &Event) -> String {
     let mut s = serde_json::to_string(event).expect("events serialize");
     s.push('\n');
     s
@@ -281,31 +316,18 @@ async fn backend_action(
             );
         }
     };
-    match state.shared.set_admin(&service, &backend, admin) {
-        Ok(view) => Json(serde_json::json!({
-            "service": service,
-            "backend": backend,
-            "admin": view.admin.as_str(),
-            "state": view.state.as_str(),
-        }))
-        .into_response(),
+    match state.control.set_admin(&service, &backend, admin) {
+        Ok(reply) => Json(reply).into_response(),
         Err(e) => request_error(e),
     }
 }
 
 /// `POST /v1/reload`: the config file is read again (as SIGHUP does).
 async fn reload(State(state): State<ApiState>) -> Response {
-    let shared = state.shared.clone();
+    let control = state.control.clone();
     // Reading the file and resolving SNAT addresses block briefly.
-    match tokio::task::spawn_blocking(move || shared.reload("API")).await {
-        Ok(Ok(changes)) => Json(serde_json::json!({
-            "services_added": changes.services_added,
-            "services_removed": changes.services_removed,
-            "services_changed": changes.services_changed,
-            "backends_added": changes.backends_added.iter().map(|(s, b)| format!("{s} {b}")).collect::<Vec<_>>(),
-            "backends_removed": changes.backends_removed.iter().map(|(s, b)| format!("{s} {b}")).collect::<Vec<_>>(),
-        }))
-        .into_response(),
+    match tokio::task::spawn_blocking(move || control.reload("API")).await {
+        Ok(Ok(changes)) => Json(changes).into_response(),
         Ok(Err(e)) => request_error(e),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     }
@@ -313,14 +335,304 @@ async fn reload(State(state): State<ApiState>) -> Response {
 
 /// `POST /v1/stop`: the daemon exits and removes the datapath, pinned or not.
 async fn stop(State(state): State<ApiState>) -> Response {
-    state.shared.request_stop(Stop::Remove);
-    (
-        StatusCode::ACCEPTED,
-        Json(serde_json::json!({ "stopping": true })),
-    )
-        .into_response()
+    state.control.stop();
+    (StatusCode::ACCEPTED, Json(StopReply { stopping: true })).into_response()
 }
 
 pub(crate) fn error(status: StatusCode, message: &str) -> Response {
-    (status, Json(serde_json::json!({ "error": message }))).into_response()
+    let reply = ErrorReply {
+        error: message.to_owned(),
+        problems: Vec::new(),
+    };
+    (status, Json(reply)).into_response()
+}
+
+/// The router against a fake daemon: no socket, no root.
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use axum::body::to_bytes;
+    use tower::ServiceExt as _;
+
+    use super::*;
+    use crate::model::HealthState;
+
+    struct Fake {
+        events: EventLog,
+        resources: Resources,
+        stopped: AtomicBool,
+    }
+
+    fn fake() -> Arc<Fake> {
+        Arc::new(Fake {
+            events: EventLog::new(8),
+            resources: Resources::default(),
+            stopped: AtomicBool::new(false),
+        })
+    }
+
+    fn empty_status() -> Status {
+        Status {
+            time: 1.0,
+            services: Vec::new(),
+            counters: Vec::new(),
+            probe_latency: Vec::new(),
+            half_open_syns: None,
+            events_total: 0,
+            resources: Default::default(),
+        }
+    }
+
+    impl Control for Fake {
+        fn status(&self, only: Option<&str>) -> Result<Status, RequestError> {
+            match only {
+                None | Some("web") => Ok(empty_status()),
+                Some(other) => Err(RequestError::NotFound(format!("no service {other:?}"))),
+            }
+        }
+        fn events(&self) -> &EventLog {
+            &self.events
+        }
+        fn set_admin(
+            &self,
+            service: &str,
+            backend: &str,
+            admin: Admin,
+        ) -> Result<AdminReply, RequestError> {
+            if service != "web" {
+                return Err(RequestError::NotFound(format!("no service {service:?}")));
+            }
+            Ok(AdminReply {
+                service: service.to_owned(),
+                backend: backend.to_owned(),
+                admin,
+                state: HealthState::Healthy,
+            })
+        }
+        fn reload(&self, via: &str) -> Result<ReloadReply, RequestError> {
+            assert_eq!(via, "API");
+            Err(RequestError::Invalid(vec![
+                "lb.api: expected IP:PORT".to_owned(),
+                "service.web.vip: required".to_owned(),
+            ]))
+        }
+        fn stop(&self) {
+            self.stopped.store(true, Ordering::Relaxed);
+        }
+        fn resources(&self) -> &Resources {
+            &self.resources
+        }
+        fn local_shortage(&self, _: &'static str, _: &str) {}
+    }
+
+    /// One request through the router: (status, headers, body).
+    async fn call(
+        fake: &Arc<Fake>,
+        token: Option<&str>,
+        loopback: bool,
+        request: Request,
+    ) -> (StatusCode, HeaderMap, String) {
+        let control: Arc<dyn Control> = fake.clone();
+        let app = router(ApiState::new(control, token.map(Into::into)), loopback);
+        let response = app.oneshot(request).await.expect("infallible");
+        let (parts, body) = response.into_parts();
+        let body = to_bytes(body, 1 << 20).await.expect("a body");
+        (
+            parts.status,
+            parts.headers,
+            String::from_utf8(body.to_vec()).expect("UTF-8"),
+        )
+    }
+
+    fn req(method: &str, uri: &str) -> axum::http::request::Builder {
+        Request::builder().method(method).uri(uri)
+    }
+
+    fn error_of(body: &str) -> ErrorReply {
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+    }
+
+    #[tokio::test]
+    async fn reads_are_open_and_typed() {
+        let fake = fake();
+        let (status, headers, body) = call(
+            &fake,
+            None,
+            false,
+            req("GET", "/v1/healthcheck").body(Body::empty()).unwrap(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(headers[header::CONTENT_TYPE], "application/json");
+        let parsed: Status = serde_json::from_str(&body).unwrap();
+        assert_eq!(parsed, empty_status());
+
+        let (status, headers, body) = call(
+            &fake,
+            None,
+            false,
+            req("GET", "/v1/healthcheck/web")
+                .header(header::ACCEPT, "text/html")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(
+            headers[header::CONTENT_TYPE]
+                .to_str()
+                .unwrap()
+                .starts_with("text/html")
+        );
+        assert!(body.contains("<html"), "{body}");
+
+        let (status, _, body) = call(
+            &fake,
+            None,
+            false,
+            req("GET", "/v1/events?after=2")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        let events: crate::model::Events = serde_json::from_str(&body).unwrap();
+        assert!(events.events.is_empty());
+    }
+
+    #[tokio::test]
+    async fn bad_requests_get_their_status_and_an_error_body() {
+        let fake = fake();
+        let cases = [
+            (
+                "GET",
+                "/v1/healthcheck/nope",
+                StatusCode::NOT_FOUND,
+                "no service \"nope\"",
+            ),
+            ("GET", "/nope", StatusCode::NOT_FOUND, "no such endpoint"),
+            (
+                "GET",
+                "/v1/reload",
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method not allowed",
+            ),
+            (
+                "DELETE",
+                "/v1/healthcheck",
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method not allowed",
+            ),
+            (
+                "GET",
+                "/v1/events?after=minus",
+                StatusCode::BAD_REQUEST,
+                "after",
+            ),
+            (
+                "POST",
+                "/v1/services/web/backends/10.0.0.1:80/explode",
+                StatusCode::BAD_REQUEST,
+                "unknown action \"explode\"",
+            ),
+            (
+                "POST",
+                "/v1/services/other/backends/10.0.0.1:80/drain",
+                StatusCode::NOT_FOUND,
+                "no service \"other\"",
+            ),
+        ];
+        for (method, uri, want, text) in cases {
+            let (status, _, body) = call(
+                &fake,
+                None,
+                true,
+                req(method, uri).body(Body::empty()).unwrap(),
+            )
+            .await;
+            assert_eq!(status, want, "{method} {uri}: {body}");
+            let e = error_of(&body);
+            assert!(e.error.contains(text), "{method} {uri}: {body}");
+        }
+        // A rejected reload: 400 with each problem.
+        let (status, _, body) = call(
+            &fake,
+            None,
+            true,
+            req("POST", "/v1/reload").body(Body::empty()).unwrap(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert_eq!(error_of(&body).problems.len(), 2, "{body}");
+    }
+
+    #[tokio::test]
+    async fn admin_endpoints_need_loopback_or_the_token() {
+        let fake = fake();
+        let drain = || req("POST", "/v1/services/web/backends/10.0.0.1:80/drain");
+        // No token configured: open on loopback only.
+        let (status, _, body) = call(&fake, None, true, drain().body(Body::empty()).unwrap()).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let reply: AdminReply = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            (reply.admin, reply.state),
+            (Admin::Drained, HealthState::Healthy)
+        );
+        let (status, headers, body) =
+            call(&fake, None, false, drain().body(Body::empty()).unwrap()).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+        assert_eq!(headers[header::WWW_AUTHENTICATE], "Bearer");
+        assert!(error_of(&body).error.contains("loopback"), "{body}");
+        // A token configured: needed everywhere, loopback too, and compared whole.
+        for (given, want) in [
+            (None, StatusCode::UNAUTHORIZED),
+            (Some("Bearer secret"), StatusCode::OK),
+            (Some("Bearer secre"), StatusCode::UNAUTHORIZED),
+            (Some("Bearer secrets"), StatusCode::UNAUTHORIZED),
+            (Some("secret"), StatusCode::UNAUTHORIZED),
+        ] {
+            for loopback in [true, false] {
+                let mut r = drain();
+                if let Some(g) = given {
+                    r = r.header(header::AUTHORIZATION, g);
+                }
+                let (status, _, body) = call(
+                    &fake,
+                    Some("secret"),
+                    loopback,
+                    r.body(Body::empty()).unwrap(),
+                )
+                .await;
+                assert_eq!(status, want, "{given:?} loopback {loopback}: {body}");
+            }
+        }
+        // Reads never need it.
+        let (status, _, _) = call(
+            &fake,
+            Some("secret"),
+            false,
+            req("GET", "/metrics").body(Body::empty()).unwrap(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        // Stop: 202, and the daemon was asked.
+        assert!(!fake.stopped.load(Ordering::Relaxed));
+        let (status, _, body) = call(
+            &fake,
+            Some("secret"),
+            false,
+            req("POST", "/v1/stop")
+                .header(header::AUTHORIZATION, "Bearer secret")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::ACCEPTED);
+        assert_eq!(
+            serde_json::from_str::<StopReply>(&body).unwrap(),
+            StopReply { stopping: true }
+        );
+        assert!(fake.stopped.load(Ordering::Relaxed));
+    }
 }

@@ -24,10 +24,8 @@ use http_body_util::BodyExt as _;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::{net::TcpListener, sync::watch, task::JoinSet};
 
-use crate::{
-    daemon::Shared,
-    resources::{MAX_API_CONNECTIONS, Resources, is_local_shortage},
-};
+use super::Control;
+use crate::resources::{MAX_API_CONNECTIONS, Resources, is_local_shortage};
 
 /// Longest wait for a request's head: from the connection's start or its previous answer.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -129,11 +127,11 @@ impl Drop for Busy {
 pub async fn run(
     listener: TcpListener,
     app: Router,
-    shared: Arc<Shared>,
+    control: Arc<dyn Control>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let conns = Arc::new(Mutex::new(Conns::default()));
-    let resources: &Resources = &shared.resources;
+    let resources: &Resources = control.resources();
     let mut tasks = JoinSet::new();
     loop {
         let accepted = tokio::select! {
@@ -146,9 +144,9 @@ pub async fn run(
             Ok((stream, _)) => stream,
             Err(e) if is_local_shortage(&e) => {
                 Resources::count(&resources.accept_errors);
-                shared.local_shortage(
+                control.local_shortage(
                     "control API",
-                    &format!("accept: {}", crate::health::outcome::os_error_text(&e)),
+                    &format!("accept: {}", crate::resources::os_error_text(&e)),
                 );
                 tokio::time::sleep(ACCEPT_BACKOFF).await;
                 continue;
@@ -186,11 +184,11 @@ pub async fn run(
         };
         set_open(resources, &conns);
         let (app, conns, mut shutdown) = (app.clone(), conns.clone(), shutdown.clone());
-        let shared = shared.clone();
+        let control = control.clone();
         tasks.spawn(async move {
             serve_one(stream, app, &conns, id, closed, &mut shutdown).await;
             crate::lock(&conns).remove(id);
-            set_open(&shared.resources, &conns);
+            set_open(control.resources(), &conns);
         });
     }
     // Requests in progress finish (each connection task shuts down gracefully); past the grace

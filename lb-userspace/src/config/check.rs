@@ -3,8 +3,11 @@
 
 use std::{ops::RangeInclusive, time::Duration};
 
-use super::{Protocol, fields::Fields, read::Shown};
-use crate::health::window::WindowSettings;
+use super::WindowSettings;
+use super::{
+    Protocol,
+    fields::{Fields, Shown},
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CheckKind {

@@ -5,8 +5,6 @@ use std::cell::RefCell;
 
 use toml::{Table, Value};
 
-use super::read::Shown;
-
 /// One problem in a config file: where (`service[1].backends[0].address`) and what.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
@@ -362,5 +360,42 @@ pub fn show(d: std::time::Duration) -> String {
         format!("{}m", ms / 60_000)
     } else {
         format!("{}s", ms / 1000)
+    }
+}
+/// A string as it goes into a message: cut after 64 characters, so a megabyte of input does not
+/// become a megabyte of error.
+pub(crate) struct Shown<'a>(pub &'a str);
+
+impl Shown<'_> {
+    const MAX: usize = 64;
+
+    /// The shown part, and whether it was cut.
+    fn part(&self) -> (&str, bool) {
+        match self.0.char_indices().nth(Self::MAX) {
+            None => (self.0, false),
+            Some((cut, _)) => (&self.0[..cut], true),
+        }
+    }
+}
+
+/// Quoted, with escapes.
+impl std::fmt::Debug for Shown<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.part() {
+            (all, false) => write!(f, "{all:?}"),
+            (part, true) => write!(f, "{part:?}... ({} bytes)", self.0.len()),
+        }
+    }
+}
+
+/// As is but with control characters escaped.
+impl std::fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (part, cut) = self.part();
+        write!(f, "{}", part.escape_debug())?;
+        if cut {
+            write!(f, "... ({} bytes)", self.0.len())?;
+        }
+        Ok(())
     }
 }

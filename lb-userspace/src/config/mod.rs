@@ -5,6 +5,7 @@ mod check;
 mod fields;
 pub mod host;
 mod read;
+mod settings;
 
 use std::{
     net::{Ipv4Addr, SocketAddr, SocketAddrV4},
@@ -16,6 +17,7 @@ use std::{
 pub use check::{Check, CheckKind, HttpMethod, HttpOptions, default_status};
 pub use fields::{Problem, parse_duration, show as show_duration};
 pub use read::parse;
+pub use settings::{PassiveSettings, WindowSettings};
 
 /// The default control API listener.
 pub const DEFAULT_API: &str = "127.0.0.1:9090";
@@ -211,7 +213,7 @@ pub struct Service {
 pub struct Passive {
     /// On when the table is there (unless `enabled = false`).
     pub enabled: bool,
-    pub settings: crate::health::passive::PassiveSettings,
+    pub settings: PassiveSettings,
     /// Probe a backend only while it has traffic: from its first flow until `traffic_idle`
     /// after its last.
     pub traffic_triggered: bool,

@@ -11,7 +11,7 @@ use super::{
     AllUnhealthy, Backend, Config, ConfigErrors, Conntrack, DEFAULT_API, DEFAULT_PIN_PATH,
     ExistingFlows, Lb, MAX_RING_ENTRIES, MAX_WEIGHT, Passive, Problem, Protocol, RING_SIZE_RANGE,
     Service, XdpMode,
-    fields::{Fields, Problems},
+    fields::{Fields, Problems, Shown},
 };
 
 /// Parses and validates a whole config file.
@@ -277,44 +277,6 @@ fn valid_pin_path(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
 }
 
-/// A string as it goes into a message: cut after 64 characters, so a megabyte of input does not
-/// become a megabyte of error.
-pub(crate) struct Shown<'a>(pub &'a str);
-
-impl Shown<'_> {
-    const MAX: usize = 64;
-
-    /// The shown part, and whether it was cut.
-    fn part(&self) -> (&str, bool) {
-        match self.0.char_indices().nth(Self::MAX) {
-            None => (self.0, false),
-            Some((cut, _)) => (&self.0[..cut], true),
-        }
-    }
-}
-
-/// Quoted, with escapes.
-impl std::fmt::Debug for Shown<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.part() {
-            (all, false) => write!(f, "{all:?}"),
-            (part, true) => write!(f, "{part:?}... ({} bytes)", self.0.len()),
-        }
-    }
-}
-
-/// As is but with control characters escaped.
-impl std::fmt::Display for Shown<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (part, cut) = self.part();
-        write!(f, "{}", part.escape_debug())?;
-        if cut {
-            write!(f, "... ({} bytes)", self.0.len())?;
-        }
-        Ok(())
-    }
-}
-
 /// Why `ip` cannot be a VIP, backend or SNAT address, if it cannot.
 fn unusable(ip: Ipv4Addr) -> Option<&'static str> {
     if ip.is_unspecified() || ip.octets()[0] == 0 {
@@ -402,7 +364,7 @@ fn read_passive(f: &Fields) -> Option<Passive> {
     f.finish();
     Some(Passive {
         enabled: enabled?,
-        settings: crate::health::passive::PassiveSettings {
+        settings: super::PassiveSettings {
             failures: failures? as u32,
             window: window?,
             ejection: ejection?,

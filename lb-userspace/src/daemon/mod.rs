@@ -2,11 +2,13 @@
 //! checks, serve the API, keep the backends' neighbour entries resolved; reload on SIGHUP; on
 //! SIGINT or SIGTERM exit leaving a pinned datapath forwarding; on `lb stop` remove everything.
 
+mod control;
 mod passive;
 mod state;
 mod status;
 
-pub use state::{RequestError, Shared, Stop, ids_file};
+pub use crate::api::RequestError;
+pub use state::{Shared, Stop, ids_file};
 
 use std::{
     collections::{BTreeSet, HashSet},

@@ -19,12 +19,12 @@ use tracing::{info, warn};
 
 use super::state::{Inner, Shared};
 use crate::{
-    api::model::{Event, ProbeCounters},
     health::{
         checker::{ProbeKey, Verdict},
         passive::{Change, Scope, Signal},
         probe::ProbeResult,
     },
+    model::{Event, ProbeCounters},
 };
 
 /// How often the datapath's signal ring is drained and ejection times checked.

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::{
-    api::model::{Event, ProbeCounters},
+    api::RequestError,
     balancer::{Admin, Balancer, Changes, Ids},
     config::{self, Config},
     dataplane::Dataplane,
@@ -26,6 +26,7 @@ use crate::{
         passive::{Ejector, Scope},
         window::{Counters, HealthState},
     },
+    model::{Event, ProbeCounters},
 };
 
 /// How the daemon should end.
@@ -64,17 +65,6 @@ pub(super) struct Inner {
     /// Per backend id: its packet counter when last read and when it last moved (traffic-
     /// triggered probing).
     pub traffic: HashMap<u32, (u64, Option<Instant>)>,
-}
-
-/// A failed operator request: what the API answers (status code by kind).
-#[derive(Debug, thiserror::Error)]
-pub enum RequestError {
-    #[error("{0}")]
-    NotFound(String),
-    #[error("{}", .0.join("\n"))]
-    Invalid(Vec<String>),
-    #[error("{0:#}")]
-    Failed(anyhow::Error),
 }
 
 /// What a backend shows: health state (with admin and weight folded in), counters, latency,

@@ -4,10 +4,11 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use lb_common::counter;
 
-use super::state::{Inner, RequestError, Shared};
+use super::state::{Inner, Shared};
 use crate::{
-    api::model::{BackendStatus, NamedCounter, ServiceStatus, Status},
+    api::RequestError,
     dataplane::TrafficCounters,
+    model::{BackendStatus, NamedCounter, ServiceStatus, Status},
 };
 
 impl Shared {
@@ -65,8 +66,8 @@ fn build(inner: &Inner) -> anyhow::Result<Status> {
                         ip: b.address.ip().to_string(),
                         port: b.address.port(),
                         weight: b.weight,
-                        state: view.state.as_str().to_owned(),
-                        admin: view.admin.as_str().to_owned(),
+                        state: view.state,
+                        admin: view.admin,
                         available: inner.balancer.takes_new_flows(sid, bid).unwrap_or(false),
                         ejected: ejection.as_ref().map(|e| e.0.clone()),
                         ejected_for_s: ejection.map(|e| e.1),

@@ -7,14 +7,11 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    future::Future,
-    net::SocketAddrV4,
-    pin::Pin,
     sync::{
-        Arc, Mutex, OnceLock,
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
     },
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use tokio::{
@@ -22,91 +19,18 @@ use tokio::{
     task::JoinHandle,
 };
 
+pub use super::target::{ProbeKey, TargetStatus, Verdict};
 use super::{
-    outcome::Reason,
-    probe::{ProbeResult, http, icmp::IcmpProber, tcp_connect, tcp_syn::SynProber, udp},
-    schedule::{Command, Scheduler, TargetShared},
-    window::{Counters, HealthState, Transition},
+    probe::{icmp::IcmpProber, tcp_syn::SynProber},
+    probers::{LATENCY_BOUNDS_S, Probers, http_check},
+    schedule::{Command, Scheduler},
+    target::TargetShared,
+    window::{Counters, HealthState},
 };
 use crate::{
-    api::model::LatencyHistogram,
-    config::{Check, CheckKind, Config, HttpMethod, Service},
+    config::{CheckKind, Config},
+    model::LatencyHistogram,
 };
-
-/// What a probe task stands for: its address and its check. Services whose backends share
-/// both share the probe.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ProbeKey {
-    pub target: SocketAddrV4,
-    pub check: Check,
-}
-
-impl ProbeKey {
-    /// The probe of a service's backend; None when the service's checks are off.
-    pub fn of(service: &Service, backend: SocketAddrV4) -> Option<Self> {
-        (service.check.kind != CheckKind::None).then(|| Self {
-            target: SocketAddrV4::new(*backend.ip(), service.check.port.unwrap_or(backend.port())),
-            check: service.check.clone(),
-        })
-    }
-}
-
-/// A probe result: every state change, and every result of the probes asked to report all
-/// (those passive checks follow, see [`Checker::set_reporting`]).
-#[derive(Debug, Clone)]
-pub struct Verdict {
-    pub probe: Arc<ProbeKey>,
-    pub result: ProbeResult,
-    pub transition: Option<Transition>,
-}
-
-/// The latest of one probe target, for status pages.
-#[derive(Debug, Clone, Copy)]
-pub struct TargetStatus {
-    pub state: HealthState,
-    pub counters: Counters,
-    pub last_latency: Option<Duration>,
-    /// The last failed probe's result (its reason), local failures aside.
-    pub last_failure: Option<ProbeResult>,
-    /// When the current state was entered.
-    pub since: Instant,
-}
-
-/// Upper bounds of the probe latency histogram, seconds.
-pub const LATENCY_BOUNDS_S: [f64; 12] = [
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-];
-
-/// Successful probe latencies of one check kind (cumulative buckets are computed on read).
-#[derive(Default)]
-pub(super) struct Histogram {
-    buckets: [AtomicU64; LATENCY_BOUNDS_S.len() + 1],
-    sum_us: AtomicU64,
-}
-
-impl Histogram {
-    pub(super) fn observe(&self, latency: Duration) {
-        let s = latency.as_secs_f64();
-        let i = LATENCY_BOUNDS_S
-            .iter()
-            .position(|&b| s <= b)
-            .unwrap_or(LATENCY_BOUNDS_S.len());
-        self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        self.sum_us
-            .fetch_add(latency.as_micros() as u64, Ordering::Relaxed);
-    }
-}
-
-/// Shared probe machinery: one raw socket for half-open probes, one for ICMP echo (icmp and udp
-/// checks), opened when a check first needs them; one set of TLS configs.
-pub(super) struct Probers {
-    pub(super) syn: OnceLock<SynProber>,
-    icmp: OnceLock<IcmpProber>,
-    tls: http::TlsConfigs,
-    /// Probes started so far.
-    pub(super) sent: AtomicU64,
-    pub(super) latency: [Histogram; CheckKind::ALL.len()],
-}
 
 /// The running checks: the scheduler task and what it shares per target; targets are added
 /// and removed as the config changes.
@@ -126,13 +50,7 @@ pub fn spawn(
     verdicts: mpsc::UnboundedSender<Verdict>,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<Checker> {
-    let probers = Arc::new(Probers {
-        syn: OnceLock::new(),
-        icmp: OnceLock::new(),
-        tls: http::TlsConfigs::new(),
-        sent: AtomicU64::new(0),
-        latency: Default::default(),
-    });
+    let probers = Arc::new(Probers::new());
     let (commands, commands_rx) = mpsc::unbounded_channel();
     let scheduler = Scheduler::new(probers.clone(), verdicts, Instant::now());
     let mut checker = Checker {
@@ -248,10 +166,10 @@ impl Checker {
     }
 
     /// Half-open SYNs sent so far by path; None while no half-open check runs.
-    pub fn half_open_syns(&self) -> Option<crate::api::model::SynPaths> {
+    pub fn half_open_syns(&self) -> Option<crate::model::SynPaths> {
         self.probers.syn.get().map(|syn| {
             let (link, kernel) = syn.syns_sent();
-            crate::api::model::SynPaths { link, kernel }
+            crate::model::SynPaths { link, kernel }
         })
     }
 
@@ -313,107 +231,10 @@ pub fn plan(config: &Config) -> Vec<(ProbeKey, Vec<(usize, usize)>)> {
     out
 }
 
-/// A probe on its way.
-pub(super) type Probe = Pin<Box<dyn Future<Output = ProbeResult> + Send>>;
-
-/// One probe of `key` with the shared probers. Each kind boxes its own future, so a half-open
-/// probe allocates what it needs, not room for an HTTPS exchange. HTTP(S) probes run as tasks
-/// of their own: TLS and parsing take CPU that any worker can give.
-pub(super) fn probe(
-    probers: &Arc<Probers>,
-    key: &Arc<ProbeKey>,
-    http: Option<&Arc<http::HttpCheck>>,
-) -> Probe {
-    probers.sent.fetch_add(1, Ordering::Relaxed);
-    let (p, k) = (probers.clone(), key.clone());
-    let target = key.target;
-    let timeout = key.check.window.timeout;
-    match key.check.kind {
-        CheckKind::Tcp => Box::pin(async move {
-            match p.syn.get() {
-                Some(syn) => syn.probe(target, timeout).await,
-                None => ProbeResult::Local(Reason::NoProber),
-            }
-        }),
-        CheckKind::TcpConnect => Box::pin(async move {
-            let check = &k.check;
-            tcp_connect::probe(
-                target,
-                check.send.as_deref(),
-                check.expect.as_deref(),
-                timeout,
-            )
-            .await
-        }),
-        CheckKind::Http | CheckKind::Https => {
-            let Some(http) = http.cloned() else {
-                return Box::pin(std::future::ready(ProbeResult::Local(Reason::Internal)));
-            };
-            let task =
-                tokio::spawn(async move { http::probe(&http, &p.tls, target, timeout).await });
-            Box::pin(async move {
-                task.await.unwrap_or_else(|e| {
-                    tracing::error!(error = %e, "http health probe task");
-                    ProbeResult::Local(Reason::Internal)
-                })
-            })
-        }
-        CheckKind::Icmp => Box::pin(async move {
-            match p.icmp.get() {
-                Some(icmp) => icmp.probe(*target.ip(), timeout).await,
-                None => ProbeResult::Local(Reason::NoProber),
-            }
-        }),
-        CheckKind::Udp => Box::pin(async move {
-            let check = &k.check;
-            match p.icmp.get() {
-                Some(icmp) => {
-                    udp::probe(
-                        icmp,
-                        target,
-                        check.send.as_deref(),
-                        check.expect.as_deref(),
-                        timeout,
-                    )
-                    .await
-                }
-                None => ProbeResult::Local(Reason::NoProber),
-            }
-        }),
-        // Checks of kind none are not scheduled.
-        CheckKind::None => Box::pin(std::future::ready(ProbeResult::Local(Reason::Internal))),
-    }
-}
-
-/// The probe request of an http or https check.
-fn http_check(check: &Check) -> Option<http::HttpCheck> {
-    let o = check.http.as_ref()?;
-    Some(http::HttpCheck {
-        method: match o.method {
-            HttpMethod::Get => http::Method::Get,
-            HttpMethod::Head => http::Method::Head,
-        },
-        path: o.path.clone(),
-        host: o.host.clone(),
-        headers: o.headers.clone(),
-        healthy: o.status.clone(),
-        tls: (check.kind == CheckKind::Https).then(|| http::TlsCheck {
-            verify: o.verify_tls,
-            server_name: o.host.clone(),
-        }),
-    })
-}
-
-/// A deterministic offset in [0, interval) from the target's address.
-pub(super) fn phase(target: SocketAddrV4, interval: Duration) -> Duration {
-    let key = (u64::from(u32::from(*target.ip())) << 16) | u64::from(target.port());
-    let h = lb_common::fmix64(key);
-    let millis = interval.as_millis().max(1) as u64;
-    Duration::from_millis(h % millis)
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]

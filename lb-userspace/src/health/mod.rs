@@ -7,7 +7,9 @@ pub mod checker;
 pub mod outcome;
 pub mod passive;
 pub mod probe;
+mod probers;
 pub mod schedule;
+pub mod target;
 mod wheel;
 pub mod window;
 

@@ -38,6 +38,10 @@ impl ProbeResult {
     }
 }
 
+/// The bytes of an HTTP answer in which [`Reason::NoStatusLine`] found no status line (the HTTP
+/// probe reads no more than this for it).
+pub const HTTP_MAX_HEAD: usize = 8 * 1024;
+
 /// Why a probe failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reason {
@@ -98,13 +102,15 @@ impl fmt::Display for Reason {
             Self::Reset => f.write_str("connection reset"),
             Self::Closed => f.write_str("closed before answering"),
             Self::Unreachable(code) => write!(f, "ICMP {}", unreachable_text(*code)),
-            Self::Os(errno) => f.write_str(&os_error_text(&io::Error::from_raw_os_error(*errno))),
+            Self::Os(errno) => f.write_str(&crate::resources::os_error_text(
+                &io::Error::from_raw_os_error(*errno),
+            )),
             Self::Status(code) => write!(f, "HTTP {code}"),
             Self::NotHttp => f.write_str("not an HTTP/1.x answer"),
             Self::NoStatusLine => write!(
                 f,
                 "no status line in the first {} KiB",
-                super::probe::http::MAX_HEAD / 1024
+                HTTP_MAX_HEAD / 1024
             ),
             Self::Mismatch => f.write_str("reply does not match expect"),
             Self::Tls(t) => write!(f, "TLS: {t}"),
@@ -150,20 +156,6 @@ fn unreachable_text(code: u8) -> &'static str {
         4 => "fragmentation needed",
         9 | 10 | 13 => "communication administratively prohibited",
         _ => "destination unreachable",
-    }
-}
-
-/// An OS error as words: "too many open files" rather than "Too many open files (os error 24)".
-pub fn os_error_text(e: &io::Error) -> String {
-    let text = e.to_string();
-    let text = match text.rfind(" (os error ") {
-        Some(i) => &text[..i],
-        None => &text,
-    };
-    let mut chars = text.chars();
-    match chars.next() {
-        Some(first) => first.to_lowercase().chain(chars).collect(),
-        None => String::new(),
     }
 }
 

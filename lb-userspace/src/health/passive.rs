@@ -17,23 +17,7 @@ use std::{
     time::Duration,
 };
 
-/// `[service.passive]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct PassiveSettings {
-    pub failures: u32,
-    pub window: Duration,
-    pub ejection: Duration,
-}
-
-impl Default for PassiveSettings {
-    fn default() -> Self {
-        Self {
-            failures: 10,
-            window: Duration::from_secs(120),
-            ejection: Duration::from_secs(60),
-        }
-    }
-}
+pub use crate::config::PassiveSettings;
 
 /// What is ejected.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

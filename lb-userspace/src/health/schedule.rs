@@ -13,10 +13,7 @@ use std::{
     future::Future,
     net::SocketAddrV4,
     pin::Pin,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::{Arc, atomic::Ordering},
     task::{Context, Poll},
     time::{Duration, Instant},
 };
@@ -27,9 +24,10 @@ use tokio::sync::{mpsc, watch};
 use crate::config::CheckKind;
 
 use super::{
-    checker::{Probe, ProbeKey, Probers, TargetStatus, Verdict, phase, probe},
     prefetch,
     probe::{ProbeResult, http::HttpCheck},
+    probers::{Probe, Probers, probe},
+    target::{ProbeKey, TargetShared, Verdict},
     wheel::Wheel,
     window::{HealthState, Window},
 };
@@ -37,9 +35,7 @@ use super::{
 /// The scheduler's granularity: it wakes at most once per slot.
 pub const SLOT: Duration = Duration::from_millis(10);
 
-/// Probes in flight at most; a probe due beyond waits in the queue for a free place (its window
-/// sees a later result, never a wrong one).
-pub const MAX_PROBES_IN_FLIGHT: usize = 4096;
+use crate::resources::MAX_PROBES_IN_FLIGHT;
 
 /// The longest pause the wheel must hold: the longest interval (300 s) with its jitter, or a
 /// phase. Sizes the wheel (32,768 slots).
@@ -48,15 +44,6 @@ const MAX_PAUSE: Duration = Duration::from_secs(320);
 /// How often a paused target (traffic-triggered probing, no traffic) looks again whether it
 /// should probe, at most.
 const PAUSED_RECHECK: Duration = Duration::from_secs(1);
-
-/// What the scheduler shares with the rest of the daemon about one target.
-pub(super) struct TargetShared {
-    pub(super) status: Mutex<TargetStatus>,
-    /// Send every result, not only state changes.
-    pub(super) report: AtomicBool,
-    /// Probe at all (traffic-triggered probing pauses idle targets).
-    pub(super) active: AtomicBool,
-}
 
 /// Changes to the set of targets, from [`super::checker::Checker::update`].
 pub(super) enum Command {
@@ -428,6 +415,14 @@ fn xorshift(state: &mut u64) -> u64 {
     x ^= x << 17;
     *state = x;
     x
+}
+
+/// A deterministic offset in [0, interval) from the target's address.
+fn phase(target: SocketAddrV4, interval: Duration) -> Duration {
+    let key = (u64::from(u32::from(*target.ip())) << 16) | u64::from(target.port());
+    let h = lb_common::fmix64(key);
+    let millis = interval.as_millis().max(1) as u64;
+    Duration::from_millis(h % millis)
 }
 
 #[cfg(test)]

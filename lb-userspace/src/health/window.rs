@@ -19,57 +19,8 @@ use std::time::Duration;
 use serde::Serialize;
 
 pub use super::outcome::ProbeResult;
-
-/// Timing and thresholds of one service's checks. Ranges are validated by the config reader;
-/// a threshold of 0 is treated as 1 so nothing here can misbehave on unchecked input.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct WindowSettings {
-    /// How long a probe waits for an answer.
-    pub timeout: Duration,
-    /// Pause between the end of one probe and the start of the next while the target is available.
-    pub interval: Duration,
-    /// The same pause while the target is not available (seed 002's per-state intervals).
-    pub unhealthy_interval: Duration,
-    /// Consecutive successes that make a target healthy (1–10).
-    pub healthy_threshold: u32,
-    /// Consecutive failures that make a target unhealthy (1–10).
-    pub unhealthy_threshold: u32,
-}
-
-impl Default for WindowSettings {
-    fn default() -> Self {
-        Self {
-            timeout: Duration::from_secs(2),
-            interval: Duration::from_secs(2),
-            unhealthy_interval: Duration::from_secs(2),
-            healthy_threshold: 3,
-            unhealthy_threshold: 3,
-        }
-    }
-}
-
-impl WindowSettings {
-    /// Longest time a dead target keeps its traffic, counted from the first probe that finds it
-    /// dead: `timeout × unhealthy_threshold + interval × (unhealthy_threshold − 1)` (seed 001).
-    /// Counted from the moment it died, add up to one `interval` of phase.
-    pub fn failure_window(&self) -> Duration {
-        let n = self.unhealthy_threshold.max(1);
-        let pauses = self.interval.saturating_mul(n - 1);
-        self.timeout.saturating_mul(n).saturating_add(pauses)
-    }
-
-    /// Time a recovered target waits for traffic when probes take `response_time`:
-    /// `response_time × healthy_threshold + interval × (healthy_threshold − 1)`, SPEC's formula,
-    /// shown to operators as is. The seeds know a single interval; with seed 002's per-state
-    /// intervals the pauses of a recovery run at `unhealthy_interval` (the target is not
-    /// available until the verdict), so the real bound uses that interval in its place. The two
-    /// agree with the default `unhealthy_interval = interval`.
-    pub fn success_window(&self, response_time: Duration) -> Duration {
-        let n = self.healthy_threshold.max(1);
-        let pauses = self.interval.saturating_mul(n - 1);
-        response_time.saturating_mul(n).saturating_add(pauses)
-    }
-}
+pub use crate::config::WindowSettings;
+pub use crate::model::HealthState;
 
 /// Consecutive results of one target (seed 002, `GET /v1/healthcheck` `counter`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -109,59 +60,6 @@ impl Counters {
         };
         *failures = failures.saturating_add(1);
         self.success = 0;
-    }
-}
-
-/// Health state of one target.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum HealthState {
-    /// Checks are on but no verdict yet.
-    Initializing,
-    Healthy,
-    /// Healthy, but failures seen below `unhealthy_threshold`.
-    MostlyHealthy,
-    /// Unhealthy, but successes seen below `healthy_threshold`.
-    MostlyUnhealthy,
-    Unhealthy,
-    /// Checks are off for this target.
-    Disabled,
-    /// Weight 0 (drained) or not referenced by any service.
-    Unused,
-}
-
-impl HealthState {
-    pub const ALL: [Self; 7] = [
-        Self::Initializing,
-        Self::Healthy,
-        Self::MostlyHealthy,
-        Self::MostlyUnhealthy,
-        Self::Unhealthy,
-        Self::Disabled,
-        Self::Unused,
-    ];
-
-    /// Whether the target may receive new flows. `Initializing` counts as available so that a
-    /// daemon restart or a config reload does not cut traffic while the first verdicts are
-    /// pending (a dead target then goes within one failure window, as from `healthy`).
-    /// `Disabled` is available as SPEC says for unchecked backends; `Unused` has no traffic.
-    pub fn is_available(self) -> bool {
-        matches!(
-            self,
-            Self::Initializing | Self::Healthy | Self::MostlyHealthy | Self::Disabled
-        )
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Initializing => "initializing",
-            Self::Healthy => "healthy",
-            Self::MostlyHealthy => "mostly_healthy",
-            Self::MostlyUnhealthy => "mostly_unhealthy",
-            Self::Unhealthy => "unhealthy",
-            Self::Disabled => "disabled",
-            Self::Unused => "unused",
-        }
     }
 }
 

@@ -67,7 +67,7 @@ pub fn run(bed: &mut Bed, trials: usize) -> anyhow::Result<Detection> {
         let s = d.status()?;
         Ok(s.service("hc")
             .and_then(|s| s.backend(&key))
-            .map(|b| b.state.clone())
+            .map(|b| b.state.to_string())
             .unwrap_or_default())
     };
     let mut r = Detection {

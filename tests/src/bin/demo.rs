@@ -18,7 +18,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 use clap::Parser;
-use lb::api::model::{Event, Events, Status};
+use lb::model::{Event, Events, Status};
 use lb_tests::{
     daemon::{self, Daemon},
     lb_bin,

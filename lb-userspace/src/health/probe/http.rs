@@ -53,7 +53,7 @@ use crate::health::outcome::{Reason, from_io, from_tls};
 
 /// The most the probe reads while looking for the status line of the final answer. An answer
 /// with no complete status line within this many bytes is not HTTP (`HttpFailure`).
-pub const MAX_HEAD: usize = 8 * 1024;
+pub const MAX_HEAD: usize = crate::health::outcome::HTTP_MAX_HEAD;
 
 /// The `User-Agent` the probe sends unless the check configures its own.
 pub const USER_AGENT: &str = "lb-health";

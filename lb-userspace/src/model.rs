@@ -1,4 +1,4 @@
-//! What the control API reports, as plain data: the JSON replies, and the input of the HTML page
+//! What the control API reports (its wire model), as plain data: the JSON replies, and the input of the HTML page
 //! and the Prometheus renderer. Built by the daemon from its state; the renderers are pure
 //! functions of it.
 
@@ -86,11 +86,10 @@ pub struct BackendStatus {
     pub ip: String,
     pub port: u16,
     pub weight: u32,
-    /// Health state: initializing, healthy, mostly_healthy, mostly_unhealthy, unhealthy,
-    /// disabled, unused.
-    pub state: String,
-    /// Operator setting: "enabled", "drained" or "disabled".
-    pub admin: String,
+    /// Health state (admin and weight folded in).
+    pub state: HealthState,
+    /// Operator setting.
+    pub admin: Admin,
     /// Whether new flows may go to it now (health, passive ejection, admin and weight together).
     pub available: bool,
     /// Ejected by passive checks: scope and signal ("service: refused", "host: connect_timeout").
@@ -112,6 +111,111 @@ pub struct BackendStatus {
     pub bytes: u64,
     pub new_flows: u64,
 }
+
+/// Health state of one target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HealthState {
+    /// Checks are on but no verdict yet.
+    Initializing,
+    Healthy,
+    /// Healthy, but failures seen below `unhealthy_threshold`.
+    MostlyHealthy,
+    /// Unhealthy, but successes seen below `healthy_threshold`.
+    MostlyUnhealthy,
+    Unhealthy,
+    /// Checks are off for this target.
+    Disabled,
+    /// Weight 0 (drained) or not referenced by any service.
+    Unused,
+}
+
+impl HealthState {
+    pub const ALL: [Self; 7] = [
+        Self::Initializing,
+        Self::Healthy,
+        Self::MostlyHealthy,
+        Self::MostlyUnhealthy,
+        Self::Unhealthy,
+        Self::Disabled,
+        Self::Unused,
+    ];
+
+    /// Whether the target may receive new flows. `Initializing` counts as available so that a
+    /// daemon restart or a config reload does not cut traffic while the first verdicts are
+    /// pending (a dead target then goes within one failure window, as from `healthy`).
+    /// `Disabled` is available as SPEC says for unchecked backends; `Unused` has no traffic.
+    pub fn is_available(self) -> bool {
+        matches!(
+            self,
+            Self::Initializing | Self::Healthy | Self::MostlyHealthy | Self::Disabled
+        )
+    }
+
+    /// The state named `name` (its wire name).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.as_str() == name)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Initializing => "initializing",
+            Self::Healthy => "healthy",
+            Self::MostlyHealthy => "mostly_healthy",
+            Self::MostlyUnhealthy => "mostly_unhealthy",
+            Self::Unhealthy => "unhealthy",
+            Self::Disabled => "disabled",
+            Self::Unused => "unused",
+        }
+    }
+}
+
+/// An operator's setting for a backend (`lb backend drain|enable|disable`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Admin {
+    /// Takes new flows when healthy.
+    #[default]
+    Enabled,
+    /// No new flows; established flows continue.
+    Drained,
+    /// Out: no new flows, and established flows are treated as for a dead backend
+    /// (rescheduled or kept, per the service's `existing_flows`).
+    Disabled,
+}
+
+impl Admin {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Enabled => "enabled",
+            Self::Drained => "drained",
+            Self::Disabled => "disabled",
+        }
+    }
+}
+
+/// The wire names, for text and comparisons (`state == "healthy"`).
+macro_rules! wire_name {
+    ($t:ty) => {
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+        impl PartialEq<str> for $t {
+            fn eq(&self, other: &str) -> bool {
+                self.as_str() == other
+            }
+        }
+        impl PartialEq<&str> for $t {
+            fn eq(&self, other: &&str) -> bool {
+                self.as_str() == *other
+            }
+        }
+    };
+}
+wire_name!(HealthState);
+wire_name!(Admin);
 
 /// SPEC §2 counters (seed 002): consecutive results.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -201,16 +305,44 @@ impl Event {
     }
 }
 
+/// `POST /v1/services/{service}/backends/{backend}/{drain|enable|disable}`: the backend after it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct AdminReply {
+    pub service: String,
+    pub backend: String,
+    pub admin: Admin,
+    pub state: HealthState,
+}
+
+/// `POST /v1/reload`: what the new config changed. Backends as "SERVICE IP:PORT".
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ReloadReply {
+    pub services_added: Vec<String>,
+    pub services_removed: Vec<String>,
+    pub services_changed: Vec<String>,
+    pub backends_added: Vec<String>,
+    pub backends_removed: Vec<String>,
+}
+
+/// `POST /v1/stop` (202).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StopReply {
+    pub stopping: bool,
+}
+
+/// Every answer that is not a success (4xx/5xx): what went wrong; `problems`, each with its
+/// place, for a rejected config.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ErrorReply {
+    pub error: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
+}
+
 /// `GET /v1/events`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Events {
     pub events: Vec<Event>,
     /// Events that fell out of the bounded log before this reply.
     pub dropped: u64,
-}
-
-/// Errors are `{"error": "..."}` with a 4xx/5xx status.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct ErrorReply {
-    pub error: String,
 }

@@ -1,0 +1,62 @@
+//! The daemon as the control API sees it ([`api::Control`]): its requests answered from the
+//! shared state, in the API's wire model.
+
+use crate::{
+    api::{self, RequestError},
+    events::EventLog,
+    model::{Admin, AdminReply, ReloadReply, Status},
+    resources::Resources,
+};
+
+use super::{Shared, Stop};
+
+impl api::Control for Shared {
+    fn status(&self, only: Option<&str>) -> Result<Status, RequestError> {
+        Shared::status(self, only)
+    }
+
+    fn events(&self) -> &EventLog {
+        &self.events
+    }
+
+    fn set_admin(
+        &self,
+        service: &str,
+        backend: &str,
+        admin: Admin,
+    ) -> Result<AdminReply, RequestError> {
+        let view = Shared::set_admin(self, service, backend, admin)?;
+        Ok(AdminReply {
+            service: service.to_owned(),
+            backend: backend.to_owned(),
+            admin: view.admin,
+            state: view.state,
+        })
+    }
+
+    fn reload(&self, via: &str) -> Result<ReloadReply, RequestError> {
+        let changes = Shared::reload(self, via)?;
+        let named = |list: Vec<(String, std::net::SocketAddrV4)>| {
+            list.into_iter().map(|(s, b)| format!("{s} {b}")).collect()
+        };
+        Ok(ReloadReply {
+            services_added: changes.services_added,
+            services_removed: changes.services_removed,
+            services_changed: changes.services_changed,
+            backends_added: named(changes.backends_added),
+            backends_removed: named(changes.backends_removed),
+        })
+    }
+
+    fn stop(&self) {
+        self.request_stop(Stop::Remove);
+    }
+
+    fn resources(&self) -> &Resources {
+        &self.resources
+    }
+
+    fn local_shortage(&self, place: &'static str, what: &str) {
+        Shared::local_shortage(self, place, what);
+    }
+}

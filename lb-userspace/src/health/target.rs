@@ -1,0 +1,63 @@
+//! What the checker, its scheduler and the daemon share about a probe target: its key (address
+//! and check), its latest status, its verdicts. A module of its own so the checker and the
+//! scheduler both import it and neither imports the other.
+
+use std::{
+    net::SocketAddrV4,
+    sync::{Arc, Mutex, atomic::AtomicBool},
+    time::{Duration, Instant},
+};
+
+use super::{
+    probe::ProbeResult,
+    window::{Counters, HealthState, Transition},
+};
+use crate::config::{Check, CheckKind, Service};
+
+/// What a probe task stands for: its address and its check. Services whose backends share
+/// both share the probe.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ProbeKey {
+    pub target: SocketAddrV4,
+    pub check: Check,
+}
+
+impl ProbeKey {
+    /// The probe of a service's backend; None when the service's checks are off.
+    pub fn of(service: &Service, backend: SocketAddrV4) -> Option<Self> {
+        (service.check.kind != CheckKind::None).then(|| Self {
+            target: SocketAddrV4::new(*backend.ip(), service.check.port.unwrap_or(backend.port())),
+            check: service.check.clone(),
+        })
+    }
+}
+
+/// A probe result: every state change, and every result of the probes asked to report all
+/// (those passive checks follow, see [`Checker::set_reporting`]).
+#[derive(Debug, Clone)]
+pub struct Verdict {
+    pub probe: Arc<ProbeKey>,
+    pub result: ProbeResult,
+    pub transition: Option<Transition>,
+}
+
+/// The latest of one probe target, for status pages.
+#[derive(Debug, Clone, Copy)]
+pub struct TargetStatus {
+    pub state: HealthState,
+    pub counters: Counters,
+    pub last_latency: Option<Duration>,
+    /// The last failed probe's result (its reason), local failures aside.
+    pub last_failure: Option<ProbeResult>,
+    /// When the current state was entered.
+    pub since: Instant,
+}
+
+/// What the scheduler shares with the rest of the daemon about one target.
+pub(super) struct TargetShared {
+    pub(super) status: Mutex<TargetStatus>,
+    /// Send every result, not only state changes.
+    pub(super) report: AtomicBool,
+    /// Probe at all (traffic-triggered probing pauses idle targets).
+    pub(super) active: AtomicBool,
+}
