@@ -200,8 +200,20 @@ fn wants_html(headers: &HeaderMap) -> bool {
         .is_some_and(|a| a.contains("text/html"))
 }
 
-fn status_reply(state: &ApiState, headers: &HeaderMap, only: Option<&str>) -> Response {
-    match state.control.status(only) {
+/// Runs `f` on the blocking pool: the daemon's calls take its lock, which a map write may hold
+/// for milliseconds, and no async worker should wait on it.
+async fn blocking<T: Send + 'static>(
+    state: &ApiState,
+    f: impl FnOnce(&dyn Control) -> Result<T, RequestError> + Send + 'static,
+) -> Result<T, RequestError> {
+    let control = state.control.clone();
+    tokio::task::spawn_blocking(move || f(&*control))
+        .await
+        .unwrap_or_else(|e| Err(RequestError::Failed(anyhow::anyhow!("request task: {e}"))))
+}
+
+async fn status_reply(state: &ApiState, headers: &HeaderMap, only: Option<String>) -> Response {
+    match blocking(state, move |c| c.status(only.as_deref())).await {
         Ok(status) if wants_html(headers) => (
             [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
             html::page(&status, PAGE_REFRESH_S),
@@ -213,7 +225,7 @@ fn status_reply(state: &ApiState, headers: &HeaderMap, only: Option<&str>) -> Re
 }
 
 async fn healthcheck_all(State(state): State<ApiState>, headers: HeaderMap) -> Response {
-    status_reply(&state, &headers, None)
+    status_reply(&state, &headers, None).await
 }
 
 async fn healthcheck_one(
@@ -221,11 +233,11 @@ async fn healthcheck_one(
     Path(service): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    status_reply(&state, &headers, Some(&service))
+    status_reply(&state, &headers, Some(service)).await
 }
 
 async fn metrics(State(state): State<ApiState>) -> Response {
-    match state.control.status(None) {
+    match blocking(&state, |c| c.status(None)).await {
         Ok(status) => (
             [(
                 header::CONTENT_TYPE,
@@ -316,7 +328,7 @@ async fn backend_action(
             );
         }
     };
-    match state.control.set_admin(&service, &backend, admin) {
+    match blocking(&state, move |c| c.set_admin(&service, &backend, admin)).await {
         Ok(reply) => Json(reply).into_response(),
         Err(e) => request_error(e),
     }
@@ -324,12 +336,10 @@ async fn backend_action(
 
 /// `POST /v1/reload`: the config file is read again (as SIGHUP does).
 async fn reload(State(state): State<ApiState>) -> Response {
-    let control = state.control.clone();
-    // Reading the file and resolving SNAT addresses block briefly.
-    match tokio::task::spawn_blocking(move || control.reload("API")).await {
-        Ok(Ok(changes)) => Json(changes).into_response(),
-        Ok(Err(e)) => request_error(e),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    // Reading the file and resolving SNAT addresses block too.
+    match blocking(&state, |c| c.reload("API")).await {
+        Ok(changes) => Json(changes).into_response(),
+        Err(e) => request_error(e),
     }
 }
 

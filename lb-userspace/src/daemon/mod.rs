@@ -6,6 +6,7 @@ mod control;
 mod passive;
 mod state;
 mod status;
+mod writer;
 
 pub use crate::api::RequestError;
 pub use state::{Shared, Stop, ids_file};
@@ -150,34 +151,25 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
 
     let (stop_tx, mut stop_rx) = watch::channel(Stop::Running);
     let (tasks_stop_tx, tasks_stop) = watch::channel(false);
-    let (verdict_tx, mut verdict_rx) = mpsc::unbounded_channel();
+    let (verdict_tx, verdict_rx) = mpsc::unbounded_channel();
     let checker = health::checker::spawn(&config, &down, verdict_tx, tasks_stop.clone())?;
     let api_addr = config.lb.api;
     let token = std::env::var("LB_API_TOKEN")
         .ok()
         .filter(|t| !t.is_empty())
         .or_else(|| config.lb.api_token.clone());
+    // The passive signals are read as they come, without the daemon's lock.
+    let ring = writer::watch(dataplane.signal_ring()?)?;
     let shared = Arc::new(Shared::new(
         config_path.to_owned(),
         pin_dir.as_deref().map(state::ids_file),
         Shared::inner(config, dataplane, balancer, checker),
         stop_tx,
     ));
-    let applier = {
-        let shared = shared.clone();
-        let mut stop = tasks_stop.clone();
-        tokio::spawn(
-            async move {
-                loop {
-                    tokio::select! {
-                        Some(v) = verdict_rx.recv() => shared.apply_verdict(v),
-                        _ = stop.wait_for(|s| *s) => return,
-                    }
-                }
-            }
-            .instrument(info_span!("health")),
-        )
-    };
+    let (work_tx, work_rx) = mpsc::unbounded_channel();
+    let (next_end_tx, next_end_rx) = watch::channel(None);
+    let writer = writer::spawn(shared.clone(), work_rx, next_end_tx)
+        .context("starting the health writer thread")?;
     let mut api = tokio::spawn(
         api::serve(
             api_addr,
@@ -191,26 +183,10 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
         .fd_limit
         .store(fd_limit, std::sync::atomic::Ordering::Relaxed);
     shared.lock().set_reporting();
-    let passive = {
-        let shared = shared.clone();
-        let mut stop = tasks_stop.clone();
-        tokio::spawn(
-            async move {
-                let mut tick = tokio::time::interval(passive::POLL);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                let mut traffic = tokio::time::interval(Duration::from_secs(1));
-                traffic.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    tokio::select! {
-                        _ = tick.tick() => shared.passive_poll(),
-                        _ = traffic.tick() => shared.traffic_poll(),
-                        _ = stop.wait_for(|s| *s) => return,
-                    }
-                }
-            }
-            .instrument(info_span!("passive")),
-        )
-    };
+    let feeder = tokio::spawn(
+        writer::feed(ring, verdict_rx, work_tx, next_end_rx, tasks_stop.clone())
+            .instrument(info_span!("health")),
+    );
     let neighbours = tokio::spawn(
         keep_neighbours(shared.clone(), tasks_stop.clone()).instrument(info_span!("neighbours")),
     );
@@ -256,11 +232,13 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
     if let Err(e) = neighbours.await {
         error!(error = %e, "neighbour task");
     }
-    if let Err(e) = applier.await {
-        error!(error = %e, "health verdict task");
+    if let Err(e) = feeder.await {
+        error!(error = %e, "health feeder task");
     }
-    if let Err(e) = passive.await {
-        error!(error = %e, "passive check task");
+    // The feeder held the last sender: the writer ends once its queue is done.
+    match tokio::task::spawn_blocking(move || writer.join()).await {
+        Ok(Ok(())) => {}
+        _ => error!("the health writer thread panicked"),
     }
     // Every task holding the state has ended above (an API request handler that still runs
     // would hold it: the server's graceful shutdown waited for those).

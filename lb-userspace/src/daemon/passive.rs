@@ -15,6 +15,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use lb_common::PassiveSignal;
+
 use tracing::{info, warn};
 
 use super::state::{Inner, Shared};
@@ -26,9 +28,6 @@ use crate::{
     },
     model::{Event, ProbeCounters},
 };
-
-/// How often the datapath's signal ring is drained and ejection times checked.
-pub const POLL: Duration = Duration::from_millis(10);
 
 impl Inner {
     /// Whether any service using probe `key` has passive checks on (its results then feed the
@@ -136,17 +135,10 @@ impl Shared {
         });
     }
 
-    /// Drains the datapath's signals, applies them and the ejection times; writes what changed.
-    pub(super) fn passive_poll(&self) {
+    /// Applies the datapath's signals and the ejections that ended; writes what changed.
+    pub(super) fn passive_apply(&self, signals: Vec<PassiveSignal>) {
         let mut guard = self.lock();
         let inner = &mut *guard;
-        let signals = match inner.dataplane.take_signals() {
-            Ok(s) => s,
-            Err(e) => {
-                warn!(error = %format!("{e:#}"), "reading the datapath's passive signals failed");
-                Vec::new()
-            }
-        };
         let now = inner.passive_now();
         let mut changes = Vec::new();
         for s in signals {
@@ -180,6 +172,13 @@ impl Shared {
         for e in events {
             self.events.push(e);
         }
+    }
+
+    /// When the first ejection in force ends by itself: when [`Shared::passive_apply`] has work
+    /// without a signal.
+    pub(super) fn passive_deadline(&self) -> Option<Instant> {
+        let inner = self.lock();
+        inner.passive.next_end().map(|end| inner.started + end)
     }
 
     /// A probe result of a probe that feeds passive checks.
@@ -239,7 +238,6 @@ fn signal_of(kind: u32) -> Option<Signal> {
 
 /// Writes the ejected flag of every pair the changes touch and returns their events.
 fn apply(inner: &mut Inner, changes: Vec<Change>) -> Vec<Event> {
-    let started = Instant::now();
     let mut events = Vec::new();
     for change in changes {
         let (scope, label) = match &change {
@@ -271,6 +269,7 @@ fn apply(inner: &mut Inner, changes: Vec<Change>) -> Vec<Event> {
                 || inner.passive.is_ejected(&Scope::Host(*address.ip()));
             let before = inner.view(sid, bid).state;
             let was = inner.balancer.is_ejected(sid, bid).unwrap_or(false);
+            let writing = Instant::now();
             let written = inner
                 .balancer
                 .write_ejected_flag(sid, bid, ejected, &mut inner.dataplane)
@@ -281,7 +280,7 @@ fn apply(inner: &mut Inner, changes: Vec<Change>) -> Vec<Event> {
                     Ok(changed)
                 });
             let flag_us = match written {
-                Ok(true) => Some(started.elapsed().as_micros() as u64),
+                Ok(true) => Some(writing.elapsed().as_micros() as u64),
                 Ok(false) => None,
                 Err(e) => {
                     warn!(error = %format!("{e:#}"), "writing a passive ejection failed");

@@ -153,7 +153,6 @@ impl Shared {
     /// Writes a verdict into the datapath (flag first, then ring) for every (service, backend)
     /// the probe stands for, and records the events.
     pub fn apply_verdict(&self, v: Verdict) {
-        let started = Instant::now();
         if let ProbeResult::Local(_) = v.result {
             crate::resources::Resources::count(&self.resources.probe_local_failures);
             let text = v.result.failure(v.probe.check.window.timeout);
@@ -184,23 +183,26 @@ impl Shared {
         for &(sid, bid) in &pairs {
             // Compared with what is written, not with the old state: an adopted datapath may
             // hold a flag from before the restart that this first verdict must correct.
+            // The figure is the write itself (the syscall), not the wait for the lock.
+            let writing = Instant::now();
             match inner
                 .balancer
                 .write_up_flag(sid, bid, up, &mut inner.dataplane)
             {
                 Ok(true) => {
-                    flag_us.get_or_insert(started.elapsed().as_micros() as u64);
+                    flag_us.get_or_insert(writing.elapsed().as_micros() as u64);
                     changed_services.insert(sid);
                 }
                 Ok(false) => {}
                 Err(e) => warn!(error = %format!("{e:#}"), "writing a health flag failed"),
             }
         }
+        let writing = Instant::now();
         for sid in changed_services {
             if let Err(e) = inner.balancer.sync_service(sid, &mut inner.dataplane) {
                 warn!(error = %format!("{e:#}"), "rewriting a ring failed");
             }
-            ring_us = Some(started.elapsed().as_micros() as u64);
+            ring_us = Some(writing.elapsed().as_micros() as u64);
         }
         let reason = v.result.failure(v.probe.check.window.timeout);
         for &(sid, bid) in &pairs {

@@ -31,6 +31,7 @@ use tracing::{info, warn};
 
 use crate::{addr_table::AddrTable, balancer::MapWriter, config};
 pub use pin::{BPFFS, patiently, remove_pinned};
+pub use signals::{MAX_PER_TAKE as MAX_SIGNALS_PER_TAKE, SignalRing};
 pub use stats::{Stats, TrafficCounters};
 
 /// The XDP object built by build.rs (empty when built with LB_EBPF_STUB=1).

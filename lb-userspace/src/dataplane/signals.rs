@@ -1,8 +1,13 @@
 //! Draining the datapath's passive health signals: the `LB_SIGNALS` ring buffer of
 //! [`PassiveSignal`] records (why a ring buffer: lb-ebpf/src/passive.rs).
 
+use std::{
+    borrow::Borrow,
+    os::fd::{AsRawFd, RawFd},
+};
+
 use anyhow::Context as _;
-use aya::maps::RingBuf;
+use aya::maps::{MapData, RingBuf};
 use lb_common::{PassiveSignal, SIGNALS_RING_BYTES, map_name};
 use tracing::warn;
 
@@ -11,7 +16,25 @@ use super::Dataplane;
 /// Records taken per call at most: more than the ring holds (a record takes at least 8 bytes),
 /// so one call empties it, yet a datapath writing as fast as it is read cannot keep the caller
 /// in the loop.
-const MAX_PER_TAKE: usize = SIGNALS_RING_BYTES as usize / 8;
+pub const MAX_PER_TAKE: usize = SIGNALS_RING_BYTES as usize / 8;
+
+/// The ring buffer of passive signals taken out of the datapath ([`Dataplane::signal_ring`]):
+/// its reader waits on its descriptor (readable when records came) and drains it without any
+/// lock on the rest of the datapath.
+pub struct SignalRing(RingBuf<MapData>);
+
+impl SignalRing {
+    /// Takes the signals written since the last call (see [`Dataplane::take_signals`]).
+    pub fn take(&mut self) -> Vec<PassiveSignal> {
+        drain(&mut self.0)
+    }
+}
+
+impl AsRawFd for SignalRing {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
 
 impl Dataplane {
     /// Takes the passive health signals the datapath wrote since the last call (their order
@@ -27,23 +50,39 @@ impl Dataplane {
             .map_mut(map_name::SIGNALS)
             .with_context(|| format!("map {} missing", map_name::SIGNALS))?;
         let mut ring = RingBuf::try_from(map).context("opening the signal ring buffer")?;
-        let mut signals = Vec::new();
-        let mut malformed = 0usize;
-        while signals.len() + malformed < MAX_PER_TAKE {
-            let Some(item) = ring.next() else { break };
-            match decode(&item) {
-                Some(s) => signals.push(s),
-                None => malformed += 1,
-            }
-        }
-        if malformed > 0 {
-            warn!(
-                malformed,
-                "signal records of an unexpected size (an XDP object of another lb version?): skipped"
-            );
-        }
-        Ok(signals)
+        Ok(drain(&mut ring))
     }
+
+    /// Moves the signal ring buffer out of the datapath, for a reader of its own (once: after
+    /// it, [`Dataplane::take_signals`] fails). Pinned, it stays pinned.
+    pub fn signal_ring(&mut self) -> anyhow::Result<SignalRing> {
+        let map = self
+            .ebpf
+            .take_map(map_name::SIGNALS)
+            .with_context(|| format!("map {} missing (taken already?)", map_name::SIGNALS))?;
+        let ring = RingBuf::try_from(map).context("opening the signal ring buffer")?;
+        Ok(SignalRing(ring))
+    }
+}
+
+/// Takes what the ring holds, at most [`MAX_PER_TAKE`] records.
+fn drain<T: Borrow<MapData>>(ring: &mut RingBuf<T>) -> Vec<PassiveSignal> {
+    let mut signals = Vec::new();
+    let mut malformed = 0usize;
+    while signals.len() + malformed < MAX_PER_TAKE {
+        let Some(item) = ring.next() else { break };
+        match decode(&item) {
+            Some(s) => signals.push(s),
+            None => malformed += 1,
+        }
+    }
+    if malformed > 0 {
+        warn!(
+            malformed,
+            "signal records of an unexpected size (an XDP object of another lb version?): skipped"
+        );
+    }
+    signals
 }
 
 /// A record as the datapath wrote it (native byte order, `#[repr(C)]` u32 fields).

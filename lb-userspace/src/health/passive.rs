@@ -177,6 +177,11 @@ impl Ejector {
             .collect()
     }
 
+    /// When the first ejection in force ends by itself (when [`Ejector::tick`] has work).
+    pub fn next_end(&self) -> Option<Duration> {
+        self.entries.values().filter_map(|e| e.ejected_until).min()
+    }
+
     pub fn is_ejected(&self, scope: &Scope) -> bool {
         self.entries
             .get(scope)

@@ -1,0 +1,124 @@
+//! Health into the datapath, off the async workers. One thread applies what the checks find:
+//! the active checks' verdicts, the datapath's passive signals, ejections that end, traffic for
+//! traffic-triggered probing. Each takes the daemon's lock and writes maps (syscalls) here,
+//! never on the tokio workers that run the probes and serve the API. An async feeder gathers
+//! the work: verdicts from the checker, signals from the ring buffer as soon as its descriptor
+//! is readable (no polling), the next ejection end from the writer.
+
+use std::{
+    sync::Arc,
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+use lb_common::PassiveSignal;
+use tokio::{
+    io::{Interest, unix::AsyncFd},
+    sync::{mpsc, watch},
+};
+use tracing::warn;
+
+use super::Shared;
+use crate::{dataplane::SignalRing, health::checker::Verdict};
+
+/// How often traffic counters are read for traffic-triggered probing.
+const TRAFFIC_EVERY: Duration = Duration::from_secs(1);
+
+pub enum Work {
+    Verdict(Verdict),
+    /// Signals from the ring (none: only ejections that ended).
+    Signals(Vec<PassiveSignal>),
+    Traffic,
+}
+
+/// Starts the writer thread; it ends when every sender of `work` is gone. It publishes in
+/// `next_end` when the first ejection in force ends by itself.
+pub fn spawn(
+    shared: Arc<Shared>,
+    mut work: mpsc::UnboundedReceiver<Work>,
+    next_end: watch::Sender<Option<Instant>>,
+) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("lb-health-writer".into())
+        .spawn(move || {
+            while let Some(w) = work.blocking_recv() {
+                match w {
+                    Work::Verdict(v) => shared.apply_verdict(v),
+                    Work::Signals(s) => shared.passive_apply(s),
+                    Work::Traffic => {
+                        shared.traffic_poll();
+                        continue;
+                    }
+                }
+                // A verdict may have ejected (probes feed the host scope), signals and ticks
+                // too: the feeder's timer follows.
+                let end = shared.passive_deadline();
+                next_end.send_if_modified(|e| std::mem::replace(e, end) != end);
+            }
+        })
+}
+
+/// The ring's descriptor in tokio's reactor (call in the runtime).
+pub fn watch(ring: SignalRing) -> anyhow::Result<AsyncFd<SignalRing>> {
+    // SAFETY: the descriptor is the ring map's own, which `ring` owns: open and the same for as
+    // long as the AsyncFd (which owns `ring`) lives.
+    unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
+        .map_err(|e| anyhow::Error::new(e.into_parts().1))
+        .context("watching the passive signal ring buffer")
+}
+
+/// Gathers the writer's work until `stop`.
+pub async fn feed(
+    ring: AsyncFd<SignalRing>,
+    mut verdicts: mpsc::UnboundedReceiver<Verdict>,
+    work: mpsc::UnboundedSender<Work>,
+    mut next_end: watch::Receiver<Option<Instant>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut ring = ring;
+    let mut traffic = tokio::time::interval(TRAFFIC_EVERY);
+    traffic.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut end = *next_end.borrow_and_update();
+    let send = |w: Work| {
+        // The writer only ends after this task (it holds the last sender).
+        let _ = work.send(w);
+    };
+    loop {
+        let ended = async {
+            match end {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            Some(v) = verdicts.recv() => send(Work::Verdict(v)),
+            readable = ring.readable_mut() => {
+                let mut guard = match readable {
+                    Ok(g) => g,
+                    Err(e) => {
+                        warn!(error = %e, "waiting on the passive signal ring failed: passive checks stop");
+                        return;
+                    }
+                };
+                let signals = guard.get_inner_mut().take();
+                // Readiness is cleared only once the ring is empty: the kernel wakes a reader
+                // again only when it has caught up, so a partial read must read again.
+                if signals.len() < crate::dataplane::MAX_SIGNALS_PER_TAKE {
+                    guard.clear_ready();
+                }
+                if !signals.is_empty() {
+                    send(Work::Signals(signals));
+                }
+            }
+            () = ended => {
+                // Until the writer says when the next one ends.
+                end = None;
+                send(Work::Signals(Vec::new()));
+            }
+            Ok(()) = next_end.changed() => end = *next_end.borrow_and_update(),
+            _ = traffic.tick() => send(Work::Traffic),
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
