@@ -445,22 +445,30 @@ pub async fn stats(api: ApiArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What a path segment keeps as is: RFC 3986's unreserved characters, and ':' (addresses).
+const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~')
+    .remove(b':');
+
 /// Percent-encodes a path segment (service names may hold anything but '/').
 fn encode(segment: &str) -> String {
-    segment
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b':' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+    percent_encoding::utf8_percent_encode(segment, SEGMENT).to_string()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn path_segments_are_percent_encoded() {
+        assert_eq!(encode("web-1_a.b~c"), "web-1_a.b~c");
+        assert_eq!(encode("10.0.0.2:80"), "10.0.0.2:80");
+        assert_eq!(encode("a/b c?d#e%"), "a%2Fb%20c%3Fd%23e%25");
+        assert_eq!(encode("café"), "caf%C3%A9");
+    }
 
     #[test]
     fn event_times_have_dates() {

@@ -23,16 +23,18 @@ use std::{
     collections::HashMap,
     io,
     net::Ipv4Addr,
-    os::fd::{AsFd as _, AsRawFd as _, FromRawFd as _, OwnedFd},
+    os::fd::{AsFd as _, AsRawFd as _, OwnedFd},
     sync::{
         Arc, Mutex, PoisonError,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
 };
 
+use socket2::SockRef;
+
 use crate::rtnl::{self, Message};
 
-use super::sys::{MAX_BATCH, fold, ones_sum, send_headers, setsockopt};
+use super::sys::{MAX_BATCH, fold, ones_sum, send_headers};
 
 // rtnetlink constants not in the libc crate (linux/rtnetlink.h, neighbour.h).
 const RTA_DST: u16 = 1;
@@ -56,7 +58,7 @@ const NDMSG_LEN: usize = 12;
 const NUD_USABLE: u16 = 0x02 | 0x04 | 0x08 | 0x10 | 0x80;
 
 /// Send buffer of the packet socket: a few batches of SYNs in flight on a slow device.
-const SNDBUF: libc::c_int = 1 << 20;
+const SNDBUF: usize = 1 << 20;
 
 /// A next hop's MAC, shared by the links through it; `valid` turns false when a neighbour
 /// notification changes or removes it.
@@ -112,26 +114,12 @@ impl Links {
         super::sys::grow_receive_buffer(events.as_fd(), 1 << 20)?;
         let requests = rtnl::open(0, false)?;
         // The kernel answers at once; a lookup must never hang the prober.
-        let timeout = libc::timeval {
-            tv_sec: 1,
-            tv_usec: 0,
-        };
-        setsockopt(
-            requests.as_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            &timeout,
-        )?;
+        SockRef::from(&requests).set_read_timeout(Some(std::time::Duration::from_secs(1)))?;
         // Protocol 0: the socket sends only, it receives nothing.
-        let flags = libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
-        // SAFETY: plain socket(2).
-        let raw = unsafe { libc::socket(libc::AF_PACKET, flags, 0) };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a fresh fd that nothing else owns.
-        let packet = unsafe { OwnedFd::from_raw_fd(raw) };
-        setsockopt(packet.as_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, &SNDBUF)?;
+        let kind = socket2::Type::DGRAM.nonblocking().cloexec();
+        let packet = socket2::Socket::new(socket2::Domain::PACKET, kind, None)?;
+        packet.set_send_buffer_size(SNDBUF)?;
+        let packet = OwnedFd::from(packet);
         // /proc/sys/net is the namespace of the thread that opens it, as the sockets are.
         let ttl = std::fs::read_to_string("/proc/sys/net/ipv4/ip_default_ttl")
             .ok()

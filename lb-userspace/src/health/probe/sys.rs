@@ -1,11 +1,14 @@
-//! Small system helpers shared by the raw-socket probes (half-open TCP, ICMP).
+//! Small system helpers shared by the raw-socket probes (half-open TCP, ICMP). Socket calls go
+//! through socket2; libc stays for what it lacks (options such as SO_RCVBUFFORCE and socket
+//! filters, and the batched sendmmsg/recvmmsg with their control messages).
 
 use std::{
-    io,
+    io::{self, Read as _},
     net::SocketAddrV4,
-    os::fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+    os::fd::{AsRawFd as _, BorrowedFd, OwnedFd},
 };
 
+use socket2::{Domain, Protocol, SockAddr, SockRef, Socket, Type};
 use tokio::io::unix::AsyncFd;
 
 /// Sum of the big-endian 16-bit words of `data` (an odd last byte padded with zero), unfolded.
@@ -42,24 +45,20 @@ pub fn setsockopt<T>(
 /// A non-blocking raw IPv4 socket of `protocol`; without CAP_NET_RAW the error says `needs`
 /// and what to do instead.
 pub fn open_raw(protocol: libc::c_int, needs: &str) -> io::Result<OwnedFd> {
-    let flags = libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
-    // SAFETY: plain socket(2) call.
-    let fd = unsafe { libc::socket(libc::AF_INET, flags, protocol) };
-    if fd < 0 {
-        let e = io::Error::last_os_error();
-        if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES)) {
-            return Err(io::Error::new(
+    let kind = Type::RAW.nonblocking().cloexec();
+    match Socket::new(Domain::IPV4, kind, Some(Protocol::from(protocol))) {
+        Ok(socket) => Ok(socket.into()),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES)) => {
+            Err(io::Error::new(
                 e.kind(),
                 format!(
                     "{needs}, which needs CAP_NET_RAW ({e}); \
                      run with that capability or use tcp-connect probes"
                 ),
-            ));
+            ))
         }
-        return Err(e);
+        Err(e) => Err(e),
     }
-    // SAFETY: a fresh descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Many probes sent at once get their answers at once: a receive buffer of `bytes`. Forcing
@@ -67,27 +66,15 @@ pub fn open_raw(protocol: libc::c_int, needs: &str) -> io::Result<OwnedFd> {
 /// what rmem_max allows.
 pub fn grow_receive_buffer(fd: BorrowedFd<'_>, bytes: libc::c_int) -> io::Result<()> {
     if setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &bytes).is_err() {
-        setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, &bytes)?;
+        SockRef::from(&fd).set_recv_buffer_size(bytes as usize)?;
     }
     Ok(())
 }
 
 /// One datagram into `buf` (truncated to it), without blocking.
 pub fn recv(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
-    // SAFETY: valid fd; `buf` is writable for its length.
-    let n = unsafe {
-        libc::recv(
-            fd.as_raw_fd(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            libc::MSG_DONTWAIT,
-        )
-    };
-    if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
-    }
+    // The probes' sockets are non-blocking: a read returns WouldBlock when nothing is queued.
+    (&*SockRef::from(&fd)).read(buf)
 }
 
 /// Hands `fd` to the tokio reactor of the current runtime.
@@ -114,25 +101,10 @@ pub async fn send_to(
     target: std::net::Ipv4Addr,
     bytes: &[u8],
 ) -> io::Result<()> {
-    let to = sockaddr_in(SocketAddrV4::new(target, 0));
+    let to = SockAddr::from(SocketAddrV4::new(target, 0));
     socket
         .async_io(tokio::io::Interest::WRITABLE, |fd| {
-            // SAFETY: valid fd, buffer and address with their lengths.
-            let n = unsafe {
-                libc::sendto(
-                    fd.as_raw_fd(),
-                    bytes.as_ptr().cast(),
-                    bytes.len(),
-                    0,
-                    (&raw const to).cast(),
-                    size_of::<libc::sockaddr_in>() as libc::socklen_t,
-                )
-            };
-            if n < 0 {
-                Err(io::Error::last_os_error())
-            } else {
-                Ok(())
-            }
+            SockRef::from(fd).send_to(bytes, &to).map(drop)
         })
         .await
 }
