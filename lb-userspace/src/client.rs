@@ -42,15 +42,28 @@ pub async fn request(
     path: &str,
     token: Option<&str>,
 ) -> anyhow::Result<(u16, String)> {
-    let response = send(addr, method, path, token).await?;
-    tokio::time::timeout(ANSWER_TIMEOUT, read_all(response))
-        .await
-        .map_err(|_| {
-            anyhow!(
-                "control API did not answer in {}s",
-                ANSWER_TIMEOUT.as_secs()
-            )
-        })?
+    request_within(addr, method, path, token, ANSWER_TIMEOUT).await
+}
+
+/// [`request`] with the answer, head and body, due within `limit`: a daemon that accepted the
+/// connection but cannot answer (stuck, or out of descriptors with the connection still in
+/// the kernel's queue) must not hang the CLI.
+async fn request_within(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    limit: Duration,
+) -> anyhow::Result<(u16, String)> {
+    tokio::time::timeout(limit, async {
+        read_all(send(addr, method, path, token).await?).await
+    })
+    .await
+    .map_err(|_| no_answer(limit))?
+}
+
+fn no_answer(limit: Duration) -> anyhow::Error {
+    anyhow!("control API did not answer in {:?}", limit)
 }
 
 /// GETs a streaming `path` and calls `line` with each line of the body as it arrives, until
@@ -59,11 +72,28 @@ pub async fn stream_lines(
     addr: SocketAddr,
     path: &str,
     token: Option<&str>,
-    mut line: impl FnMut(&str) -> anyhow::Result<()>,
+    line: impl FnMut(&str) -> anyhow::Result<()>,
 ) -> anyhow::Result<Option<(u16, String)>> {
-    let mut response = send(addr, "GET", path, token).await?;
+    stream_lines_within(addr, path, token, line, ANSWER_TIMEOUT).await
+}
+
+/// [`stream_lines`] with the answer's head (or a whole error answer) due within `limit`; the
+/// stream itself may then stay quiet as long as the daemon has nothing to tell.
+async fn stream_lines_within(
+    addr: SocketAddr,
+    path: &str,
+    token: Option<&str>,
+    mut line: impl FnMut(&str) -> anyhow::Result<()>,
+    limit: Duration,
+) -> anyhow::Result<Option<(u16, String)>> {
+    let mut response = tokio::time::timeout(limit, send(addr, "GET", path, token))
+        .await
+        .map_err(|_| no_answer(limit))??;
     if response.status() != 200 {
-        return read_all(response).await.map(Some);
+        return tokio::time::timeout(limit, read_all(response))
+            .await
+            .map_err(|_| no_answer(limit))?
+            .map(Some);
     }
     let mut lines = Lines::default();
     while let Some(frame) = response.body_mut().frame().await {
@@ -226,5 +256,23 @@ mod tests {
             .unwrap();
         let e = request(closed, "GET", "/", None).await.unwrap_err();
         assert!(e.is::<Unreachable>(), "{e:#}");
+    }
+
+    /// A daemon that takes the connection (here: the kernel's queue, never accepted) but never
+    /// answers: every call gives up with a clear error instead of waiting for ever.
+    #[tokio::test]
+    async fn a_daemon_that_never_answers_is_given_up_on() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limit = Duration::from_millis(300);
+        let e = request_within(addr, "GET", "/v1/status", None, limit)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("did not answer"), "{e:#}");
+        let e = stream_lines_within(addr, "/v1/events/stream", None, |_| Ok(()), limit)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("did not answer"), "{e:#}");
+        drop(listener);
     }
 }

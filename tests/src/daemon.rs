@@ -187,6 +187,47 @@ impl Daemon {
         }
     }
 
+    /// The daemon's event log (`lb events --json`).
+    pub fn events(&self) -> anyhow::Result<lb::model::Events> {
+        let out = self.lb(&["events", "--json"]);
+        if !out.status.success() {
+            bail!("lb events: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(serde_json::from_slice(&out.stdout)?)
+    }
+
+    /// When `backend` of `service` last moved to `state`, by the daemon's own clock (Unix
+    /// seconds, stamped as the verdict was written): detection times measured from the event,
+    /// not from when a test's poll happened to see it.
+    pub fn moved_at(&self, service: &str, backend: &str, state: &str) -> Option<f64> {
+        let events = self.events().ok()?;
+        events
+            .events
+            .iter()
+            .rev()
+            .find(|e| e.service == service && e.backend == backend && e.to == state)
+            .map(|e| e.time)
+    }
+
+    /// Checks `holds` on the status for all of `period` (a state that must not change: each
+    /// poll is checked, so a violation fails at once, with what was seen).
+    pub fn holds_for(
+        &self,
+        period: Duration,
+        what: &str,
+        holds: impl Fn(&lb::model::Status) -> bool,
+    ) {
+        let end = Instant::now() + period;
+        loop {
+            let status = self.status().expect("status");
+            assert!(holds(&status), "{what}: {status:#?}\n{}", self.log_text());
+            if Instant::now() >= end {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// `signal` (SIGTERM, SIGINT), wait; the exit code (None if it had to be killed).
     pub fn stop(&mut self, signal: libc::c_int) -> Option<i32> {
         self.process.stop_with(signal, Duration::from_secs(10))

@@ -39,6 +39,17 @@ pub fn lb_bin() -> PathBuf {
     lb
 }
 
+/// Held by a test whose assertions are timing bounds (detection within a failure window,
+/// ejections that last a given time): such tests of one binary run one at a time, so that on a
+/// 2-CPU machine one's probes and daemons do not delay another's. (Test binaries already run
+/// one after the other.)
+pub fn timing_sensitive() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    // A test that failed while holding it must not fail the others.
+    ONE.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Panics with a clear message unless running as root: these tests create namespaces and load
 /// XDP programs, and a silent skip would hide that they did not run.
 pub fn require_root() {

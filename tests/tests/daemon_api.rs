@@ -113,7 +113,10 @@ fn status_json_html_metrics_and_events() {
             }
         }
     });
-    std::thread::sleep(Duration::from_millis(300));
+    // Connected once it has printed the log so far (the backends' first verdicts).
+    lines_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("lb events --follow printed nothing");
 
     sb.stop_backend(1);
     daemon.wait_state("tcp", &dead, "unhealthy", Duration::from_secs(3));
@@ -751,11 +754,14 @@ fn idle_api_connections_neither_lock_the_api_nor_blind_the_checks() {
         "{:?}",
         during.resources
     );
-    std::thread::sleep(Duration::from_millis(1500));
-    let s = daemon.status().unwrap();
-    for b in &s.service("tcp").unwrap().backends {
-        assert_eq!(b.state, "healthy", "{b:?}\n{}", daemon.log_text());
-    }
+    daemon.holds_for(
+        Duration::from_millis(1500),
+        "the probes pass while the API is crowded",
+        |s| {
+            s.service("tcp")
+                .is_some_and(|t| t.backends.iter().all(|b| b.state == "healthy"))
+        },
+    );
     let events = String::from_utf8_lossy(&daemon.lb(&["events"]).stdout).into_owned();
     assert!(!events.contains("-> unhealthy"), "{events}");
     let log = daemon.log_text();

@@ -6,7 +6,11 @@ use std::{
     collections::HashMap,
     io::{Read as _, Write as _},
     net::{SocketAddr, TcpStream, UdpSocket},
-    time::Duration,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
 };
 
 use lb_common::counter;
@@ -58,7 +62,12 @@ fn digest(data: &[u8], mut h: u64) -> u64 {
 }
 
 /// Sends `len` bytes through an echo connection while reading them back; compares digests.
-fn echo_transfer(mut conn: TcpStream, len: usize, seed: u8) {
+fn echo_transfer(conn: TcpStream, len: usize, seed: u8) {
+    echo_transfer_counted(conn, len, seed, &AtomicUsize::new(0));
+}
+
+/// [`echo_transfer`], counting the bytes echoed back so far in `received`.
+fn echo_transfer_counted(mut conn: TcpStream, len: usize, seed: u8, received: &AtomicUsize) {
     let mut writer = conn.try_clone().unwrap();
     let sender = std::thread::spawn(move || {
         let mut h = 0xcbf2_9ce4_8422_2325;
@@ -85,6 +94,7 @@ fn echo_transfer(mut conn: TcpStream, len: usize, seed: u8) {
         assert!(n > 0, "connection closed after {got} of {len} bytes");
         h = digest(&buf[..n], h);
         got += n;
+        received.store(got, Ordering::Relaxed);
     }
     assert_eq!(
         sender.join().unwrap(),
@@ -263,16 +273,38 @@ fn a_drained_backend_keeps_its_connections_and_gets_no_new_ones() {
 fn a_long_stream_survives_ring_changes() {
     let (sb, mut lb) = sandbox(Arms::Two, &[], "");
     let conn = connect_to(&sb.client.ns, "backend-1");
-    let stream = std::thread::spawn(move || echo_transfer(conn, 60 << 20, 9));
+    const LEN: usize = 60 << 20;
+    let received = Arc::new(AtomicUsize::new(0));
+    let stream = {
+        let received = received.clone();
+        std::thread::spawn(move || echo_transfer_counted(conn, LEN, 9, &received))
+    };
     // While it runs: another backend leaves and returns, a third is drained (its slots move),
-    // and the stream's own backend is drained too, so its ring slot now points elsewhere.
-    for (b, step) in [(0, "down"), (0, "up"), (2, "drain"), (1, "drain")] {
-        std::thread::sleep(Duration::from_millis(150));
+    // and the stream's own backend is drained too, so its ring slot now points elsewhere. Each
+    // change waits for another MiB of the stream, and must find it still running.
+    for (i, (b, step)) in [(0, "down"), (0, "up"), (2, "drain"), (1, "drain")]
+        .into_iter()
+        .enumerate()
+    {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while received.load(Ordering::Relaxed) < (i + 1) << 20 {
+            assert!(
+                !stream.is_finished() && Instant::now() < deadline,
+                "the stream stalled"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
         match step {
             "down" => lb.set_up(0, b, false),
             "up" => lb.set_up(0, b, true),
             _ => lb.set_drained(0, b, true),
         }
+        let at = received.load(Ordering::Relaxed);
+        assert!(
+            at < LEN,
+            "the stream was over before the ring change {step} of backend {b}"
+        );
+        eprintln!("ring change {step} of backend {b} at {at} of {LEN} bytes");
     }
     stream.join().unwrap();
     assert_eq!(lb.stats().counter(counter::CT_RESCHEDULED), 0);

@@ -3,7 +3,11 @@
 //! window and gets no new flows; when it comes back it is healthy again within the success window
 //! and flows return. Flags are written within a millisecond of each verdict.
 
-use std::{collections::HashMap, net::SocketAddr, time::Duration};
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
 
 use lb_tests::{
     daemon::Daemon,
@@ -18,6 +22,44 @@ const THRESHOLD: u32 = 2;
 /// Waits until the TCP service's backend at `ip` shows `want`; how long that took.
 fn wait_for(daemon: &Daemon, ip: &str, want: &str, limit: Duration) -> Duration {
     daemon.wait_state("tcp", &format!("{ip}:8080"), want, limit)
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// Waits (generously: the status is read by a command, which a loaded machine may delay) until
+/// the backend at `ip` shows `want`; then how long after `change.end` (Unix seconds: the test's
+/// change is in effect) the daemon itself wrote that verdict, by its event, which must be
+/// within `bound`. Events before `change.start` are older verdicts.
+fn moved_within(
+    daemon: &Daemon,
+    ip: &str,
+    want: &str,
+    change: std::ops::Range<f64>,
+    bound: Duration,
+) -> Duration {
+    wait_for(daemon, ip, want, bound * 3 + Duration::from_secs(3));
+    // The event follows the state by the flag write.
+    let backend = format!("{ip}:8080");
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let at = loop {
+        match daemon.moved_at("tcp", &backend, want) {
+            Some(at) if at >= change.start => break at,
+            _ => assert!(Instant::now() < deadline, "no event of {backend} -> {want}"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = Duration::from_secs_f64((at - change.end).max(0.0));
+    assert!(
+        took <= bound,
+        "{ip} -> {want} after {took:?}, bound {bound:?}\n{}",
+        daemon.log_text()
+    );
+    took
 }
 
 fn spread(sb: &Sandbox, n: usize) -> HashMap<String, usize> {
@@ -51,6 +93,7 @@ fn recover(sb: &mut Sandbox, i: usize, how: Failure) {
 /// new flows, and returns within the success window.
 fn eject_and_return(kind: &str, how: Failure) -> Daemon {
     require_root();
+    let _one = lb_tests::timing_sensitive();
     let mut sb = Sandbox::build(Arms::Two, 3, 8080).unwrap();
     if kind == "udp" {
         // Linux rate-limits ICMP errors per peer (a burst of 6, then one a second), and a UDP check
@@ -95,8 +138,12 @@ fn eject_and_return(kind: &str, how: Failure) -> Daemon {
     // of phase (the backend fails between probes), 10% and 100 ms of scheduling slack.
     let failure_window = TIMEOUT * THRESHOLD + INTERVAL * (THRESHOLD - 1);
     let bound = (failure_window + INTERVAL).mul_f64(1.1) + Duration::from_millis(100);
+    // Timed from when the failure is in effect (nft or the stop has returned): how long the
+    // test's own tools take to start is not the daemon's detection time.
+    let failing = unix_now();
     fail(&mut sb, 1, how);
-    let took = wait_for(&daemon, &dead, "unhealthy", bound);
+    let failed = unix_now();
+    let took = moved_within(&daemon, &dead, "unhealthy", failing..failed, bound);
     eprintln!("{kind} {how:?}: detected in {took:?} (bound {bound:?})");
     let seen = spread(&sb, 150);
     assert!(
@@ -106,10 +153,12 @@ fn eject_and_return(kind: &str, how: Failure) -> Daemon {
 
     // Success window with near-zero response time: interval × (threshold − 1), plus up to one
     // interval of phase and one probe still timing out.
+    let recovering = unix_now();
     recover(&mut sb, 1, how);
+    let recovered = unix_now();
     let bound =
         (INTERVAL * (THRESHOLD - 1) + INTERVAL + TIMEOUT).mul_f64(1.1) + Duration::from_millis(100);
-    let took = wait_for(&daemon, &dead, "healthy", bound);
+    let took = moved_within(&daemon, &dead, "healthy", recovering..recovered, bound);
     eprintln!("{kind} {how:?}: recovered in {took:?} (bound {bound:?})");
     let seen = spread(&sb, 150);
     assert!(
@@ -321,6 +370,10 @@ fn probes_that_fail_locally_are_not_verdicts() {
     // meets EMFILE. Four failure windows long. (Only the soft limit moves: raising a hard one
     // back needs CAP_SYS_RESOURCE.)
     limit(&format!("3:{hard}"));
+    // The time passing is what is tested here, so this wait is the test's subject, not a
+    // synchronisation: nothing can be read from the daemon meanwhile (its API cannot accept a
+    // connection either). What it did in that time is read from its events once the limit is
+    // back.
     std::thread::sleep((TIMEOUT * THRESHOLD + INTERVAL) * 4);
     limit(&format!("{soft}:{hard}"));
     let s = daemon.status().unwrap();

@@ -95,6 +95,7 @@ fn refuse_until_ejected(sb: &Sandbox, daemon: &Daemon, port: u16, backend: &str)
 
 #[test]
 fn refused_connections_eject_and_a_broken_backend_is_ejected_again() {
+    let _one = lb_tests::timing_sensitive();
     let (mut sb, daemon) = start(
         3,
         &[80],
@@ -161,6 +162,7 @@ fn refused_connections_eject_and_a_broken_backend_is_ejected_again() {
 
 #[test]
 fn a_silent_backend_is_ejected_through_syn_retransmits() {
+    let _one = lb_tests::timing_sensitive();
     let (sb, daemon) = start(
         3,
         &[80],
@@ -200,6 +202,7 @@ fn a_silent_backend_is_ejected_through_syn_retransmits() {
 
 #[test]
 fn passing_probes_end_an_ejection_early_and_the_host_scope_is_shared() {
+    let _one = lb_tests::timing_sensitive();
     require_root();
     let sb = Sandbox::build(Arms::Two, 3, 8080).unwrap();
     // Backend 0 refuses balanced connections (their source is lb's SNAT port range) but accepts
@@ -282,6 +285,7 @@ fn passing_probes_end_an_ejection_early_and_the_host_scope_is_shared() {
 
 #[test]
 fn traffic_triggered_probing_starts_with_traffic_and_pauses_when_idle() {
+    let _one = lb_tests::timing_sensitive();
     let (mut sb, daemon) = start(
         1,
         &[80],
@@ -289,19 +293,16 @@ fn traffic_triggered_probing_starts_with_traffic_and_pauses_when_idle() {
         "traffic_triggered = true\ntraffic_idle = \"2s\"",
     );
     let backend = format!("{}:8080", sb.backends[0].addr);
-    let state = || {
-        daemon
-            .status()
-            .unwrap()
-            .service("web80")
-            .unwrap()
-            .backend(&backend)
-            .unwrap()
-            .state
-    };
-    // No traffic yet: not probed.
-    std::thread::sleep(Duration::from_millis(1500));
-    assert_eq!(state(), "initializing");
+    // No traffic yet: not probed (five intervals without a verdict).
+    daemon.holds_for(
+        Duration::from_millis(1500),
+        "not probed before traffic",
+        |s| {
+            s.service("web80")
+                .and_then(|w| w.backend(&backend))
+                .is_some_and(|b| b.state == "initializing")
+        },
+    );
     // The first flow starts the probes.
     assert!(matches!(
         attempt(&sb, 80, Duration::from_secs(2)),
@@ -309,10 +310,14 @@ fn traffic_triggered_probing_starts_with_traffic_and_pauses_when_idle() {
     ));
     daemon.wait_state("web80", &backend, "healthy", Duration::from_secs(4));
     // Idle for longer than traffic_idle: probes pause, so a dead backend goes unnoticed...
+    // (traffic_idle is 2 s; the probes pause within a second of it.)
     std::thread::sleep(Duration::from_secs(4));
     sb.stop_backend(0);
-    std::thread::sleep(Duration::from_millis(1500));
-    assert_eq!(state(), "healthy", "probed although idle");
+    daemon.holds_for(Duration::from_millis(1500), "probed although idle", |s| {
+        s.service("web80")
+            .and_then(|w| w.backend(&backend))
+            .is_some_and(|b| b.state == "healthy")
+    });
     // ...until traffic comes back (this connection is refused: the backend is dead).
     assert!(matches!(
         attempt(&sb, 80, Duration::from_secs(2)),
@@ -326,6 +331,7 @@ fn traffic_triggered_probing_starts_with_traffic_and_pauses_when_idle() {
 /// signal counts in the service scope, not the host's: another service on the host is untouched).
 #[test]
 fn connections_without_data_back_eject_in_the_service_scope_only() {
+    let _one = lb_tests::timing_sensitive();
     require_root();
     let mut sb = Sandbox::build(Arms::Two, 2, 8080).unwrap();
     let backends: Vec<String> = sb
