@@ -12,7 +12,7 @@ pub struct TrafficStats {
 
 /// Indices into the `STATS` per-CPU array. Every packet increments exactly one verdict counter
 /// (those below [`counter::VERDICTS`]); the informational counters after it are extra. Indices
-/// and names come from one list ([`counters!`]), so they cannot drift apart.
+/// and names come from one list (the `counters!` macro in it), so they cannot drift apart.
 pub mod counter {
     /// Declares each counter's index (in list order), [`NAMES`], [`VERDICTS`] and [`COUNT`].
     macro_rules! counters {

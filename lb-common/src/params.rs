@@ -20,9 +20,10 @@ pub struct Params {
     /// Idle timeouts in nanoseconds, indexed by [`ct_state`](crate::ct_state) (an array, so the
     /// datapath indexes it with a masked state instead of a branch table).
     pub timeout_ns: [u64; 4],
-    /// How long a TCP flow closed both ways ([`ct_flags::CLOSED`]) keeps its SNAT port from other
-    /// flows, nanoseconds: late segments of the old connection (a retransmitted FIN, the last
-    /// ACK) still find it, and then a new flow may take the port, long before the closing timeout.
+    /// How long a TCP flow closed both ways ([`ct_flags::closed`](crate::ct_flags::closed)) keeps
+    /// its SNAT port from other flows, nanoseconds: late segments of the old connection (a
+    /// retransmitted FIN, the last ACK) still find it, and then a new flow may take the port, long
+    /// before the closing timeout.
     pub closed_hold_ns: u64,
     /// [`param_flags`] bits.
     pub flags: u32,
