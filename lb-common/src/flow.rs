@@ -37,6 +37,30 @@ pub struct FlowKey {
     pub _pad: [u8; 3],
 }
 
+impl FlowKey {
+    /// The key of a flow from `src:sport` to `dst:dport`, all in network byte order as in the
+    /// packet; the padding zeroed, so equal flows have equal keys (the tables compare all bytes).
+    #[inline(always)]
+    pub const fn new(src: u32, dst: u32, sport: u16, dport: u16, proto: u8) -> Self {
+        Self {
+            src,
+            dst,
+            sport,
+            dport,
+            proto,
+            _pad: [0; 3],
+        }
+    }
+
+    /// The key's [`flow_hash`]: its ring slot, its table set ([`ways`](crate::ways)) and its
+    /// first SNAT port candidate. (The derived [`Hash`] is another thing, for std maps; as a
+    /// method it is called `Hash::hash(&key, state)`, since this one takes the name.)
+    #[inline(always)]
+    pub const fn hash(&self) -> u64 {
+        flow_hash(self.src, self.dst, self.sport, self.dport, self.proto)
+    }
+}
+
 // The layouts both sides rely on, checked wherever this crate builds (the BPF object too).
 const _: () = {
     use core::mem::size_of;
@@ -48,4 +72,25 @@ mod pod {
     // SAFETY: #[repr(C)] integers and byte arrays with explicit padding (the crate's layout
     // rules), valid for any bit pattern.
     unsafe impl aya::Pod for super::FlowKey {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_hashes_as_its_fields() {
+        let k = FlowKey::new(
+            0x0a00_0001,
+            0x0a64_0001,
+            40000u16.to_be(),
+            80u16.to_be(),
+            PROTO_TCP,
+        );
+        assert_eq!(k._pad, [0; 3]);
+        assert_eq!(
+            k.hash(),
+            flow_hash(k.src, k.dst, k.sport, k.dport, PROTO_TCP)
+        );
+    }
 }
