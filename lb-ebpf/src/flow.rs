@@ -6,8 +6,8 @@
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use lb_common::{
     BackendInfo, CtEntry, FlowKey, NO_BACKEND, NatEntry, PROTO_TCP, Params, SELECT_TRIES,
-    ServiceKey, backend_flags, counter, ct_flags, ct_state, flow_hash, fmix64, nat_flags,
-    service_flags, syn_bucket,
+    ServiceKey, backend_flags, counter, ct_flags, ct_state, fmix64, nat_flags, service_flags,
+    syn_bucket,
 };
 use network_types::eth::EthHdr;
 
@@ -29,23 +29,6 @@ pub type Verdict = (u32, u32);
 const REFRESH_NS: u64 = 1_000_000_000;
 
 #[inline(always)]
-pub fn key(src: u32, dst: u32, sport: u16, dport: u16, proto: u8) -> FlowKey {
-    FlowKey {
-        src,
-        dst,
-        sport,
-        dport,
-        proto,
-        _pad: [0; 3],
-    }
-}
-
-#[inline(always)]
-pub fn hash_of(k: &FlowKey) -> u64 {
-    flow_hash(k.src, k.dst, k.sport, k.dport, k.proto)
-}
-
-#[inline(always)]
 fn is_new_syn(flags: u8) -> bool {
     flags & (TCP_SYN | TCP_ACK) == TCP_SYN
 }
@@ -58,8 +41,8 @@ pub fn forward(ctx: &XdpContext, flow: &Flow) -> Verdict {
     }
     let p = params();
     let now = clock::now();
-    let k = key(flow.saddr, flow.daddr, flow.sport, flow.dport, flow.proto);
-    let hash = hash_of(&k);
+    let k = FlowKey::new(flow.saddr, flow.daddr, flow.sport, flow.dport, flow.proto);
+    let hash = k.hash();
     if let Some(slot) = ct_find(&k, hash, p) {
         // SAFETY: a map value; other CPUs may write it too, all fields are plain integers.
         let e = unsafe { &mut (*slot).entry };
@@ -284,9 +267,9 @@ fn select(
 /// Backend → SNAT address. `None`: no such flow (the host's own traffic; passed by the caller).
 #[inline(always)]
 pub fn reply(ctx: &XdpContext, flow: &Flow) -> Option<Verdict> {
-    let k = key(flow.saddr, flow.daddr, flow.sport, flow.dport, flow.proto);
+    let k = FlowKey::new(flow.saddr, flow.daddr, flow.sport, flow.dport, flow.proto);
     let p = params();
-    let slot = nat_find(&k, hash_of(&k), p)?;
+    let slot = nat_find(&k, k.hash(), p)?;
     // SAFETY: a map value of plain integers.
     let held = unsafe { &mut (*slot).entry };
     let now = clock::now();
@@ -312,14 +295,14 @@ pub fn reply(ctx: &XdpContext, flow: &Flow) -> Option<Verdict> {
         return Some((xdp_action::XDP_DROP, counter::DROP_TTL));
     }
     if flow.tcp_flags & (TCP_FIN | TCP_RST) != 0 {
-        let fwd = key(
+        let fwd = FlowKey::new(
             nat.client_addr,
             nat.vip_addr,
             nat.client_port,
             nat.vip_port,
             flow.proto,
         );
-        if let Some(slot) = ct_find(&fwd, hash_of(&fwd), p) {
+        if let Some(slot) = ct_find(&fwd, fwd.hash(), p) {
             // SAFETY: a map value of plain integers.
             let e = unsafe { &mut (*slot).entry };
             if flow.tcp_flags & TCP_RST != 0 {

@@ -15,14 +15,14 @@
 #![cfg_attr(not(target_arch = "bpf"), allow(dead_code))]
 
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
-use lb_common::{PROTO_ICMP, PROTO_TCP, PROTO_UDP, addr_flags, counter, param_flags};
+use lb_common::{FlowKey, PROTO_ICMP, PROTO_TCP, PROTO_UDP, addr_flags, counter, param_flags};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use crate::{
     clock,
     csum::{diff16, diff32, update},
     fib,
-    flow::{Verdict, hash_of, key, send_out},
+    flow::{Verdict, send_out},
     maps::{BACKENDS, ICMP_RATE, lookup_addr, params},
     parse::{Icmp, Parsed},
     passive,
@@ -187,8 +187,8 @@ fn from_client(ctx: &XdpContext, pkt: &Icmp) -> Verdict {
     let p = params();
     let now = clock::now();
     // The flow in the client's direction.
-    let k = key(q.dst, q.src, q.dport, q.sport, q.proto);
-    let Some(slot) = ct_find(&k, hash_of(&k), p) else {
+    let k = FlowKey::new(q.dst, q.src, q.dport, q.sport, q.proto);
+    let Some(slot) = ct_find(&k, k.hash(), p) else {
         return no_flow;
     };
     // SAFETY: a map value of plain integers.
@@ -237,20 +237,20 @@ pub fn to_snat(ctx: &XdpContext, pkt: &Icmp) -> Option<Verdict> {
     let q = quote(data, data_end, pkt).filter(|q| q.src == pkt.daddr)?;
     let p = params();
     // The flow's return path: backend → SNAT address.
-    let k = key(q.dst, q.src, q.dport, q.sport, q.proto);
-    let slot = nat_find(&k, hash_of(&k), p)?;
+    let k = FlowKey::new(q.dst, q.src, q.dport, q.sport, q.proto);
+    let slot = nat_find(&k, k.hash(), p)?;
     // SAFETY: a map value of plain integers.
     let nat = unsafe { (*slot).entry };
     let now = clock::now();
     if head[0] == DEST_UNREACH {
-        let fwd = key(
+        let fwd = FlowKey::new(
             nat.client_addr,
             nat.vip_addr,
             nat.client_port,
             nat.vip_port,
             q.proto,
         );
-        if let Some(slot) = ct_find(&fwd, hash_of(&fwd), p) {
+        if let Some(slot) = ct_find(&fwd, fwd.hash(), p) {
             // SAFETY: a map value of plain integers.
             let e = unsafe { &mut (*slot).entry };
             if e.backend_id == nat.backend_id && e.snat_port == q.sport && ct_live(e, now, p) {

@@ -16,12 +16,11 @@
 #![cfg_attr(not(target_arch = "bpf"), allow(dead_code))]
 
 use lb_common::{
-    BackendInfo, CtEntry, DATA_TICK_SHIFT, NatEntry, PROTO_TCP, PassiveSignal,
+    BackendInfo, CtEntry, DATA_TICK_SHIFT, FlowKey, NatEntry, PROTO_TCP, PassiveSignal,
     SYN_RETRANSMIT_MIN_NS, counter, ct_flags, ct_state, nat_flags, signal_kind,
 };
 
 use crate::{
-    flow::{hash_of, key},
     maps::{SIGNALS, params},
     parse::Flow,
     stats,
@@ -90,14 +89,14 @@ pub fn syn_again(e: &mut CtEntry, backend: &BackendInfo, flow: &Flow, now: u64) 
 /// client's: what the backend's replies have shown.
 #[inline(always)]
 fn return_entry(e: &CtEntry, backend: &BackendInfo, flow: &Flow) -> Option<&'static NatEntry> {
-    let k = key(
+    let k = FlowKey::new(
         backend.addr,
         backend.snat_addr,
         backend.port,
         e.snat_port,
         PROTO_TCP,
     );
-    let slot = nat_find(&k, hash_of(&k), params())?;
+    let slot = nat_find(&k, k.hash(), params())?;
     // SAFETY: a map value of plain integers.
     let nat = unsafe { &(*slot).entry };
     (nat.client_addr == flow.saddr && nat.client_port == flow.sport).then_some(nat)

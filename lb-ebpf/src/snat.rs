@@ -15,10 +15,9 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{helpers::bpf_loop, macros::map, maps::PerCpuArray};
-use lb_common::{BackendInfo, NatEntry, SNAT_PORT_TRIES, counter, snat_port_candidate};
+use lb_common::{BackendInfo, FlowKey, NatEntry, SNAT_PORT_TRIES, counter, snat_port_candidate};
 
 use crate::{
-    flow::{hash_of, key},
     maps::params,
     stats,
     table::{Claim, nat_claim, nat_find, same_client},
@@ -104,8 +103,8 @@ extern "C" fn own_port(i: u32, _: *mut c_void) -> i64 {
     let p = params();
     let port = snat_port_candidate(s.hash, i, p).to_be();
     let b = &s.backend;
-    let k = key(b.addr, b.snat_addr, b.port, port, s.proto);
-    let Some(slot) = nat_find(&k, hash_of(&k), p) else {
+    let k = FlowKey::new(b.addr, b.snat_addr, b.port, port, s.proto);
+    let Some(slot) = nat_find(&k, k.hash(), p) else {
         return 0;
     };
     // SAFETY: a map value of plain integers.
@@ -131,8 +130,8 @@ extern "C" fn claim_port(i: u32, _: *mut c_void) -> i64 {
     let p = params();
     let port = snat_port_candidate(s.hash, i, p).to_be();
     let b = &s.backend;
-    let k = key(b.addr, b.snat_addr, b.port, port, s.proto);
-    match nat_claim(&k, hash_of(&k), &s.reply, s.now, p) {
+    let k = FlowKey::new(b.addr, b.snat_addr, b.port, port, s.proto);
+    match nat_claim(&k, k.hash(), &s.reply, s.now, p) {
         Claim::Claimed => {
             s.port = port;
             return 1;

@@ -175,22 +175,14 @@ pub fn nat_claim(key: &FlowKey, hash: u64, entry: &NatEntry, now: u64, p: &Param
 #[inline(always)]
 fn holder(slot: &NatSlot, now: u64, p: &Params) -> Option<*mut CtSlot> {
     let t = &slot.entry;
-    let client = FlowKey {
-        src: t.client_addr,
-        dst: t.vip_addr,
-        sport: t.client_port,
-        dport: t.vip_port,
-        proto: slot.key.proto,
-        _pad: [0; 3],
-    };
-    let hash = lb_common::flow_hash(
-        client.src,
-        client.dst,
-        client.sport,
-        client.dport,
-        client.proto,
+    let client = FlowKey::new(
+        t.client_addr,
+        t.vip_addr,
+        t.client_port,
+        t.vip_port,
+        slot.key.proto,
     );
-    let found = ct_find(&client, hash, p)?;
+    let found = ct_find(&client, client.hash(), p)?;
     // SAFETY: an array map value of plain integers.
     let e = unsafe { &(*found).entry };
     (e.backend_id == t.backend_id && e.snat_port == slot.key.dport && ct_live(e, now, p))

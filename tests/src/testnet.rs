@@ -14,7 +14,7 @@ use lb::{
     config,
     dataplane::{self, Dataplane},
 };
-use lb_common::{Params, flow_hash, snat_port_candidate};
+use lb_common::{FlowKey, Params, snat_port_candidate};
 
 use crate::{
     fixture::{Fixture, run_fixtures},
@@ -133,8 +133,8 @@ impl TestNet {
     }
 
     pub fn snat_port(&self, client: &str, cport: u16, vip: &str, vport: u16, proto: u8) -> u16 {
-        let h = flow_hash(ne(client), ne(vip), cport.to_be(), vport.to_be(), proto);
-        snat_port_candidate(h, 0, &self.params)
+        let k = FlowKey::new(ne(client), ne(vip), cport.to_be(), vport.to_be(), proto);
+        snat_port_candidate(k.hash(), 0, &self.params)
     }
 }
 

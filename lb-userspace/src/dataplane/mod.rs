@@ -24,8 +24,8 @@ use aya::{
 };
 use lb_common::{
     ADDR_SETS, AddrSet, BackendInfo, CtSlot, FlowKey, ICMP_PROG, ICMP_PROGRAM_NAME, NatSlot,
-    PARAMS_GLOBAL, PASS_PROGRAM_NAME, PROGRAM_NAME, Params, ServiceInfo, ServiceKey, flow_hash,
-    map_name, ways,
+    PARAMS_GLOBAL, PASS_PROGRAM_NAME, PROGRAM_NAME, Params, ServiceInfo, ServiceKey, map_name,
+    ways,
 };
 use tracing::{info, warn};
 
@@ -486,14 +486,13 @@ impl Dataplane {
             .array::<BackendInfo>(map_name::BACKENDS)?
             .get(&slot.entry.backend_id, 0)
             .context("reading the flow's backend")?;
-        let nat_key = FlowKey {
-            src: backend.addr,
-            dst: backend.snat_addr,
-            sport: backend.port,
-            dport: slot.entry.snat_port,
-            proto: client.proto,
-            _pad: [0; 3],
-        };
+        let nat_key = FlowKey::new(
+            backend.addr,
+            backend.snat_addr,
+            backend.port,
+            slot.entry.snat_port,
+            client.proto,
+        );
         if let Some((nat_index, _)) =
             find_slot::<NatSlot>(&mut self.array(map_name::NAT)?, &nat_key, nat_mask, |s| {
                 s.key
@@ -663,8 +662,7 @@ fn find_slot<T: Pod>(
     mask: u32,
     key_of: impl Fn(&T) -> FlowKey,
 ) -> anyhow::Result<Option<(u32, T)>> {
-    let hash = flow_hash(key.src, key.dst, key.sport, key.dport, key.proto);
-    let (a, b) = ways(hash, mask);
+    let (a, b) = ways(key.hash(), mask);
     for i in [a, b] {
         let slot = table.get(&i, 0).context("reading a table slot")?;
         if key_of(&slot) == *key {

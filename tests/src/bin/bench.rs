@@ -110,14 +110,13 @@ fn measure(net: &mut TestNet, n: usize) -> anyhow::Result<String> {
         .payload(&[0x77; 64])
         .build();
     let recreated = Packet::tcp("10.0.1.3:40000", "10.100.0.1:80", TCP_SYN).build();
-    let recreated_key = FlowKey {
-        src: ne("10.0.1.3"),
-        dst: ne("10.100.0.1"),
-        sport: 40000u16.to_be(),
-        dport: 80u16.to_be(),
-        proto: lb_common::PROTO_TCP,
-        _pad: [0; 3],
-    };
+    let recreated_key = FlowKey::new(
+        ne("10.0.1.3"),
+        ne("10.100.0.1"),
+        40000u16.to_be(),
+        80u16.to_be(),
+        lb_common::PROTO_TCP,
+    );
     let mut cases = vec![
         Case::new(
             "empty XDP program (baseline)",

@@ -1,0 +1,148 @@
+//! Counters: the global verdict and informational counters, and per-service and per-backend
+//! traffic.
+
+/// Per-service or per-backend traffic (client → backend direction), one slot per CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TrafficStats {
+    pub packets: u64,
+    pub bytes: u64,
+    pub new_flows: u64,
+}
+
+/// Indices into the `STATS` per-CPU array. Every packet increments exactly one verdict counter
+/// (those below [`counter::VERDICTS`]); the informational counters after it are extra. Indices
+/// and names come from one list (the `counters!` macro in it), so they cannot drift apart.
+pub mod counter {
+    /// Declares each counter's index (in list order), [`NAMES`], [`VERDICTS`] and [`COUNT`].
+    macro_rules! counters {
+        (
+            verdicts { $($(#[doc = $vd:literal])* $v:ident = $vn:literal,)* }
+            informational { $($(#[doc = $id:literal])* $i:ident = $in:literal,)* }
+        ) => {
+            #[allow(non_camel_case_types, clippy::upper_case_acronyms, dead_code)]
+            #[repr(u32)]
+            enum Index { $($v,)* $($i,)* Count }
+            $( $(#[doc = $vd])* pub const $v: u32 = Index::$v as u32; )*
+            $( $(#[doc = $id])* pub const $i: u32 = Index::$i as u32; )*
+            /// Number of verdict counters: indices below are verdicts.
+            pub const VERDICTS: u32 = [$($vn),*].len() as u32;
+            /// Size of the `STATS` array.
+            pub const COUNT: u32 = Index::Count as u32;
+            /// Stable names, indexed like the constants (status output and metrics).
+            pub const NAMES: [&str; COUNT as usize] = [$($vn,)* $($in,)*];
+        };
+    }
+
+    counters! {
+        verdicts {
+            /// Not IPv4 (ARP, IPv6, a second VLAN tag, ...): passed.
+            PASS_NOT_IPV4 = "pass_not_ipv4",
+            /// IPv4 that is not lb's: no VIP, no return flow, no ICMP about one. Passed.
+            PASS_NOT_VIP = "pass_not_vip",
+            /// Could not be parsed and not for an lb address: passed (the kernel drops it itself).
+            PASS_MALFORMED = "pass_malformed",
+            /// Could not be parsed and addressed to an lb address: dropped.
+            DROP_MALFORMED = "drop_malformed",
+            /// An IPv4 fragment not for an lb address: passed.
+            PASS_FRAGMENT = "pass_fragment",
+            /// An IPv4 fragment for an lb address: dropped (fragments carry no ports to balance on).
+            DROP_FRAGMENT = "drop_fragment",
+            /// Forwarded (either direction, ICMP errors about flows too) out of the interface it
+            /// came in on.
+            FWD_TX = "fwd_tx",
+            /// Forwarded out of another interface lb is attached to.
+            FWD_REDIRECT = "fwd_redirect",
+            /// TTL 0 or 1: dropped.
+            DROP_TTL = "drop_ttl",
+            /// A new flow found no backend (policy `drop`, or an empty ring): dropped.
+            DROP_NO_BACKEND = "drop_no_backend",
+            /// No route to the backend, or its egress interface is not one of lb's: dropped.
+            DROP_NO_ROUTE = "drop_no_route",
+            /// The backend's next hop has no resolved MAC yet (lb keeps backends' neighbours
+            /// resolved, so this is transient): dropped, the client retransmits.
+            DROP_NO_NEIGH = "drop_no_neigh",
+            /// Every SNAT port candidate is held by a live flow towards that backend: dropped.
+            DROP_NO_SNAT_PORT = "drop_no_snat_port",
+            /// No NAT table slot: the sets of every candidate port are full of established flows
+            /// (the table is too small for the flows alive): dropped.
+            DROP_NAT_FULL = "drop_nat_full",
+            /// A SYN of a new connection beyond its source's rate (`syn_rate_per_source`):
+            /// dropped, so one flooding address cannot churn the tables others need.
+            DROP_SYN_RATE = "drop_syn_rate",
+            /// To a VIP address, on a port or protocol no service has: dropped (never passed: the
+            /// VIP is routed to lb, so the kernel would route it back out).
+            DROP_NO_SERVICE = "drop_no_service",
+            /// An ICMP echo request to a VIP, answered (XDP_TX).
+            ICMP_ECHO_REPLY = "icmp_echo_reply",
+            /// An ICMP echo request to a VIP beyond the reply rate: dropped.
+            DROP_ICMP_RATE = "drop_icmp_rate",
+            /// An ICMP error to a VIP whose quoted packet is no live flow's, or cannot be read:
+            /// dropped.
+            DROP_ICMP_NO_FLOW = "drop_icmp_no_flow",
+            /// Any other ICMP to a VIP (echo with `answer_ping` off, replies, other types, errors
+            /// with translation off): dropped.
+            DROP_ICMP = "drop_icmp",
+        }
+        informational {
+            /// IPv4 header with options (IHL > 5); parsed past them.
+            IP_OPTIONS = "ip_options",
+            /// Frame with one 802.1Q tag; parsed past it.
+            VLAN = "vlan",
+            /// Connection table entries created.
+            CT_NEW = "ct_new",
+            /// TCP packets without SYN and without a live entry (evicted from a full table,
+            /// expired, or lb restarted): the flow is re-created on the same backend and SNAT port
+            /// while the ring and ports allow.
+            CT_MISS_MIDSTREAM = "ct_miss_midstream",
+            /// Flows moved off a backend that became unavailable.
+            CT_RESCHEDULED = "ct_rescheduled",
+            /// SNAT port candidates found taken.
+            SNAT_PORT_RETRY = "snat_port_retry",
+            /// Return-path packets (backend → client).
+            REPLY = "reply",
+            /// Live flows overwritten in a full connection table (both ways of their set were
+            /// taken). Their next packet re-creates them (see `CT_MISS_MIDSTREAM`).
+            CT_EVICTED = "ct_evicted",
+            /// Passive health signals written to the `SIGNALS` ring buffer.
+            SIGNAL_SENT = "signal_sent",
+            /// Passive health signals lost because the ring buffer was full (the daemon did not
+            /// drain it in time). Never silent: a lost signal is counted here.
+            SIGNAL_LOST = "signal_lost",
+            /// ICMP errors about a flow from the client side (to a VIP), translated and sent to the
+            /// flow's backend.
+            ICMP_TRANSLATED_IN = "icmp_translated_in",
+            /// ICMP errors about a flow from the backend side (to a SNAT address), translated and
+            /// sent to the flow's client.
+            ICMP_TRANSLATED_OUT = "icmp_translated_out",
+            /// NAT table entries of half-open or closed flows given up for a new flow in a full
+            /// set (a SYN flood's flows make room for new ones).
+            NAT_EVICTED = "nat_evicted",
+        }
+    }
+}
+
+// The layouts both sides rely on, checked wherever this crate builds (the BPF object too).
+const _: () = {
+    use core::mem::size_of;
+    assert!(size_of::<TrafficStats>() == 24);
+};
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: #[repr(C)] integers and byte arrays with explicit padding (the crate's layout
+    // rules), valid for any bit pattern.
+    unsafe impl aya::Pod for super::TrafficStats {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counter_names_are_unique() {
+        for (i, a) in counter::NAMES.iter().enumerate() {
+            assert!(!counter::NAMES[i + 1..].contains(a), "{a}");
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! The object's names, as userspace looks them up (maps, programs, the parameters' global), and
+//! the maps' sizes.
+
+/// Names of the maps declared in lb-ebpf, as userspace looks them up.
+pub mod map_name {
+    /// `Array<AddrSet>` of [`crate::ADDR_SETS`] sets: IPv4 address → [`crate::addr_flags`], an
+    /// [`crate::ADDR_WAYS`]-way set-associative table (see [`crate::AddrSet`]). The first lookup
+    /// of every IPv4 packet: a miss means "not lb's traffic", passed after one lookup.
+    pub const ADDRS: &str = "LB_ADDRS";
+    /// `HashMap<ServiceKey, ServiceInfo>`: the virtual services.
+    pub const SERVICES: &str = "LB_SERVICES";
+    /// `Array<BackendInfo>` indexed by backend id.
+    pub const BACKENDS: &str = "LB_BACKENDS";
+    /// `Array<u32>` of backend ids: service `s`'s Maglev ring is `[s * ring_size, (s+1) * ring_size)`.
+    pub const RINGS: &str = "LB_RINGS";
+    /// `Array<CtSlot>`: client → VIP flows, a 2-way set-associative table (see [`crate::ways`]).
+    pub const CONNTRACK: &str = "LB_CONNTRACK";
+    /// `Array<NatSlot>`: backend → SNAT address flows (the return path), which also reserves
+    /// each SNAT port; same layout.
+    pub const NAT: &str = "LB_NAT";
+    /// `DevMapHash`: ifindex → ifindex of every interface lb is attached to (redirect targets).
+    pub const TX_PORTS: &str = "LB_TX_PORTS";
+    /// `PerCpuArray<u64>` indexed by [`crate::counter`].
+    pub const STATS: &str = "LB_STATS";
+    /// `PerCpuArray<TrafficStats>` indexed by service id.
+    pub const SERVICE_STATS: &str = "LB_SERVICE_STATS";
+    /// `PerCpuArray<TrafficStats>` indexed by backend id.
+    pub const BACKEND_STATS: &str = "LB_BACKEND_STATS";
+    /// `PerCpuArray<NextHop>` indexed by backend id.
+    pub const NEXTHOPS: &str = "LB_NEXTHOPS";
+    /// `RingBuf` of [`crate::PassiveSignal`] records, [`crate::SIGNALS_RING_BYTES`] bytes: the
+    /// datapath's passive health signals, drained by the daemon.
+    pub const SIGNALS: &str = "LB_SIGNALS";
+    /// `PerCpuArray<TokenBucket>` of one entry: each CPU's budget of ICMP replies.
+    pub const ICMP_RATE: &str = "LB_ICMP_RATE";
+    /// `ProgramArray` of the programs the balancer tail-calls: [`crate::ICMP_PROG`].
+    pub const PROGS: &str = "LB_PROGS";
+    /// `PerCpuArray<TokenBucket>` of [`crate::SYN_BUCKETS`]: the per-source SYN limit.
+    pub const SYN_RATE: &str = "LB_SYN_RATE";
+    /// `PerCpuArray` of one entry: the SNAT port search's working state for the packet on that
+    /// CPU. Holds nothing between packets: never pinned, each load has its own.
+    pub const SNAT_SEARCH: &str = "LB_SNAT_SEARCH";
+}
+
+/// Slots of [`map_name::PROGS`].
+pub const ICMP_PROG: u32 = 0;
+pub const PROG_SLOTS: u32 = 1;
+
+/// Name of the global [`Params`](crate::Params) in the object, set by userspace at load time.
+pub const PARAMS_GLOBAL: &str = "LB_PARAMS";
+
+/// Name of the XDP program in the object file.
+pub const PROGRAM_NAME: &str = "lb_xdp";
+/// The balancer's handler of ICMP for lb's addresses, reached by a tail call
+/// ([`map_name::PROGS`] slot [`ICMP_PROG`]).
+pub const ICMP_PROGRAM_NAME: &str = "lb_icmp";
+/// A program that only returns XDP_PASS: the baseline for benchmarks, and the peer program that
+/// native XDP on veth needs to receive XDP_TX / redirected frames.
+pub const PASS_PROGRAM_NAME: &str = "lb_pass";
+
+/// Compile-time defaults of the maps' sizes; userspace sets the real sizes at load time.
+pub const DEFAULT_MAX_SERVICES: u32 = 64;
+pub const DEFAULT_MAX_BACKENDS: u32 = 4096;
+pub const DEFAULT_RING_SIZE: u32 = 65537;
+pub const DEFAULT_CONNTRACK_SIZE: u32 = 1 << 20;
+/// Upper bound of interfaces lb attaches to.
+pub const MAX_TX_PORTS: u32 = 64;
+
+/// Size of the [`map_name::SIGNALS`] ring buffer (a power-of-two multiple of the page size). A
+/// record takes 24 bytes in it (8 of header), so it holds 2730 signals between two drains; more
+/// are counted in [`counter::SIGNAL_LOST`](crate::counter::SIGNAL_LOST).
+pub const SIGNALS_RING_BYTES: u32 = 64 * 1024;

@@ -1,0 +1,157 @@
+//! The datapath's parameters (a global userspace sets at load time) and what the datapath derives
+//! from them: SNAT port candidates, the token buckets of its rate limits.
+
+use crate::{DEFAULT_CONNTRACK_SIZE, DEFAULT_RING_SIZE, fmix64};
+
+/// Datapath parameters, a read-only global set by userspace when loading the program.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Params {
+    /// Slots per Maglev ring (a prime).
+    pub ring_size: u32,
+    /// Connection table size - 1 (sizes are powers of two).
+    pub table_mask: u32,
+    /// SNAT source ports are `snat_port_min .. snat_port_min + snat_port_count` (host order).
+    pub snat_port_min: u16,
+    pub snat_port_count: u16,
+    /// NAT table size - 1: twice the connection table, so the ports of flows the connection
+    /// table evicted under pressure are always there to reclaim.
+    pub nat_mask: u32,
+    /// Idle timeouts in nanoseconds, indexed by [`ct_state`](crate::ct_state) (an array, so the
+    /// datapath indexes it with a masked state instead of a branch table).
+    pub timeout_ns: [u64; 4],
+    /// How long a TCP flow closed both ways ([`ct_flags::closed`](crate::ct_flags::closed)) keeps
+    /// its SNAT port from other flows, nanoseconds: late segments of the old connection (a
+    /// retransmitted FIN, the last ACK) still find it, and then a new flow may take the port, long
+    /// before the closing timeout.
+    pub closed_hold_ns: u64,
+    /// [`param_flags`] bits.
+    pub flags: u32,
+    /// ICMP echo replies a CPU sends per second at most (and its burst), so a flood of pings to
+    /// a VIP cannot turn lb into a reflector.
+    pub icmp_reply_rate: u32,
+    /// New TCP connections (SYNs without a flow) a CPU takes per second from one source address
+    /// at most (its burst too; sources share [`SYN_BUCKETS`] buckets by hash); 0: no limit.
+    pub syn_rate_per_source: u32,
+    /// The two rates in tokens per 2^32 ns ([`Params::per_2_32_ns`]): a token bucket refills by a
+    /// multiply and a shift, no division on the packet path.
+    pub icmp_reply_scaled: u32,
+    pub syn_rate_scaled: u32,
+    pub _pad: u32,
+}
+
+/// Token buckets of the per-source SYN limit, per CPU (a power of two): a source shares its
+/// bucket with another one with p = 1/16384.
+pub const SYN_BUCKETS: u32 = 1 << 14;
+
+/// The SYN-limit bucket of source address `addr` (network byte order).
+#[inline(always)]
+pub const fn syn_bucket(addr: u32) -> u32 {
+    (fmix64(addr as u64) as u32) & (SYN_BUCKETS - 1)
+}
+
+/// Flag bits of [`Params::flags`].
+pub mod param_flags {
+    /// Translate ICMP errors about balanced flows (`translate_icmp`); off: drop them.
+    pub const TRANSLATE_ICMP: u32 = 1;
+}
+
+impl Params {
+    pub const DEFAULT: Self = Self {
+        ring_size: DEFAULT_RING_SIZE,
+        table_mask: DEFAULT_CONNTRACK_SIZE - 1,
+        // Below Linux's ip_local_port_range (32768-60999), so never one of the host's own.
+        snat_port_min: 1024,
+        snat_port_count: 31744,
+        nat_mask: 2 * DEFAULT_CONNTRACK_SIZE - 1,
+        // UDP 60 s, TCP SYN 30 s, established 15 min, closing 10 s (IPVS-like).
+        timeout_ns: [
+            60_000_000_000,
+            30_000_000_000,
+            900_000_000_000,
+            10_000_000_000,
+        ],
+        closed_hold_ns: 1_000_000_000,
+        flags: param_flags::TRANSLATE_ICMP,
+        icmp_reply_rate: 1000,
+        syn_rate_per_source: 10_000,
+        icmp_reply_scaled: Self::per_2_32_ns(1000),
+        syn_rate_scaled: Self::per_2_32_ns(10_000),
+        _pad: 0,
+    };
+
+    /// A rate per second as tokens per 2^32 ns (rounded up, so no rate becomes none; at most
+    /// 1e6/s, the config's bound, which fits 32 bits).
+    pub const fn per_2_32_ns(per_second: u32) -> u32 {
+        ((per_second as u64) << 32).div_ceil(1_000_000_000) as u32
+    }
+
+    /// Idle timeout of a flow in `state`.
+    #[inline(always)]
+    pub const fn timeout(&self, state: u8) -> u64 {
+        self.timeout_ns[(state & 3) as usize]
+    }
+}
+
+/// Candidate SNAT ports tried for a new flow before giving up (counted). The NAT table is at
+/// most half full of live flows, so all 16 sets are full with p < 2.5e-10.
+pub const SNAT_PORT_TRIES: u32 = 16;
+
+/// The `try`-th SNAT port candidate (host order) for a flow with `hash`.
+#[inline(always)]
+pub const fn snat_port_candidate(hash: u64, try_: u32, p: &Params) -> u16 {
+    // checked_rem: a zero count must not become a division trap (the verifier rejects those).
+    let count = p.snat_port_count as u32;
+    let offset = match (((hash >> 32) as u32).wrapping_add(try_)).checked_rem(count) {
+        Some(o) => o,
+        None => 0,
+    };
+    (p.snat_port_min as u32 + offset) as u16
+}
+
+/// A token bucket (one per CPU): `tokens` left at `at` (coarse ns), refilled at the rate.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TokenBucket {
+    pub at: u64,
+    pub tokens: u64,
+}
+
+// The layouts both sides rely on, checked wherever this crate builds (the BPF object too).
+const _: () = {
+    use core::mem::size_of;
+    assert!(size_of::<Params>() == 80);
+    assert!(size_of::<TokenBucket>() == 16);
+};
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: #[repr(C)] integers and byte arrays with explicit padding (the crate's layout
+    // rules), valid for any bit pattern.
+    unsafe impl aya::Pod for super::Params {}
+    unsafe impl aya::Pod for super::TokenBucket {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A bucket refilled for a second earns its rate (rounded up: never less), for every rate
+    /// the config allows, with the datapath's multiply and shift.
+    #[test]
+    fn scaled_rates_earn_their_rate_a_second() {
+        for rate in (1..=1_000_000u32)
+            .step_by(997)
+            .chain([1_000_000, 10_000, 1000, 1])
+        {
+            let earned = (1_000_000_000u64 * u64::from(Params::per_2_32_ns(rate))) >> 32;
+            assert!(
+                earned >= u64::from(rate) && earned <= u64::from(rate) + 1,
+                "{rate}/s earned {earned}"
+            );
+            let two_seconds = (2_000_000_000u64).checked_mul(u64::from(Params::per_2_32_ns(rate)));
+            assert!(two_seconds.is_some(), "{rate}/s overflows");
+        }
+        assert_eq!(Params::per_2_32_ns(0), 0);
+    }
+}

@@ -1,0 +1,116 @@
+//! What the datapath balances onto: services, their backends and the next hops towards them.
+
+/// Ring slot value meaning "no backend".
+pub const NO_BACKEND: u32 = u32::MAX;
+/// Ring slots tried for a new flow whose slot's backend cannot take it (its flag was written
+/// before the ring is rebuilt). With one of three backends out, all 16 miss with p = 2e-8.
+pub const SELECT_TRIES: u32 = 16;
+
+/// Key of the service map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ServiceKey {
+    pub addr: u32,
+    pub port: u16,
+    pub proto: u8,
+    pub _pad: u8,
+}
+
+impl ServiceKey {
+    /// `addr` as octets (a.b.c.d), `port` in host byte order.
+    pub const fn new(addr: [u8; 4], port: u16, proto: u8) -> Self {
+        Self {
+            addr: u32::from_ne_bytes(addr),
+            port: port.to_be(),
+            proto,
+            _pad: 0,
+        }
+    }
+}
+
+/// Flag bits of [`ServiceInfo::flags`].
+pub mod service_flags {
+    /// Existing flows stay on a backend that became unavailable (`existing_flows = "keep"`).
+    pub const KEEP_FLOWS: u32 = 1;
+    /// No backend may take new flows and the policy says drop.
+    pub const DROP: u32 = 2;
+    /// No backend may take new flows and the policy says use them anyway (`use-all`, `first`):
+    /// the ring holds unavailable backends on purpose, take its pick as it is.
+    pub const USE_UNAVAILABLE: u32 = 4;
+}
+
+/// Value of the service map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServiceInfo {
+    /// Index into the ring and per-service maps, `< max_services`.
+    pub id: u32,
+    pub flags: u32,
+}
+
+/// Flag bits of [`BackendInfo::flags`].
+pub mod backend_flags {
+    /// Health says available: takes new flows (unless drained) and keeps its flows.
+    pub const UP: u32 = 1;
+    /// Weight 0 / drained: no new flows, existing flows continue.
+    pub const DRAINED: u32 = 2;
+}
+
+/// A backend of one service (a host:port used by two services is two backends).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackendInfo {
+    pub addr: u32,
+    /// Source address of forwarded flows (its replies come back here).
+    pub snat_addr: u32,
+    pub port: u16,
+    /// "No data back" passive check of its service: a TCP connection whose client sent data and
+    /// got none back for this long is a failure; in units of
+    /// [`DATA_TICK_SHIFT`](crate::DATA_TICK_SHIFT) (2^20 ns, about a millisecond); 0: off.
+    pub no_data_ticks: u16,
+    pub flags: u32,
+}
+
+/// The next hop towards a backend, cached per CPU so packets need no route lookup: refreshed
+/// from the kernel's tables (bpf_fib_lookup) when older than a second.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NextHop {
+    /// When it was looked up, coarse monotonic nanoseconds; 0 = never.
+    pub updated: u64,
+    pub ifindex: u32,
+    pub smac: [u8; 6],
+    pub dmac: [u8; 6],
+}
+
+// The layouts both sides rely on, checked wherever this crate builds (the BPF object too).
+const _: () = {
+    use core::mem::size_of;
+    assert!(size_of::<ServiceKey>() == 8);
+    assert!(size_of::<ServiceInfo>() == 8);
+    assert!(size_of::<BackendInfo>() == 16);
+    assert!(size_of::<NextHop>() == 24);
+};
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: #[repr(C)] integers and byte arrays with explicit padding (the crate's layout
+    // rules), valid for any bit pattern.
+    unsafe impl aya::Pod for super::ServiceKey {}
+    unsafe impl aya::Pod for super::ServiceInfo {}
+    unsafe impl aya::Pod for super::BackendInfo {}
+    unsafe impl aya::Pod for super::NextHop {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::PROTO_TCP;
+
+    #[test]
+    fn service_key_is_in_network_order() {
+        let k = ServiceKey::new([10, 0, 0, 1], 80, PROTO_TCP);
+        assert_eq!(k.addr.to_ne_bytes(), [10, 0, 0, 1]);
+        assert_eq!(k.port.to_ne_bytes(), [0, 80]);
+    }
+}
