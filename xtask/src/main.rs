@@ -2,6 +2,7 @@
 //! packages it needs are there, installing what is missing.
 
 mod bench;
+mod cycles;
 mod setup;
 
 use std::{
@@ -67,7 +68,11 @@ enum Task {
         #[arg(long)]
         seed: Option<u64>,
     },
-    /// Formatting and lint checks, unit tests and the root integration tests.
+    /// Fail on a module import cycle in lb-userspace, lb-ebpf or lb-common: `crate::` and
+    /// `super::` paths between sibling modules, at every folder level.
+    Cycles,
+    /// Formatting and lint checks, the import-cycle check, unit tests and the root integration
+    /// tests.
     Test {
         /// Extra arguments for `cargo test` (e.g. a test name filter), after `--`.
         #[arg(last = true)]
@@ -139,6 +144,7 @@ fn main() -> anyhow::Result<()> {
             }
             run(&mut cmd)
         }
+        Task::Cycles => cycles::check(&root),
         Task::Test { cargo_args } => {
             setup::ensure(&root, setup::Need::Everything)?;
             require_root("the integration tests (network namespaces, XDP)")?;
@@ -159,6 +165,8 @@ fn test(root: &Path, cargo_args: &[String]) -> anyhow::Result<()> {
         "-D",
         "warnings",
     ]))?;
+    step("import cycles");
+    cycles::check(root)?;
     let lb = build(root, false)?;
     step("cargo test");
     let mut child = cargo(root)
