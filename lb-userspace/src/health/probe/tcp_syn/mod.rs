@@ -67,12 +67,15 @@
 
 mod filter;
 mod socket;
+mod targets;
 mod wire;
+
+pub use targets::{POOL_PORTS, ROUTE_TTL};
 
 use std::{
     collections::{BTreeMap, HashMap},
     io,
-    net::{Ipv4Addr, SocketAddrV4},
+    net::SocketAddrV4,
     os::fd::{AsFd, OwnedFd},
     sync::{
         Arc, Mutex, MutexGuard, PoisonError,
@@ -92,21 +95,8 @@ use super::link::{Frame, Link, Links};
 use super::sys::{MAX_BATCH, Outgoing, recv_many, register, send_many};
 use crate::health::outcome::{Reason, from_io};
 use socket::{Routes, open_raw_socket, reserve_port};
+use targets::{FastHash, Home, Path, Pool, Target, Targets};
 use wire::{SYN_LEN, Segment, Verdict, initial_sequence, syn_segment};
-
-/// Source ports reserved once per prober. A target reuses a port every `POOL_PORTS` probes:
-/// at one probe a second that is longer than a backend keeps a half-open connection whose RST
-/// was lost (about 63 s with Linux's 5 SYN+ACK retries). One descriptor each.
-pub const POOL_PORTS: usize = 64;
-
-/// How long a target's source address is used before it is looked up again.
-pub const ROUTE_TTL: Duration = Duration::from_secs(60);
-
-/// How often a target looks its link-layer path up at most, when changes keep retiring it.
-const RELOOKUP: Duration = Duration::from_secs(5);
-
-/// A target not probed for this long is forgotten (its cached source and place in the pool).
-const FORGET_AFTER: Duration = Duration::from_secs(60);
 
 /// Under load, the reader's pause between two reads of the socket. It pauses only when replies
 /// come fast (several in one read, or a read less than this long after the previous one), so a
@@ -133,9 +123,8 @@ struct Shared {
     /// SYNs waiting for the sender task, and the signal that the first one arrived.
     outbox: Mutex<Vec<Queued>>,
     flush: Notify,
-    /// The pooled source ports; the sockets that reserve them live as long as this.
-    ports: Vec<u16>,
-    _reservations: Vec<OwnedFd>,
+    /// The pooled source ports.
+    pool: Pool,
     /// Looks up source addresses.
     routes: Routes,
     /// The link-layer path for targets that answered (see [`super::link`]); None if its
@@ -161,19 +150,8 @@ struct State {
     /// with an earlier deadline moves it and wakes the reader.
     armed: Option<Instant>,
     next_id: u64,
-    /// When the targets of `probe` futures were last swept of those no longer probed.
-    swept: Instant,
     /// The reader has stopped: no answer can come any more.
     closed: bool,
-}
-
-/// Where the prober keeps a target's state: probes of [`SynProber::start_many`] in a table
-/// under their caller's place for the target (the high half of the token), which the caller
-/// keeps dense and stable; `probe` futures in a map by address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Home {
-    Place(usize),
-    Map,
 }
 
 impl Home {
@@ -181,61 +159,6 @@ impl Home {
         match waiter {
             Waiter::Token { token, .. } => Home::of_token(*token),
             Waiter::Future(_) => Home::Map,
-        }
-    }
-
-    fn of_token(token: u64) -> Self {
-        Home::Place((token >> 32) as usize)
-    }
-}
-
-/// The prober's per-target state, by [`Home`].
-#[derive(Default)]
-struct Targets {
-    /// By place: the target's address and state (a place taken over by another address
-    /// starts afresh).
-    places: Vec<Option<(SocketAddrV4, Target)>>,
-    map: HashMap<SocketAddrV4, Target, FastHash>,
-}
-
-impl Targets {
-    /// The state of `addr` at `home`, created with `fresh` if there is none.
-    fn entry(
-        &mut self,
-        home: Home,
-        addr: SocketAddrV4,
-        fresh: impl FnOnce() -> Target,
-    ) -> &mut Target {
-        match home {
-            Home::Map => self.map.entry(addr).or_insert_with(fresh),
-            Home::Place(place) => {
-                if place >= self.places.len() {
-                    self.places.resize_with(place + 1, || None);
-                }
-                let slot = &mut self.places[place];
-                if slot.as_ref().is_none_or(|(a, _)| *a != addr) {
-                    *slot = Some((addr, fresh()));
-                }
-                &mut slot.as_mut().expect("just filled").1
-            }
-        }
-    }
-
-    fn get_mut(&mut self, home: Home, addr: SocketAddrV4) -> Option<&mut Target> {
-        match home {
-            Home::Map => self.map.get_mut(&addr),
-            Home::Place(place) => match self.places.get_mut(place) {
-                Some(Some((a, target))) if *a == addr => Some(target),
-                _ => None,
-            },
-        }
-    }
-
-    /// Asks the CPU to load the state at `place` ahead of its use (see `start_many`): its
-    /// first two cache lines, which hold the address and the fields a probe reads.
-    fn prefetch(&self, place: usize) {
-        if let Some(slot) = self.places.get(place) {
-            crate::health::prefetch(slot, 2);
         }
     }
 }
@@ -250,77 +173,11 @@ struct Deadline {
     live: usize,
 }
 
-/// What the prober keeps per target.
-struct Target {
-    /// The cached source address and when it was looked up.
-    source: Option<(Ipv4Addr, Instant)>,
-    /// Its last probe was answered through the kernel's path (so the kernel knows the next
-    /// hop): its SYNs may take the link-layer path. Cleared by a timeout or a local failure.
-    answered: bool,
-    /// The link-layer path, if the last lookup found one, and when that lookup was.
-    link: Option<Link>,
-    link_at: Option<Instant>,
-    /// Index in the pool of the next port to try.
-    next_port: usize,
-    /// When it was last probed.
-    used: Instant,
-}
-
 /// A probe's connection, seen from this host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct Key {
     local: SocketAddrV4,
     remote: SocketAddrV4,
-}
-
-/// A cheap hasher for the maps keyed by addresses (FxHash's multiply-rotate, finished with
-/// `fmix64`). Not keyed: fine here, as only this prober inserts (its own probes and targets);
-/// received packets only look up.
-#[derive(Debug, Clone, Copy, Default)]
-struct FastHash;
-
-#[derive(Debug, Clone, Copy, Default)]
-struct FastHasher(u64);
-
-impl std::hash::BuildHasher for FastHash {
-    type Hasher = FastHasher;
-    fn build_hasher(&self) -> FastHasher {
-        FastHasher(0)
-    }
-}
-
-impl FastHasher {
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-impl std::hash::Hasher for FastHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.add(u64::from_le_bytes(word));
-        }
-    }
-    fn write_u8(&mut self, i: u8) {
-        self.add(u64::from(i));
-    }
-    fn write_u16(&mut self, i: u16) {
-        self.add(u64::from(i));
-    }
-    fn write_u32(&mut self, i: u32) {
-        self.add(u64::from(i));
-    }
-    fn write_u64(&mut self, i: u64) {
-        self.add(i);
-    }
-    fn write_usize(&mut self, i: usize) {
-        self.add(i as u64);
-    }
-    fn finish(&self) -> u64 {
-        lb_common::fmix64(self.0)
-    }
 }
 
 /// A probe waiting for its answer.
@@ -389,24 +246,7 @@ impl SynProber {
     pub fn new() -> io::Result<Self> {
         let runtime = tokio::runtime::Handle::try_current().map_err(io::Error::other)?;
         let socket = register(open_raw_socket()?)?;
-        // A smaller pool (even none, if no port or descriptor is left) still works: probes that
-        // find no pooled port free reserve their own.
-        let (mut reservations, mut ports) = (Vec::new(), Vec::new());
-        for _ in 0..POOL_PORTS {
-            match reserve_port(Ipv4Addr::UNSPECIFIED) {
-                Ok((fd, addr)) => {
-                    reservations.push(fd);
-                    ports.push(addr.port());
-                }
-                Err(e) => {
-                    tracing::warn!(
-                        "half-open probes: {} source ports pooled of {POOL_PORTS}: {e}",
-                        ports.len()
-                    );
-                    break;
-                }
-            }
-        }
+        let pool = Pool::reserve();
         let links = Links::open()
             .inspect_err(|e| {
                 tracing::warn!(
@@ -414,7 +254,7 @@ impl SynProber {
                 );
             })
             .ok();
-        let shared = Arc::new(Shared::new(socket, ports, reservations, links)?);
+        let shared = Arc::new(Shared::new(socket, pool, links)?);
         let reader = runtime.spawn(read_replies(Arc::clone(&shared)));
         let sender = runtime.spawn(send_queued(Arc::clone(&shared)));
         Ok(Self {
@@ -532,12 +372,7 @@ impl Drop for SynProber {
 }
 
 impl Shared {
-    fn new(
-        socket: AsyncFd<OwnedFd>,
-        ports: Vec<u16>,
-        reservations: Vec<OwnedFd>,
-        links: Option<Links>,
-    ) -> io::Result<Self> {
+    fn new(socket: AsyncFd<OwnedFd>, pool: Pool, links: Option<Links>) -> io::Result<Self> {
         Ok(Self {
             socket,
             state: Mutex::new(State {
@@ -546,14 +381,12 @@ impl Shared {
                 targets: Targets::default(),
                 armed: None,
                 next_id: 0,
-                swept: Instant::now(),
                 closed: false,
             }),
             rearm: Notify::new(),
             outbox: Mutex::new(Vec::new()),
             flush: Notify::new(),
-            ports,
-            _reservations: reservations,
+            pool,
             routes: Routes::new()?,
             links,
             wakeups: AtomicU64::new(0),
@@ -619,59 +452,35 @@ impl Shared {
             if state.closed {
                 return Err(io::Error::other("the reply reader has stopped"));
             }
-            state.sweep(now);
-            let entry = state.targets.entry(home, target, || Target {
-                source: None,
-                answered: false,
-                link: None,
-                link_at: None,
-                // Targets start at different places in the pool.
-                next_port: lb_common::fmix64(
-                    u64::from(u32::from(*target.ip())) << 16 | u64::from(target.port()),
-                ) as usize
-                    % self.ports.len().max(1),
-                used: now,
-            });
+            state.targets.sweep(now);
+            let entry = state
+                .targets
+                .entry(home, target, || Target::new(target, &self.pool, now));
             entry.used = now;
-            let mut link = None;
-            if let Some(links) = &self.links
-                && entry.answered
-            {
-                let age = entry.link_at.map(|at| now.saturating_duration_since(at));
-                match (&entry.link, age) {
-                    (Some(known), Some(age)) if age < ROUTE_TTL && links.current(known) => {
-                        link = Some(known.clone());
+            let path = self
+                .links
+                .as_ref()
+                .map(|links| (links, entry.path(links, now)));
+            let link = match path {
+                Some((_, Path::Link(link))) => Some(link),
+                Some((links, Path::LookUp)) => {
+                    drop(guard);
+                    let found = links.lookup(*target.ip()).unwrap_or_else(|e| {
+                        tracing::debug!(%target, "link-layer path lookup failed: {e}");
+                        None
+                    });
+                    let at = Instant::now();
+                    if let Some(t) = self.state().targets.get_mut(home, target) {
+                        t.learn_link(found, at);
                     }
-                    // Looked up lately (also earlier in this call): a link retired since by a
-                    // change is looked up again at most every RELOOKUP, so a network that keeps
-                    // changing cannot make lookups cost more than the path saves; none found,
-                    // every ROUTE_TTL. The kernel's path meanwhile.
-                    (Some(_), Some(age)) if age < RELOOKUP => {}
-                    (None, Some(age)) if age < ROUTE_TTL => {}
-                    _ => {
-                        drop(guard);
-                        let found = links.lookup(*target.ip()).unwrap_or_else(|e| {
-                            tracing::debug!(%target, "link-layer path lookup failed: {e}");
-                            None
-                        });
-                        let at = Instant::now();
-                        if let Some(t) = self.state().targets.get_mut(home, target) {
-                            if let Some(found) = &found {
-                                t.source = Some((found.source, at));
-                            }
-                            t.link = found;
-                            t.link_at = Some(at);
-                        }
-                        continue;
-                    }
+                    continue;
                 }
-            }
-            let source = match (&link, entry.source) {
+                Some((_, Path::Kernel)) | None => None,
+            };
+            let source = match (&link, entry.source(now)) {
                 (Some(link), _) => link.source,
-                (None, Some((source, at))) if now.saturating_duration_since(at) < ROUTE_TTL => {
-                    source
-                }
-                _ => {
+                (None, Some(source)) => source,
+                (None, None) => {
                     drop(guard);
                     let source = self.routes.source_towards(target)?;
                     if let Some(t) = self.state().targets.get_mut(home, target) {
@@ -683,22 +492,12 @@ impl Shared {
             };
             let local = match &own {
                 Some((_, addr)) if addr.ip() == &source => Some(*addr),
-                _ => {
-                    let n = self.ports.len();
-                    (0..n)
-                        .map(|i| (entry.next_port + i) % n)
-                        .find(|&i| {
-                            let key = Key {
-                                local: SocketAddrV4::new(source, self.ports[i]),
-                                remote: target,
-                            };
-                            !state.pending.contains_key(&key)
-                        })
-                        .map(|i| {
-                            entry.next_port = (i + 1) % n;
-                            SocketAddrV4::new(source, self.ports[i])
-                        })
-                }
+                _ => self.pool.take(&mut entry.next_port, source, |local| {
+                    state.pending.contains_key(&Key {
+                        local,
+                        remote: target,
+                    })
+                }),
             };
             let Some(local) = local else {
                 // Every pooled port is busy towards this target: reserve one for this probe.
@@ -976,10 +775,7 @@ impl Shared {
     /// and takes the kernel's path until it is answered.
     fn forget_route(&self, home: Home, target: SocketAddrV4) {
         if let Some(t) = self.state().targets.get_mut(home, target) {
-            t.source = None;
-            t.answered = false;
-            t.link = None;
-            t.link_at = None;
+            t.forget_route();
         }
     }
 
@@ -1066,17 +862,6 @@ impl State {
             if due.live == 0 {
                 self.deadlines.remove(&deadline);
             }
-        }
-    }
-
-    /// Forgets, once per [`FORGET_AFTER`], the targets of `probe` futures not probed for that
-    /// long. (A place is the caller's: a new target there replaces the old one.)
-    fn sweep(&mut self, now: Instant) {
-        if now.saturating_duration_since(self.swept) >= FORGET_AFTER {
-            self.targets
-                .map
-                .retain(|_, t| now.saturating_duration_since(t.used) < FORGET_AFTER);
-            self.swept = now;
         }
     }
 }
@@ -1251,7 +1036,7 @@ fn drain(
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::net::UnixDatagram;
+    use std::{net::Ipv4Addr, os::unix::net::UnixDatagram};
 
     use super::wire::sample::{LOCAL, REMOTE, reply};
     use super::wire::{ACK, RST, SYN};
@@ -1262,8 +1047,12 @@ mod tests {
     fn shared_with(ports: Vec<u16>, source: Ipv4Addr, targets: &[SocketAddrV4]) -> Shared {
         let (a, b) = UnixDatagram::pair().unwrap();
         drop(b);
-        let shared =
-            Shared::new(register(OwnedFd::from(a)).unwrap(), ports, Vec::new(), None).unwrap();
+        let shared = Shared::new(
+            register(OwnedFd::from(a)).unwrap(),
+            Pool::new(ports, Vec::new()),
+            None,
+        )
+        .unwrap();
         // Each target known both by address (for `probe`) and at its index as the place (for
         // `start`: tokens `place << 32 | n`).
         for (place, &target) in targets.iter().enumerate() {
@@ -1280,29 +1069,6 @@ mod tests {
             state.targets.entry(Home::Place(place), target, known);
         }
         shared
-    }
-
-    #[test]
-    fn a_place_holds_one_target_at_a_time() {
-        let fresh = || Target {
-            source: None,
-            answered: false,
-            link: None,
-            link_at: None,
-            next_port: 0,
-            used: Instant::now(),
-        };
-        let mut targets = Targets::default();
-        targets.entry(Home::Place(3), REMOTE, fresh).answered = true;
-        assert!(targets.get_mut(Home::Place(3), REMOTE).unwrap().answered);
-        // Not under another place, nor in the map of `probe` futures.
-        assert!(targets.get_mut(Home::Place(2), REMOTE).is_none());
-        assert!(targets.get_mut(Home::Map, REMOTE).is_none());
-        // Another target at the place starts afresh; the first one is gone from it.
-        let other = SocketAddrV4::new(*REMOTE.ip(), 81);
-        assert!(!targets.entry(Home::Place(3), other, fresh).answered);
-        assert!(targets.get_mut(Home::Place(3), REMOTE).is_none());
-        assert!(targets.get_mut(Home::Place(9), other).is_none());
     }
 
     fn runtime() -> tokio::runtime::Runtime {
