@@ -66,6 +66,7 @@
 //! [`SynProber::probe`] must run in the same one (the daemon runs in a single namespace).
 
 mod filter;
+mod pending;
 mod socket;
 mod targets;
 mod wire;
@@ -73,7 +74,6 @@ mod wire;
 pub use targets::{POOL_PORTS, ROUTE_TTL};
 
 use std::{
-    collections::{BTreeMap, HashMap},
     io,
     net::SocketAddrV4,
     os::fd::{AsFd, OwnedFd},
@@ -94,8 +94,9 @@ use super::ProbeResult;
 use super::link::{Frame, Link, Links};
 use super::sys::{MAX_BATCH, Outgoing, recv_many, register, send_many};
 use crate::health::outcome::{Reason, from_io};
+use pending::{Answer, Delivery, Key, Pending, Registry, Waiter};
 use socket::{Routes, open_raw_socket, reserve_port};
-use targets::{FastHash, Home, Path, Pool, Target, Targets};
+use targets::{Home, Path, Pool, Target, Targets};
 use wire::{SYN_LEN, Segment, Verdict, initial_sequence, syn_segment};
 
 /// Under load, the reader's pause between two reads of the socket. It pauses only when replies
@@ -141,70 +142,10 @@ struct Shared {
 
 /// Everything behind the one lock.
 struct State {
-    pending: HashMap<Key, Pending, FastHash>,
-    /// The pending probes by deadline, earliest first. Probes started together share one
-    /// (see [`Deadline`]).
-    deadlines: BTreeMap<Instant, Deadline>,
+    pending: Registry,
     targets: Targets,
-    /// The instant the reader's timer is set for; `None` while it sleeps without one. A probe
-    /// with an earlier deadline moves it and wakes the reader.
-    armed: Option<Instant>,
-    next_id: u64,
     /// The reader has stopped: no answer can come any more.
     closed: bool,
-}
-
-impl Home {
-    fn of(waiter: &Waiter) -> Self {
-        match waiter {
-            Waiter::Token { token, .. } => Home::of_token(*token),
-            Waiter::Future(_) => Home::Map,
-        }
-    }
-}
-
-/// The probes due at one instant: a batch of `start_many` (one timeout) shares it, so a probe
-/// costs a push and a count rather than an entry of its own in the ordered map.
-#[derive(Default)]
-struct Deadline {
-    /// `(probe id, key)`: the probes listed here, also those that have left since.
-    probes: Vec<(u64, Key)>,
-    /// How many of them are still pending; the entry goes when none is.
-    live: usize,
-}
-
-/// A probe's connection, seen from this host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-struct Key {
-    local: SocketAddrV4,
-    remote: SocketAddrV4,
-}
-
-/// A probe waiting for its answer.
-struct Pending {
-    /// Unique per prober: tells this probe from a later one on the same connection.
-    id: u64,
-    /// Sequence number of its SYN: the answer must acknowledge `seq + 1`.
-    seq: u32,
-    deadline: Instant,
-    /// When its SYN went out (set by the sender just before the send).
-    sent: Option<Instant>,
-    /// Its SYN was queued for the link-layer path.
-    via_link: bool,
-    waiter: Waiter,
-    /// A port reserved for this probe alone, when the pool had none free towards the target;
-    /// released when the probe leaves the map.
-    _own_port: Option<OwnedFd>,
-}
-
-/// Who takes a probe's answer.
-enum Waiter {
-    /// A [`SynProber::probe`] future, through its channel.
-    Future(oneshot::Sender<Answer>),
-    /// A probe of [`SynProber::start_many`]: its result goes to the finished queue under this
-    /// token. `retry`: it may be sent once more when its SYN could not be sent from a cached
-    /// source.
-    Token { token: u64, retry: bool },
 }
 
 /// A probe just put into the pending map.
@@ -217,9 +158,6 @@ struct Inserted {
     link: Option<Link>,
 }
 
-/// An answer on its way to its waiter (delivered after the state lock is released).
-type Delivery = (Waiter, Key, Instant, Answer);
-
 /// A SYN waiting for the sender task.
 struct Queued {
     key: Key,
@@ -227,16 +165,6 @@ struct Queued {
     syn: [u8; SYN_LEN],
     /// The link-layer path to send it on, if still current when it is sent.
     link: Option<Link>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Answer {
-    /// A reply, read by the reader `latency` after the SYN was sent.
-    Reply { verdict: Verdict, latency: Duration },
-    /// The deadline passed without a reply.
-    Expired,
-    /// The SYN could not be sent (an OS error number).
-    Unsent(i32),
 }
 
 impl SynProber {
@@ -376,11 +304,8 @@ impl Shared {
         Ok(Self {
             socket,
             state: Mutex::new(State {
-                pending: HashMap::default(),
-                deadlines: BTreeMap::new(),
+                pending: Registry::default(),
                 targets: Targets::default(),
-                armed: None,
-                next_id: 0,
                 closed: false,
             }),
             rearm: Notify::new(),
@@ -437,7 +362,7 @@ impl Shared {
         mut now: Instant,
     ) -> io::Result<Inserted> {
         let seq = initial_sequence();
-        let home = Home::of(&waiter);
+        let home = waiter.home();
         let mut looked_up = false;
         let mut own: Option<(OwnedFd, SocketAddrV4)> = None;
         let mut again = false;
@@ -493,7 +418,7 @@ impl Shared {
             let local = match &own {
                 Some((_, addr)) if addr.ip() == &source => Some(*addr),
                 _ => self.pool.take(&mut entry.next_port, source, |local| {
-                    state.pending.contains_key(&Key {
+                    state.pending.contains(&Key {
                         local,
                         remote: target,
                     })
@@ -509,25 +434,17 @@ impl Shared {
                 local,
                 remote: target,
             };
-            let id = state.next_id;
-            state.next_id += 1;
-            state.pending.insert(
-                key,
-                Pending {
-                    id,
-                    seq,
-                    deadline,
-                    sent: None,
-                    via_link: link.is_some(),
-                    waiter,
-                    _own_port: own.map(|(fd, _)| fd),
-                },
-            );
-            let due = state.deadlines.entry(deadline).or_default();
-            due.probes.push((id, key));
-            due.live += 1;
-            if state.armed.is_none_or(|armed| deadline < armed) {
-                state.armed = Some(deadline);
+            let id = state.pending.new_id();
+            let probe = Pending {
+                id,
+                seq,
+                deadline,
+                sent: None,
+                via_link: link.is_some(),
+                waiter,
+                _own_port: own.map(|(fd, _)| fd),
+            };
+            if state.pending.insert(key, probe) {
                 self.rearm.notify_one();
             }
             return Ok(Inserted {
@@ -683,9 +600,9 @@ impl Shared {
                 let now = Instant::now();
                 let mut state = self.state();
                 for q in chunk {
-                    match state.pending.get_mut(&q.key) {
-                        Some(p) if p.id == q.id => p.sent = Some(now),
-                        _ => continue,
+                    match state.pending.get_mut(&q.key, q.id) {
+                        Some(p) => p.sent = Some(now),
+                        None => continue,
                     }
                     match self.link_of(q) {
                         Some(link) => framed.push((q, link)),
@@ -762,10 +679,7 @@ impl Shared {
             Err(e) => e.raw_os_error().unwrap_or(libc::EIO),
         };
         let mut state = self.state();
-        if state.pending.get(&q.key).is_some_and(|p| p.id == q.id)
-            && let Some(probe) = state.pending.remove(&q.key)
-        {
-            state.unlist(probe.deadline);
+        if let Some(probe) = state.pending.remove(&q.key, q.id) {
             answers.push((probe.waiter, q.key, probe.deadline, Answer::Unsent(errno)));
         }
         1
@@ -798,15 +712,16 @@ impl Shared {
                     local: segment.destination,
                     remote: segment.source,
                 };
-                let Some(verdict) = state.pending.get(&key).and_then(|p| segment.verdict(p.seq))
+                let Some((id, verdict)) = state
+                    .pending
+                    .get(&key)
+                    .and_then(|p| Some((p.id, segment.verdict(p.seq)?)))
                 else {
                     continue;
                 };
-                if let Some(probe) = state.pending.remove(&key) {
-                    state.unlist(probe.deadline);
+                if let Some(probe) = state.pending.remove(&key, id) {
                     if !probe.via_link
-                        && let Some(target) =
-                            state.targets.get_mut(Home::of(&probe.waiter), key.remote)
+                        && let Some(target) = state.targets.get_mut(probe.waiter.home(), key.remote)
                     {
                         target.answered = true;
                     }
@@ -825,44 +740,10 @@ impl Shared {
         self.deliver(answers);
     }
 
-    /// Ends the probes whose deadline is not after `now`. When the reader's timer has run out,
-    /// sets it for the earliest deadline left (only then: a timer set for a probe that was
-    /// answered since just fires once for nothing, which is cheaper than moving it each time).
+    /// Ends the probes whose deadline is not after `now` (see [`Registry::expire`]).
     fn expire(&self, now: Instant, answers: &mut Vec<Delivery>) {
-        {
-            let mut guard = self.state();
-            let state = &mut *guard;
-            while let Some(entry) = state.deadlines.first_entry() {
-                if *entry.key() > now {
-                    break;
-                }
-                for (id, key) in entry.remove().probes {
-                    // Those that left already (answered, unsent, dropped) are skipped.
-                    if state.pending.get(&key).is_some_and(|p| p.id == id)
-                        && let Some(probe) = state.pending.remove(&key)
-                    {
-                        answers.push((probe.waiter, key, probe.deadline, Answer::Expired));
-                    }
-                }
-            }
-            if state.armed.is_some_and(|armed| armed <= now) {
-                state.armed = state.deadlines.first_key_value().map(|(&d, _)| d);
-            }
-        }
+        self.state().pending.expire(now, answers);
         self.deliver(answers);
-    }
-}
-
-impl State {
-    /// A probe due at `deadline` has left the pending map (not by expiring): one fewer live
-    /// there, and the entry goes with the last.
-    fn unlist(&mut self, deadline: Instant) {
-        if let Some(due) = self.deadlines.get_mut(&deadline) {
-            due.live = due.live.saturating_sub(1);
-            if due.live == 0 {
-                self.deadlines.remove(&deadline);
-            }
-        }
     }
 }
 
@@ -877,17 +758,8 @@ struct Registered<'a> {
 
 impl Drop for Registered<'_> {
     fn drop(&mut self) {
-        let mut guard = self.shared.state();
-        let state = &mut *guard;
         // Answered or expired probes have left already; the key may belong to a later probe.
-        if state
-            .pending
-            .get(&self.key)
-            .is_some_and(|p| p.id == self.id)
-            && let Some(probe) = state.pending.remove(&self.key)
-        {
-            state.unlist(probe.deadline);
-        }
+        self.shared.state().pending.remove(&self.key, self.id);
     }
 }
 
@@ -900,11 +772,10 @@ impl Drop for Closing<'_> {
         let tokens: Vec<(u64, ProbeResult)> = {
             let mut state = self.0.state();
             state.closed = true;
-            state.deadlines.clear();
             state
                 .pending
                 .drain()
-                .filter_map(|(_, p)| match p.waiter {
+                .filter_map(|p| match p.waiter {
                     Waiter::Token { token, .. } => {
                         Some((token, ProbeResult::Local(Reason::Internal)))
                     }
@@ -955,7 +826,7 @@ async fn read_replies(shared: Arc<Shared>) {
     let mut timer_at: Option<Instant> = None;
     let mut last_read: Option<Instant> = None;
     loop {
-        let armed = shared.state().armed;
+        let armed = shared.state().pending.armed();
         if armed != timer_at {
             timer
                 .as_mut()
@@ -1080,7 +951,13 @@ mod tests {
 
     /// Whether a probe holds a port of its own.
     fn owns_port(shared: &Shared, probe: &Registered<'_>) -> bool {
-        shared.state().pending[&probe.key]._own_port.is_some()
+        shared
+            .state()
+            .pending
+            .get(&probe.key)
+            .unwrap()
+            ._own_port
+            .is_some()
     }
 
     fn finished(shared: &Shared) -> Vec<(u64, ProbeResult)> {
@@ -1125,7 +1002,7 @@ mod tests {
             t0,
         );
         assert_eq!(queued.len(), 3);
-        let seq = |key: Key| shared.state().pending[&key].seq;
+        let seq = |key: Key| shared.state().pending.get(&key).unwrap().seq;
         let (first, third_key) = (queued[0].key, queued[2].key);
         let mut scratch = Vec::new();
         shared.dispatch(
@@ -1139,7 +1016,7 @@ mod tests {
         ));
         shared.expire(t0 + Duration::from_secs(5), &mut scratch);
         assert_eq!(finished(&shared), [(eight, ProbeResult::Timeout)]);
-        assert!(shared.state().pending.contains_key(&third_key));
+        assert!(shared.state().pending.contains(&third_key));
         drop(Closing(&shared));
         assert_eq!(
             finished(&shared),
@@ -1161,8 +1038,7 @@ mod tests {
     }
 
     fn is_empty(shared: &Shared) -> bool {
-        let state = shared.state();
-        state.pending.is_empty() && state.deadlines.is_empty()
+        shared.state().pending.is_empty()
     }
 
     #[test]
@@ -1174,7 +1050,7 @@ mod tests {
         let mut probes: Vec<Registered<'_>> = (0..3)
             .map(|_| shared.register(REMOTE, deadline).unwrap().0)
             .collect();
-        assert_eq!(shared.state().deadlines.len(), 1);
+        assert_eq!(shared.state().pending.deadlines(), 1);
         let answer = |p: &Registered<'_>| {
             let mut r = reply(SYN | ACK, p.seq.wrapping_add(1), 0);
             r[22..24].copy_from_slice(&p.key.local.port().to_be_bytes());
@@ -1183,7 +1059,7 @@ mod tests {
         let (a, b) = (answer(&probes[0]), answer(&probes[1]));
         let mut scratch = Vec::new();
         shared.dispatch([&a[..], &b[..]], Instant::now(), &mut scratch);
-        assert_eq!(shared.state().deadlines[&deadline].live, 1);
+        assert_eq!(shared.state().pending.live_at(deadline), 1);
         // The last one expires alone; the answered ones are not ended twice.
         shared.expire(deadline, &mut scratch);
         assert!(is_empty(&shared));
@@ -1264,10 +1140,10 @@ mod tests {
         let t0 = Instant::now();
         let (d1, d2) = (t0 + Duration::from_secs(10), t0 + Duration::from_secs(20));
         let (mut late, _, _) = shared.register(other, d2).unwrap();
-        assert_eq!(shared.state().armed, Some(d2));
+        assert_eq!(shared.state().pending.armed(), Some(d2));
         let (mut early, _, _) = shared.register(REMOTE, d1).unwrap();
         assert_eq!(
-            shared.state().armed,
+            shared.state().pending.armed(),
             Some(d1),
             "an earlier deadline moves the timer"
         );
@@ -1277,7 +1153,11 @@ mod tests {
         shared.expire(d1, &mut scratch);
         assert_eq!(early.answer.try_recv().unwrap(), Answer::Expired);
         assert!(late.answer.try_recv().is_err());
-        assert_eq!(shared.state().armed, Some(d2), "set for the next deadline");
+        assert_eq!(
+            shared.state().pending.armed(),
+            Some(d2),
+            "set for the next deadline"
+        );
         // An answered probe leaves its deadline: the timer, once run out, sleeps.
         let ack = late.seq.wrapping_add(1);
         let mut answer = reply(SYN | ACK, ack, 0);
@@ -1285,7 +1165,7 @@ mod tests {
         shared.dispatch([&answer[..]], t0, &mut scratch);
         assert!(matches!(late.answer.try_recv(), Ok(Answer::Reply { .. })));
         shared.expire(d2, &mut scratch);
-        assert_eq!(shared.state().armed, None);
+        assert_eq!(shared.state().pending.armed(), None);
         drop((early, late));
         assert!(is_empty(&shared));
     }
