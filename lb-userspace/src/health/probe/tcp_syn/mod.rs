@@ -6,9 +6,11 @@
 //! One raw `IPPROTO_TCP` socket serves every probe of the daemon. A probe registers itself in a
 //! map keyed by the connection and queues its SYN; a sender task sends the queued SYNs, and a
 //! reader task receives the replies, completes the matching probes and also ends the probes
-//! whose deadline has passed. A raw TCP socket receives a copy of *every* TCP segment that
-//! reaches this host, so a classic BPF filter in the kernel passes only segments with SYN+ACK
-//! or RST set: the reader does not wake for the host's ordinary TCP traffic.
+//! whose deadline has passed. The checker starts probes with [`SynProber::start_many`] and takes
+//! their results from [`SynProber::finished`]; [`SynProber::probe`] starts one the same way and
+//! has its result come to the future instead. A raw TCP socket receives a copy of *every* TCP
+//! segment that reaches this host, so a classic BPF filter in the kernel passes only segments
+//! with SYN+ACK or RST set: the reader does not wake for the host's ordinary TCP traffic.
 //!
 //! What a probe costs (issue 4: 10,000 targets a second must stay cheap): its share of a
 //! `sendmmsg` and of a `recvmmsg` and a few short lock sections. Everything else is shared or
@@ -34,12 +36,13 @@
 //!   path a SYN skips netfilter's OUTPUT and POSTROUTING hooks and IPsec policies (README,
 //!   limitations); the answers come back through the raw socket either way.
 //!
-//! Timing: the timeout runs from the call to [`SynProber::probe`]. The reader reads the socket
-//! before it expires deadlines, so a SYN+ACK or RST that arrived before the deadline always
-//! counts. One that arrives a little after it (before the reader's next pass, which tokio's
-//! 1 ms timer and the [`COALESCE`] pause can delay by a couple of milliseconds) may count too,
-//! as with a per-probe timer. The latency runs from just before the `sendmmsg` that carried the
-//! SYN to when the reader read the reply: under load it may include up to one `COALESCE` pause.
+//! Timing: the timeout runs from the call to [`SynProber::start_many`] (or
+//! [`SynProber::probe`]). The reader reads the socket before it expires deadlines, so a SYN+ACK
+//! or RST that arrived before the deadline always counts. One that arrives a little after it
+//! (before the reader's next pass, which tokio's 1 ms timer and the [`COALESCE`] pause can delay
+//! by a couple of milliseconds) may count too, as with a per-probe timer. The latency runs from
+//! just before the `sendmmsg` that carried the SYN to when the reader read the reply: under load
+//! it may include up to one `COALESCE` pause.
 //!
 //! Source address and port:
 //! - the address is the kernel's own choice towards the target (a connected UDP socket's local
@@ -63,7 +66,8 @@
 //! not read. Such a target times out, which is a failure all the same.
 //!
 //! Sockets are created in the network namespace of the calling thread: [`SynProber::new`] and
-//! [`SynProber::probe`] must run in the same one (the daemon runs in a single namespace).
+//! the calls that start probes must run in the same one (the daemon runs in a single
+//! namespace).
 
 mod filter;
 mod pending;
@@ -94,7 +98,7 @@ use super::ProbeResult;
 use super::link::{Frame, Link, Links};
 use super::sys::{MAX_BATCH, Outgoing, recv_many, register, send_many};
 use crate::health::outcome::{Reason, from_io};
-use pending::{Answer, Delivery, Key, Pending, Registry, Waiter};
+use pending::{Answer, Ended, Key, Pending, Registry, Waiter};
 use socket::{Routes, open_raw_socket, reserve_port};
 use targets::{Home, Path, Pool, Target, Targets};
 use wire::{SYN_LEN, Segment, Verdict, initial_sequence, syn_segment};
@@ -148,14 +152,13 @@ struct State {
     closed: bool,
 }
 
-/// A probe just put into the pending map.
-struct Inserted {
-    key: Key,
-    id: u64,
-    seq: u32,
-    /// A failed send may be retried through the kernel's path with a fresh lookup.
-    retry: bool,
+/// Where a probe's SYN leaves from (see [`Shared::place`]).
+struct Placed {
+    local: SocketAddrV4,
+    /// The link-layer path, if the SYN takes it.
     link: Option<Link>,
+    /// A port reserved for this probe alone, if the pool had none free towards the target.
+    own_port: Option<OwnedFd>,
 }
 
 /// A SYN waiting for the sender task.
@@ -192,17 +195,20 @@ impl SynProber {
         })
     }
 
-    /// Sends a SYN to `target` and waits up to `timeout`.
+    /// Sends a SYN to `target` and waits up to `timeout`: one probe of
+    /// [`SynProber::start_many`] whose result comes to this future instead of the finished
+    /// queue. Dropping the future withdraws the probe.
     ///
     /// Local errors are logged; no route or a firewall refusing the send count as `TcpFailure`
     /// (the target cannot be reached either way), a shortage here (ports, descriptors,
     /// buffers) as `Local`.
     pub async fn probe(&self, target: SocketAddrV4, timeout: Duration) -> ProbeResult {
-        let deadline = Instant::now() + timeout;
-        match self.exchange(target, deadline).await {
-            Ok(result) => result,
-            Err(e) => self.shared.local_failure(Home::Map, target, &e),
+        let now = Instant::now();
+        let (mut waiting, syn) = self.shared.start_waiting(target, now + timeout, now);
+        if let Some(syn) = syn {
+            self.shared.enqueue(syn);
         }
+        waiting.result().await
     }
 
     /// Diagnostic: how many times the reader task has woken up to read the socket. With the
@@ -239,8 +245,11 @@ impl SynProber {
             }
         }
         for &(token, target, timeout) in probes {
-            self.shared
-                .start(token, target, now + timeout, true, &mut queued, now);
+            let deadline = now + timeout;
+            queued.extend(
+                self.shared
+                    .start(Waiter::Token(token), target, deadline, None, now),
+            );
         }
         self.shared.enqueue_many(queued);
     }
@@ -258,35 +267,6 @@ impl SynProber {
                 }
             }
             ready.await;
-        }
-    }
-
-    /// One SYN and its answer (or the reader's word that the deadline passed). If the future is
-    /// dropped, the guard unregisters the probe (and releases a port of its own, if it had one).
-    async fn exchange(&self, target: SocketAddrV4, deadline: Instant) -> io::Result<ProbeResult> {
-        let mut retried = false;
-        loop {
-            let (mut probe, cached, link) = self.shared.register(target, deadline)?;
-            self.shared.enqueue(Queued {
-                key: probe.key,
-                id: probe.id,
-                syn: syn_segment(probe.key.local, target, probe.seq),
-                link,
-            });
-            let answer = (&mut probe.answer)
-                .await
-                .map_err(|_| io::Error::other("the reply reader has stopped"))?;
-            match self.shared.result_of(Home::Map, target, answer) {
-                Ok(result) => return Ok(result),
-                // A cached source may have gone (address removed), or the link-layer path failed:
-                // look the route up again and take the kernel's path, once.
-                Err(_) if cached && !retried => {
-                    drop(probe);
-                    self.shared.forget_route(Home::Map, target);
-                    retried = true;
-                }
-                Err(errno) => return Err(io::Error::from_raw_os_error(errno)),
-            }
         }
     }
 }
@@ -327,43 +307,89 @@ impl Shared {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Registers a probe of `target`: its source address (cached, or looked up now), a source
-    /// port free towards `target`, a fresh sequence number, its deadline. Also says whether a
-    /// failed send may be retried (see [`Inserted::retry`]) and gives the link-layer path, if
-    /// the SYN takes it.
-    fn register(
+    /// Starts a probe of `target` for `waiter`: registers it and gives its SYN to queue. A
+    /// probe that cannot start gets its failure at once (None). `resend_of`: the id of the probe
+    /// whose SYN could not be sent, if this is its resend.
+    fn start(
+        &self,
+        waiter: Waiter,
+        target: SocketAddrV4,
+        deadline: Instant,
+        resend_of: Option<u64>,
+        now: Instant,
+    ) -> Option<Queued> {
+        let seq = initial_sequence();
+        let home = waiter.home();
+        let (mut state, placed) = match self.place(home, target, now) {
+            Ok(placed) => placed,
+            Err(e) => {
+                let failure = self.local_failure(home, target, &e);
+                self.finish(waiter, failure);
+                return None;
+            }
+        };
+        // A resend whose `probe` future was dropped meanwhile: nobody waits for it. Checked
+        // under the lock that the future's withdrawal takes, so one of the two sees the other.
+        if waiter.abandoned() {
+            return None;
+        }
+        let key = Key {
+            local: placed.local,
+            remote: target,
+        };
+        let id = resend_of.unwrap_or_else(|| state.pending.new_id());
+        let probe = Pending {
+            id,
+            seq,
+            deadline,
+            sent: None,
+            via_link: placed.link.is_some(),
+            resend: resend_of.is_none(),
+            waiter,
+            _own_port: placed.own_port,
+        };
+        if state.pending.insert(key, probe) {
+            self.rearm.notify_one();
+        }
+        drop(state);
+        Some(Queued {
+            key,
+            id,
+            syn: syn_segment(key.local, target, seq),
+            link: placed.link,
+        })
+    }
+
+    /// Starts a probe for a `probe` future: its hold on the result, and its SYN to queue.
+    fn start_waiting(
         &self,
         target: SocketAddrV4,
         deadline: Instant,
-    ) -> io::Result<(Registered<'_>, bool, Option<Link>)> {
-        let (done, answer) = oneshot::channel();
-        let inserted = self.insert(target, deadline, Waiter::Future(done), Instant::now())?;
-        let registered = Registered {
+        now: Instant,
+    ) -> (Waiting<'_>, Option<Queued>) {
+        let (done, result) = oneshot::channel();
+        let syn = self.start(Waiter::Future(done), target, deadline, None, now);
+        let waiting = Waiting {
             shared: self,
-            key: inserted.key,
-            id: inserted.id,
-            seq: inserted.seq,
-            answer,
+            probe: syn.as_ref().map(|q| (q.id, deadline)),
+            result,
         };
-        Ok((registered, inserted.retry, inserted.link))
+        (waiting, syn)
     }
 
-    /// Puts a probe of `target` into the pending map for `waiter`: the work of
-    /// [`Shared::register`].
+    /// Where a probe of `target` sends from: its source address (cached, or looked up now) and
+    /// a source port free towards `target`. Returns with the state locked, so that the port
+    /// stays free until the probe is registered.
     ///
     /// The SYN takes the link-layer path when the target's last probe was answered and a
     /// current link to it is known (looked up now if not, at most once per [`ROUTE_TTL`] when
     /// there is none); the kernel's path otherwise.
-    fn insert(
+    fn place(
         &self,
+        home: Home,
         target: SocketAddrV4,
-        deadline: Instant,
-        waiter: Waiter,
         mut now: Instant,
-    ) -> io::Result<Inserted> {
-        let seq = initial_sequence();
-        let home = waiter.home();
-        let mut looked_up = false;
+    ) -> io::Result<(MutexGuard<'_, State>, Placed)> {
         let mut own: Option<(OwnedFd, SocketAddrV4)> = None;
         let mut again = false;
         loop {
@@ -411,7 +437,6 @@ impl Shared {
                     if let Some(t) = self.state().targets.get_mut(home, target) {
                         t.source = Some((source, Instant::now()));
                     }
-                    looked_up = true;
                     continue;
                 }
             };
@@ -430,32 +455,15 @@ impl Shared {
                 own = Some(reserve_port(source)?);
                 continue;
             };
-            let key = Key {
-                local,
-                remote: target,
-            };
-            let id = state.pending.new_id();
-            let probe = Pending {
-                id,
-                seq,
-                deadline,
-                sent: None,
-                via_link: link.is_some(),
-                waiter,
-                _own_port: own.map(|(fd, _)| fd),
-            };
-            if state.pending.insert(key, probe) {
-                self.rearm.notify_one();
-            }
-            return Ok(Inserted {
-                key,
-                id,
-                seq,
-                // The kernel's path is there to retry a link-layer send, or a send from a
-                // cached source (which may have been removed).
-                retry: link.is_some() || !looked_up,
-                link,
-            });
+            let own_port = own.map(|(fd, _)| fd);
+            return Ok((
+                guard,
+                Placed {
+                    local,
+                    link,
+                    own_port,
+                },
+            ));
         }
     }
 
@@ -481,29 +489,19 @@ impl Shared {
         }
     }
 
-    /// Registers a probe of `start_many` and adds its SYN to `queued`; a probe that cannot
-    /// start finishes at once with `TcpFailure`.
-    fn start(
-        &self,
-        token: u64,
-        target: SocketAddrV4,
-        deadline: Instant,
-        retry: bool,
-        queued: &mut Vec<Queued>,
-        now: Instant,
-    ) {
-        match self.insert(target, deadline, Waiter::Token { token, retry }, now) {
-            Ok(inserted) => queued.push(Queued {
-                key: inserted.key,
-                id: inserted.id,
-                syn: syn_segment(inserted.key.local, target, inserted.seq),
-                link: inserted.link,
-            }),
-            Err(e) => {
-                let failure = self.local_failure(Home::of_token(token), target, &e);
-                self.finished_queue().push((token, failure));
-                self.finished_ready.notify_one();
-            }
+    /// Hands one probe's `result` to its waiter.
+    fn finish(&self, waiter: Waiter, result: ProbeResult) {
+        if let Some(done) = waiter.finish(result) {
+            self.finished_queue().push(done);
+            self.finished_ready.notify_one();
+        }
+    }
+
+    /// Adds results of `start_many` probes to the finished queue and signals them.
+    fn finish_tokens(&self, mut tokens: Vec<(u64, ProbeResult)>) {
+        if !tokens.is_empty() {
+            self.finished_queue().append(&mut tokens);
+            self.finished_ready.notify_one();
         }
     }
 
@@ -546,39 +544,32 @@ impl Shared {
         self.finished.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Hands answers to their waiters (`answers` is emptied). Call without the state lock.
-    fn deliver(&self, answers: &mut Vec<Delivery>) {
+    /// Turns ended probes into results and hands them to their waiters (`ended` is emptied);
+    /// a probe whose SYN could not be sent is sent once more first. Call without the state lock.
+    fn deliver(&self, ended: &mut Vec<Ended>) {
         let mut results = Vec::new();
         let mut again = Vec::new();
-        for (waiter, key, deadline, answer) in answers.drain(..) {
-            let (token, retry) = match waiter {
-                // The probe may have been dropped meanwhile: then nobody is waiting.
-                Waiter::Future(done) => {
-                    let _ = done.send(answer);
-                    continue;
-                }
-                Waiter::Token { token, retry } => (token, retry),
-            };
-            let (home, target) = (Home::of_token(token), key.remote);
-            let result = match self.result_of(home, target, answer) {
+        for probe in ended.drain(..) {
+            let (home, target) = (probe.waiter.home(), probe.key.remote);
+            let result = match self.result_of(home, target, probe.answer) {
                 Ok(result) => result,
-                // As in `exchange`: resend once after looking the route up again.
-                Err(_) if retry => {
+                // A cached source may have gone (address removed), or the link-layer path
+                // failed: look the route up again and send once more, on the kernel's path.
+                Err(_) if probe.resend => {
                     self.forget_route(home, target);
-                    self.start(token, target, deadline, false, &mut again, Instant::now());
+                    let (waiter, deadline) = (probe.waiter, probe.deadline);
+                    let resend = Some(probe.id);
+                    again.extend(self.start(waiter, target, deadline, resend, Instant::now()));
                     continue;
                 }
                 Err(errno) => {
                     self.local_failure(home, target, &io::Error::from_raw_os_error(errno))
                 }
             };
-            results.push((token, result));
+            results.extend(probe.waiter.finish(result));
         }
         self.enqueue_many(again);
-        if !results.is_empty() {
-            self.finished_queue().append(&mut results);
-            self.finished_ready.notify_one();
-        }
+        self.finish_tokens(results);
     }
 
     /// Sends `batch` (emptied), [`MAX_BATCH`] SYNs per `sendmmsg`, skipping the probes that
@@ -671,7 +662,7 @@ impl Shared {
         &self,
         q: &Queued,
         sent: io::Result<usize>,
-        answers: &mut Vec<Delivery>,
+        answers: &mut Vec<Ended>,
     ) -> usize {
         let errno = match sent {
             Ok(n) if n > 0 => return n,
@@ -680,7 +671,7 @@ impl Shared {
         };
         let mut state = self.state();
         if let Some(probe) = state.pending.remove(&q.key, q.id) {
-            answers.push((probe.waiter, q.key, probe.deadline, Answer::Unsent(errno)));
+            answers.push(probe.end(q.key, Answer::Unsent(errno)));
         }
         1
     }
@@ -699,7 +690,7 @@ impl Shared {
         &self,
         packets: impl IntoIterator<Item = &'p [u8]>,
         at: Instant,
-        answers: &mut Vec<Delivery>,
+        answers: &mut Vec<Ended>,
     ) {
         {
             let mut guard = self.state();
@@ -728,12 +719,7 @@ impl Shared {
                     let latency = probe
                         .sent
                         .map_or(Duration::ZERO, |sent| at.saturating_duration_since(sent));
-                    answers.push((
-                        probe.waiter,
-                        key,
-                        probe.deadline,
-                        Answer::Reply { verdict, latency },
-                    ));
+                    answers.push(probe.end(key, Answer::Reply { verdict, latency }));
                 }
             }
         }
@@ -741,53 +727,59 @@ impl Shared {
     }
 
     /// Ends the probes whose deadline is not after `now` (see [`Registry::expire`]).
-    fn expire(&self, now: Instant, answers: &mut Vec<Delivery>) {
+    fn expire(&self, now: Instant, answers: &mut Vec<Ended>) {
         self.state().pending.expire(now, answers);
         self.deliver(answers);
     }
 }
 
-/// A registered probe: in the pending map while it waits, also when its future is dropped.
-struct Registered<'a> {
+/// A `probe` future's hold on its probe: the channel its result comes through. Dropped before
+/// the result came, it withdraws the probe (and releases a port of its own, if it had one).
+struct Waiting<'a> {
     shared: &'a Shared,
-    key: Key,
-    id: u64,
-    seq: u32,
-    answer: oneshot::Receiver<Answer>,
+    /// The probe's id and deadline while it may still be pending.
+    probe: Option<(u64, Instant)>,
+    result: oneshot::Receiver<ProbeResult>,
 }
 
-impl Drop for Registered<'_> {
-    fn drop(&mut self) {
-        // Answered or expired probes have left already; the key may belong to a later probe.
-        self.shared.state().pending.remove(&self.key, self.id);
+impl Waiting<'_> {
+    async fn result(&mut self) -> ProbeResult {
+        let result = (&mut self.result).await;
+        self.probe = None;
+        // Only a prober gone with its tasks drops a probe's channel unsent.
+        result.unwrap_or(ProbeResult::Local(Reason::Internal))
     }
 }
 
-/// When the reader stops (socket error, panic or abort), ends the probes still waiting (their
-/// answer channels close: a local failure) and refuses new ones, so none waits forever.
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if let Some((id, deadline)) = self.probe {
+            // Closed first: a resend started after the withdrawal sees it and is not registered.
+            self.result.close();
+            self.shared.state().pending.withdraw(id, deadline);
+        }
+    }
+}
+
+/// When the reader stops (socket error, panic or abort), ends the probes still waiting (as
+/// local failures) and refuses new ones, so none waits forever.
 struct Closing<'a>(&'a Shared);
 
 impl Drop for Closing<'_> {
     fn drop(&mut self) {
-        let tokens: Vec<(u64, ProbeResult)> = {
+        let mut tokens = Vec::new();
+        {
             let mut state = self.0.state();
             state.closed = true;
-            state
-                .pending
-                .drain()
-                .filter_map(|p| match p.waiter {
-                    Waiter::Token { token, .. } => {
-                        Some((token, ProbeResult::Local(Reason::Internal)))
-                    }
-                    Waiter::Future(_) => None,
-                })
-                .collect()
-        };
-        // Probes of `start_many` end as local failures rather than never.
-        if !tokens.is_empty() {
-            self.0.finished_queue().extend(tokens);
-            self.0.finished_ready.notify_one();
+            let failure = ProbeResult::Local(Reason::Internal);
+            tokens.extend(
+                state
+                    .pending
+                    .drain()
+                    .filter_map(|p| p.waiter.finish(failure)),
+            );
         }
+        self.0.finish_tokens(tokens);
     }
 }
 
@@ -894,7 +886,7 @@ fn drain(
     shared: &Shared,
     bufs: &mut [[u8; REPLY_BYTES]; MAX_BATCH],
     lens: &mut [usize; MAX_BATCH],
-    answers: &mut Vec<Delivery>,
+    answers: &mut Vec<Ended>,
 ) {
     while let Ok(n) = recv_many(shared.socket.get_ref().as_fd(), bufs, lens) {
         let packets = bufs.iter().zip(lens.iter()).take(n).map(|(b, &l)| &b[..l]);
@@ -908,6 +900,8 @@ fn drain(
 #[cfg(test)]
 mod tests {
     use std::{net::Ipv4Addr, os::unix::net::UnixDatagram};
+
+    use futures_util::FutureExt as _;
 
     use super::wire::sample::{LOCAL, REMOTE, reply};
     use super::wire::{ACK, RST, SYN};
@@ -949,19 +943,46 @@ mod tests {
             .unwrap()
     }
 
+    /// A probe of `target` as `SynProber::probe` starts it (its SYN is not sent): its hold on
+    /// the result, and its connection.
+    fn probe(shared: &Shared, target: SocketAddrV4, deadline: Instant) -> (Waiting<'_>, Key) {
+        let (waiting, syn) = shared.start_waiting(target, deadline, Instant::now());
+        (waiting, syn.expect("started").key)
+    }
+
+    /// A probe's result, if it has one.
+    fn result_of(waiting: &mut Waiting<'_>) -> Option<ProbeResult> {
+        waiting.result().now_or_never()
+    }
+
+    /// A probe of `start_many` (its SYN is not sent): its connection.
+    fn start(shared: &Shared, token: u64, target: SocketAddrV4, deadline: Instant) -> Key {
+        let now = Instant::now();
+        let syn = shared.start(Waiter::Token(token), target, deadline, None, now);
+        syn.expect("started").key
+    }
+
     /// Whether a probe holds a port of its own.
-    fn owns_port(shared: &Shared, probe: &Registered<'_>) -> bool {
+    fn owns_port(shared: &Shared, key: Key) -> bool {
         shared
             .state()
             .pending
-            .get(&probe.key)
+            .get(&key)
             .unwrap()
             ._own_port
             .is_some()
     }
 
+    fn seq(shared: &Shared, key: Key) -> u32 {
+        shared.state().pending.get(&key).unwrap().seq
+    }
+
     fn finished(shared: &Shared) -> Vec<(u64, ProbeResult)> {
         std::mem::take(&mut *shared.finished_queue())
+    }
+
+    fn is_empty(shared: &Shared) -> bool {
+        shared.state().pending.is_empty()
     }
 
     /// Probes of `start_many`: results by token, with the meaning of `probe`'s; a stopped
@@ -974,39 +995,15 @@ mod tests {
         let third = SocketAddrV4::new(*REMOTE.ip(), 82);
         let shared = shared_with(vec![LOCAL.port()], *LOCAL.ip(), &[REMOTE, other, third]);
         let t0 = Instant::now();
-        let mut queued = Vec::new();
-        shared.start(
-            7,
-            REMOTE,
-            t0 + Duration::from_secs(10),
-            true,
-            &mut queued,
-            t0,
-        );
+        let first = start(&shared, 7, REMOTE, t0 + Duration::from_secs(10));
         // Tokens: the target's place (its index in `shared_with`) in the high half.
         let (eight, nine) = (1 << 32 | 8, 2 << 32 | 9);
-        shared.start(
-            eight,
-            other,
-            t0 + Duration::from_secs(5),
-            true,
-            &mut queued,
-            t0,
-        );
-        shared.start(
-            nine,
-            third,
-            t0 + Duration::from_secs(60),
-            true,
-            &mut queued,
-            t0,
-        );
-        assert_eq!(queued.len(), 3);
-        let seq = |key: Key| shared.state().pending.get(&key).unwrap().seq;
-        let (first, third_key) = (queued[0].key, queued[2].key);
+        start(&shared, eight, other, t0 + Duration::from_secs(5));
+        let third_key = start(&shared, nine, third, t0 + Duration::from_secs(60));
+        assert_eq!(shared.state().pending.len(), 3);
         let mut scratch = Vec::new();
         shared.dispatch(
-            [&reply(SYN | ACK, seq(first).wrapping_add(1), 0)[..]],
+            [&reply(SYN | ACK, seq(&shared, first).wrapping_add(1), 0)[..]],
             t0,
             &mut scratch,
         );
@@ -1023,22 +1020,17 @@ mod tests {
             [(nine, ProbeResult::Local(Reason::Internal))]
         );
         // Once stopped, a new probe fails at once.
-        shared.start(
-            10,
-            REMOTE,
-            t0 + Duration::from_secs(10),
-            true,
-            &mut queued,
-            t0,
+        let now = Instant::now();
+        let deadline = t0 + Duration::from_secs(10);
+        assert!(
+            shared
+                .start(Waiter::Token(10), REMOTE, deadline, None, now)
+                .is_none()
         );
         assert_eq!(
             finished(&shared),
             [(10, ProbeResult::Local(Reason::Internal))]
         );
-    }
-
-    fn is_empty(shared: &Shared) -> bool {
-        shared.state().pending.is_empty()
     }
 
     #[test]
@@ -1047,45 +1039,36 @@ mod tests {
         let _rt = rt.enter();
         let shared = shared_with(vec![40000, 40001, 40002], *LOCAL.ip(), &[REMOTE]);
         let deadline = Instant::now() + Duration::from_secs(60);
-        let mut probes: Vec<Registered<'_>> = (0..3)
-            .map(|_| shared.register(REMOTE, deadline).unwrap().0)
+        // Tokens of place 0 (REMOTE's).
+        let probes: Vec<Key> = (0..3)
+            .map(|token| start(&shared, token, REMOTE, deadline))
             .collect();
         assert_eq!(shared.state().pending.deadlines(), 1);
-        let answer = |p: &Registered<'_>| {
-            let mut r = reply(SYN | ACK, p.seq.wrapping_add(1), 0);
-            r[22..24].copy_from_slice(&p.key.local.port().to_be_bytes());
+        let answer = |key: Key| {
+            let mut r = reply(SYN | ACK, seq(&shared, key).wrapping_add(1), 0);
+            r[22..24].copy_from_slice(&key.local.port().to_be_bytes());
             r
         };
-        let (a, b) = (answer(&probes[0]), answer(&probes[1]));
+        let (a, b) = (answer(probes[0]), answer(probes[1]));
         let mut scratch = Vec::new();
         shared.dispatch([&a[..], &b[..]], Instant::now(), &mut scratch);
         assert_eq!(shared.state().pending.live_at(deadline), 1);
         // The last one expires alone; the answered ones are not ended twice.
         shared.expire(deadline, &mut scratch);
         assert!(is_empty(&shared));
-        let got: Vec<Answer> = probes
-            .iter_mut()
-            .map(|p| p.answer.try_recv().unwrap())
-            .collect();
-        assert!(matches!(
-            got[0],
-            Answer::Reply {
-                verdict: Verdict::Accepted,
-                ..
-            }
-        ));
-        assert!(matches!(
-            got[1],
-            Answer::Reply {
-                verdict: Verdict::Accepted,
-                ..
-            }
-        ));
-        assert_eq!(got[2], Answer::Expired);
-        // Answering every probe of a deadline removes its entry at once.
+        // Never sent: no send time, no latency.
+        let accepted = ProbeResult::Success {
+            latency: Duration::ZERO,
+        };
+        assert_eq!(
+            finished(&shared),
+            [(0, accepted), (1, accepted), (2, ProbeResult::Timeout)]
+        );
+        // Answering every probe of a deadline removes its entry at once. (A `probe` future's:
+        // the timeout above made place 0 forget REMOTE's source.)
         let later = deadline + Duration::from_secs(1);
-        let p = shared.register(REMOTE, later).unwrap().0;
-        let c = answer(&p);
+        let (_waiting, key) = probe(&shared, REMOTE, later);
+        let c = answer(key);
         shared.dispatch([&c[..]], Instant::now(), &mut scratch);
         assert!(is_empty(&shared));
     }
@@ -1096,38 +1079,38 @@ mod tests {
         let _rt = rt.enter();
         let shared = shared_with(vec![LOCAL.port()], *LOCAL.ip(), &[REMOTE]);
         let deadline = Instant::now() + Duration::from_secs(60);
-        let (mut probe, cached, _) = shared.register(REMOTE, deadline).unwrap();
-        assert!(cached);
+        let (mut waiting, key) = probe(&shared, REMOTE, deadline);
         assert_eq!(
-            probe.key,
+            key,
             Key {
                 local: LOCAL,
                 remote: REMOTE
             }
         );
-        let seq = probe.seq;
+        assert!(
+            shared.state().pending.get(&key).unwrap().resend,
+            "a first SYN may be resent"
+        );
+        let seq = seq(&shared, key);
         let mut scratch = Vec::new();
         let now = Instant::now();
         let wrong_ack = reply(SYN | ACK, seq, 0);
         let mut other_port = reply(SYN | ACK, seq.wrapping_add(1), 0);
         other_port[22..24].copy_from_slice(&40001u16.to_be_bytes());
         shared.dispatch([&wrong_ack[..], &other_port[..]], now, &mut scratch);
-        assert!(probe.answer.try_recv().is_err(), "nothing matched yet");
+        assert_eq!(result_of(&mut waiting), None, "nothing matched yet");
         shared.dispatch(
             [&reply(RST | ACK, seq.wrapping_add(1), 0)[..]],
             now,
             &mut scratch,
         );
         assert_eq!(
-            probe.answer.try_recv().unwrap(),
-            Answer::Reply {
-                verdict: Verdict::Refused,
-                latency: Duration::ZERO // never sent: no send time
-            }
+            result_of(&mut waiting),
+            Some(ProbeResult::TcpFailure(Reason::Refused))
         );
         assert!(is_empty(&shared), "answered probes leave the map");
-        drop(probe);
-        drop(shared.register(REMOTE, deadline).unwrap());
+        drop(waiting);
+        drop(probe(&shared, REMOTE, deadline));
         assert!(is_empty(&shared), "a dropped probe leaves the map");
     }
 
@@ -1139,9 +1122,9 @@ mod tests {
         let shared = shared_with(vec![LOCAL.port()], *LOCAL.ip(), &[REMOTE, other]);
         let t0 = Instant::now();
         let (d1, d2) = (t0 + Duration::from_secs(10), t0 + Duration::from_secs(20));
-        let (mut late, _, _) = shared.register(other, d2).unwrap();
+        let (mut late, late_key) = probe(&shared, other, d2);
         assert_eq!(shared.state().pending.armed(), Some(d2));
-        let (mut early, _, _) = shared.register(REMOTE, d1).unwrap();
+        let (mut early, _) = probe(&shared, REMOTE, d1);
         assert_eq!(
             shared.state().pending.armed(),
             Some(d1),
@@ -1149,21 +1132,24 @@ mod tests {
         );
         let mut scratch = Vec::new();
         shared.expire(d1 - Duration::from_millis(1), &mut scratch);
-        assert!(early.answer.try_recv().is_err());
+        assert_eq!(result_of(&mut early), None);
         shared.expire(d1, &mut scratch);
-        assert_eq!(early.answer.try_recv().unwrap(), Answer::Expired);
-        assert!(late.answer.try_recv().is_err());
+        assert_eq!(result_of(&mut early), Some(ProbeResult::Timeout));
+        assert_eq!(result_of(&mut late), None);
         assert_eq!(
             shared.state().pending.armed(),
             Some(d2),
             "set for the next deadline"
         );
         // An answered probe leaves its deadline: the timer, once run out, sleeps.
-        let ack = late.seq.wrapping_add(1);
+        let ack = seq(&shared, late_key).wrapping_add(1);
         let mut answer = reply(SYN | ACK, ack, 0);
         answer[20..22].copy_from_slice(&81u16.to_be_bytes());
         shared.dispatch([&answer[..]], t0, &mut scratch);
-        assert!(matches!(late.answer.try_recv(), Ok(Answer::Reply { .. })));
+        assert!(matches!(
+            result_of(&mut late),
+            Some(ProbeResult::Success { .. })
+        ));
         shared.expire(d2, &mut scratch);
         assert_eq!(shared.state().pending.armed(), None);
         drop((early, late));
@@ -1181,27 +1167,24 @@ mod tests {
         );
         let shared = shared_with(vec![41000, 41001, 41002], local, &[a, b]);
         let deadline = Instant::now() + Duration::from_secs(60);
-        let port = |p: &Registered<'_>| p.key.local.port();
         // One after the other, a target takes the next port each time.
         let mut seen = Vec::new();
         for _ in 0..4 {
-            let (p, _, _) = shared.register(a, deadline).unwrap();
-            seen.push(port(&p));
+            let (_, key) = probe(&shared, a, deadline);
+            seen.push(key.local.port());
         }
         assert_eq!(seen, [41000, 41001, 41002, 41000]);
         // At once: distinct ports towards one target; another target may use the same ones.
-        let held: Vec<_> = (0..3)
-            .map(|_| shared.register(a, deadline).unwrap().0)
-            .collect();
-        let mut ports: Vec<u16> = held.iter().map(port).collect();
+        let held: Vec<_> = (0..3).map(|_| probe(&shared, a, deadline)).collect();
+        let mut ports: Vec<u16> = held.iter().map(|(_, key)| key.local.port()).collect();
         ports.sort_unstable();
         assert_eq!(ports, [41000, 41001, 41002]);
-        let (to_b, _, _) = shared.register(b, deadline).unwrap();
-        assert_eq!(port(&to_b), 41000);
+        let to_b = probe(&shared, b, deadline);
+        assert_eq!(to_b.1.local.port(), 41000);
         // The pool is busy towards `a`: the next probe reserves a port of its own.
-        let (extra, _, _) = shared.register(a, deadline).unwrap();
-        assert!(!(41000..=41002).contains(&port(&extra)));
-        assert!(owns_port(&shared, &extra));
+        let extra = probe(&shared, a, deadline);
+        assert!(!(41000..=41002).contains(&extra.1.local.port()));
+        assert!(owns_port(&shared, extra.1));
         assert_eq!(shared.state().pending.len(), 5);
         drop((held, to_b, extra));
         assert!(is_empty(&shared));
@@ -1214,10 +1197,10 @@ mod tests {
         let target = SocketAddrV4::new(Ipv4Addr::new(10, 0, 9, 2), 80);
         let shared = shared_with(Vec::new(), Ipv4Addr::LOCALHOST, &[target]);
         let deadline = Instant::now() + Duration::from_secs(60);
-        let (a, _, _) = shared.register(target, deadline).unwrap();
-        let (b, _, _) = shared.register(target, deadline).unwrap();
-        assert!(owns_port(&shared, &a) && owns_port(&shared, &b));
-        assert_ne!(a.key.local.port(), b.key.local.port());
+        let a = probe(&shared, target, deadline);
+        let b = probe(&shared, target, deadline);
+        assert!(owns_port(&shared, a.1) && owns_port(&shared, b.1));
+        assert_ne!(a.1.local.port(), b.1.local.port());
         drop((a, b));
         assert!(is_empty(&shared));
     }
@@ -1228,12 +1211,70 @@ mod tests {
         let _rt = rt.enter();
         let shared = shared_with(vec![LOCAL.port()], *LOCAL.ip(), &[REMOTE]);
         let deadline = Instant::now() + Duration::from_secs(60);
-        let (mut probe, _, _) = shared.register(REMOTE, deadline).unwrap();
+        let (mut waiting, _) = probe(&shared, REMOTE, deadline);
         drop(Closing(&shared));
-        assert!(matches!(
-            probe.answer.try_recv(),
-            Err(oneshot::error::TryRecvError::Closed)
-        ));
-        assert!(shared.register(REMOTE, deadline).is_err());
+        let failed = Some(ProbeResult::Local(Reason::Internal));
+        assert_eq!(result_of(&mut waiting), failed);
+        let (mut late, syn) = shared.start_waiting(REMOTE, deadline, Instant::now());
+        assert!(syn.is_none());
+        assert_eq!(result_of(&mut late), failed);
+    }
+
+    /// A SYN that cannot be sent is sent once more after a fresh route lookup, under the same
+    /// probe; if that one cannot be sent either, the probe fails. The same for both waiters.
+    #[test]
+    fn an_unsent_syn_is_sent_once_more() {
+        let rt = runtime();
+        let _rt = rt.enter();
+        // On loopback, so that the route lookup of the resend finds a source without privileges.
+        let target = SocketAddrV4::new(Ipv4Addr::new(127, 0, 0, 2), 80);
+        let shared = shared_with(vec![LOCAL.port()], *LOCAL.ip(), &[target]);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let unsent = |key: Key| {
+            let id = shared.state().pending.get(&key).unwrap().id;
+            let probe = shared.state().pending.remove(&key, id).unwrap();
+            shared.deliver(&mut vec![
+                probe.end(key, Answer::Unsent(libc::EADDRNOTAVAIL)),
+            ]);
+            id
+        };
+        let resent = || {
+            let mut outbox = shared.outbox.lock().unwrap();
+            assert_eq!(outbox.len(), 1, "queued again");
+            outbox.pop().unwrap()
+        };
+        let failure = from_io(&io::Error::from_raw_os_error(libc::EADDRNOTAVAIL));
+
+        let key = start(&shared, 7, target, deadline);
+        let id = unsent(key);
+        let again = resent();
+        assert_eq!(again.id, id, "the same probe");
+        assert_eq!(
+            *again.key.local.ip(),
+            Ipv4Addr::LOCALHOST,
+            "from a fresh lookup"
+        );
+        assert!(!shared.state().pending.get(&again.key).unwrap().resend);
+        assert!(finished(&shared).is_empty());
+        unsent(again.key);
+        assert_eq!(finished(&shared), [(7, failure)]);
+        assert!(is_empty(&shared));
+
+        let (mut waiting, key) = probe(&shared, target, deadline);
+        unsent(key);
+        let again = resent();
+        assert_eq!(result_of(&mut waiting), None);
+        unsent(again.key);
+        assert_eq!(result_of(&mut waiting), Some(failure));
+        // A `probe` future dropped before its resend: nothing is sent, nothing stays.
+        let (waiting, key) = probe(&shared, target, deadline);
+        let id = shared.state().pending.get(&key).unwrap().id;
+        let probe = shared.state().pending.remove(&key, id).unwrap();
+        drop(waiting);
+        shared.deliver(&mut vec![
+            probe.end(key, Answer::Unsent(libc::EADDRNOTAVAIL)),
+        ]);
+        assert!(shared.outbox.lock().unwrap().is_empty());
+        assert!(is_empty(&shared));
     }
 }

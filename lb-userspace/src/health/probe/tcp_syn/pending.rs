@@ -11,6 +11,7 @@ use tokio::sync::oneshot;
 
 use super::targets::{FastHash, Home};
 use super::wire::Verdict;
+use crate::health::probe::ProbeResult;
 
 /// A probe's connection, seen from this host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -21,7 +22,8 @@ pub(super) struct Key {
 
 /// A probe waiting for its answer.
 pub(super) struct Pending {
-    /// Unique per prober: tells this probe from a later one on the same connection.
+    /// Unique per prober: tells this probe from a later one on the same connection. Its
+    /// resend keeps it.
     pub(super) id: u64,
     /// Sequence number of its SYN: the answer must acknowledge `seq + 1`.
     pub(super) seq: u32,
@@ -30,28 +32,64 @@ pub(super) struct Pending {
     pub(super) sent: Option<Instant>,
     /// Its SYN was queued for the link-layer path.
     pub(super) via_link: bool,
+    /// If its SYN cannot be sent, it may be sent once more (false for that resend).
+    pub(super) resend: bool,
     pub(super) waiter: Waiter,
     /// A port reserved for this probe alone, when the pool had none free towards the target;
     /// released when the probe leaves the map.
     pub(super) _own_port: Option<OwnedFd>,
 }
 
-/// Who takes a probe's answer.
+impl Pending {
+    /// The probe, gone from the registry, with its answer.
+    pub(super) fn end(self, key: Key, answer: Answer) -> Ended {
+        Ended {
+            key,
+            id: self.id,
+            deadline: self.deadline,
+            resend: self.resend,
+            waiter: self.waiter,
+            answer,
+        }
+    }
+}
+
+/// Who takes a probe's result.
 pub(super) enum Waiter {
-    /// A `SynProber::probe` future, through its channel.
-    Future(oneshot::Sender<Answer>),
     /// A probe of `SynProber::start_many`: its result goes to the finished queue under this
-    /// token. `retry`: it may be sent once more when its SYN could not be sent from a cached
-    /// source.
-    Token { token: u64, retry: bool },
+    /// token.
+    Token(u64),
+    /// A `SynProber::probe` future, through its channel.
+    Future(oneshot::Sender<ProbeResult>),
 }
 
 impl Waiter {
     /// Where the prober keeps the state of the probe's target.
     pub(super) fn home(&self) -> Home {
         match self {
-            Waiter::Token { token, .. } => Home::of_token(*token),
+            Waiter::Token(token) => Home::of_token(*token),
             Waiter::Future(_) => Home::Map,
+        }
+    }
+
+    /// Nobody waits any more: the `probe` future was dropped.
+    pub(super) fn abandoned(&self) -> bool {
+        match self {
+            Waiter::Token(_) => false,
+            Waiter::Future(done) => done.is_closed(),
+        }
+    }
+
+    /// Hands `result` to a `probe` future; a probe of `start_many` gives it back under its
+    /// token, for the finished queue.
+    pub(super) fn finish(self, result: ProbeResult) -> Option<(u64, ProbeResult)> {
+        match self {
+            Waiter::Token(token) => Some((token, result)),
+            Waiter::Future(done) => {
+                // The future may have been dropped meanwhile: then nobody is waiting.
+                let _ = done.send(result);
+                None
+            }
         }
     }
 }
@@ -66,8 +104,16 @@ pub(super) enum Answer {
     Unsent(i32),
 }
 
-/// An answer on its way to its waiter (delivered after the state lock is released).
-pub(super) type Delivery = (Waiter, Key, Instant, Answer);
+/// A probe that has left the registry, and its answer: on its way to its waiter (delivered
+/// after the state lock is released).
+pub(super) struct Ended {
+    pub(super) key: Key,
+    pub(super) id: u64,
+    pub(super) deadline: Instant,
+    pub(super) resend: bool,
+    pub(super) waiter: Waiter,
+    pub(super) answer: Answer,
+}
 
 /// The probes due at one instant: a batch of `start_many` (one timeout) shares it, so a probe
 /// costs a push and a count rather than an entry of its own in the ordered map.
@@ -155,11 +201,27 @@ impl Registry {
         }
     }
 
+    /// Withdraws the probe `id` due at `deadline` (a dropped `probe` future's), if it is still
+    /// pending. Its latest listing at the deadline is its current connection: a resend keeps
+    /// the id and the deadline.
+    pub(super) fn withdraw(&mut self, id: u64, deadline: Instant) {
+        let listed = self.deadlines.get(&deadline).and_then(|due| {
+            due.probes
+                .iter()
+                .rev()
+                .find(|&&(listed, _)| listed == id)
+                .map(|&(_, key)| key)
+        });
+        if let Some(key) = listed {
+            self.remove(&key, id);
+        }
+    }
+
     /// Ends the probes whose deadline is not after `now` (into `out`, as [`Answer::Expired`]).
     /// When the reader's timer has run out, sets it for the earliest deadline left (only then:
     /// a timer set for a probe that was answered since just fires once for nothing, which is
     /// cheaper than moving it each time).
-    pub(super) fn expire(&mut self, now: Instant, out: &mut Vec<Delivery>) {
+    pub(super) fn expire(&mut self, now: Instant, out: &mut Vec<Ended>) {
         while let Some(entry) = self.deadlines.first_entry() {
             if *entry.key() > now {
                 break;
@@ -167,7 +229,7 @@ impl Registry {
             for (id, key) in entry.remove().probes {
                 // Those that left already (answered, unsent, dropped) are skipped.
                 if let Some(probe) = self.take(&key, id) {
-                    out.push((probe.waiter, key, probe.deadline, Answer::Expired));
+                    out.push(probe.end(key, Answer::Expired));
                 }
             }
         }
