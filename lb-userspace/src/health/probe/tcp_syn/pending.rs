@@ -1,15 +1,16 @@
 //! The probes waiting for an answer, by connection, and their deadlines.
 
 use std::{
-    collections::{BTreeMap, HashMap, hash_map::Entry},
+    collections::{BTreeMap, hash_map::Entry},
     net::SocketAddrV4,
     os::fd::OwnedFd,
     time::{Duration, Instant},
 };
 
+use foldhash::HashMap;
 use tokio::sync::oneshot;
 
-use super::targets::{FastHash, Home};
+use super::targets::Home;
 use super::wire::Verdict;
 use crate::health::probe::ProbeResult;
 
@@ -128,7 +129,9 @@ struct Deadline {
 /// The pending probes by connection, and by deadline for the reader's one timer.
 #[derive(Default)]
 pub(super) struct Registry {
-    probes: HashMap<Key, Pending, FastHash>,
+    /// Keyed by connections this prober chose (received packets only look them up), so a
+    /// fast hasher will do.
+    probes: HashMap<Key, Pending>,
     /// The pending probes by deadline, earliest first. Probes started together share one
     /// (see [`Deadline`]).
     deadlines: BTreeMap<Instant, Deadline>,

@@ -2,11 +2,12 @@
 //! the port pool), and the pool of source ports.
 
 use std::{
-    collections::HashMap,
     net::{Ipv4Addr, SocketAddrV4},
     os::fd::OwnedFd,
     time::{Duration, Instant},
 };
+
+use foldhash::HashMap;
 
 use super::socket::reserve_port;
 use crate::health::probe::link::{Link, Links};
@@ -45,7 +46,7 @@ pub(super) struct Targets {
     /// By place: the target's address and state (a place taken over by another address
     /// starts afresh).
     places: Vec<Option<(SocketAddrV4, Target)>>,
-    map: HashMap<SocketAddrV4, Target, FastHash>,
+    map: HashMap<SocketAddrV4, Target>,
     /// When the targets of `probe` futures were last swept of those no longer probed.
     swept: Instant,
 }
@@ -257,56 +258,6 @@ impl Pool {
                 *next = (i + 1) % n;
                 SocketAddrV4::new(source, self.ports[i])
             })
-    }
-}
-
-/// A cheap hasher for the maps keyed by addresses (FxHash's multiply-rotate, finished with
-/// `fmix64`). Not keyed: fine here, as only this prober inserts (its own probes and targets);
-/// received packets only look up.
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct FastHash;
-
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct FastHasher(u64);
-
-impl std::hash::BuildHasher for FastHash {
-    type Hasher = FastHasher;
-    fn build_hasher(&self) -> FastHasher {
-        FastHasher(0)
-    }
-}
-
-impl FastHasher {
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-impl std::hash::Hasher for FastHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.add(u64::from_le_bytes(word));
-        }
-    }
-    fn write_u8(&mut self, i: u8) {
-        self.add(u64::from(i));
-    }
-    fn write_u16(&mut self, i: u16) {
-        self.add(u64::from(i));
-    }
-    fn write_u32(&mut self, i: u32) {
-        self.add(u64::from(i));
-    }
-    fn write_u64(&mut self, i: u64) {
-        self.add(i);
-    }
-    fn write_usize(&mut self, i: usize) {
-        self.add(i as u64);
-    }
-    fn finish(&self) -> u64 {
-        lb_common::fmix64(self.0)
     }
 }
 
