@@ -5,12 +5,14 @@ use std::{
     io,
     mem::size_of,
     net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket},
-    os::fd::{AsFd as _, AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+    os::fd::{AsFd as _, AsRawFd as _, BorrowedFd, OwnedFd},
     sync::{Mutex, PoisonError},
 };
 
 use super::filter::attach_filter;
-use crate::health::probe::sys::{self, recv, setsockopt, sockaddr_in};
+use socket2::{Domain, Socket, Type};
+
+use crate::health::probe::sys::{self, recv, setsockopt};
 
 /// Receive buffer asked for: room for the replies of a few hundred probes sent at once.
 const RCVBUF: libc::c_int = 4 << 20;
@@ -44,7 +46,8 @@ impl Routes {
 }
 
 /// Disconnects a UDP socket (`connect` to `AF_UNSPEC`): it forgets its peer and, unless bound
-/// to one, its source address.
+/// to one, its source address. Neither std nor socket2 offers an `AF_UNSPEC` address, hence
+/// libc.
 fn disconnect(fd: BorrowedFd<'_>) -> io::Result<()> {
     // SAFETY: all-zero is a valid sockaddr.
     let mut unspec: libc::sockaddr = unsafe { std::mem::zeroed() };
@@ -61,29 +64,16 @@ fn disconnect(fd: BorrowedFd<'_>) -> io::Result<()> {
 /// `(ip, 0)` that never listens nor connects. While it is open no other local socket can use
 /// the port; the kernel still resets the backend's SYN+ACK, since a socket that does not listen
 /// accepts nothing. `std::net::TcpListener` would listen and `TcpStream` cannot bind without
-/// connecting, hence libc.
+/// connecting, hence socket2.
 pub(super) fn reserve_port(ip: Ipv4Addr) -> io::Result<(OwnedFd, SocketAddrV4)> {
-    // SAFETY: plain socket(2) call.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let addr = sockaddr_in(SocketAddrV4::new(ip, 0));
-    let len = size_of::<libc::sockaddr_in>() as libc::socklen_t;
-    // SAFETY: valid fd, address and length.
-    if unsafe { libc::bind(fd.as_raw_fd(), (&raw const addr).cast(), len) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: all-zero is a valid sockaddr_in.
-    let mut bound: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-    let mut len = size_of::<libc::sockaddr_in>() as libc::socklen_t;
-    // SAFETY: valid fd; the buffer and its length match.
-    if unsafe { libc::getsockname(fd.as_raw_fd(), (&raw mut bound).cast(), &mut len) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok((fd, SocketAddrV4::new(ip, u16::from_be(bound.sin_port))))
+    let socket = Socket::new(Domain::IPV4, Type::STREAM.cloexec(), None)?;
+    socket.bind(&SocketAddrV4::new(ip, 0).into())?;
+    let port = socket
+        .local_addr()?
+        .as_socket_ipv4()
+        .ok_or_else(|| io::Error::other("an IPv4 socket bound to a non-IPv4 address"))?
+        .port();
+    Ok((socket.into(), SocketAddrV4::new(ip, port)))
 }
 
 /// The raw socket: non-blocking, filtered, with a larger receive buffer.
