@@ -88,6 +88,19 @@ fn output_chain(ns: &Netns) {
 }
 
 /// Half-open (SYN-RECV) connections the backend holds on `port`.
+/// Waits (up to 5 s: the RSTs are processed asynchronously) until no half-open connection to
+/// `port` is left; how many are left then.
+async fn syn_recv_drained(backend: &Netns, port: u16) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = syn_recv(backend, port);
+        if left == 0 || Instant::now() >= deadline {
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn syn_recv(backend: &Netns, port: u16) -> usize {
     let out = sh(backend.command("ss").args(["-Htan", "state", "syn-recv"])).unwrap();
     let local = format!("{BACKEND_IP}:{port}");
@@ -157,9 +170,8 @@ fn backend_keeps_no_half_open_connection() {
                 ProbeResult::Success { .. }
             ));
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(
-            syn_recv(&backend_ns, 7001),
+            syn_recv_drained(&backend_ns, 7001).await,
             0,
             "the local kernel's RST ends each half-open connection"
         );
@@ -296,9 +308,8 @@ fn a_target_walks_the_port_pool() {
         for _ in 0..rounds {
             assert!(is_success(prober.probe(backend(7001), TIMEOUT).await));
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(
-            syn_recv(&backend_ns, 7001),
+            syn_recv_drained(&backend_ns, 7001).await,
             0,
             "every half-open connection was reset"
         );

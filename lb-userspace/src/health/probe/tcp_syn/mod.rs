@@ -1,0 +1,215 @@
+//! Half-open TCP probes (SPEC §2 `tcp`): send a SYN to `ip:port`; a SYN+ACK within the timeout
+//! is a success, a RST is a `TcpFailure`, silence is a `Timeout`. The connection is never
+//! completed: the local kernel answers the backend's SYN+ACK with a RST by itself, because no
+//! local socket owns the connection, so the backend does not keep a half-open entry.
+//!
+//! One raw `IPPROTO_TCP` socket serves every probe of the daemon. A probe registers itself in a
+//! map keyed by the connection and queues its SYN; a sender task sends the queued SYNs, and a
+//! reader task receives the replies, completes the matching probes and also ends the probes
+//! whose deadline has passed. The checker starts probes with [`SynProber::start_many`] and takes
+//! their results from [`SynProber::finished`]; [`SynProber::probe`] starts one the same way and
+//! has its result come to the future instead. A raw TCP socket receives a copy of *every* TCP
+//! segment that reaches this host, so a classic BPF filter in the kernel passes only segments
+//! with SYN+ACK or RST set: the reader does not wake for the host's ordinary TCP traffic.
+//!
+//! What a probe costs (issue 4: 10,000 targets a second must stay cheap): its share of a
+//! `sendmmsg` and of a `recvmmsg` and a few short lock sections. Everything else is shared or
+//! amortised:
+//! - source ports come from a pool reserved once (see below), not a socket per probe;
+//! - the source address is looked up per target at most every [`ROUTE_TTL`] (and again after a
+//!   timeout or a failed send), not per probe;
+//! - the checker starts a slot's probes together ([`SynProber::start_many`]: no future, task or
+//!   channel per probe; results come back in batches through [`SynProber::finished`]), and the
+//!   sender task sends the SYNs queued since it last ran with one `sendmmsg` (up to 64 a call);
+//! - deadlines live in one ordered map watched by the reader's single timer, not a timer per
+//!   probe, and a batch shares one entry; the entry goes when its last probe is answered, so the
+//!   timer only fires for real timeouts;
+//! - the reader takes up to 64 replies per `recvmmsg`, and when replies come faster
+//!   than one per [`COALESCE`] it pauses that long between reads, so it wakes at most about once
+//!   per `COALESCE` under load rather than once per reply;
+//! - the SYNs carry DF, like a Linux TCP SYN, which also spares the kernel a hashed IP ID each;
+//! - a target whose last probe was answered gets its SYNs through a packet socket on the
+//!   link layer (see [`super::link`]): the kernel's IP output path was the largest single cost
+//!   of a probe. Its first probe, and every probe after a timeout or a failed send, take the
+//!   kernel's path through the raw socket, so the kernel resolves the next hop, and a failure
+//!   (unless it is the first timeout) is always seen through the kernel's own routing. On that
+//!   path a SYN skips netfilter's OUTPUT and POSTROUTING hooks and IPsec policies (README,
+//!   limitations); the answers come back through the raw socket either way.
+//!
+//! Timing: the timeout runs from the call to [`SynProber::start_many`] (or
+//! [`SynProber::probe`]). The reader reads the socket before it expires deadlines, so a SYN+ACK
+//! or RST that arrived before the deadline always counts. One that arrives a little after it
+//! (before the reader's next pass, which tokio's 1 ms timer and the [`COALESCE`] pause can delay
+//! by a couple of milliseconds) may count too, as with a per-probe timer. The latency runs from
+//! just before the `sendmmsg` that carried the SYN to when the reader read the reply: under load
+//! it may include up to one `COALESCE` pause.
+//!
+//! Source address and port:
+//! - the address is the kernel's own choice towards the target (a connected UDP socket's local
+//!   address), cached per target for [`ROUTE_TTL`] so it follows route changes within that time;
+//!   a timeout or a failed send drops the cached address, so the next probe looks it up again.
+//!   The SYN is sent with that source (`IP_PKTINFO`): the checksum covers it, so it must be the
+//!   address in the IP header, and a source that is no longer local makes the send fail (then
+//!   the probe looks the route up again and resends once);
+//! - the port comes from a pool of [`POOL_PORTS`] ports, each reserved for the prober's lifetime
+//!   by a TCP socket bound to `0.0.0.0:port` that never listens nor connects: no other local
+//!   socket can take the port meanwhile (an ephemeral `connect` or `bind` skips it, whatever the
+//!   address), and since that socket is not listening the kernel still resets the backend's
+//!   SYN+ACK. A pooled port serves many targets at once (the reply is matched by both ends);
+//!   each target walks through the pool in turn, so it reuses a port only every `POOL_PORTS`
+//!   probes, long after its backend forgot the previous half-open connection even if our RST
+//!   was lost. When every pooled port is busy towards one target, a probe reserves a port of its
+//!   own for its lifetime (a socket bound to `(source, 0)`).
+//!
+//! ICMP errors (e.g. a firewall's port-unreachable) are not matched to probes: an unconnected
+//! raw socket only hears of them with IP_RECVERR, through its error queue, which this prober does
+//! not read. Such a target times out, which is a failure all the same.
+//!
+//! Sockets are created in the network namespace of the calling thread: [`SynProber::new`] and
+//! the calls that start probes must run in the same one (the daemon runs in a single
+//! namespace).
+
+mod filter;
+mod pending;
+mod shared;
+mod socket;
+mod targets;
+mod tasks;
+mod wire;
+
+pub use targets::{POOL_PORTS, ROUTE_TTL};
+pub use tasks::COALESCE;
+
+use std::{
+    io,
+    net::SocketAddrV4,
+    sync::{Arc, atomic::Ordering},
+    time::{Duration, Instant},
+};
+
+use tokio::task::JoinHandle;
+
+use super::ProbeResult;
+use super::link::Links;
+use super::sys::register;
+use pending::Waiter;
+use shared::Shared;
+use socket::open_raw_socket;
+use targets::Pool;
+use tasks::{read_replies, send_queued};
+
+/// One raw socket serving every half-open probe of the daemon.
+pub struct SynProber {
+    shared: Arc<Shared>,
+    reader: JoinHandle<()>,
+    sender: JoinHandle<()>,
+}
+
+impl SynProber {
+    /// Opens the raw socket (needs CAP_NET_RAW; the error says so), reserves the pooled source
+    /// ports and starts the reader and sender tasks on the current tokio runtime (which must
+    /// have IO and time enabled).
+    pub fn new() -> io::Result<Self> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(io::Error::other)?;
+        let socket = register(open_raw_socket()?)?;
+        let pool = Pool::reserve();
+        let links = Links::open()
+            .inspect_err(|e| {
+                tracing::warn!(
+                    "half-open probes: no link-layer path ({e}); every SYN takes the kernel's path"
+                );
+            })
+            .ok();
+        let shared = Arc::new(Shared::new(socket, pool, links)?);
+        let reader = runtime.spawn(read_replies(Arc::clone(&shared)));
+        let sender = runtime.spawn(send_queued(Arc::clone(&shared)));
+        Ok(Self {
+            shared,
+            reader,
+            sender,
+        })
+    }
+
+    /// Sends a SYN to `target` and waits up to `timeout`: one probe of
+    /// [`SynProber::start_many`] whose result comes to this future instead of the finished
+    /// queue. Dropping the future withdraws the probe.
+    ///
+    /// Local errors are logged; no route or a firewall refusing the send count as `TcpFailure`
+    /// (the target cannot be reached either way), a shortage here (ports, descriptors,
+    /// buffers) as `Local`.
+    pub async fn probe(&self, target: SocketAddrV4, timeout: Duration) -> ProbeResult {
+        let now = Instant::now();
+        let (mut waiting, syn) = self.shared.start_waiting(target, now + timeout, now);
+        if let Some(syn) = syn {
+            self.shared.enqueue(syn);
+        }
+        waiting.result().await
+    }
+
+    /// Diagnostic: how many times the reader task has woken up to read the socket. With the
+    /// kernel filter in place this follows the probe replies, not the host's TCP traffic.
+    pub fn wakeups(&self) -> u64 {
+        self.shared.wakeups.load(Ordering::Relaxed)
+    }
+
+    /// SYNs sent so far: through the link-layer path, and through the kernel's (raw socket).
+    pub fn syns_sent(&self) -> (u64, u64) {
+        let shared = &self.shared;
+        (
+            shared.sent_link.load(Ordering::Relaxed),
+            shared.sent_kernel.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Starts a half-open probe of each `(token, target, timeout)` without a future of its own:
+    /// the SYNs leave together, and each result comes out of [`SynProber::finished`] under its
+    /// token, with the same meaning as [`SynProber::probe`]'s. For one consumer (the checker's
+    /// scheduler): tokens are not told apart by caller. The high half of a token is the
+    /// caller's place for the target, a small index it keeps dense and gives to one target at
+    /// a time: the prober keeps the target's state in a table under it (a target at a place
+    /// that held another one starts afresh).
+    pub fn start_many(&self, probes: &[(u64, SocketAddrV4, Duration)]) {
+        let now = Instant::now();
+        let mut queued = Vec::with_capacity(probes.len());
+        {
+            // The targets' states lie scattered in memory: ask for all of them before using
+            // any, so their cache misses overlap instead of coming one by one.
+            let state = self.shared.state();
+            for &(token, _, _) in probes {
+                state.targets.prefetch((token >> 32) as usize);
+            }
+        }
+        for &(token, target, timeout) in probes {
+            let deadline = now + timeout;
+            queued.extend(
+                self.shared
+                    .start(Waiter::Token(token), target, deadline, None, now),
+            );
+        }
+        self.shared.enqueue_many(queued);
+    }
+
+    /// Waits until probes of `start_many` have finished and moves their results to `out`.
+    /// Cancel-safe: nothing is taken unless it returns.
+    pub async fn finished(&self, out: &mut Vec<(u64, ProbeResult)>) {
+        loop {
+            let ready = self.shared.finished_ready.notified();
+            {
+                let mut done = self.shared.finished_queue();
+                if !done.is_empty() {
+                    out.append(&mut done);
+                    return;
+                }
+            }
+            ready.await;
+        }
+    }
+}
+
+impl Drop for SynProber {
+    fn drop(&mut self) {
+        // The tasks hold the other references to the socket: it closes when they end.
+        self.reader.abort();
+        self.sender.abort();
+    }
+}

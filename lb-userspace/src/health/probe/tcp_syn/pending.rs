@@ -1,0 +1,277 @@
+//! The probes waiting for an answer, by connection, and their deadlines.
+
+use std::{
+    collections::{BTreeMap, hash_map::Entry},
+    net::SocketAddrV4,
+    os::fd::OwnedFd,
+    time::{Duration, Instant},
+};
+
+use foldhash::HashMap;
+use tokio::sync::oneshot;
+
+use super::targets::Home;
+use super::wire::Verdict;
+use crate::health::probe::ProbeResult;
+
+/// A probe's connection, seen from this host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(super) struct Key {
+    pub(super) local: SocketAddrV4,
+    pub(super) remote: SocketAddrV4,
+}
+
+/// A probe waiting for its answer.
+pub(super) struct Pending {
+    /// Unique per prober: tells this probe from a later one on the same connection. Its
+    /// resend keeps it.
+    pub(super) id: u64,
+    /// Sequence number of its SYN: the answer must acknowledge `seq + 1`.
+    pub(super) seq: u32,
+    pub(super) deadline: Instant,
+    /// When its SYN went out (set by the sender just before the send).
+    pub(super) sent: Option<Instant>,
+    /// Its SYN was queued for the link-layer path.
+    pub(super) via_link: bool,
+    /// If its SYN cannot be sent, it may be sent once more (false for that resend).
+    pub(super) resend: bool,
+    pub(super) waiter: Waiter,
+    /// A port reserved for this probe alone, when the pool had none free towards the target;
+    /// released when the probe leaves the map.
+    pub(super) _own_port: Option<OwnedFd>,
+}
+
+impl Pending {
+    /// The probe, gone from the registry, with its answer.
+    pub(super) fn end(self, key: Key, answer: Answer) -> Ended {
+        Ended {
+            key,
+            id: self.id,
+            deadline: self.deadline,
+            resend: self.resend,
+            waiter: self.waiter,
+            answer,
+        }
+    }
+}
+
+/// Who takes a probe's result.
+pub(super) enum Waiter {
+    /// A probe of `SynProber::start_many`: its result goes to the finished queue under this
+    /// token.
+    Token(u64),
+    /// A `SynProber::probe` future, through its channel.
+    Future(oneshot::Sender<ProbeResult>),
+}
+
+impl Waiter {
+    /// Where the prober keeps the state of the probe's target.
+    pub(super) fn home(&self) -> Home {
+        match self {
+            Waiter::Token(token) => Home::of_token(*token),
+            Waiter::Future(_) => Home::Map,
+        }
+    }
+
+    /// Nobody waits any more: the `probe` future was dropped.
+    pub(super) fn abandoned(&self) -> bool {
+        match self {
+            Waiter::Token(_) => false,
+            Waiter::Future(done) => done.is_closed(),
+        }
+    }
+
+    /// Hands `result` to a `probe` future; a probe of `start_many` gives it back under its
+    /// token, for the finished queue.
+    pub(super) fn finish(self, result: ProbeResult) -> Option<(u64, ProbeResult)> {
+        match self {
+            Waiter::Token(token) => Some((token, result)),
+            Waiter::Future(done) => {
+                // The future may have been dropped meanwhile: then nobody is waiting.
+                let _ = done.send(result);
+                None
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Answer {
+    /// A reply, read by the reader `latency` after the SYN was sent.
+    Reply { verdict: Verdict, latency: Duration },
+    /// The deadline passed without a reply.
+    Expired,
+    /// The SYN could not be sent (an OS error number).
+    Unsent(i32),
+}
+
+/// A probe that has left the registry, and its answer: on its way to its waiter (delivered
+/// after the state lock is released).
+pub(super) struct Ended {
+    pub(super) key: Key,
+    pub(super) id: u64,
+    pub(super) deadline: Instant,
+    pub(super) resend: bool,
+    pub(super) waiter: Waiter,
+    pub(super) answer: Answer,
+}
+
+/// The probes due at one instant: a batch of `start_many` (one timeout) shares it, so a probe
+/// costs a push and a count rather than an entry of its own in the ordered map.
+#[derive(Default)]
+struct Deadline {
+    /// `(probe id, key)`: the probes listed here, also those that have left since.
+    probes: Vec<(u64, Key)>,
+    /// How many of them are still pending; the entry goes when none is.
+    live: usize,
+}
+
+/// The pending probes by connection, and by deadline for the reader's one timer.
+#[derive(Default)]
+pub(super) struct Registry {
+    /// Keyed by connections this prober chose (received packets only look them up), so a
+    /// fast hasher will do.
+    probes: HashMap<Key, Pending>,
+    /// The pending probes by deadline, earliest first. Probes started together share one
+    /// (see [`Deadline`]).
+    deadlines: BTreeMap<Instant, Deadline>,
+    /// The instant the reader's timer is set for; `None` while it sleeps without one. A probe
+    /// with an earlier deadline moves it and wakes the reader.
+    armed: Option<Instant>,
+    next_id: u64,
+}
+
+impl Registry {
+    /// An id no probe of this registry had.
+    pub(super) fn new_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    pub(super) fn contains(&self, key: &Key) -> bool {
+        self.probes.contains_key(key)
+    }
+
+    pub(super) fn get(&self, key: &Key) -> Option<&Pending> {
+        self.probes.get(key)
+    }
+
+    /// The probe `id` at `key`, if it is still there (the key may belong to a later probe).
+    pub(super) fn get_mut(&mut self, key: &Key, id: u64) -> Option<&mut Pending> {
+        self.probes.get_mut(key).filter(|p| p.id == id)
+    }
+
+    /// Adds `probe` at `key` and lists it at its deadline. True if that deadline is earlier
+    /// than the reader's timer, which is now set for it: then the reader must be woken.
+    pub(super) fn insert(&mut self, key: Key, probe: Pending) -> bool {
+        let (id, deadline) = (probe.id, probe.deadline);
+        self.probes.insert(key, probe);
+        let due = self.deadlines.entry(deadline).or_default();
+        due.probes.push((id, key));
+        due.live += 1;
+        let earlier = self.armed.is_none_or(|armed| deadline < armed);
+        if earlier {
+            self.armed = Some(deadline);
+        }
+        earlier
+    }
+
+    /// Removes the probe `id` at `key` before its deadline (answered, unsent, dropped), if it
+    /// is still there.
+    pub(super) fn remove(&mut self, key: &Key, id: u64) -> Option<Pending> {
+        let probe = self.take(key, id)?;
+        self.unlist(probe.deadline);
+        Some(probe)
+    }
+
+    /// Takes the probe `id` at `key` out of the map, if it is still there.
+    fn take(&mut self, key: &Key, id: u64) -> Option<Pending> {
+        match self.probes.entry(*key) {
+            Entry::Occupied(entry) if entry.get().id == id => Some(entry.remove()),
+            _ => None,
+        }
+    }
+
+    /// A probe due at `deadline` has left the pending map (not by expiring): one fewer live
+    /// there, and the entry goes with the last.
+    fn unlist(&mut self, deadline: Instant) {
+        if let Some(due) = self.deadlines.get_mut(&deadline) {
+            due.live = due.live.saturating_sub(1);
+            if due.live == 0 {
+                self.deadlines.remove(&deadline);
+            }
+        }
+    }
+
+    /// Withdraws the probe `id` due at `deadline` (a dropped `probe` future's), if it is still
+    /// pending. Its latest listing at the deadline is its current connection: a resend keeps
+    /// the id and the deadline.
+    pub(super) fn withdraw(&mut self, id: u64, deadline: Instant) {
+        let listed = self.deadlines.get(&deadline).and_then(|due| {
+            due.probes
+                .iter()
+                .rev()
+                .find(|&&(listed, _)| listed == id)
+                .map(|&(_, key)| key)
+        });
+        if let Some(key) = listed {
+            self.remove(&key, id);
+        }
+    }
+
+    /// Ends the probes whose deadline is not after `now` (into `out`, as [`Answer::Expired`]).
+    /// When the reader's timer has run out, sets it for the earliest deadline left (only then:
+    /// a timer set for a probe that was answered since just fires once for nothing, which is
+    /// cheaper than moving it each time).
+    pub(super) fn expire(&mut self, now: Instant, out: &mut Vec<Ended>) {
+        while let Some(entry) = self.deadlines.first_entry() {
+            if *entry.key() > now {
+                break;
+            }
+            for (id, key) in entry.remove().probes {
+                // Those that left already (answered, unsent, dropped) are skipped.
+                if let Some(probe) = self.take(&key, id) {
+                    out.push(probe.end(key, Answer::Expired));
+                }
+            }
+        }
+        if self.armed.is_some_and(|armed| armed <= now) {
+            self.armed = self.deadlines.first_key_value().map(|(&d, _)| d);
+        }
+    }
+
+    /// The instant the reader's timer is to be set for, if any.
+    pub(super) fn armed(&self) -> Option<Instant> {
+        self.armed
+    }
+
+    /// Empties the registry: the probes that were waiting.
+    pub(super) fn drain(&mut self) -> impl Iterator<Item = Pending> + '_ {
+        self.deadlines.clear();
+        self.probes.drain().map(|(_, probe)| probe)
+    }
+
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.probes.len()
+    }
+
+    /// No probe pending, nor listed at a deadline.
+    #[cfg(test)]
+    pub(super) fn is_empty(&self) -> bool {
+        self.probes.is_empty() && self.deadlines.is_empty()
+    }
+
+    /// How many deadline entries there are.
+    #[cfg(test)]
+    pub(super) fn deadlines(&self) -> usize {
+        self.deadlines.len()
+    }
+
+    /// How many probes due at `deadline` are still pending.
+    #[cfg(test)]
+    pub(super) fn live_at(&self, deadline: Instant) -> usize {
+        self.deadlines.get(&deadline).map_or(0, |due| due.live)
+    }
+}

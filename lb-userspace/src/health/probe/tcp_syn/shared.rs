@@ -1,0 +1,862 @@
+//! What the prober's probes and tasks share, and a probe's course through it: where its SYN
+//! leaves from, its registration, what its answer means (with one resend of a SYN that could not
+//! be sent), and the hand-over of its result.
+
+use std::{
+    io,
+    net::SocketAddrV4,
+    os::fd::OwnedFd,
+    sync::{Mutex, MutexGuard, PoisonError, atomic::AtomicU64},
+    time::{Duration, Instant},
+};
+
+use tokio::{
+    io::unix::AsyncFd,
+    sync::{Notify, oneshot},
+};
+
+use super::pending::{Answer, Ended, Key, Pending, Registry, Waiter};
+use super::socket::{Routes, reserve_port};
+use super::targets::{Home, Path, Pool, Target, Targets};
+use super::wire::{SYN_LEN, Segment, Verdict, initial_sequence, syn_segment};
+use crate::health::outcome::{Reason, from_io};
+use crate::health::probe::ProbeResult;
+use crate::health::probe::link::{Link, Links};
+
+/// What the probes and the reader and sender tasks share.
+pub(super) struct Shared {
+    pub(super) socket: AsyncFd<OwnedFd>,
+    state: Mutex<State>,
+    /// Tells the reader that a probe's deadline is earlier than its timer.
+    pub(super) rearm: Notify,
+    /// SYNs waiting for the sender task, and the signal that the first one arrived.
+    pub(super) outbox: Mutex<Vec<Queued>>,
+    pub(super) flush: Notify,
+    /// The pooled source ports.
+    pool: Pool,
+    /// Looks up source addresses.
+    routes: Routes,
+    /// The link-layer path for targets that answered (see [`crate::health::probe::link`]);
+    /// None if its sockets could not be opened (then every SYN takes the kernel's path).
+    pub(super) links: Option<Links>,
+    pub(super) wakeups: AtomicU64,
+    /// SYNs sent through the link-layer path, and through the raw socket.
+    pub(super) sent_link: AtomicU64,
+    pub(super) sent_kernel: AtomicU64,
+    /// Results of the probes of `start_many`, and the signal that some are there.
+    finished: Mutex<Vec<(u64, ProbeResult)>>,
+    pub(super) finished_ready: Notify,
+}
+
+/// Everything behind the one lock.
+pub(super) struct State {
+    pub(super) pending: Registry,
+    pub(super) targets: Targets,
+    /// The reader has stopped: no answer can come any more.
+    closed: bool,
+}
+
+/// Where a probe's SYN leaves from (see [`Shared::place`]).
+struct Placed {
+    local: SocketAddrV4,
+    /// The link-layer path, if the SYN takes it.
+    link: Option<Link>,
+    /// A port reserved for this probe alone, if the pool had none free towards the target.
+    own_port: Option<OwnedFd>,
+}
+
+/// A SYN waiting for the sender task.
+pub(super) struct Queued {
+    pub(super) key: Key,
+    pub(super) id: u64,
+    pub(super) syn: [u8; SYN_LEN],
+    /// The link-layer path to send it on, if still current when it is sent.
+    pub(super) link: Option<Link>,
+}
+
+impl Shared {
+    pub(super) fn new(
+        socket: AsyncFd<OwnedFd>,
+        pool: Pool,
+        links: Option<Links>,
+    ) -> io::Result<Self> {
+        Ok(Self {
+            socket,
+            state: Mutex::new(State {
+                pending: Registry::default(),
+                targets: Targets::default(),
+                closed: false,
+            }),
+            rearm: Notify::new(),
+            outbox: Mutex::new(Vec::new()),
+            flush: Notify::new(),
+            pool,
+            routes: Routes::new()?,
+            links,
+            wakeups: AtomicU64::new(0),
+            sent_link: AtomicU64::new(0),
+            sent_kernel: AtomicU64::new(0),
+            finished: Mutex::new(Vec::new()),
+            finished_ready: Notify::new(),
+        })
+    }
+
+    pub(super) fn state(&self) -> MutexGuard<'_, State> {
+        // The state stays consistent whatever panicked while holding it.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Starts a probe of `target` for `waiter`: registers it and gives its SYN to queue. A
+    /// probe that cannot start gets its failure at once (None). `resend_of`: the id of the probe
+    /// whose SYN could not be sent, if this is its resend.
+    pub(super) fn start(
+        &self,
+        waiter: Waiter,
+        target: SocketAddrV4,
+        deadline: Instant,
+        resend_of: Option<u64>,
+        now: Instant,
+    ) -> Option<Queued> {
+        let seq = initial_sequence();
+        let home = waiter.home();
+        let (mut state, placed) = match self.place(home, target, now) {
+            Ok(placed) => placed,
+            Err(e) => {
+                let failure = self.local_failure(home, target, &e);
+                self.finish(waiter, failure);
+                return None;
+            }
+        };
+        // A resend whose `probe` future was dropped meanwhile: nobody waits for it. Checked
+        // under the lock that the future's withdrawal takes, so one of the two sees the other.
+        if waiter.abandoned() {
+            return None;
+        }
+        let key = Key {
+            local: placed.local,
+            remote: target,
+        };
+        let id = resend_of.unwrap_or_else(|| state.pending.new_id());
+        let probe = Pending {
+            id,
+            seq,
+            deadline,
+            sent: None,
+            via_link: placed.link.is_some(),
+            resend: resend_of.is_none(),
+            waiter,
+            _own_port: placed.own_port,
+        };
+        if state.pending.insert(key, probe) {
+            self.rearm.notify_one();
+        }
+        drop(state);
+        Some(Queued {
+            key,
+            id,
+            syn: syn_segment(key.local, target, seq),
+            link: placed.link,
+        })
+    }
+
+    /// Starts a probe for a `probe` future: its hold on the result, and its SYN to queue.
+    pub(super) fn start_waiting(
+        &self,
+        target: SocketAddrV4,
+        deadline: Instant,
+        now: Instant,
+    ) -> (Waiting<'_>, Option<Queued>) {
+        let (done, result) = oneshot::channel();
+        let syn = self.start(Waiter::Future(done), target, deadline, None, now);
+        let waiting = Waiting {
+            shared: self,
+            probe: syn.as_ref().map(|q| (q.id, deadline)),
+            result,
+        };
+        (waiting, syn)
+    }
+
+    /// Where a probe of `target` sends from: its source address (cached, or looked up now) and
+    /// a source port free towards `target`. Returns with the state locked, so that the port
+    /// stays free until the probe is registered.
+    ///
+    /// The SYN takes the link-layer path when the target's last probe was answered and a
+    /// current link to it is known (looked up now if not, at most once per `ROUTE_TTL` when
+    /// there is none); the kernel's path otherwise.
+    fn place(
+        &self,
+        home: Home,
+        target: SocketAddrV4,
+        mut now: Instant,
+    ) -> io::Result<(MutexGuard<'_, State>, Placed)> {
+        let mut own: Option<(OwnedFd, SocketAddrV4)> = None;
+        let mut again = false;
+        loop {
+            // Another turn follows a lookup or a reservation, which took time.
+            if again {
+                now = Instant::now();
+            }
+            again = true;
+            let mut guard = self.state();
+            let state = &mut *guard;
+            if state.closed {
+                return Err(io::Error::other("the reply reader has stopped"));
+            }
+            state.targets.sweep(now);
+            let entry = state
+                .targets
+                .entry(home, target, || Target::new(target, &self.pool, now));
+            entry.used = now;
+            let path = self
+                .links
+                .as_ref()
+                .map(|links| (links, entry.path(links, now)));
+            let link = match path {
+                Some((_, Path::Link(link))) => Some(link),
+                Some((links, Path::LookUp)) => {
+                    drop(guard);
+                    let found = links.lookup(*target.ip()).unwrap_or_else(|e| {
+                        tracing::debug!(%target, "link-layer path lookup failed: {e}");
+                        None
+                    });
+                    let at = Instant::now();
+                    if let Some(t) = self.state().targets.get_mut(home, target) {
+                        t.learn_link(found, at);
+                    }
+                    continue;
+                }
+                Some((_, Path::Kernel)) | None => None,
+            };
+            let source = match (&link, entry.source(now)) {
+                (Some(link), _) => link.source,
+                (None, Some(source)) => source,
+                (None, None) => {
+                    drop(guard);
+                    let source = self.routes.source_towards(target)?;
+                    if let Some(t) = self.state().targets.get_mut(home, target) {
+                        t.source = Some((source, Instant::now()));
+                    }
+                    continue;
+                }
+            };
+            let local = match &own {
+                Some((_, addr)) if addr.ip() == &source => Some(*addr),
+                _ => self.pool.take(&mut entry.next_port, source, |local| {
+                    state.pending.contains(&Key {
+                        local,
+                        remote: target,
+                    })
+                }),
+            };
+            let Some(local) = local else {
+                // Every pooled port is busy towards this target: reserve one for this probe.
+                drop(guard);
+                own = Some(reserve_port(source)?);
+                continue;
+            };
+            let own_port = own.map(|(fd, _)| fd);
+            return Ok((
+                guard,
+                Placed {
+                    local,
+                    link,
+                    own_port,
+                },
+            ));
+        }
+    }
+
+    /// Hands a SYN to the sender task, waking it if the outbox was empty.
+    pub(super) fn enqueue(&self, syn: Queued) {
+        let mut outbox = self.outbox.lock().unwrap_or_else(PoisonError::into_inner);
+        outbox.push(syn);
+        if outbox.len() == 1 {
+            self.flush.notify_one();
+        }
+    }
+
+    /// Hands SYNs to the sender task, waking it if the outbox was empty.
+    pub(super) fn enqueue_many(&self, mut syns: Vec<Queued>) {
+        if syns.is_empty() {
+            return;
+        }
+        let mut outbox = self.outbox.lock().unwrap_or_else(PoisonError::into_inner);
+        let first = outbox.is_empty();
+        outbox.append(&mut syns);
+        if first {
+            self.flush.notify_one();
+        }
+    }
+
+    /// Hands one probe's `result` to its waiter.
+    fn finish(&self, waiter: Waiter, result: ProbeResult) {
+        if let Some(done) = waiter.finish(result) {
+            self.finished_queue().push(done);
+            self.finished_ready.notify_one();
+        }
+    }
+
+    /// Adds results of `start_many` probes to the finished queue and signals them.
+    fn finish_tokens(&self, mut tokens: Vec<(u64, ProbeResult)>) {
+        if !tokens.is_empty() {
+            self.finished_queue().append(&mut tokens);
+            self.finished_ready.notify_one();
+        }
+    }
+
+    /// What an answer means for a probe of `target`; `Err(errno)` when its SYN could not be sent
+    /// (the caller may resend once).
+    fn result_of(
+        &self,
+        home: Home,
+        target: SocketAddrV4,
+        answer: Answer,
+    ) -> Result<ProbeResult, i32> {
+        match answer {
+            Answer::Reply {
+                verdict: Verdict::Accepted,
+                latency,
+            } => Ok(ProbeResult::Success { latency }),
+            Answer::Reply {
+                verdict: Verdict::Refused,
+                ..
+            } => Ok(ProbeResult::TcpFailure(Reason::Refused)),
+            Answer::Expired => {
+                // The route may have changed under a cached source: look it up next time.
+                self.forget_route(home, target);
+                Ok(ProbeResult::Timeout)
+            }
+            Answer::Unsent(errno) => Err(errno),
+        }
+    }
+
+    /// A probe that failed here: no route or the send refused by a local firewall is a
+    /// `TcpFailure` (the target cannot be reached either way); no port, descriptor or buffer
+    /// left is the host's shortage, a `Local` result that counts against nobody.
+    fn local_failure(&self, home: Home, target: SocketAddrV4, e: &io::Error) -> ProbeResult {
+        tracing::warn!(%target, "half-open probe failed locally: {e}");
+        self.forget_route(home, target);
+        from_io(e)
+    }
+
+    pub(super) fn finished_queue(&self) -> MutexGuard<'_, Vec<(u64, ProbeResult)>> {
+        self.finished.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Turns ended probes into results and hands them to their waiters (`ended` is emptied);
+    /// a probe whose SYN could not be sent is sent once more first. Call without the state lock.
+    pub(super) fn deliver(&self, ended: &mut Vec<Ended>) {
+        let mut results = Vec::new();
+        let mut again = Vec::new();
+        for probe in ended.drain(..) {
+            let (home, target) = (probe.waiter.home(), probe.key.remote);
+            let result = match self.result_of(home, target, probe.answer) {
+                Ok(result) => result,
+                // A cached source may have gone (address removed), or the link-layer path
+                // failed: look the route up again and send once more, on the kernel's path.
+                Err(_) if probe.resend => {
+                    self.forget_route(home, target);
+                    let (waiter, deadline) = (probe.waiter, probe.deadline);
+                    let resend = Some(probe.id);
+                    again.extend(self.start(waiter, target, deadline, resend, Instant::now()));
+                    continue;
+                }
+                Err(errno) => {
+                    self.local_failure(home, target, &io::Error::from_raw_os_error(errno))
+                }
+            };
+            results.extend(probe.waiter.finish(result));
+        }
+        self.enqueue_many(again);
+        self.finish_tokens(results);
+    }
+
+    /// Drops the cached source and link of `target`: its next probe looks the route up again
+    /// and takes the kernel's path until it is answered.
+    fn forget_route(&self, home: Home, target: SocketAddrV4) {
+        if let Some(t) = self.state().targets.get_mut(home, target) {
+            t.forget_route();
+        }
+    }
+
+    /// Completes the probes that `packets` answer, if any, with replies read at `at`. `answers`
+    /// is scratch space (empty on return): the answers are delivered after the lock is released.
+    pub(super) fn dispatch<'p>(
+        &self,
+        packets: impl IntoIterator<Item = &'p [u8]>,
+        at: Instant,
+        answers: &mut Vec<Ended>,
+    ) {
+        {
+            let mut guard = self.state();
+            let state = &mut *guard;
+            for packet in packets {
+                let Some(segment) = Segment::parse(packet) else {
+                    continue;
+                };
+                let key = Key {
+                    local: segment.destination,
+                    remote: segment.source,
+                };
+                let Some((id, verdict)) = state
+                    .pending
+                    .get(&key)
+                    .and_then(|p| Some((p.id, segment.verdict(p.seq)?)))
+                else {
+                    continue;
+                };
+                if let Some(probe) = state.pending.remove(&key, id) {
+                    if !probe.via_link
+                        && let Some(target) = state.targets.get_mut(probe.waiter.home(), key.remote)
+                    {
+                        target.answered = true;
+                    }
+                    let latency = probe
+                        .sent
+                        .map_or(Duration::ZERO, |sent| at.saturating_duration_since(sent));
+                    answers.push(probe.end(key, Answer::Reply { verdict, latency }));
+                }
+            }
+        }
+        self.deliver(answers);
+    }
+
+    /// Ends the probes whose deadline is not after `now` (see [`Registry::expire`]).
+    pub(super) fn expire(&self, now: Instant, answers: &mut Vec<Ended>) {
+        self.state().pending.expire(now, answers);
+        self.deliver(answers);
+    }
+}
+
+/// A `probe` future's hold on its probe: the channel its result comes through. Dropped before
+/// the result came, it withdraws the probe (and releases a port of its own, if it had one).
+pub(super) struct Waiting<'a> {
+    shared: &'a Shared,
+    /// The probe's id and deadline while it may still be pending.
+    probe: Option<(u64, Instant)>,
+    result: oneshot::Receiver<ProbeResult>,
+}
+
+impl Waiting<'_> {
+    pub(super) async fn result(&mut self) -> ProbeResult {
+        let result = (&mut self.result).await;
+        self.probe = None;
+        // Only a prober gone with its tasks drops a probe's channel unsent.
+        result.unwrap_or(ProbeResult::Local(Reason::Internal))
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if let Some((id, deadline)) = self.probe {
+            // Closed first: a resend started after the withdrawal sees it and is not registered.
+            self.result.close();
+            self.shared.state().pending.withdraw(id, deadline);
+        }
+    }
+}
+
+/// When the reader stops (socket error, panic or abort), ends the probes still waiting (as
+/// local failures) and refuses new ones, so none waits forever.
+pub(super) struct Closing<'a>(pub(super) &'a Shared);
+
+impl Drop for Closing<'_> {
+    fn drop(&mut self) {
+        let mut tokens = Vec::new();
+        {
+            let mut state = self.0.state();
+            state.closed = true;
+            let failure = ProbeResult::Local(Reason::Internal);
+            tokens.extend(
+                state
+                    .pending
+                    .drain()
+                    .filter_map(|p| p.waiter.finish(failure)),
+            );
+        }
+        self.0.finish_tokens(tokens);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{net::Ipv4Addr, os::unix::net::UnixDatagram};
+
+    use futures_util::FutureExt as _;
+
+    use super::super::wire::sample::{LOCAL, REMOTE, reply};
+    use super::super::wire::{ACK, RST, SYN};
+    use super::*;
+    use crate::health::probe::sys::register;
+
+    /// A prober state on an unrelated socket (nothing arrives on it), with `ports` as its pool,
+    /// and `target` reachable from `source` without a route lookup.
+    fn shared_with(ports: Vec<u16>, source: Ipv4Addr, targets: &[SocketAddrV4]) -> Shared {
+        let (a, b) = UnixDatagram::pair().unwrap();
+        drop(b);
+        let shared = Shared::new(
+            register(OwnedFd::from(a)).unwrap(),
+            Pool::new(ports, Vec::new()),
+            None,
+        )
+        .unwrap();
+        // Each target known both by address (for `probe`) and at its index as the place (for
+        // `start`: tokens `place << 32 | n`).
+        for (place, &target) in targets.iter().enumerate() {
+            let known = || Target {
+                source: Some((source, Instant::now())),
+                answered: false,
+                link: None,
+                link_at: None,
+                next_port: 0,
+                used: Instant::now(),
+            };
+            let mut state = shared.state();
+            state.targets.entry(Home::Map, target, known);
+            state.targets.entry(Home::Place(place), target, known);
+        }
+        shared
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// A probe of `target` as `SynProber::probe` starts it (its SYN is not sent): its hold on
+    /// the result, and its connection.
+    fn probe(shared: &Shared, target: SocketAddrV4, deadline: Instant) -> (Waiting<'_>, Key) {
+        let (waiting, syn) = shared.start_waiting(target, deadline, Instant::now());
+        (waiting, syn.expect("started").key)
+    }
+
+    /// A probe's result, if it has one.
+    fn result_of(waiting: &mut Waiting<'_>) -> Option<ProbeResult> {
+        waiting.result().now_or_never()
+    }
+
+    /// A probe of `start_many` (its SYN is not sent): its connection.
+    fn start(shared: &Shared, token: u64, target: SocketAddrV4, deadline: Instant) -> Key {
+        let now = Instant::now();
+        let syn = shared.start(Waiter::Token(token), target, deadline, None, now);
+        syn.expect("started").key
+    }
+
+    /// Whether a probe holds a port of its own.
+    fn owns_port(shared: &Shared, key: Key) -> bool {
+        shared
+            .state()
+            .pending
+            .get(&key)
+            .unwrap()
+            ._own_port
+            .is_some()
+    }
+
+    fn seq(shared: &Shared, key: Key) -> u32 {
+        shared.state().pending.get(&key).unwrap().seq
+    }
+
+    fn finished(shared: &Shared) -> Vec<(u64, ProbeResult)> {
+        std::mem::take(&mut *shared.finished_queue())
+    }
+
+    fn is_empty(shared: &Shared) -> bool {
+        shared.state().pending.is_empty()
+    }
+
+    /// Probes of `start_many`: results by token, with the meaning of `probe`'s; a stopped
+    /// reader fails the ones waiting rather than leaving them forever.
+    #[test]
+    fn started_probes_finish_under_their_token() {
+        let rt = runtime();
+        let _rt = rt.enter();
+        let other = SocketAddrV4::new(*REMOTE.ip(), 81);
+        let third = SocketAddrV4::new(*REMOTE.ip(), 82);
+        let shared = shared_with(vec![LOCAL.port()], *LOCAL.ip(), &[REMOTE, other, third]);
+        let t0 = Instant::now();
+        let first = start(&shared, 7, REMOTE, t0 + Duration::from_secs(10));
+        // Tokens: the target's place (its index in `shared_with`) in the high half.
+        let (eight, nine) = (1 << 32 | 8, 2 << 32 | 9);
+        start(&shared, eight, other, t0 + Duration::from_secs(5));
+        let third_key = start(&shared, nine, third, t0 + Duration::from_secs(60));
+        assert_eq!(shared.state().pending.len(), 3);
+        let mut scratch = Vec::new();
+        shared.dispatch(
+            [&reply(SYN | ACK, seq(&shared, first).wrapping_add(1), 0)[..]],
+            t0,
+            &mut scratch,
+        );
+        assert!(matches!(
+            finished(&shared)[..],
+            [(7, ProbeResult::Success { .. })]
+        ));
+        shared.expire(t0 + Duration::from_secs(5), &mut scratch);
+        assert_eq!(finished(&shared), [(eight, ProbeResult::Timeout)]);
+        assert!(shared.state().pending.contains(&third_key));
+        drop(Closing(&shared));
+        assert_eq!(
+            finished(&shared),
+            [(nine, ProbeResult::Local(Reason::Internal))]
+        );
+        // Once stopped, a new probe fails at once.
+        let now = Instant::now();
+        let deadline = t0 + Duration::from_secs(10);
+        assert!(
+            shared
+                .start(Waiter::Token(10), REMOTE, deadline, None, now)
+                .is_none()
+        );
+        assert_eq!(
+            finished(&shared),
+            [(10, ProbeResult::Local(Reason::Internal))]
+        );
+    }
+
+    #[test]
+    fn probes_due_together_share_one_deadline_entry() {
+        let rt = runtime();
+        let _rt = rt.enter();
+        let shared = shared_with(vec![40000, 40001, 40002], *LOCAL.ip(), &[REMOTE]);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        // Tokens of place 0 (REMOTE's).
+        let probes: Vec<Key> = (0..3)
+            .map(|token| start(&shared, token, REMOTE, deadline))
+            .collect();
+        assert_eq!(shared.state().pending.deadlines(), 1);
+        let answer = |key: Key| {
+            let mut r = reply(SYN | ACK, seq(&shared, key).wrapping_add(1), 0);
+            r[22..24].copy_from_slice(&key.local.port().to_be_bytes());
+            r
+        };
+        let (a, b) = (answer(probes[0]), answer(probes[1]));
+        let mut scratch = Vec::new();
+        shared.dispatch([&a[..], &b[..]], Instant::now(), &mut scratch);
+        assert_eq!(shared.state().pending.live_at(deadline), 1);
+        // The last one expires alone; the answered ones are not ended twice.
+        shared.expire(deadline, &mut scratch);
+        assert!(is_empty(&shared));
+        // Never sent: no send time, no latency.
+        let accepted = ProbeResult::Success {
+            latency: Duration::ZERO,
+        };
+        assert_eq!(
+            finished(&shared),
+            [(0, accepted), (1, accepted), (2, ProbeResult::Timeout)]
+        );
+        // Answering every probe of a deadline removes its entry at once. (A `probe` future's:
+        // the timeout above made place 0 forget REMOTE's source.)
+        let later = deadline + Duration::from_secs(1);
+        let (_waiting, key) = probe(&shared, REMOTE, later);
+        let c = answer(key);
+        shared.dispatch([&c[..]], Instant::now(), &mut scratch);
+        assert!(is_empty(&shared));
+    }
+
+    #[test]
+    fn dispatch_completes_only_the_matching_probe() {
+        let rt = runtime();
+        let _rt = rt.enter();
+        let shared = shared_with(vec![LOCAL.port()], *LOCAL.ip(), &[REMOTE]);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let (mut waiting, key) = probe(&shared, REMOTE, deadline);
+        assert_eq!(
+            key,
+            Key {
+                local: LOCAL,
+                remote: REMOTE
+            }
+        );
+        assert!(
+            shared.state().pending.get(&key).unwrap().resend,
+            "a first SYN may be resent"
+        );
+        let seq = seq(&shared, key);
+        let mut scratch = Vec::new();
+        let now = Instant::now();
+        let wrong_ack = reply(SYN | ACK, seq, 0);
+        let mut other_port = reply(SYN | ACK, seq.wrapping_add(1), 0);
+        other_port[22..24].copy_from_slice(&40001u16.to_be_bytes());
+        shared.dispatch([&wrong_ack[..], &other_port[..]], now, &mut scratch);
+        assert_eq!(result_of(&mut waiting), None, "nothing matched yet");
+        shared.dispatch(
+            [&reply(RST | ACK, seq.wrapping_add(1), 0)[..]],
+            now,
+            &mut scratch,
+        );
+        assert_eq!(
+            result_of(&mut waiting),
+            Some(ProbeResult::TcpFailure(Reason::Refused))
+        );
+        assert!(is_empty(&shared), "answered probes leave the map");
+        drop(waiting);
+        drop(probe(&shared, REMOTE, deadline));
+        assert!(is_empty(&shared), "a dropped probe leaves the map");
+    }
+
+    #[test]
+    fn expired_probes_end_and_the_timer_follows_the_earliest_deadline() {
+        let rt = runtime();
+        let _rt = rt.enter();
+        let other = SocketAddrV4::new(*REMOTE.ip(), 81);
+        let shared = shared_with(vec![LOCAL.port()], *LOCAL.ip(), &[REMOTE, other]);
+        let t0 = Instant::now();
+        let (d1, d2) = (t0 + Duration::from_secs(10), t0 + Duration::from_secs(20));
+        let (mut late, late_key) = probe(&shared, other, d2);
+        assert_eq!(shared.state().pending.armed(), Some(d2));
+        let (mut early, _) = probe(&shared, REMOTE, d1);
+        assert_eq!(
+            shared.state().pending.armed(),
+            Some(d1),
+            "an earlier deadline moves the timer"
+        );
+        let mut scratch = Vec::new();
+        shared.expire(d1 - Duration::from_millis(1), &mut scratch);
+        assert_eq!(result_of(&mut early), None);
+        shared.expire(d1, &mut scratch);
+        assert_eq!(result_of(&mut early), Some(ProbeResult::Timeout));
+        assert_eq!(result_of(&mut late), None);
+        assert_eq!(
+            shared.state().pending.armed(),
+            Some(d2),
+            "set for the next deadline"
+        );
+        // An answered probe leaves its deadline: the timer, once run out, sleeps.
+        let ack = seq(&shared, late_key).wrapping_add(1);
+        let mut answer = reply(SYN | ACK, ack, 0);
+        answer[20..22].copy_from_slice(&81u16.to_be_bytes());
+        shared.dispatch([&answer[..]], t0, &mut scratch);
+        assert!(matches!(
+            result_of(&mut late),
+            Some(ProbeResult::Success { .. })
+        ));
+        shared.expire(d2, &mut scratch);
+        assert_eq!(shared.state().pending.armed(), None);
+        drop((early, late));
+        assert!(is_empty(&shared));
+    }
+
+    #[test]
+    fn targets_walk_the_pool_and_share_its_ports() {
+        let rt = runtime();
+        let _rt = rt.enter();
+        let local = Ipv4Addr::LOCALHOST;
+        let (a, b) = (
+            SocketAddrV4::new(Ipv4Addr::new(10, 0, 9, 2), 80),
+            SocketAddrV4::new(Ipv4Addr::new(10, 0, 9, 3), 80),
+        );
+        let shared = shared_with(vec![41000, 41001, 41002], local, &[a, b]);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        // One after the other, a target takes the next port each time.
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            let (_, key) = probe(&shared, a, deadline);
+            seen.push(key.local.port());
+        }
+        assert_eq!(seen, [41000, 41001, 41002, 41000]);
+        // At once: distinct ports towards one target; another target may use the same ones.
+        let held: Vec<_> = (0..3).map(|_| probe(&shared, a, deadline)).collect();
+        let mut ports: Vec<u16> = held.iter().map(|(_, key)| key.local.port()).collect();
+        ports.sort_unstable();
+        assert_eq!(ports, [41000, 41001, 41002]);
+        let to_b = probe(&shared, b, deadline);
+        assert_eq!(to_b.1.local.port(), 41000);
+        // The pool is busy towards `a`: the next probe reserves a port of its own.
+        let extra = probe(&shared, a, deadline);
+        assert!(!(41000..=41002).contains(&extra.1.local.port()));
+        assert!(owns_port(&shared, extra.1));
+        assert_eq!(shared.state().pending.len(), 5);
+        drop((held, to_b, extra));
+        assert!(is_empty(&shared));
+    }
+
+    #[test]
+    fn without_a_pool_each_probe_reserves_its_port() {
+        let rt = runtime();
+        let _rt = rt.enter();
+        let target = SocketAddrV4::new(Ipv4Addr::new(10, 0, 9, 2), 80);
+        let shared = shared_with(Vec::new(), Ipv4Addr::LOCALHOST, &[target]);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let a = probe(&shared, target, deadline);
+        let b = probe(&shared, target, deadline);
+        assert!(owns_port(&shared, a.1) && owns_port(&shared, b.1));
+        assert_ne!(a.1.local.port(), b.1.local.port());
+        drop((a, b));
+        assert!(is_empty(&shared));
+    }
+
+    #[test]
+    fn a_stopped_reader_fails_waiting_and_new_probes() {
+        let rt = runtime();
+        let _rt = rt.enter();
+        let shared = shared_with(vec![LOCAL.port()], *LOCAL.ip(), &[REMOTE]);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let (mut waiting, _) = probe(&shared, REMOTE, deadline);
+        drop(Closing(&shared));
+        let failed = Some(ProbeResult::Local(Reason::Internal));
+        assert_eq!(result_of(&mut waiting), failed);
+        let (mut late, syn) = shared.start_waiting(REMOTE, deadline, Instant::now());
+        assert!(syn.is_none());
+        assert_eq!(result_of(&mut late), failed);
+    }
+
+    /// A SYN that cannot be sent is sent once more after a fresh route lookup, under the same
+    /// probe; if that one cannot be sent either, the probe fails. The same for both waiters.
+    #[test]
+    fn an_unsent_syn_is_sent_once_more() {
+        let rt = runtime();
+        let _rt = rt.enter();
+        // On loopback, so that the route lookup of the resend finds a source without privileges.
+        let target = SocketAddrV4::new(Ipv4Addr::new(127, 0, 0, 2), 80);
+        let shared = shared_with(vec![LOCAL.port()], *LOCAL.ip(), &[target]);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let unsent = |key: Key| {
+            let id = shared.state().pending.get(&key).unwrap().id;
+            let probe = shared.state().pending.remove(&key, id).unwrap();
+            shared.deliver(&mut vec![
+                probe.end(key, Answer::Unsent(libc::EADDRNOTAVAIL)),
+            ]);
+            id
+        };
+        let resent = || {
+            let mut outbox = shared.outbox.lock().unwrap();
+            assert_eq!(outbox.len(), 1, "queued again");
+            outbox.pop().unwrap()
+        };
+        let failure = from_io(&io::Error::from_raw_os_error(libc::EADDRNOTAVAIL));
+
+        let key = start(&shared, 7, target, deadline);
+        let id = unsent(key);
+        let again = resent();
+        assert_eq!(again.id, id, "the same probe");
+        assert_eq!(
+            *again.key.local.ip(),
+            Ipv4Addr::LOCALHOST,
+            "from a fresh lookup"
+        );
+        assert!(!shared.state().pending.get(&again.key).unwrap().resend);
+        assert!(finished(&shared).is_empty());
+        unsent(again.key);
+        assert_eq!(finished(&shared), [(7, failure)]);
+        assert!(is_empty(&shared));
+
+        let (mut waiting, key) = probe(&shared, target, deadline);
+        unsent(key);
+        let again = resent();
+        assert_eq!(result_of(&mut waiting), None);
+        unsent(again.key);
+        assert_eq!(result_of(&mut waiting), Some(failure));
+        // A `probe` future dropped before its resend: nothing is sent, nothing stays.
+        let (waiting, key) = probe(&shared, target, deadline);
+        let id = shared.state().pending.get(&key).unwrap().id;
+        let probe = shared.state().pending.remove(&key, id).unwrap();
+        drop(waiting);
+        shared.deliver(&mut vec![
+            probe.end(key, Answer::Unsent(libc::EADDRNOTAVAIL)),
+        ]);
+        assert!(shared.outbox.lock().unwrap().is_empty());
+        assert!(is_empty(&shared));
+    }
+}

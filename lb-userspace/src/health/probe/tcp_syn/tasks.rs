@@ -1,0 +1,242 @@
+//! The sender and reader tasks: the sender sends the queued SYNs in batches, through the
+//! link-layer path or the raw socket; the reader reads the replies in batches and expires the
+//! late probes.
+
+use std::{
+    io,
+    os::fd::AsFd as _,
+    sync::{Arc, PoisonError, atomic::Ordering},
+    time::{Duration, Instant},
+};
+
+use super::pending::{Answer, Ended};
+use super::shared::{Closing, Queued, Shared};
+use crate::health::probe::link::{Frame, Link};
+use crate::health::probe::sys::{MAX_BATCH, Outgoing, recv_many, send_many};
+
+/// Under load, the reader's pause between two reads of the socket. It pauses only when replies
+/// come fast (several in one read, or a read less than this long after the previous one), so a
+/// lone reply is read at once.
+pub const COALESCE: Duration = Duration::from_millis(1);
+
+/// Bytes kept of each reply: an IP header with options (60 bytes) and a TCP header (20) are all
+/// a reply needs; recv discards the rest of a longer datagram.
+const REPLY_BYTES: usize = 128;
+
+/// The sender task: sends the SYNs queued since it last ran together (one `sendmmsg` rather than
+/// a `sendmsg` each).
+pub(super) async fn send_queued(shared: Arc<Shared>) {
+    let mut batch = Vec::new();
+    loop {
+        // No yield before sending: the checker queues a whole slot's SYNs at once, and a yield
+        // here woke the runtime's other worker (to steal this task) every time.
+        shared.flush.notified().await;
+        loop {
+            std::mem::swap(
+                &mut batch,
+                &mut *shared.outbox.lock().unwrap_or_else(PoisonError::into_inner),
+            );
+            if batch.is_empty() {
+                break;
+            }
+            send_batch(&shared, &mut batch).await;
+        }
+    }
+}
+
+/// Sends `batch` (emptied), [`MAX_BATCH`] SYNs per `sendmmsg`, skipping the probes that
+/// ended meanwhile: on their link-layer path those whose link is still current (after
+/// reading the change notifications), the others through the raw socket. A SYN that cannot
+/// be sent ends its probe with [`Answer::Unsent`].
+async fn send_batch(shared: &Shared, batch: &mut Vec<Queued>) {
+    if let Some(links) = &shared.links {
+        links.watch();
+    }
+    let mut answers = Vec::new();
+    let mut rest = &batch[..];
+    while !rest.is_empty() {
+        let (chunk, after) = rest.split_at(rest.len().min(MAX_BATCH));
+        rest = after;
+        // Stamp the probes still waiting; the others need no SYN.
+        let (mut framed, mut plain) = (Vec::new(), Vec::new());
+        {
+            let now = Instant::now();
+            let mut state = shared.state();
+            for q in chunk {
+                match state.pending.get_mut(&q.key, q.id) {
+                    Some(p) => p.sent = Some(now),
+                    None => continue,
+                }
+                match link_of(shared, q) {
+                    Some(link) => framed.push((q, link)),
+                    None => plain.push(q),
+                }
+            }
+        }
+        if let Some(links) = &shared.links
+            && !framed.is_empty()
+        {
+            let frames: Vec<Frame<'_>> = framed
+                .iter()
+                .map(|&(q, link)| Frame {
+                    link,
+                    source: *q.key.local.ip(),
+                    destination: *q.key.remote.ip(),
+                    protocol: libc::IPPROTO_TCP as u8,
+                    payload: &q.syn,
+                })
+                .collect();
+            let mut i = 0;
+            while i < frames.len() {
+                let sent = links.send_many(&frames[i..]);
+                if let Ok(n) = sent {
+                    shared.sent_link.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                i += sent_or_unsent(shared, framed[i].0, sent, &mut answers);
+            }
+        }
+        let mut i = 0;
+        while i < plain.len() {
+            let datagrams: Vec<Outgoing<'_>> = plain[i..]
+                .iter()
+                .map(|q| Outgoing {
+                    source: *q.key.local.ip(),
+                    target: *q.key.remote.ip(),
+                    bytes: &q.syn,
+                })
+                .collect();
+            let sent = shared
+                .socket
+                .async_io(tokio::io::Interest::WRITABLE, |fd| {
+                    send_many(fd.as_fd(), &datagrams)
+                })
+                .await;
+            if let Ok(n) = sent {
+                shared.sent_kernel.fetch_add(n as u64, Ordering::Relaxed);
+            }
+            i += sent_or_unsent(shared, plain[i], sent, &mut answers);
+        }
+    }
+    batch.clear();
+    shared.deliver(&mut answers);
+}
+
+/// The link-layer path of a queued SYN, if it has one that is still current.
+fn link_of<'q>(shared: &Shared, q: &'q Queued) -> Option<&'q Link> {
+    let links = shared.links.as_ref()?;
+    q.link.as_ref().filter(|link| links.current(link))
+}
+
+/// After a `sendmmsg` of SYNs starting with `q`: how many it took. When it took none, `q`
+/// could not be sent: its probe ends with [`Answer::Unsent`] (added to `answers`) and counts
+/// as taken, so the caller goes on with the next.
+fn sent_or_unsent(
+    shared: &Shared,
+    q: &Queued,
+    sent: io::Result<usize>,
+    answers: &mut Vec<Ended>,
+) -> usize {
+    let errno = match sent {
+        Ok(n) if n > 0 => return n,
+        Ok(_) => libc::EIO,
+        Err(e) => e.raw_os_error().unwrap_or(libc::EIO),
+    };
+    let mut state = shared.state();
+    if let Some(probe) = state.pending.remove(&q.key, q.id) {
+        answers.push(probe.end(q.key, Answer::Unsent(errno)));
+    }
+    1
+}
+
+/// The reader task: wakes when the filtered socket has replies, or when the earliest deadline
+/// passes; reads the replies (in batches), completes probes, expires the late ones.
+pub(super) async fn read_replies(shared: Arc<Shared>) {
+    let _closing = Closing(&shared);
+    let mut bufs = [[0u8; REPLY_BYTES]; MAX_BATCH];
+    let mut lens = [0usize; MAX_BATCH];
+    let mut answers = Vec::with_capacity(MAX_BATCH);
+    // Far enough never to fire, near enough not to overflow tokio's clock.
+    let never = || tokio::time::Instant::now() + Duration::from_secs(86400 * 365);
+    let timer = tokio::time::sleep_until(never());
+    tokio::pin!(timer);
+    let mut timer_at: Option<Instant> = None;
+    let mut last_read: Option<Instant> = None;
+    loop {
+        let armed = shared.state().pending.armed();
+        if armed != timer_at {
+            timer
+                .as_mut()
+                .reset(armed.map_or_else(never, tokio::time::Instant::from_std));
+            timer_at = armed;
+        }
+        let mut burst = None;
+        tokio::select! {
+            biased;
+            ready = shared.socket.readable() => {
+                let mut ready = match ready {
+                    Ok(ready) => ready,
+                    Err(e) => {
+                        tracing::error!("half-open probe reader stopped: {e}");
+                        return;
+                    }
+                };
+                shared.wakeups.fetch_add(1, Ordering::Relaxed);
+                let mut total = 0;
+                loop {
+                    match ready.try_io(|fd| recv_many(fd.as_fd(), &mut bufs, &mut lens)) {
+                        Ok(Ok(n)) => {
+                            total += n;
+                            let packets = bufs.iter().zip(&lens).take(n).map(|(b, &l)| &b[..l]);
+                            shared.dispatch(packets, Instant::now(), &mut answers);
+                            if n < MAX_BATCH {
+                                // Drained. Clearing is a no-op if the reactor saw new data since.
+                                ready.clear_ready();
+                                break;
+                            }
+                        }
+                        // Not expected on an unconnected raw socket without IP_RECVERR (ICMP
+                        // errors are not reported to it). Readiness stays set: read again.
+                        Ok(Err(e)) => {
+                            tracing::warn!("half-open probe socket: {e}");
+                            break;
+                        }
+                        Err(_would_block) => break,
+                    }
+                }
+                burst = Some(total);
+            }
+            () = &mut timer => {
+                timer_at = None;
+                // Replies that arrived before the deadline count: read them first (without
+                // touching the reactor's readiness, which the next turn consumes).
+                drain(&shared, &mut bufs, &mut lens, &mut answers);
+            }
+            () = shared.rearm.notified() => {}
+        }
+        let now = Instant::now();
+        shared.expire(now, &mut answers);
+        if let Some(read) = burst {
+            // Replies are coming fast: let a few more queue up before the next read.
+            if read > 1 || last_read.is_some_and(|t| now.saturating_duration_since(t) < COALESCE) {
+                tokio::time::sleep(COALESCE).await;
+            }
+            last_read = Some(now);
+        }
+    }
+}
+
+/// Reads what the socket holds now, without waiting nor going through the reactor.
+fn drain(
+    shared: &Shared,
+    bufs: &mut [[u8; REPLY_BYTES]; MAX_BATCH],
+    lens: &mut [usize; MAX_BATCH],
+    answers: &mut Vec<Ended>,
+) {
+    while let Ok(n) = recv_many(shared.socket.get_ref().as_fd(), bufs, lens) {
+        let packets = bufs.iter().zip(lens.iter()).take(n).map(|(b, &l)| &b[..l]);
+        shared.dispatch(packets, Instant::now(), answers);
+        if n < MAX_BATCH {
+            break;
+        }
+    }
+}
