@@ -89,6 +89,14 @@ pub enum Command {
         #[command(flatten)]
         api: ApiArgs,
     },
+    /// Print the completion script of a shell (e.g. `lb completions bash >
+    /// /usr/share/bash-completion/completions/lb`).
+    Completions { shell: clap_complete::Shell },
+    /// Print the man page (roff), or write lb.1 and a page per subcommand into a directory.
+    Man {
+        #[arg(long)]
+        out_dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

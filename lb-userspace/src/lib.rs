@@ -12,6 +12,7 @@ pub mod dataplane;
 pub mod events;
 pub mod health;
 pub mod maglev;
+pub mod manual;
 pub mod model;
 pub mod resources;
 pub mod rtnl;

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use clap::Parser as _;
 use lb::{
     cli::{self, Cli, Command},
-    client, config, daemon, exit,
+    client, config, daemon, exit, manual,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -61,6 +61,14 @@ fn main() -> ExitCode {
         Command::Reload { api } => block_on(cli::reload(api)),
         Command::Stop { pin_path, api } => block_on(cli::stop(api, pin_path)),
         Command::Stats { api } => block_on(cli::stats(api)),
+        Command::Completions { shell } => {
+            manual::completions(shell, &mut std::io::stdout().lock());
+            Ok(())
+        }
+        Command::Man { out_dir } => match out_dir {
+            Some(dir) => manual::man_pages(&dir),
+            None => manual::man_page(&mut std::io::stdout().lock()),
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -116,15 +116,21 @@ pub fn router(state: ApiState, loopback: bool) -> Router {
         .with_state(state)
 }
 
+/// Binds the control API's listener: connections queue from here on, so the daemon can say it
+/// is ready before the accept loop runs.
+pub async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the control API to {addr}"))
+}
+
 /// Serves until `shutdown` turns true.
 pub async fn serve(
-    addr: SocketAddr,
+    listener: tokio::net::TcpListener,
     mut state: ApiState,
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding the control API to {addr}"))?;
+    let addr = listener.local_addr().context("the control API's address")?;
     let loopback = addr.ip().is_loopback();
     if !loopback && state.token.is_none() {
         tracing::warn!(%addr, "the control API listens beyond loopback without lb.api_token (or LB_API_TOKEN): its admin endpoints answer 401");

@@ -3,6 +3,7 @@
 //! SIGINT or SIGTERM exit leaving a pinned datapath forwarding; on `lb stop` remove everything.
 
 mod control;
+mod notify;
 mod passive;
 mod state;
 mod status;
@@ -168,11 +169,17 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
     ));
     let (work_tx, work_rx) = mpsc::unbounded_channel();
     let (next_end_tx, next_end_rx) = watch::channel(None);
-    let writer = writer::spawn(shared.clone(), work_rx, next_end_tx)
+    let mut notifier = notify::Notifier::from_env();
+    let tick = notifier
+        .ping_every()
+        .map_or(writer::TRAFFIC_EVERY, |p| p.min(writer::TRAFFIC_EVERY));
+    let listener = api::bind(api_addr).await?;
+    notifier.ready(shared.summary());
+    let writer = writer::spawn(shared.clone(), work_rx, next_end_tx, notifier)
         .context("starting the health writer thread")?;
     let mut api = tokio::spawn(
         api::serve(
-            api_addr,
+            listener,
             api::ApiState::new(shared.clone(), token),
             tasks_stop.clone(),
         )
@@ -184,8 +191,15 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
         .store(fd_limit, std::sync::atomic::Ordering::Relaxed);
     shared.lock().set_reporting();
     let feeder = tokio::spawn(
-        writer::feed(ring, verdict_rx, work_tx, next_end_rx, tasks_stop.clone())
-            .instrument(info_span!("health")),
+        writer::feed(
+            ring,
+            verdict_rx,
+            work_tx,
+            next_end_rx,
+            tasks_stop.clone(),
+            tick,
+        )
+        .instrument(info_span!("health")),
     );
     let neighbours = tokio::spawn(
         keep_neighbours(shared.clone(), tasks_stop.clone()).instrument(info_span!("neighbours")),
@@ -220,6 +234,7 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
             }),
         }
     };
+    notify::stopping();
     // Receivers may already be gone when a task ended; nothing else listens.
     tasks_stop_tx.send_replace(true);
     if !api.is_finished() {

@@ -19,11 +19,16 @@ use tokio::{
 };
 use tracing::warn;
 
-use super::Shared;
+use super::{Shared, notify::Notifier};
 use crate::{dataplane::SignalRing, health::checker::Verdict};
 
-/// How often traffic counters are read for traffic-triggered probing.
-const TRAFFIC_EVERY: Duration = Duration::from_secs(1);
+/// How often traffic counters are read for traffic-triggered probing (and, at the least, how
+/// often the writer tells systemd's watchdog it is alive).
+pub const TRAFFIC_EVERY: Duration = Duration::from_secs(1);
+
+/// Test hook: after this many milliseconds the writer stops taking work, as a wedged verdict
+/// loop would, so a test can see systemd's watchdog pings stop.
+const STALL_ENV: &str = "LB_TEST_STALL_WRITER_AFTER_MS";
 
 pub enum Work {
     Verdict(Verdict),
@@ -33,21 +38,34 @@ pub enum Work {
 }
 
 /// Starts the writer thread; it ends when every sender of `work` is gone. It publishes in
-/// `next_end` when the first ejection in force ends by itself.
+/// `next_end` when the first ejection in force ends by itself, and pings systemd through
+/// `notifier` on each traffic tick: the pings stop when this loop does.
 pub fn spawn(
     shared: Arc<Shared>,
     mut work: mpsc::UnboundedReceiver<Work>,
     next_end: watch::Sender<Option<Instant>>,
+    mut notifier: Notifier,
 ) -> std::io::Result<JoinHandle<()>> {
+    let stall_at = std::env::var(STALL_ENV)
+        .ok()
+        .and_then(|ms| ms.parse().ok())
+        .map(|ms| Instant::now() + Duration::from_millis(ms));
     std::thread::Builder::new()
         .name("lb-health-writer".into())
         .spawn(move || {
             while let Some(w) = work.blocking_recv() {
+                if stall_at.is_some_and(|at| Instant::now() >= at) {
+                    warn!("{STALL_ENV}: the health writer stalls for good (test hook)");
+                    loop {
+                        std::thread::park();
+                    }
+                }
                 match w {
                     Work::Verdict(v) => shared.apply_verdict(v),
                     Work::Signals(s) => shared.passive_apply(s),
                     Work::Traffic => {
                         shared.traffic_poll();
+                        notifier.alive(|| shared.summary());
                         continue;
                     }
                 }
@@ -75,9 +93,10 @@ pub async fn feed(
     work: mpsc::UnboundedSender<Work>,
     mut next_end: watch::Receiver<Option<Instant>>,
     mut stop: watch::Receiver<bool>,
+    tick: Duration,
 ) {
     let mut ring = ring;
-    let mut traffic = tokio::time::interval(TRAFFIC_EVERY);
+    let mut traffic = tokio::time::interval(tick);
     traffic.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut end = *next_end.borrow_and_update();
     let send = |w: Work| {
