@@ -3,6 +3,7 @@
 
 mod bench;
 mod cycles;
+mod dist;
 mod setup;
 
 use std::{
@@ -67,6 +68,16 @@ enum Task {
         /// Seed of the run (printed; repeat a failing run with it).
         #[arg(long)]
         seed: Option<u64>,
+    },
+    /// Build the Debian package (target/dist/lb_VERSION_ARCH.deb): the release binary, the
+    /// systemd unit, an example /etc/lb/lb.toml, completions and man pages.
+    Dist {
+        /// Package this lb binary instead of building a release one.
+        #[arg(long)]
+        binary: Option<PathBuf>,
+        /// Where the .deb goes (default target/dist).
+        #[arg(long)]
+        out_dir: Option<PathBuf>,
     },
     /// Fail on a module import cycle in lb-userspace, lb-ebpf or lb-common: `crate::` and
     /// `super::` paths between sibling modules, at every folder level.
@@ -144,6 +155,19 @@ fn main() -> anyhow::Result<()> {
             }
             run(&mut cmd)
         }
+        Task::Dist { binary, out_dir } => {
+            let lb = match binary {
+                Some(lb) => lb,
+                None => {
+                    setup::ensure(&root, setup::Need::Build)?;
+                    build(&root, true)?
+                }
+            };
+            let out_dir = out_dir.unwrap_or_else(|| root.join("target").join("dist"));
+            std::fs::create_dir_all(&out_dir)
+                .with_context(|| format!("creating {}", out_dir.display()))?;
+            dist::package(&root, &lb, &out_dir).map(drop)
+        }
         Task::Cycles => cycles::check(&root),
         Task::Test { cargo_args } => {
             setup::ensure(&root, setup::Need::Everything)?;
@@ -173,6 +197,11 @@ fn test(root: &Path, cargo_args: &[String]) -> anyhow::Result<()> {
         .args(["test", "--workspace", "--no-fail-fast", "--"])
         .args(cargo_args)
         .env("LB_BIN", lb)
+        // The package test builds the .deb through this very binary.
+        .env(
+            "LB_XTASK",
+            std::env::current_exe().context("xtask's own path")?,
+        )
         .stdout(Stdio::piped())
         .spawn()
         .context("cannot start cargo test")?;

@@ -24,6 +24,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("hping3", "hping3"),
     ("chromium", "chromium"),
     ("prometheus", "promtool"),
+    // `cargo xtask dist` strips the packaged binary.
+    ("binutils", "strip"),
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq)]
