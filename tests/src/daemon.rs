@@ -2,7 +2,7 @@
 //! the directory removed) when dropped.
 
 use std::{
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::Stdio,
     sync::atomic::{AtomicU32, Ordering},
     time::{Duration, Instant},
@@ -18,6 +18,43 @@ use crate::{
 
 /// A directory removed on drop.
 pub struct TempDir(pub PathBuf);
+
+/// Removes a test's pin directory (and detaches its links) even when the test fails.
+pub struct PinGuard(pub String);
+
+impl PinGuard {
+    /// A pin directory of its own for this test: `/sys/fs/bpf/lb-test-PID-N`.
+    pub fn unique() -> Self {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        Self(format!(
+            "/sys/fs/bpf/lb-test-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ))
+    }
+}
+
+impl Drop for PinGuard {
+    fn drop(&mut self) {
+        let pin = Path::new(&self.0);
+        let _ = lb::dataplane::remove_pinned(pin);
+        let _ = std::fs::remove_file(lb::daemon::ids_file(pin));
+        let _ = std::fs::remove_file(lb::daemon::ids_file(pin).with_extension("lock"));
+    }
+}
+
+/// How [`Daemon::start_with`] runs lb.
+#[derive(Default)]
+pub struct Launch<'a> {
+    /// A command that execs the rest (`prlimit ...`, `setpriv ...`): lb keeps its pid.
+    pub wrapper: &'a [&'a str],
+    /// Pin the datapath (the config names its `pin_path`).
+    pub pinned: bool,
+    /// Extra environment (e.g. `NOTIFY_SOCKET`).
+    pub env: &'a [(&'a str, &'a str)],
+    /// Another lb binary than [`lb_bin`] (e.g. the packaged one).
+    pub binary: Option<&'a Path>,
+}
 
 impl TempDir {
     pub fn new() -> anyhow::Result<Self> {
@@ -54,33 +91,45 @@ impl Daemon {
     /// As [`Daemon::start`], with lb run by `wrapper` (a command that execs the rest, e.g.
     /// `["prlimit", "--nofile=1024:1024"]`: lb keeps its pid).
     pub fn start_under(ns: &Netns, config: &str, wrapper: &[&str]) -> anyhow::Result<Self> {
-        let dir = TempDir::new()?;
-        let config_path = dir.0.join("lb.toml");
-        std::fs::write(&config_path, config)?;
-        let mut cmd = match wrapper.split_first() {
-            Some((program, args)) => {
-                let mut cmd = ns.command(program);
-                cmd.args(args).arg(lb_bin());
-                cmd
-            }
-            None => ns.command(lb_bin()),
-        };
-        cmd.args(["run", "--no-pin", "--config"]).arg(&config_path);
-        Self::launch(ns, cmd, dir, config_path)
+        Self::start_with(
+            ns,
+            config,
+            &Launch {
+                wrapper,
+                ..Launch::default()
+            },
+        )
     }
 
-    /// Starts `lb run` with pinning on `config` (which names its `pin_path`), writing the config
-    /// into `dir` (kept by the caller across restarts). Runs under `nsenter --net` rather than
-    /// `ip netns exec`, whose private mount namespace would hide the host's bpffs (MACHINE.md).
+    /// Starts `lb run` with pinning on `config` (which names its `pin_path`).
     pub fn start_pinned(ns: &Netns, config: &str) -> anyhow::Result<Self> {
+        Self::start_with(
+            ns,
+            config,
+            &Launch {
+                pinned: true,
+                ..Launch::default()
+            },
+        )
+    }
+
+    /// Writes `config` and starts lb on it in `ns` as `how` says; returns once its API answers.
+    /// Runs under `nsenter --net` rather than `ip netns exec`, whose private mount namespace
+    /// would hide the host's bpffs (MACHINE.md).
+    pub fn start_with(ns: &Netns, config: &str, how: &Launch<'_>) -> anyhow::Result<Self> {
         let dir = TempDir::new()?;
         let config_path = dir.0.join("lb.toml");
         std::fs::write(&config_path, config)?;
         let mut cmd = std::process::Command::new("nsenter");
         cmd.arg(format!("--net=/run/netns/{}", ns.name()))
-            .arg(lb_bin())
-            .args(["run", "--config"])
-            .arg(&config_path);
+            .args(how.wrapper)
+            .arg(how.binary.map_or_else(lb_bin, Path::to_path_buf))
+            .arg("run");
+        if !how.pinned {
+            cmd.arg("--no-pin");
+        }
+        cmd.arg("--config").arg(&config_path);
+        cmd.envs(how.env.iter().copied());
         Self::launch(ns, cmd, dir, config_path)
     }
 

@@ -12,7 +12,7 @@ use std::{
 
 use lb::{api::html, model::Events};
 use lb_tests::{
-    daemon::Daemon,
+    daemon::{Daemon, PinGuard},
     lb_bin, require_root,
     servers::{self, connect},
     topology::{Arms, Sandbox, VIP},
@@ -452,13 +452,8 @@ fn reload_applies_in_place_and_rejects_bad_files() {
 fn a_pinned_datapath_survives_the_daemon() {
     require_root();
     let mut sb = Sandbox::build(Arms::Two, 3, 8080).unwrap();
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let pin = format!(
-        "/sys/fs/bpf/lb-test-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    );
-    let _cleanup = PinGuard(pin.clone());
+    let cleanup = PinGuard::unique();
+    let pin = cleanup.0.clone();
     let config = config(&sb, &[], &format!("pin_path = \"{pin}\"\n"));
     let mut daemon = Daemon::start_pinned(&sb.lb, &config).unwrap();
     let down = format!("{}:8080", sb.backends[2].addr);
@@ -523,19 +518,6 @@ fn a_pinned_datapath_survives_the_daemon() {
     assert!(!std::path::Path::new(&pin).exists(), "pins left at {pin}");
     for p in &sb.lb_ports {
         assert!(!sb.lb.xdp_attached(&p.ifname).unwrap());
-    }
-}
-
-/// Removes a test's pin directory (and detaches its links) even when the test fails.
-struct PinGuard(String);
-
-impl Drop for PinGuard {
-    fn drop(&mut self) {
-        let _ = lb::dataplane::remove_pinned(std::path::Path::new(&self.0));
-        let _ = std::fs::remove_file(lb::daemon::ids_file(std::path::Path::new(&self.0)));
-        let _ = std::fs::remove_file(
-            lb::daemon::ids_file(std::path::Path::new(&self.0)).with_extension("lock"),
-        );
     }
 }
 
