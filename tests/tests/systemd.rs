@@ -28,6 +28,14 @@ fn config(sb: &Sandbox, lb_extra: &str) -> String {
         .replacen("[lb]\n", &format!("[lb]\n{lb_extra}"), 1)
 }
 
+/// Waits until every backend of the TCP service is healthy (probed and answering).
+fn all_healthy(daemon: &Daemon, sb: &Sandbox) {
+    for b in &sb.backends {
+        let backend = format!("{}:8080", b.addr);
+        daemon.wait_state("tcp", &backend, "healthy", Duration::from_secs(10));
+    }
+}
+
 /// The xtask binary running these tests (`cargo xtask test` says where), or the one built
 /// beside lb.
 fn xtask() -> PathBuf {
@@ -210,14 +218,7 @@ fn the_package_holds_what_it_must_and_runs_with_only_the_units_capabilities() {
         .unwrap();
     let expected = caps.iter().fold(0u64, |m, c| m | 1 << capability_bit(c));
     assert_eq!(bounded, expected, "lb ran with other capabilities");
-    for b in &sb.backends {
-        daemon.wait_state(
-            "tcp",
-            &format!("{}:8080", b.addr),
-            "healthy",
-            Duration::from_secs(10),
-        );
-    }
+    all_healthy(&daemon, &sb);
     assert!(Path::new(&pin.0).exists(), "the datapath was pinned");
 }
 
@@ -327,14 +328,7 @@ fn ready_comes_once_the_api_answers_then_the_watchdog_pings_within_its_interval(
             .unwrap_or_default();
         // Past WATCHDOG_USEC systemd would restart lb.
         assert!(widest < Duration::from_secs(2), "a gap of {widest:?}");
-        for b in &sb.backends {
-            daemon.wait_state(
-                "tcp",
-                &format!("{}:8080", b.addr),
-                "healthy",
-                Duration::from_secs(10),
-            );
-        }
+        all_healthy(&daemon, &sb);
         assert_eq!(daemon.stop(libc::SIGTERM), Some(0), "{}", daemon.log_text());
         notes.wait_for("STOPPING=1", Duration::from_secs(5));
     });

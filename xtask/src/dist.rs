@@ -9,9 +9,9 @@ use std::{
     process::Command,
 };
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 
-use crate::{run, step};
+use crate::{output, run, step};
 
 /// Where each completion script goes, by shell (the paths Debian's shells read).
 const COMPLETIONS: &[(&str, &str)] = &[
@@ -171,21 +171,4 @@ fn du_kib(dir: &Path) -> anyhow::Result<u64> {
         .next()
         .and_then(|n| n.parse().ok())
         .with_context(|| format!("du -sk printed {out:?}"))
-}
-
-fn output(cmd: &mut Command) -> anyhow::Result<String> {
-    let out = cmd
-        .output()
-        .with_context(|| format!("cannot start {cmd:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed: {}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8(out.stdout)
-        .context("not UTF-8")?
-        .trim_end()
-        .to_owned())
 }

@@ -301,6 +301,21 @@ pub(crate) fn step(what: &str) {
     eprintln!("\x1b[1m==> {what}\x1b[0m");
 }
 
+/// Runs `cmd` and returns its standard output, trailing whitespace trimmed.
+pub(crate) fn output(cmd: &mut Command) -> anyhow::Result<String> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("cannot start {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim_end().to_owned())
+}
+
 pub(crate) fn run(cmd: &mut Command) -> anyhow::Result<()> {
     let status = cmd
         .status()

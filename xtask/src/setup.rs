@@ -11,7 +11,7 @@ use std::{
 
 use anyhow::{Context as _, anyhow, bail};
 
-use crate::{run, step};
+use crate::{output, run, step};
 
 /// Debian packages (command they provide): the netns test kit and the demo.
 const PACKAGES: &[(&str, &str)] = &[
@@ -70,20 +70,6 @@ fn read_pins(root: &Path) -> anyhow::Result<Pins> {
         linker_version: get("bpf-linker")?,
         llvm_feature: get("bpf-linker-llvm-feature")?,
     })
-}
-
-fn output(cmd: &mut Command) -> anyhow::Result<String> {
-    let out = cmd
-        .output()
-        .with_context(|| format!("cannot start {cmd:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed: {}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn rustup() -> Command {
