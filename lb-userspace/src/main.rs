@@ -34,6 +34,16 @@ fn main() -> ExitCode {
                             ),
                             None => println!("  {}: no check", s.name),
                         }
+                        let w = &s.check.window;
+                        if w.per_kind() {
+                            use lb::config::FailureKind::*;
+                            println!(
+                                "    unhealthy after {} refused/TLS, {} timeouts, {} HTTP failures in a row (failure window: the timeouts')",
+                                w.threshold(Tcp),
+                                w.threshold(Timeout),
+                                w.threshold(Http)
+                            );
+                        }
                     }
                     ExitCode::SUCCESS
                 }

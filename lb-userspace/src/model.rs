@@ -70,6 +70,10 @@ pub struct ServiceStatus {
     pub success_window_s: Option<f64>,
     pub healthy_threshold: u32,
     pub unhealthy_threshold: u32,
+    /// Consecutive failures of each kind that make a backend unhealthy (seed 002's per-kind
+    /// thresholds; each is `unhealthy_threshold` unless the check sets it).
+    #[serde(default)]
+    pub failure_thresholds: FailureThresholds,
     /// Datapath traffic of the service.
     pub packets: u64,
     pub bytes: u64,
@@ -77,6 +81,30 @@ pub struct ServiceStatus {
     /// Backends taking new flows now.
     pub available_backends: u32,
     pub backends: Vec<BackendStatus>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FailureThresholds {
+    /// Refused, reset, unreachable and TLS failures.
+    pub tcp_failures: u32,
+    pub timeouts: u32,
+    /// Wrong status or answer.
+    pub http_failures: u32,
+}
+
+impl FailureThresholds {
+    /// "2 refused/TLS, 3 timeouts, 5 HTTP": for the page and `lb status`, when they are not
+    /// all `unhealthy_threshold` (zeros: a daemon that does not report them).
+    pub fn differ_from(&self, unhealthy_threshold: u32) -> Option<String> {
+        let all = [self.tcp_failures, self.timeouts, self.http_failures];
+        let plain = all.iter().all(|&n| n == unhealthy_threshold) || all.contains(&0);
+        (!plain).then(|| {
+            format!(
+                "{} refused/TLS, {} timeouts, {} HTTP",
+                self.tcp_failures, self.timeouts, self.http_failures
+            )
+        })
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -401,3 +401,57 @@ fn probes_that_fail_locally_are_not_verdicts() {
         daemon.log_text()
     );
 }
+
+/// Seed 002's per-kind thresholds end to end: with `tcp_failures = 1` a backend that refuses
+/// (its kernel resets the SYN) is ejected by its first failed probe, straight from healthy;
+/// with `timeouts = 3` a silent one goes through mostly_healthy and is ejected at its third
+/// timeout, not at `unhealthy_threshold` (5).
+#[test]
+fn per_kind_thresholds_eject_at_their_own_counts() {
+    require_root();
+    let _one = lb_tests::timing_sensitive();
+    let mut sb = Sandbox::build(Arms::Two, 3, 8080).unwrap();
+    let config = with_check(
+        &sb,
+        "kind = \"tcp\"\ntimeout = \"200ms\"\ninterval = \"300ms\"\nhealthy_threshold = 2\n\
+         unhealthy_threshold = 5\ntcp_failures = 1\ntimeouts = 3\n",
+    );
+    let daemon = Daemon::start(&sb.lb, &config).unwrap();
+    for b in &sb.backends {
+        wait_for(
+            &daemon,
+            &b.addr.to_string(),
+            "healthy",
+            Duration::from_secs(5),
+        );
+    }
+    let s = daemon.status().unwrap();
+    let t = s.service("tcp").unwrap().failure_thresholds;
+    assert_eq!((t.tcp_failures, t.timeouts, t.http_failures), (1, 3, 5));
+
+    fail(&mut sb, 1, Failure::Killed);
+    fail(&mut sb, 2, Failure::Silent);
+    let (refusing, silent) = (
+        sb.backends[1].addr.to_string(),
+        sb.backends[2].addr.to_string(),
+    );
+    wait_for(&daemon, &refusing, "unhealthy", Duration::from_secs(5));
+    wait_for(&daemon, &silent, "unhealthy", Duration::from_secs(10));
+    let events = daemon.events().unwrap().events;
+    let moves = |ip: &str| -> Vec<_> {
+        let backend = format!("{ip}:8080");
+        events
+            .iter()
+            .filter(|e| e.service == "tcp" && e.backend == backend && e.from != "initializing")
+            .map(|e| (e.from.clone(), e.to.clone(), e.counters))
+            .collect()
+    };
+    let r = moves(&refusing);
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert_eq!((r[0].0.as_str(), r[0].1.as_str()), ("healthy", "unhealthy"));
+    assert_eq!(r[0].2.tcp_failure, 1, "{r:?}");
+    let q = moves(&silent);
+    let to: Vec<&str> = q.iter().map(|m| m.1.as_str()).collect();
+    assert_eq!(to, ["mostly_healthy", "unhealthy"], "{q:?}");
+    assert_eq!(q[1].2.timeout_failure, 3, "{q:?}");
+}

@@ -63,6 +63,10 @@ fn table(out: &mut String, s: &ServiceStatus) {
         (None, Some(ok)) => format!("success window {} s", secs(ok)),
         (None, None) => "no windows (checks off)".to_owned(),
     };
+    let windows = match s.failure_thresholds.differ_from(s.unhealthy_threshold) {
+        Some(per_kind) => format!("{windows}, unhealthy after {per_kind} failures"),
+        None => windows,
+    };
     let caption = format!(
         "{} — {} {} — check {}, {} — {}/{} backends available — \
          {} packets, {} bytes, {} new flows",
@@ -225,6 +229,7 @@ mod tests {
             success_window_s: Some(0.35),
             healthy_threshold: 3,
             unhealthy_threshold: 3,
+            failure_thresholds: Default::default(),
             packets: 20,
             bytes: 2000,
             new_flows: 4,
@@ -272,8 +277,20 @@ mod tests {
         for name in ["web", "dns", "api"] {
             assert!(html.contains(&format!("<caption>{name} — ")), "{html}");
         }
-        assert!(html.contains("failure window 7 s, success window 0.35 s"));
+        assert!(html.contains("failure window 7 s, success window 0.35 s — "));
         assert!(html.contains("1/1 backends available"));
+        // Per-kind thresholds are named when they are not all unhealthy_threshold.
+        let mut per_kind = service("web", vec![]);
+        per_kind.failure_thresholds = crate::model::FailureThresholds {
+            tcp_failures: 1,
+            timeouts: 3,
+            http_failures: 3,
+        };
+        let html = page(&status(vec![per_kind]), 5);
+        assert!(
+            html.contains("unhealthy after 1 refused/TLS, 3 timeouts, 3 HTTP failures"),
+            "{html}"
+        );
         assert!(html.contains("<title>lb status</title>"));
         assert!(html.contains("As of 2023-11-14 22:13:20 UTC"));
     }

@@ -153,6 +153,14 @@ pub fn read_check(f: &Fields, protocol: Protocol) -> Option<Check> {
     };
     let healthy = f.int_in("healthy_threshold", 1..=10, 3).map(|n| n as u32);
     let unhealthy = f.int_in("unhealthy_threshold", 1..=10, 3).map(|n| n as u32);
+    // Optional: absent means unhealthy_threshold.
+    let per_kind = |f: &Fields, key: &'static str| match f.has(key) {
+        true => f.int_in(key, 1..=254, 0).map(|n| Some(n as u32)),
+        false => Some(None),
+    };
+    let tcp_failures = per_kind(f, "tcp_failures");
+    let timeouts = per_kind(f, "timeouts");
+    let http_failures = per_kind(f, "http_failures");
     // Seed 004: an interval is at least the timeout; the period while unavailable too.
     if let (Some(t), Some(i)) = (timeout, interval)
         && i < t
@@ -184,6 +192,20 @@ pub fn read_check(f: &Fields, protocol: Protocol) -> Option<Check> {
         }
         if kind == CheckKind::None && f.has("port") {
             f.problem("port", "kind = \"none\" probes nothing");
+        }
+        if f.has("http_failures") && !matches!(kind, CheckKind::Http | CheckKind::Https) {
+            f.problem(
+                "http_failures",
+                format!(
+                    "only http and https checks have HTTP failures, not {}",
+                    kind.as_str()
+                ),
+            );
+        }
+        for key in ["tcp_failures", "timeouts"] {
+            if kind == CheckKind::None && f.has(key) {
+                f.problem(key, "kind = \"none\" probes nothing");
+            }
         }
         // A TCP probe of a UDP port (or the other way round) checks a port nobody serves; a
         // health port of the other protocol is common, so it is fine once named.
@@ -217,6 +239,9 @@ pub fn read_check(f: &Fields, protocol: Protocol) -> Option<Check> {
         unhealthy_interval: unhealthy_interval?,
         healthy_threshold: healthy?,
         unhealthy_threshold: unhealthy?,
+        tcp_failures: tcp_failures?,
+        timeouts: timeouts?,
+        http_failures: http_failures?,
     };
     if window.unhealthy_interval.is_zero() {
         window.unhealthy_interval = window.interval;

@@ -17,7 +17,7 @@ use std::{
 pub use check::{Check, CheckKind, HttpMethod, HttpOptions, default_status};
 pub use fields::{Problem, parse_duration, show as show_duration};
 pub use read::parse;
-pub use settings::{PassiveSettings, WindowSettings};
+pub use settings::{FailureKind, PassiveSettings, WindowSettings};
 
 /// The default control API listener.
 pub const DEFAULT_API: &str = "127.0.0.1:9090";

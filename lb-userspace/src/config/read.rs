@@ -984,10 +984,19 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
         let c = parse(&with_check(
             "kind = \"https\"\nport = 8443\ntimeout = \"500ms\"\ninterval = \"1s\"\nhealthy_threshold = 2\n\
              unhealthy_threshold = 4\nmethod = \"HEAD\"\npath = \"/health\"\nhost = \"example.com\"\n\
-             headers = { X-Check = \"lb\" }\nstatus = [200, \"300-302\"]\nverify_tls = false",
+             headers = { X-Check = \"lb\" }\nstatus = [200, \"300-302\"]\nverify_tls = false\n\
+             tcp_failures = 2\ntimeouts = 3\nhttp_failures = 254",
         ))
         .unwrap();
         let check = &c.services[0].check;
+        assert_eq!(
+            (
+                check.window.tcp_failures,
+                check.window.timeouts,
+                check.window.http_failures
+            ),
+            (Some(2), Some(3), Some(254))
+        );
         assert_eq!(check.kind, crate::config::CheckKind::Https);
         assert_eq!(check.port, Some(8443));
         assert_eq!(check.window.timeout, Duration::from_millis(500));
@@ -1070,6 +1079,18 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
             (
                 "kind = \"none\"\nport = 80",
                 "service[0].check.port: kind = \"none\" probes nothing",
+            ),
+            (
+                "tcp_failures = 0",
+                "service[0].check.tcp_failures: 0 is out of range 1-254",
+            ),
+            (
+                "kind = \"http\"\ntimeouts = 255",
+                "service[0].check.timeouts: 255 is out of range 1-254",
+            ),
+            (
+                "http_failures = 2",
+                "service[0].check.http_failures: only http and https checks have HTTP failures, not tcp",
             ),
             ("colour = 1", "service[0].check.colour: unknown key"),
             (

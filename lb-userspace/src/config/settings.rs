@@ -18,6 +18,22 @@ pub struct WindowSettings {
     pub healthy_threshold: u32,
     /// Consecutive failures that make a target unhealthy (1–10).
     pub unhealthy_threshold: u32,
+    /// Per-kind bounds (seed 002, APISIX's `unhealthy.tcp_failures`, `timeouts`,
+    /// `http_failures`; 1–254): consecutive failures of that kind that make a target unhealthy.
+    /// `None`: `unhealthy_threshold`. TLS failures count with `tcp_failures`.
+    pub tcp_failures: Option<u32>,
+    pub timeouts: Option<u32>,
+    pub http_failures: Option<u32>,
+}
+
+/// The kinds of failure that have a threshold of their own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// Refused, reset, unreachable, TLS.
+    Tcp,
+    Timeout,
+    /// A wrong status or answer.
+    Http,
 }
 
 impl Default for WindowSettings {
@@ -28,16 +44,47 @@ impl Default for WindowSettings {
             unhealthy_interval: Duration::from_secs(2),
             healthy_threshold: 3,
             unhealthy_threshold: 3,
+            tcp_failures: None,
+            timeouts: None,
+            http_failures: None,
         }
     }
 }
 
 impl WindowSettings {
-    /// Longest time a dead target keeps its traffic, counted from the first probe that finds it
-    /// dead: `timeout × unhealthy_threshold + interval × (unhealthy_threshold − 1)` (seed 001).
-    /// Counted from the moment it died, add up to one `interval` of phase.
+    /// Consecutive failures of `kind` that make a target unhealthy.
+    pub fn threshold(&self, kind: FailureKind) -> u32 {
+        let own = match kind {
+            FailureKind::Tcp => self.tcp_failures,
+            FailureKind::Timeout => self.timeouts,
+            FailureKind::Http => self.http_failures,
+        };
+        own.unwrap_or(self.unhealthy_threshold).max(1)
+    }
+
+    /// Failures of mixed kinds that make a target unhealthy when no kind reached its own
+    /// threshold: the largest of them, so a backend that alternates between refusing and
+    /// hanging is still ejected within the slowest kind's window. Without per-kind thresholds
+    /// this is `unhealthy_threshold`, the seeds' single streak.
+    pub fn mixed_threshold(&self) -> u32 {
+        [FailureKind::Tcp, FailureKind::Timeout, FailureKind::Http]
+            .map(|k| self.threshold(k))
+            .into_iter()
+            .max()
+            .unwrap_or(1)
+    }
+
+    /// Whether any per-kind threshold is set.
+    pub fn per_kind(&self) -> bool {
+        self.tcp_failures.is_some() || self.timeouts.is_some() || self.http_failures.is_some()
+    }
+
+    /// Longest time a dead (silent) target keeps its traffic, counted from the first probe that
+    /// finds it dead: `timeout × n + interval × (n − 1)` with n the timeouts' threshold
+    /// (seed 001's formula; `unhealthy_threshold` unless `timeouts` is set). Counted from the
+    /// moment it died, add up to one `interval` of phase.
     pub fn failure_window(&self) -> Duration {
-        let n = self.unhealthy_threshold.max(1);
+        let n = self.threshold(FailureKind::Timeout);
         let pauses = self.interval.saturating_mul(n - 1);
         self.timeout.saturating_mul(n).saturating_add(pauses)
     }

@@ -5,7 +5,9 @@
 //! so the counters always describe the current run of consecutive results. A failure bumps only
 //! its own kind, yet the streak that moves the state is the *sum* of the three: every failure
 //! since the last success, whatever its kind. One threshold for all kinds keeps the failure
-//! window formula true when a dying backend first refuses and then stops answering.
+//! window formula true when a dying backend first refuses and then stops answering. Optional
+//! per-kind thresholds (APISIX's `tcp_failures`, `timeouts`, `http_failures`) bound their own
+//! counter; the sum then needs the largest of them.
 //!
 //! `healthy_threshold` consecutive successes make a target `healthy`, `unhealthy_threshold`
 //! consecutive failures make it `unhealthy`; a result against the current verdict below the
@@ -19,7 +21,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 pub use super::outcome::ProbeResult;
-pub use crate::config::WindowSettings;
+pub use crate::config::{FailureKind, WindowSettings};
 pub use crate::model::HealthState;
 
 /// Consecutive results of one target (seed 002, `GET /v1/healthcheck` `counter`).
@@ -40,6 +42,16 @@ impl Counters {
             .saturating_add(self.tls_failure)
             .saturating_add(self.http_failure)
             .saturating_add(self.timeout_failure)
+    }
+
+    /// Whether the failures since the last success make the target unhealthy: a kind at its
+    /// own threshold, or all kinds together at the largest (see
+    /// [`WindowSettings::mixed_threshold`]).
+    pub fn reached(&self, s: &WindowSettings) -> bool {
+        self.tcp_failure.saturating_add(self.tls_failure) >= s.threshold(FailureKind::Tcp)
+            || self.timeout_failure >= s.threshold(FailureKind::Timeout)
+            || self.http_failure >= s.threshold(FailureKind::Http)
+            || self.failure_streak() >= s.mixed_threshold()
     }
 
     fn record(&mut self, result: ProbeResult) {
@@ -162,7 +174,7 @@ impl Window {
                 same => same,
             }
         } else {
-            let enough = self.counters.failure_streak() >= self.settings.unhealthy_threshold.max(1);
+            let enough = self.counters.reached(&self.settings);
             match self.state {
                 MostlyUnhealthy => Unhealthy,
                 Initializing | Healthy | MostlyHealthy if enough => Unhealthy,
@@ -248,6 +260,9 @@ mod tests {
             unhealthy_interval,
             healthy_threshold,
             unhealthy_threshold,
+            tcp_failures: None,
+            timeouts: None,
+            http_failures: None,
         }
     }
 
@@ -361,6 +376,83 @@ mod tests {
                 (OK, Some((MostlyUnhealthy, Healthy, Some(true)))),
             ],
         );
+    }
+
+    /// Seed 002's per-kind thresholds (APISIX: tcp_failures 2, timeouts 3, http_failures 5):
+    /// each kind ejects at its own count; a mix needs the largest; a success resets them all.
+    #[test]
+    fn per_kind_thresholds_bound_their_own_counters() {
+        let refused = ProbeResult::TcpFailure(Reason::Refused);
+        let status = ProbeResult::HttpFailure(Reason::Status(503));
+        let s = WindowSettings {
+            tcp_failures: Some(2),
+            timeouts: Some(3),
+            http_failures: Some(5),
+            ..settings(1, 1, 1, 1, 3)
+        };
+        assert_eq!(s.mixed_threshold(), 5);
+        let healthy = || {
+            let mut w = Window::new(s);
+            w.observe(OK, T);
+            w
+        };
+        let mut w = healthy();
+        expect(
+            &mut w,
+            &[
+                (refused, Some((Healthy, MostlyHealthy, None))),
+                (refused, Some((MostlyHealthy, Unhealthy, Some(false)))),
+            ],
+        );
+        let mut w = healthy();
+        expect(
+            &mut w,
+            &[
+                (F, Some((Healthy, MostlyHealthy, None))),
+                (F, None),
+                (F, Some((MostlyHealthy, Unhealthy, Some(false)))),
+            ],
+        );
+        // Four HTTP failures stay below 5, though above unhealthy_threshold (3).
+        let mut w = healthy();
+        for _ in 0..4 {
+            w.observe(status, T);
+        }
+        assert_eq!(w.state(), MostlyHealthy);
+        w.observe(status, T);
+        assert_eq!(w.state(), Unhealthy);
+        // A mix where no kind reaches its own: ejected at the fifth failure.
+        let mut w = healthy();
+        for r in [refused, F, status, F] {
+            w.observe(r, T);
+            assert_eq!(w.state(), MostlyHealthy, "{r:?}");
+        }
+        w.observe(status, T);
+        assert_eq!(w.state(), Unhealthy);
+        // A success in between starts every count over.
+        let mut w = healthy();
+        for r in [refused, OK, refused, OK, refused] {
+            w.observe(r, T);
+        }
+        assert_ne!(w.state(), Unhealthy);
+        // The shown failure window is the silent case: the timeouts' threshold.
+        assert_eq!(s.failure_window(), secs(3 + 2));
+    }
+
+    /// Without per-kind thresholds the single streak decides, whatever the mix (the seeds).
+    #[test]
+    fn without_per_kind_thresholds_the_sum_decides() {
+        let refused = ProbeResult::TcpFailure(Reason::Refused);
+        let s = settings(1, 1, 1, 1, 3);
+        assert!(!s.per_kind());
+        assert_eq!(s.mixed_threshold(), 3);
+        let mut w = Window::new(s);
+        w.observe(OK, T);
+        w.observe(refused, T);
+        w.observe(F, T);
+        assert_eq!(w.state(), HealthState::MostlyHealthy);
+        w.observe(refused, T);
+        assert_eq!(w.state(), HealthState::Unhealthy);
     }
 
     #[test]

@@ -531,6 +531,9 @@ const DETECTION: WindowSettings = WindowSettings {
     unhealthy_interval: Duration::from_millis(300),
     healthy_threshold: 1,
     unhealthy_threshold: 2,
+    tcp_failures: None,
+    timeouts: None,
+    http_failures: None,
 };
 
 /// Timer granularity allowed on top of the bound: tokio rounds each sleep up to the next
