@@ -177,13 +177,18 @@ pub async fn status(api: ApiArgs, service: Option<String>) -> anyhow::Result<()>
     }
     for s in &status.services {
         println!(
-            "{}  {} {}  check {}  {}/{} backends available",
+            "{}  {} {}  {}  check {}  {}/{} backends available{}",
             s.name,
             s.vip,
             s.protocol,
+            s.state.as_str(),
             s.check,
             s.available_backends,
-            s.backends.len()
+            s.backends.len(),
+            s.policy_in_force
+                .as_deref()
+                .map(|p| format!(" (on_all_unhealthy = {p} in force)"))
+                .unwrap_or_default()
         );
         if let (Some(fail), Some(ok)) = (s.failure_window_s, s.success_window_s) {
             println!(

@@ -80,7 +80,72 @@ pub struct ServiceStatus {
     pub new_flows: u64,
     /// Backends taking new flows now.
     pub available_backends: u32,
+    /// The service as a whole (seed 004).
+    #[serde(default)]
+    pub state: ServiceState,
+    /// What new flows get while the service is `down`: its `on_all_unhealthy` policy
+    /// ("use-all", "first", "drop"); None otherwise.
+    #[serde(default)]
+    pub policy_in_force: Option<String>,
     pub backends: Vec<BackendStatus>,
+}
+
+/// A service's state (seed 004), from its backends.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServiceState {
+    /// Every backend in use (not drained, disabled or weight 0 by the operator) takes new flows.
+    Healthy,
+    /// Some backends in use do not.
+    Degraded,
+    /// None takes new flows: the all-unhealthy policy decides.
+    Down,
+    /// Checks are off (`kind = "none"`).
+    Unchecked,
+    /// No backends.
+    #[default]
+    Empty,
+}
+
+impl ServiceState {
+    pub const ALL: [Self; 5] = [
+        Self::Healthy,
+        Self::Degraded,
+        Self::Down,
+        Self::Unchecked,
+        Self::Empty,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Healthy => "healthy",
+            Self::Degraded => "degraded",
+            Self::Down => "down",
+            Self::Unchecked => "unchecked",
+            Self::Empty => "empty",
+        }
+    }
+
+    /// From the backends as shown: `available`, and whether the operator took each out
+    /// (admin not enabled, or weight 0), which does not degrade the service.
+    pub fn of(checked: bool, backends: &[BackendStatus]) -> Self {
+        let in_use = || {
+            backends
+                .iter()
+                .filter(|b| b.admin == Admin::Enabled && b.weight > 0)
+        };
+        if backends.is_empty() {
+            Self::Empty
+        } else if !backends.iter().any(|b| b.available) {
+            Self::Down
+        } else if !checked {
+            Self::Unchecked
+        } else if in_use().all(|b| b.available) {
+            Self::Healthy
+        } else {
+            Self::Degraded
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -373,4 +438,62 @@ pub struct Events {
     pub events: Vec<Event>,
     /// Events that fell out of the bounded log before this reply.
     pub dropped: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backend(available: bool, admin: Admin, weight: u32) -> BackendStatus {
+        BackendStatus {
+            address: "10.0.0.2:80".into(),
+            ip: "10.0.0.2".into(),
+            port: 80,
+            weight,
+            state: if available {
+                HealthState::Healthy
+            } else {
+                HealthState::Unhealthy
+            },
+            admin,
+            available,
+            ejected: None,
+            ejected_for_s: None,
+            state_for_s: 0.0,
+            counters: ProbeCounters::default(),
+            last_probe_latency_ms: None,
+            last_failure: None,
+            packets: 0,
+            bytes: 0,
+            new_flows: 0,
+        }
+    }
+
+    /// Seed 004's service states; what the operator took out does not degrade a service.
+    #[test]
+    fn service_states() {
+        use ServiceState::*;
+        let up = backend(true, Admin::Enabled, 1);
+        let dead = backend(false, Admin::Enabled, 1);
+        let drained = backend(false, Admin::Drained, 1);
+        let zero = backend(false, Admin::Enabled, 0);
+        assert_eq!(ServiceState::of(true, &[]), Empty);
+        assert_eq!(ServiceState::of(false, &[]), Empty);
+        assert_eq!(ServiceState::of(true, &[up.clone(), up.clone()]), Healthy);
+        assert_eq!(
+            ServiceState::of(true, &[up.clone(), dead.clone()]),
+            Degraded
+        );
+        assert_eq!(ServiceState::of(true, &[dead.clone(), dead.clone()]), Down);
+        assert_eq!(
+            ServiceState::of(true, &[up.clone(), drained.clone(), zero]),
+            Healthy
+        );
+        assert_eq!(ServiceState::of(true, std::slice::from_ref(&drained)), Down);
+        assert_eq!(
+            ServiceState::of(false, std::slice::from_ref(&up)),
+            Unchecked
+        );
+        assert_eq!(ServiceState::of(false, &[drained]), Down);
+    }
 }

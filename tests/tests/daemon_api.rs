@@ -793,3 +793,64 @@ fn idle_api_connections_neither_lock_the_api_nor_blind_the_checks() {
         "slow header closed after {took:?}"
     );
 }
+
+/// Seed 004's service states, as backends fail and come back: healthy, degraded, down with the
+/// all-unhealthy policy named; in the JSON, `lb status`, the metrics and the page.
+#[test]
+fn the_service_state_follows_its_backends() {
+    use lb::model::ServiceState;
+    let (mut sb, daemon) = start();
+    let state = || {
+        let s = daemon.status().unwrap();
+        let t = s.service("tcp").unwrap();
+        (t.state, t.policy_in_force.clone())
+    };
+    assert_eq!(state(), (ServiceState::Healthy, None));
+    let addrs: Vec<String> = sb
+        .backends
+        .iter()
+        .map(|b| format!("{}:8080", b.addr))
+        .collect();
+    let addr = |i: usize| addrs[i].as_str();
+    sb.stop_backend(1);
+    daemon.wait_state("tcp", addr(1), "unhealthy", Duration::from_secs(5));
+    assert_eq!(state(), (ServiceState::Degraded, None));
+    let out = daemon.lb(&["status", "tcp"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("tcp  degraded  check"), "{text}");
+
+    sb.stop_backend(0);
+    sb.stop_backend(2);
+    daemon.wait_state("tcp", addr(0), "unhealthy", Duration::from_secs(5));
+    daemon.wait_state("tcp", addr(2), "unhealthy", Duration::from_secs(5));
+    assert_eq!(
+        state(),
+        (ServiceState::Down, Some("use-all".to_owned())),
+        "no backend available: the policy decides"
+    );
+    let out = daemon.lb(&["status", "tcp"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("down  check") && text.contains("(on_all_unhealthy = use-all in force)"),
+        "{text}"
+    );
+    let (_, metrics) = daemon.http("GET", &format!("{API}/metrics"), &[]);
+    assert!(
+        metrics.contains("lb_service_state{service=\"tcp\",state=\"down\"} 1")
+            && metrics.contains("lb_service_state{service=\"tcp\",state=\"healthy\"} 0"),
+        "{metrics}"
+    );
+    let (_, page) = daemon.http(
+        "GET",
+        &format!("{API}/v1/healthcheck"),
+        &["Accept: text/html"],
+    );
+    assert!(
+        page.contains("down (on_all_unhealthy = use-all in force)"),
+        "{page}"
+    );
+
+    sb.start_backend(0).unwrap();
+    daemon.wait_state("tcp", addr(0), "healthy", Duration::from_secs(5));
+    assert_eq!(state(), (ServiceState::Degraded, None));
+}

@@ -68,6 +68,8 @@ fn service(name: &str, vip: &str, backends: Vec<BackendStatus>) -> ServiceStatus
         bytes: 128_000,
         new_flows: 18,
         available_backends: backends.iter().filter(|b| b.available).count() as u32,
+        state: lb::model::ServiceState::of(true, &backends),
+        policy_in_force: None,
         backends,
     }
 }

@@ -67,8 +67,12 @@ fn table(out: &mut String, s: &ServiceStatus) {
         Some(per_kind) => format!("{windows}, unhealthy after {per_kind} failures"),
         None => windows,
     };
+    let state = match &s.policy_in_force {
+        Some(p) => format!("{} (on_all_unhealthy = {p} in force)", s.state.as_str()),
+        None => s.state.as_str().to_owned(),
+    };
     let caption = format!(
-        "{} — {} {} — check {}, {} — {}/{} backends available — \
+        "{} — {} {} — {state} — check {}, {} — {}/{} backends available — \
          {} packets, {} bytes, {} new flows",
         s.name,
         s.vip,
@@ -234,6 +238,8 @@ mod tests {
             bytes: 2000,
             new_flows: 4,
             available_backends: 1,
+            state: Default::default(),
+            policy_in_force: None,
             backends,
         }
     }

@@ -6,7 +6,7 @@
 
 use std::fmt::Write as _;
 
-use crate::model::{BackendStatus, HealthState, ServiceStatus, Status};
+use crate::model::{BackendStatus, HealthState, ServiceState, ServiceStatus, Status};
 
 pub fn render(status: &Status) -> String {
     let mut out = String::new();
@@ -45,6 +45,24 @@ pub fn render(status: &Status) -> String {
         "gauge",
         "Backends of the service taking new flows now.",
         per_service(|s| Some(s.available_backends.to_string())),
+    );
+    let service_states = status
+        .services
+        .iter()
+        .flat_map(|s| {
+            // One series per state, as for backends.
+            ServiceState::ALL.iter().map(move |st| {
+                let l = [("service", s.name.as_str()), ("state", st.as_str())];
+                format!("{} {}", labels(&l), u8::from(s.state == *st))
+            })
+        })
+        .collect();
+    family(
+        &mut out,
+        "lb_service_state",
+        "gauge",
+        "State of the service (healthy, degraded, down, unchecked, empty): 1 for the current one.",
+        service_states,
     );
     family(
         &mut out,
@@ -378,6 +396,8 @@ mod tests {
                 bytes: 2000,
                 new_flows: 4,
                 available_backends: 1,
+                state: crate::model::ServiceState::Healthy,
+                policy_in_force: None,
                 backends: vec![BackendStatus {
                     address: "10.0.0.2:80".to_owned(),
                     ip: "10.0.0.2".to_owned(),
@@ -443,6 +463,13 @@ lb_service_new_flows_total{service="web"} 4
 # HELP lb_service_available_backends Backends of the service taking new flows now.
 # TYPE lb_service_available_backends gauge
 lb_service_available_backends{service="web"} 1
+# HELP lb_service_state State of the service (healthy, degraded, down, unchecked, empty): 1 for the current one.
+# TYPE lb_service_state gauge
+lb_service_state{service="web",state="healthy"} 1
+lb_service_state{service="web",state="degraded"} 0
+lb_service_state{service="web",state="down"} 0
+lb_service_state{service="web",state="unchecked"} 0
+lb_service_state{service="web",state="empty"} 0
 # HELP lb_service_failure_window_seconds Longest time a dead backend keeps receiving new flows (checks on only).
 # TYPE lb_service_failure_window_seconds gauge
 lb_service_failure_window_seconds{service="web"} 7

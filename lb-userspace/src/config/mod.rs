@@ -149,6 +149,17 @@ pub enum AllUnhealthy {
     Drop,
 }
 
+impl AllUnhealthy {
+    /// As written in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::UseAll => "use-all",
+            Self::First => "first",
+            Self::Drop => "drop",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum XdpMode {
     /// Native (driver) mode where the driver supports it, generic (skb) mode otherwise.

@@ -7,9 +7,9 @@ use lb_common::counter;
 use super::state::{Inner, Shared};
 use crate::{
     api::RequestError,
-    config::FailureKind,
+    config::{CheckKind, FailureKind},
     dataplane::TrafficCounters,
-    model::{BackendStatus, FailureThresholds, NamedCounter, ServiceStatus, Status},
+    model::{BackendStatus, FailureThresholds, NamedCounter, ServiceState, ServiceStatus, Status},
 };
 
 impl Shared {
@@ -105,6 +105,7 @@ fn build(inner: &Inner) -> anyhow::Result<Status> {
                 })
                 .collect();
             let windows = s.check.windows();
+            let state = ServiceState::of(s.check.kind != CheckKind::None, &backends);
             ServiceStatus {
                 name: s.name.clone(),
                 vip: s.vip.to_string(),
@@ -123,6 +124,9 @@ fn build(inner: &Inner) -> anyhow::Result<Status> {
                 bytes: c.bytes,
                 new_flows: c.new_flows,
                 available_backends: backends.iter().filter(|b| b.available).count() as u32,
+                state,
+                policy_in_force: (state == ServiceState::Down)
+                    .then(|| s.on_all_unhealthy.as_str().to_owned()),
                 backends,
             }
         })
