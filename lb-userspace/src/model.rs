@@ -219,25 +219,30 @@ pub enum HealthState {
     Unhealthy,
     /// Checks are off for this target.
     Disabled,
-    /// Weight 0 (drained) or not referenced by any service.
+    /// Drained (by the operator, or weight 0 in the config): no new flows, established flows
+    /// continue.
+    Drained,
+    /// Not referenced by any service (removed by a reload while its flows finish).
     Unused,
 }
 
 impl HealthState {
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::Initializing,
         Self::Healthy,
         Self::MostlyHealthy,
         Self::MostlyUnhealthy,
         Self::Unhealthy,
         Self::Disabled,
+        Self::Drained,
         Self::Unused,
     ];
 
     /// Whether the target may receive new flows. `Initializing` counts as available so that a
     /// daemon restart or a config reload does not cut traffic while the first verdicts are
     /// pending (a dead target then goes within one failure window, as from `healthy`).
-    /// `Disabled` is available as SPEC says for unchecked backends; `Unused` has no traffic.
+    /// `Disabled` is available as SPEC says for unchecked backends; `Drained` and `Unused` get
+    /// no new flows.
     pub fn is_available(self) -> bool {
         matches!(
             self,
@@ -258,6 +263,7 @@ impl HealthState {
             Self::MostlyUnhealthy => "mostly_unhealthy",
             Self::Unhealthy => "unhealthy",
             Self::Disabled => "disabled",
+            Self::Drained => "drained",
             Self::Unused => "unused",
         }
     }

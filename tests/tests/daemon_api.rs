@@ -309,7 +309,7 @@ fn drain_keeps_connections_and_stops_new_ones() {
     let addr = format!("{}:8080", sb.backends[i].addr);
     let out = daemon.lb(&["backend", "drain", "tcp", &addr]);
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
-    daemon.wait_state("tcp", &addr, "unused", Duration::from_secs(1));
+    daemon.wait_state("tcp", &addr, "drained", Duration::from_secs(1));
     echo(&mut stream, "still here").unwrap();
     let seen = servers::spread(&sb.client.ns, vip(), 60);
     assert!(!seen.contains_key(&name), "{name} drained but got {seen:?}");

@@ -30,7 +30,7 @@ pub fn page(status: &Status, refresh_seconds: u32) -> String {
          tr.state-healthy td, tr.state-mostly_healthy td {{ background: {ok}; }}\n\
          tr.state-unhealthy td, tr.state-mostly_unhealthy td {{ background: {bad}; }}\n\
          tr.state-initializing td {{ background: {pending}; }}\n\
-         tr.state-disabled td, tr.state-unused td {{ background: {neutral}; }}\n\
+         tr.state-disabled td, tr.state-drained td, tr.state-unused td {{ background: {neutral}; }}\n\
          tr.ejected td {{ background: {bad}; }}\n",
         ok = hex(HEALTHY_COLOUR),
         bad = hex(UNHEALTHY_COLOUR),

@@ -484,6 +484,7 @@ lb_backend_state{service="web",backend="10.0.0.2:80",state="mostly_healthy"} 1
 lb_backend_state{service="web",backend="10.0.0.2:80",state="mostly_unhealthy"} 0
 lb_backend_state{service="web",backend="10.0.0.2:80",state="unhealthy"} 0
 lb_backend_state{service="web",backend="10.0.0.2:80",state="disabled"} 0
+lb_backend_state{service="web",backend="10.0.0.2:80",state="drained"} 0
 lb_backend_state{service="web",backend="10.0.0.2:80",state="unused"} 0
 # HELP lb_backend_available Whether the backend takes new flows now (health, admin state and weight together).
 # TYPE lb_backend_available gauge

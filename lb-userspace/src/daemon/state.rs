@@ -506,8 +506,9 @@ impl Inner {
         };
         let overridden = match admin {
             Admin::Disabled => Some(HealthState::Disabled),
-            Admin::Drained => Some(HealthState::Unused),
-            Admin::Enabled if backend.weight == 0 => Some(HealthState::Unused),
+            // Weight 0 is the config's way to drain (README).
+            Admin::Drained => Some(HealthState::Drained),
+            Admin::Enabled if backend.weight == 0 => Some(HealthState::Drained),
             Admin::Enabled => None,
         };
         match overridden {

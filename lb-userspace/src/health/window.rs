@@ -592,9 +592,10 @@ mod tests {
             "mostly_unhealthy",
             "unhealthy",
             "disabled",
+            "drained",
             "unused",
         ];
-        let avail = [true, true, true, false, false, true, false];
+        let avail = [true, true, true, false, false, true, false, false];
         for ((s, name), a) in HealthState::ALL.into_iter().zip(names).zip(avail) {
             assert_eq!((s.as_str(), s.is_available()), (name, a));
             assert_eq!(serde_json::to_string(&s).ok(), Some(format!("\"{name}\"")));
