@@ -201,7 +201,7 @@ fn a_silent_backend_is_ejected_through_syn_retransmits() {
 }
 
 #[test]
-fn passing_probes_end_an_ejection_early_and_the_host_scope_is_shared() {
+fn passing_probes_end_the_host_ejection_early_and_the_service_one_by_time() {
     let _one = lb_tests::timing_sensitive();
     require_root();
     let sb = Sandbox::build(Arms::Two, 3, 8080).unwrap();
@@ -233,7 +233,7 @@ fn passing_probes_end_an_ejection_early_and_the_host_scope_is_shared() {
             &sb,
             &[80, 81],
             "timeout = \"200ms\"\ninterval = \"300ms\"\nhealthy_threshold = 2\nunhealthy_threshold = 2",
-            "failures = 4\nwindow = \"30s\"\nejection = \"60s\"",
+            "failures = 4\nwindow = \"30s\"\nejection = \"8s\"",
         ),
     )
     .unwrap();
@@ -256,29 +256,42 @@ fn passing_probes_end_an_ejection_early_and_the_host_scope_is_shared() {
             .available_backends,
         2
     );
-    // Probes keep passing: 2 in a row end the 60 s ejection within about a second.
+    // Probes keep passing: 2 in a row end the host's 8 s ejection within about a second; the
+    // service scope's (web80, whose own connections failed) is not theirs to end (seed 000).
     let deadline = Instant::now() + Duration::from_secs(5);
-    while ejected(&daemon, "web80", &broken).is_some()
-        || ejected(&daemon, "web81", &broken).is_some()
-    {
+    while ejected(&daemon, "web81", &broken).is_some() {
         assert!(
             Instant::now() < deadline,
-            "probes did not end the ejection:\n{:#?}",
+            "probes did not end the host ejection:\n{:#?}",
             events(&daemon)
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    eprintln!(
-        "returned {:?} after the ejection (ejection time 60 s)",
-        ejected_at.elapsed()
-    );
-    let e = events(&daemon);
+    let returned_after = ejected_at.elapsed();
+    eprintln!("host scope returned {returned_after:?} after the ejection (ejection time 8 s)");
+    let web80 = ejected(&daemon, "web80", &broken);
     assert!(
+        returned_after < Duration::from_secs(6)
+            && web80.as_deref().is_some_and(|w| w.starts_with("service: ")),
+        "web80 {broken} after {returned_after:?}: {web80:?}"
+    );
+    // Its time up, the service scope returns by itself.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while ejected(&daemon, "web80", &broken).is_some() {
+        assert!(Instant::now() < deadline, "{:#?}", events(&daemon));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let e = events(&daemon);
+    let returned = |how: &str| {
         e.events
             .iter()
-            .any(|e| e.backend == broken && e.source.contains("returned (probes)")),
-        "{e:#?}"
-    );
+            .filter(|e| e.backend == broken && e.source.contains(how))
+            .map(|e| e.source.clone())
+            .collect::<Vec<_>>()
+    };
+    assert!(!returned("host returned (probes)").is_empty(), "{e:#?}");
+    assert!(returned("service returned (probes)").is_empty(), "{e:#?}");
+    assert!(!returned("service returned (timeout)").is_empty(), "{e:#?}");
     // Real traffic still fails: ejected again.
     refuse_until_ejected(&sb, &daemon, 81, &broken);
 }

@@ -194,19 +194,12 @@ impl Shared {
         let threshold = v.probe.check.window.healthy_threshold;
         let mut changes = Vec::new();
         match v.result {
+            // Probes end host-scope ejections only (seed 000); service scopes end by time.
             ProbeResult::Success { .. } => {
                 changes.extend(inner.passive.probe_success(&host, threshold, now));
-                for &(sid, bid) in &pairs {
-                    let scope = inner.service_scope(sid, bid);
-                    changes.extend(inner.passive.probe_success(&scope, threshold, now));
-                }
             }
             _ => {
                 inner.passive.probe_failure(&host);
-                for &(sid, bid) in &pairs {
-                    let scope = inner.service_scope(sid, bid);
-                    inner.passive.probe_failure(&scope);
-                }
                 // Probe failures count at host scope, under the first passive service's rule.
                 if let Some(&(sid, _)) = pairs
                     .iter()

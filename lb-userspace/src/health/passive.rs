@@ -3,9 +3,11 @@
 //! `failures` failures within `window`, counted from the first failure of the run, eject the
 //! scope for `ejection`; afterwards it returns by itself, and if it is still broken traffic trips
 //! the rule again (each ejection is an event). Successes are not counted. With active checks on,
-//! `healthy_threshold` consecutive probe successes after the ejection end it early; failing
-//! probes keep the backend out past the ejection time through the active verdict itself (the
-//! datapath needs both to let flows in).
+//! `healthy_threshold` consecutive probe successes after a host's ejection end it early; a
+//! service-scope ejection ends only when its time is up (seed 000: probes act on the
+//! address-level state only), since a passing SYN says nothing about what ejected it there (no
+//! data back, say). Failing probes keep the backend out past the ejection time through the
+//! active verdict itself (the datapath needs both to let flows in).
 //!
 //! Two scopes: a host (backend IP: connection failures of every service and probe failures) and
 //! a service's backend (VIP:port → backend ip:port: all its failures). Either scope ejected means
@@ -128,7 +130,8 @@ impl Ejector {
         })
     }
 
-    /// A probe of `scope` succeeded; after `healthy_threshold` in a row an ejection ends early.
+    /// A probe of `scope` succeeded; after `healthy_threshold` in a row a host's ejection ends
+    /// early. A service scope's does not (see the module's docs).
     pub fn probe_success(
         &mut self,
         scope: &Scope,
@@ -136,6 +139,9 @@ impl Ejector {
         now: Duration,
     ) -> Option<Change> {
         let _ = now;
+        if let Scope::Service { .. } = scope {
+            return None;
+        }
         let e = self.entries.get_mut(scope)?;
         e.ejected_until?;
         e.successes += 1;
@@ -261,31 +267,47 @@ mod tests {
         assert!(e.failure(host(), Signal::Refused, &S, secs(12.0)).is_some());
     }
 
+    /// Seed 000: probes end a host's ejection early, never a service scope's, which ends by time.
     #[test]
-    fn probes_end_an_ejection_early() {
+    fn probes_end_a_host_ejection_early_and_a_service_one_only_by_time() {
         let mut e = Ejector::default();
         let scope = Scope::Service {
             service: "web".into(),
             backend: "10.0.2.10:80".parse().unwrap(),
         };
         for t in 0..3 {
+            e.failure(host(), Signal::Refused, &S, secs(f64::from(t)));
             e.failure(scope.clone(), Signal::Refused, &S, secs(f64::from(t)));
         }
-        assert!(e.is_ejected(&scope));
-        assert_eq!(e.probe_success(&scope, 2, secs(3.0)), None);
-        e.probe_failure(&scope);
-        assert_eq!(e.probe_success(&scope, 2, secs(3.5)), None);
+        assert!(e.is_ejected(&host()) && e.is_ejected(&scope));
+        assert_eq!(e.probe_success(&host(), 2, secs(3.0)), None);
+        e.probe_failure(&host());
+        assert_eq!(e.probe_success(&host(), 2, secs(3.5)), None);
         assert_eq!(
-            e.probe_success(&scope, 2, secs(4.0)),
+            e.probe_success(&host(), 2, secs(4.0)),
             Some(Change::Returned {
-                scope: scope.clone(),
+                scope: host(),
                 how: "probes"
             })
         );
-        assert!(!e.is_ejected(&scope));
-        assert!(e.tick(secs(100.0)).is_empty());
+        assert!(!e.is_ejected(&host()));
+        for t in 0..5 {
+            assert_eq!(e.probe_success(&scope, 1, secs(4.0 + f64::from(t))), None);
+        }
+        assert!(
+            e.is_ejected(&scope),
+            "probes do not end a service-scope ejection"
+        );
+        let ended = e.tick(secs(100.0));
+        assert_eq!(
+            ended,
+            [Change::Returned {
+                scope: scope.clone(),
+                how: "timeout"
+            }]
+        );
         // Successes of a scope that is not ejected do nothing.
-        assert_eq!(e.probe_success(&host(), 1, secs(5.0)), None);
+        assert_eq!(e.probe_success(&host(), 1, secs(101.0)), None);
     }
 
     #[test]
