@@ -327,6 +327,32 @@ fn status_503_is_http_failure() {
     );
 }
 
+/// Seed 002 (APISIX): with `unhealthy_status`, only its codes are failures; a code in neither
+/// set is no verdict.
+#[test]
+fn with_unhealthy_status_a_code_in_neither_set_is_neutral() {
+    let bed = Bed::new();
+    let check = HttpCheck {
+        unhealthy: Some(vec![404..=404, 429..=429, 500..=505]),
+        ..HttpCheck::default()
+    };
+    bed.serve(PORT, Answer::Status(503));
+    assert_eq!(
+        bed.probe(&check, PORT),
+        ProbeResult::HttpFailure(Reason::Status(503))
+    );
+    bed.serve(PORT + 1, Answer::Status(403));
+    assert_eq!(
+        bed.probe(&check, PORT + 1),
+        ProbeResult::Neutral(Reason::Status(403))
+    );
+    // Without the set, 403 is a failure as before.
+    assert_eq!(
+        bed.probe(&HttpCheck::default(), PORT + 1),
+        ProbeResult::HttpFailure(Reason::Status(403))
+    );
+}
+
 #[test]
 fn redirect_is_healthy_by_default_only() {
     let bed = Bed::new();

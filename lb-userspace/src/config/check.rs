@@ -64,6 +64,8 @@ pub struct HttpOptions {
     pub headers: Vec<(String, String)>,
     /// Healthy status codes (default 200-399).
     pub status: Vec<RangeInclusive<u16>>,
+    /// Codes that count as failures; None: every code outside `status`.
+    pub unhealthy_status: Option<Vec<RangeInclusive<u16>>>,
     /// HTTPS only: verify the certificate (default true).
     pub verify_tls: bool,
 }
@@ -283,7 +285,15 @@ fn payload(f: &Fields, key: &'static str) -> Option<Vec<u8>> {
 /// The HTTP options: required shape for http/https, refused for other kinds.
 fn read_http(f: &Fields, kind: Option<CheckKind>) -> Option<Option<HttpOptions>> {
     let is_http = matches!(kind, Some(CheckKind::Http | CheckKind::Https));
-    let keys = ["method", "path", "host", "headers", "status", "verify_tls"];
+    let keys = [
+        "method",
+        "path",
+        "host",
+        "headers",
+        "status",
+        "unhealthy_status",
+        "verify_tls",
+    ];
     if !is_http {
         if let Some(kind) = kind {
             for key in keys {
@@ -374,47 +384,23 @@ fn read_http(f: &Fields, kind: Option<CheckKind>) -> Option<Option<HttpOptions>>
             ok.then_some(out)
         }
     };
-    let status = match f.array("status") {
-        None => Some(default_status()),
-        Some(items) if items.len() > MAX_STATUS => {
-            f.problem(
-                "status",
-                format!("{} entries, more than {MAX_STATUS}", items.len()),
-            );
-            None
-        }
-        Some(items) => {
-            let mut out = Vec::new();
-            let mut ok = !items.is_empty();
-            for (i, item) in items.iter().enumerate() {
-                let parsed = match (item.as_integer(), item.as_str()) {
-                    (Some(n), _) => u16::try_from(n).ok().map(|n| n..=n),
-                    (_, Some(s)) => s.split_once('-').and_then(|(a, b)| {
-                        Some(a.trim().parse::<u16>().ok()?..=b.trim().parse::<u16>().ok()?)
-                    }),
-                    _ => None,
-                };
-                match parsed.filter(|r| {
-                    (100..=599).contains(r.start())
-                        && (100..=599).contains(r.end())
-                        && r.start() <= r.end()
-                }) {
-                    Some(r) => out.push(r),
-                    None => {
-                        f.problem(
-                            &format!("status[{i}]"),
-                            "expected a code 100-599 or \"FIRST-LAST\"",
-                        );
-                        ok = false;
-                    }
-                }
-            }
-            if items.is_empty() {
-                f.problem("status", "at least one status code or range");
-            }
-            ok.then_some(out)
-        }
+    let status = match codes(f, "status") {
+        Some(None) => Some(default_status()),
+        other => other.flatten(),
     };
+    // Seed 002 (APISIX): codes that count as failures; then a code in neither set moves no
+    // counter. Absent: every code outside `status` is a failure.
+    let unhealthy_status = codes(f, "unhealthy_status");
+    if let (Some(healthy), Some(Some(unhealthy))) = (&status, &unhealthy_status)
+        && let Some(code) = (100..=599u16).find(|c| {
+            healthy.iter().any(|r| r.contains(c)) && unhealthy.iter().any(|r| r.contains(c))
+        })
+    {
+        f.problem(
+            "unhealthy_status",
+            format!("{code} is in status too: a code is healthy or unhealthy, not both"),
+        );
+    }
     let verify_tls = match (kind, f.has("verify_tls")) {
         (Some(CheckKind::Https), _) => f.bool_or("verify_tls", true),
         (_, true) => {
@@ -429,6 +415,51 @@ fn read_http(f: &Fields, kind: Option<CheckKind>) -> Option<Option<HttpOptions>>
         host: host?,
         headers: headers?,
         status: status?,
+        unhealthy_status: unhealthy_status?,
         verify_tls: verify_tls?,
     }))
+}
+
+/// A list of status codes and "FIRST-LAST" ranges at `key`: `Some(None)` when absent, `None`
+/// on a problem (reported).
+fn codes(f: &Fields, key: &'static str) -> Option<Option<Vec<RangeInclusive<u16>>>> {
+    if !f.has(key) {
+        return Some(None);
+    }
+    let items = f.array(key)?;
+    if items.len() > MAX_STATUS {
+        f.problem(
+            key,
+            format!("{} entries, more than {MAX_STATUS}", items.len()),
+        );
+        return None;
+    }
+    if items.is_empty() {
+        f.problem(key, "at least one status code or range");
+        return None;
+    }
+    let mut out = Vec::new();
+    let mut ok = true;
+    for (i, item) in items.iter().enumerate() {
+        let parsed = match (item.as_integer(), item.as_str()) {
+            (Some(n), _) => u16::try_from(n).ok().map(|n| n..=n),
+            (_, Some(s)) => s.split_once('-').and_then(|(a, b)| {
+                Some(a.trim().parse::<u16>().ok()?..=b.trim().parse::<u16>().ok()?)
+            }),
+            _ => None,
+        };
+        match parsed.filter(|r| {
+            (100..=599).contains(r.start()) && (100..=599).contains(r.end()) && r.start() <= r.end()
+        }) {
+            Some(r) => out.push(r),
+            None => {
+                f.problem(
+                    &format!("{key}[{i}]"),
+                    "expected a code 100-599 or \"FIRST-LAST\"",
+                );
+                ok = false;
+            }
+        }
+    }
+    ok.then_some(Some(out))
 }

@@ -985,7 +985,7 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
             "kind = \"https\"\nport = 8443\ntimeout = \"500ms\"\ninterval = \"1s\"\nhealthy_threshold = 2\n\
              unhealthy_threshold = 4\nmethod = \"HEAD\"\npath = \"/health\"\nhost = \"example.com\"\n\
              headers = { X-Check = \"lb\" }\nstatus = [200, \"300-302\"]\nverify_tls = false\n\
-             tcp_failures = 2\ntimeouts = 3\nhttp_failures = 254",
+             tcp_failures = 2\ntimeouts = 3\nhttp_failures = 254\nunhealthy_status = [429, 404, \"500-505\"]",
         ))
         .unwrap();
         let check = &c.services[0].check;
@@ -1018,6 +1018,10 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
         assert_eq!(http.host.as_deref(), Some("example.com"));
         assert_eq!(http.headers, [("X-Check".to_owned(), "lb".to_owned())]);
         assert_eq!(http.status, [200..=200, 300..=302]);
+        assert_eq!(
+            http.unhealthy_status,
+            Some(vec![429..=429, 404..=404, 500..=505])
+        );
         assert!(!http.verify_tls);
     }
 
@@ -1079,6 +1083,18 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
             (
                 "kind = \"none\"\nport = 80",
                 "service[0].check.port: kind = \"none\" probes nothing",
+            ),
+            (
+                "kind = \"http\"\nstatus = [200]\nunhealthy_status = [\"500-505\", 200]",
+                "service[0].check.unhealthy_status: 200 is in status too: a code is healthy or unhealthy, not both",
+            ),
+            (
+                "unhealthy_status = [500]",
+                "service[0].check.unhealthy_status: only for http and https checks, not tcp",
+            ),
+            (
+                "kind = \"http\"\nunhealthy_status = [600]",
+                "service[0].check.unhealthy_status[0]: expected a code 100-599 or \"FIRST-LAST\"",
             ),
             (
                 "tcp_failures = 0",

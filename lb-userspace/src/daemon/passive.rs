@@ -198,6 +198,8 @@ impl Shared {
             ProbeResult::Success { .. } => {
                 changes.extend(inner.passive.probe_success(&host, threshold, now));
             }
+            // Neither: the answer was in neither status set.
+            ProbeResult::Neutral(_) => {}
             _ => {
                 inner.passive.probe_failure(&host);
                 // Probe failures count at host scope, under the first passive service's rule.

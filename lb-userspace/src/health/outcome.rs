@@ -21,6 +21,9 @@ pub enum ProbeResult {
     /// Failed on this host, not at the target (out of descriptors, buffers, local ports): no
     /// verdict either way, it moves no counter.
     Local(Reason),
+    /// An answer in neither status set of a check that has `unhealthy_status` (seed 002): no
+    /// verdict either way, it moves no counter.
+    Neutral(Reason),
 }
 
 impl ProbeResult {
@@ -34,6 +37,7 @@ impl ProbeResult {
             )),
             Self::TcpFailure(r) | Self::TlsFailure(r) | Self::HttpFailure(r) => Some(r.to_string()),
             Self::Local(r) => Some(format!("local: {r}")),
+            Self::Neutral(_) => None,
         }
     }
 }

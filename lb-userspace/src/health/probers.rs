@@ -150,6 +150,7 @@ pub(super) fn http_check(check: &Check) -> Option<http::HttpCheck> {
         host: o.host.clone(),
         headers: o.headers.clone(),
         healthy: o.status.clone(),
+        unhealthy: o.unhealthy_status.clone(),
         tls: (check.kind == CheckKind::Https).then(|| http::TlsCheck {
             verify: o.verify_tls,
             server_name: o.host.clone(),

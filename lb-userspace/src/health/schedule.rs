@@ -371,7 +371,12 @@ impl Scheduler {
             status.state = target.window.state();
             status.counters = target.window.counters();
             status.last_latency = target.window.last_latency();
-            if !local && !matches!(result, ProbeResult::Success { .. }) {
+            if !local
+                && !matches!(
+                    result,
+                    ProbeResult::Success { .. } | ProbeResult::Neutral(_)
+                )
+            {
                 status.last_failure = Some(result);
             }
             if transition.is_some() {

@@ -67,8 +67,8 @@ impl Counters {
             ProbeResult::TlsFailure(_) => &mut self.tls_failure,
             ProbeResult::HttpFailure(_) => &mut self.http_failure,
             ProbeResult::Timeout => &mut self.timeout_failure,
-            // Not about the target (see `Window::observe`).
-            ProbeResult::Local(_) => return,
+            // No verdict (see `Window::observe`).
+            ProbeResult::Local(_) | ProbeResult::Neutral(_) => return,
         };
         *failures = failures.saturating_add(1);
         self.success = 0;
@@ -153,11 +153,14 @@ impl Window {
     }
 
     /// Feeds one probe result. A result that arrives while `Disabled` or `Unused` was in flight
-    /// when the target left the checks, and is dropped. A local failure (this host out of descriptors or buffers) says nothing about the target:
-    /// it changes nothing.
+    /// when the target left the checks, and is dropped. A local failure (this host out of
+    /// descriptors or buffers) says nothing about the target, nor does an answer in neither
+    /// status set: they change nothing.
     pub fn observe(&mut self, result: ProbeResult, now: Duration) -> Option<Transition> {
         use HealthState::*;
-        if matches!(self.state, Disabled | Unused) || matches!(result, ProbeResult::Local(_)) {
+        if matches!(self.state, Disabled | Unused)
+            || matches!(result, ProbeResult::Local(_) | ProbeResult::Neutral(_))
+        {
             return None;
         }
         self.counters.record(result);
@@ -327,8 +330,10 @@ mod tests {
             &[(OK, None), (OK, Some((Initializing, Healthy, None)))],
         );
         let local = ProbeResult::Local(Reason::Os(libc::EMFILE));
+        let neutral = ProbeResult::Neutral(Reason::Status(403));
         for _ in 0..10 {
             assert_eq!(w.observe(local, T), None);
+            assert_eq!(w.observe(neutral, T), None);
         }
         assert_eq!((w.state(), w.counters().success), (Healthy, 2), "unchanged");
         let tls = ProbeResult::TlsFailure(Reason::Tls(crate::health::outcome::Tls::Expired));

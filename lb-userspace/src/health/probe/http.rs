@@ -90,6 +90,9 @@ pub struct HttpCheck {
     pub headers: Vec<(String, String)>,
     /// Status codes that count as healthy.
     pub healthy: Vec<RangeInclusive<u16>>,
+    /// Status codes that count as failures; `None`: every code not healthy. With a set, a code
+    /// in neither is [`ProbeResult::Neutral`] (seed 002, APISIX).
+    pub unhealthy: Option<Vec<RangeInclusive<u16>>>,
     /// `Some` for `https`, `None` for plain HTTP.
     pub tls: Option<TlsCheck>,
 }
@@ -121,6 +124,7 @@ impl Default for HttpCheck {
             host: None,
             headers: Vec::new(),
             healthy: vec![RangeInclusive::new(200, 399)],
+            unhealthy: None,
             tls: None,
         }
     }
@@ -193,6 +197,19 @@ impl HttpCheck {
     /// Whether `status` is in the healthy set.
     pub fn is_healthy(&self, status: u16) -> bool {
         self.healthy.iter().any(|r| r.contains(&status))
+    }
+
+    /// What an answer with `status` is.
+    pub fn judge(&self, status: u16, latency: Duration) -> ProbeResult {
+        if self.is_healthy(status) {
+            return ProbeResult::Success { latency };
+        }
+        match &self.unhealthy {
+            Some(set) if !set.iter().any(|r| r.contains(&status)) => {
+                ProbeResult::Neutral(Reason::Status(status))
+            }
+            _ => ProbeResult::HttpFailure(Reason::Status(status)),
+        }
     }
 }
 
@@ -561,14 +578,12 @@ async fn ask<S: AsyncRead + AsyncWrite + Unpin>(
         };
         len += n;
         match scan_head(&buf[..len]) {
-            Head::Final(code) if check.is_healthy(code) => {
-                return ProbeResult::Success {
-                    latency: start.elapsed(),
-                };
-            }
             Head::Final(code) => {
-                tracing::debug!(%target, code, "http probe: unhealthy status");
-                return ProbeResult::HttpFailure(Reason::Status(code));
+                let result = check.judge(code, start.elapsed());
+                if !matches!(result, ProbeResult::Success { .. }) {
+                    tracing::debug!(%target, code, ?result, "http probe: not a healthy status");
+                }
+                return result;
             }
             Head::Invalid => {
                 tracing::debug!(%target, "http probe: the answer is not HTTP/1.x");
