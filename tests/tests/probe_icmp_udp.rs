@@ -18,6 +18,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use lb::config::Expect;
 use lb::health::{
     outcome::Reason,
     probe::{icmp::IcmpProber, udp},
@@ -267,25 +268,41 @@ fn udp_with_payload() {
     let _server = EchoServer::start(&p.backend, ECHO_PORT);
     with_prober(&p.prober, |prober| async move {
         let to = backend(ECHO_PORT);
-        let probe = |send, expect| udp::probe(&prober, to, send, expect, TIMEOUT);
+        let probe = |send: Option<&'static [u8]>, expect: Option<&'static [u8]>| {
+            let expect = expect.map(Expect::prefix);
+            let prober = &prober;
+            async move { udp::probe(prober, to, send, expect.as_ref(), TIMEOUT).await }
+        };
         let start = Instant::now();
-        assert_success(probe(Some(b"PING"), Some(b"PONG")).await, TIMEOUT);
+        assert_success(
+            probe(Some(b"PING".as_slice()), Some(b"PONG".as_slice())).await,
+            TIMEOUT,
+        );
         assert!(start.elapsed() < TIMEOUT / 2, "the reply ends the probe");
-        assert_success(probe(Some(b"PING"), Some(b"PO")).await, TIMEOUT);
-        assert_success(probe(Some(b"PING"), None).await, TIMEOUT);
+        assert_success(
+            probe(Some(b"PING".as_slice()), Some(b"PO".as_slice())).await,
+            TIMEOUT,
+        );
+        assert_success(probe(Some(b"PING".as_slice()), None).await, TIMEOUT);
         assert_eq!(
-            probe(Some(b"PING"), Some(b"NOPE")).await,
+            probe(Some(b"PING".as_slice()), Some(b"NOPE".as_slice())).await,
             ProbeResult::HttpFailure(Reason::Mismatch)
         );
         assert_eq!(
-            probe(Some(b"PING"), Some(b"PONG and more")).await,
+            probe(Some(b"PING".as_slice()), Some(b"PONG and more".as_slice())).await,
             ProbeResult::HttpFailure(Reason::Mismatch)
         );
         // The server ignores anything but PING: silence.
         let timeout = Duration::from_millis(300);
         assert_times_out(
             timeout,
-            udp::probe(&prober, to, Some(b"HELLO"), Some(b"PONG"), timeout),
+            udp::probe(
+                &prober,
+                to,
+                Some(b"HELLO"),
+                Some(&Expect::prefix(b"PONG")),
+                timeout,
+            ),
         )
         .await;
         assert_eq!(
@@ -293,7 +310,7 @@ fn udp_with_payload() {
                 &prober,
                 backend(CLOSED_PORT),
                 Some(b"PING"),
-                Some(b"PONG"),
+                Some(&Expect::prefix(b"PONG")),
                 TIMEOUT
             )
             .await,

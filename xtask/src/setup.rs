@@ -22,6 +22,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("nftables", "nft"),
     // The SYN flood of the flood test (bounded, inside its namespaces).
     ("hping3", "hping3"),
+    // The DNS backend of the binary-payload check test (the binary alone, no service).
+    ("dnsmasq-base", "dnsmasq"),
     ("chromium", "chromium"),
     ("prometheus", "promtool"),
     // `cargo xtask dist` strips the packaged binary.

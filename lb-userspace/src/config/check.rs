@@ -5,7 +5,7 @@ use std::{ops::RangeInclusive, time::Duration};
 
 use super::WindowSettings;
 use super::{
-    Protocol,
+    Expect, Protocol,
     fields::{Fields, Shown},
 };
 
@@ -76,9 +76,9 @@ pub struct Check {
     /// Probe this port instead of the backend's.
     pub port: Option<u16>,
     pub window: WindowSettings,
-    /// tcp-connect and udp: bytes to send, and the reply that must start with `expect`.
+    /// tcp-connect and udp: bytes to send, and what the reply must hold.
     pub send: Option<Vec<u8>>,
-    pub expect: Option<Vec<u8>>,
+    pub expect: Option<Expect>,
     /// http and https.
     pub http: Option<HttpOptions>,
 }
@@ -175,13 +175,13 @@ pub fn read_check(f: &Fields, protocol: Protocol) -> Option<Check> {
     {
         f.problem("unhealthy_interval", "must not be shorter than timeout");
     }
-    let send = payload(f, "send");
-    let expect = payload(f, "expect");
+    let send = payload(f, "send", "send_hex");
+    let expect = read_expect(f);
     let http = read_http(f, kind);
     // Options that do not belong to the kind are mistakes, not silently ignored settings.
     if let Some(kind) = kind {
         let payload = matches!(kind, CheckKind::TcpConnect | CheckKind::Udp);
-        for key in ["send", "expect"] {
+        for key in PAYLOAD_KEYS {
             if !payload && f.has(key) {
                 f.problem(
                     key,
@@ -189,8 +189,11 @@ pub fn read_check(f: &Fields, protocol: Protocol) -> Option<Check> {
                 );
             }
         }
-        if f.has("expect") && !f.has("send") && kind == CheckKind::Udp {
-            f.problem("expect", "needs send");
+        let sends = f.has("send") || f.has("send_hex");
+        for key in ["expect", "expect_hex"] {
+            if f.has(key) && !sends && kind == CheckKind::Udp {
+                f.problem(key, "needs send (or send_hex)");
+            }
         }
         if kind == CheckKind::None && f.has("port") {
             f.problem("port", "kind = \"none\" probes nothing");
@@ -272,14 +275,86 @@ pub const MAX_HEADER_VALUE: usize = 1024;
 pub const MAX_STATUS: usize = 64;
 
 /// `send` / `expect`: non-empty (leave the key out to send nothing), at most [`MAX_PAYLOAD`].
-fn payload(f: &Fields, key: &'static str) -> Option<Vec<u8>> {
-    let s = f.str(key)?;
-    if s.is_empty() {
-        f.problem(key, "empty: leave the key out instead");
-    } else if s.len() > MAX_PAYLOAD {
-        f.problem(key, format!("{} bytes, more than {MAX_PAYLOAD}", s.len()));
+/// The payload keys, for the kinds that have none.
+const PAYLOAD_KEYS: [&str; 6] = [
+    "send",
+    "send_hex",
+    "expect",
+    "expect_hex",
+    "expect_offset",
+    "expect_mask_hex",
+];
+
+/// Bytes given as text at `key` or as hex at `hex_key` (one of them).
+fn payload(f: &Fields, key: &'static str, hex_key: &'static str) -> Option<Vec<u8>> {
+    let bytes = match (f.has(key), f.has(hex_key)) {
+        (true, true) => {
+            f.problem(hex_key, format!("give {key} or {hex_key}, not both"));
+            return None;
+        }
+        (true, false) => f.str(key)?.as_bytes().to_vec(),
+        (false, true) => hex(f, hex_key)?,
+        (false, false) => return None,
+    };
+    let shown = if f.has(key) { key } else { hex_key };
+    if bytes.is_empty() {
+        f.problem(shown, "empty: leave the key out instead");
+    } else if bytes.len() > MAX_PAYLOAD {
+        f.problem(
+            shown,
+            format!("{} bytes, more than {MAX_PAYLOAD}", bytes.len()),
+        );
     }
-    Some(s.as_bytes().to_vec())
+    Some(bytes)
+}
+
+fn hex(f: &Fields, key: &'static str) -> Option<Vec<u8>> {
+    let text = f.str(key)?;
+    match super::payload::parse_hex(text) {
+        Ok(bytes) => Some(bytes),
+        Err(e) => {
+            f.problem(key, format!("expected hex bytes (\"12 34 ab\"): {e}"));
+            None
+        }
+    }
+}
+
+/// `expect`/`expect_hex`, with `expect_offset` and `expect_mask_hex`.
+fn read_expect(f: &Fields) -> Option<Expect> {
+    let bytes = payload(f, "expect", "expect_hex");
+    let offset = f
+        .int_in("expect_offset", 0..=MAX_PAYLOAD as i64, 0)
+        .map(|n| n as usize);
+    let mask = match f.has("expect_mask_hex") {
+        true => hex(f, "expect_mask_hex"),
+        false => None,
+    };
+    if bytes.is_none() {
+        for key in ["expect_offset", "expect_mask_hex"] {
+            if f.has(key) {
+                f.problem(key, "needs expect (or expect_hex)");
+            }
+        }
+        return None;
+    }
+    let bytes = bytes?;
+    if let Some(m) = &mask
+        && m.len() != bytes.len()
+    {
+        f.problem(
+            "expect_mask_hex",
+            format!(
+                "{} bytes, but expect has {}: one mask byte per expected byte",
+                m.len(),
+                bytes.len()
+            ),
+        );
+    }
+    Some(Expect {
+        bytes,
+        offset: offset?,
+        mask,
+    })
 }
 
 /// The HTTP options: required shape for http/https, refused for other kinds.

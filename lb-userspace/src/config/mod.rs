@@ -4,6 +4,7 @@
 mod check;
 mod fields;
 pub mod host;
+mod payload;
 mod read;
 mod settings;
 
@@ -16,6 +17,7 @@ use std::{
 
 pub use check::{Check, CheckKind, HttpMethod, HttpOptions, default_status};
 pub use fields::{Problem, parse_duration, show as show_duration};
+pub use payload::Expect;
 pub use read::parse;
 pub use settings::{FailureKind, PassiveSettings, WindowSettings};
 

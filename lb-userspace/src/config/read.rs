@@ -1022,6 +1022,22 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
             http.unhealthy_status,
             Some(vec![429..=429, 404..=404, 500..=505])
         );
+        // A DNS probe: a query in hex, the reply's ID and flags under a mask.
+        let c = parse(&with_check(
+            "kind = \"udp\"\nport = 53\nsend_hex = \"12 34 01 00\"\nexpect_hex = \"1234 8000\"\n\
+             expect_mask_hex = \"ff ff 80 0f\"\nexpect_offset = 0",
+        ))
+        .unwrap();
+        let check = &c.services[0].check;
+        assert_eq!(check.send.as_deref(), Some(&[0x12, 0x34, 0x01, 0x00][..]));
+        assert_eq!(
+            check.expect,
+            Some(crate::config::Expect {
+                bytes: vec![0x12, 0x34, 0x80, 0x00],
+                offset: 0,
+                mask: Some(vec![0xff, 0xff, 0x80, 0x0f]),
+            })
+        );
         assert!(!http.verify_tls);
     }
 
@@ -1054,7 +1070,7 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
             ),
             (
                 "kind = \"udp\"\nexpect = \"PONG\"",
-                "service[0].check.expect: needs send",
+                "service[0].check.expect: needs send (or send_hex)",
             ),
             (
                 "kind = \"icmp\"\nsend = \"x\"",
@@ -1095,6 +1111,26 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
             (
                 "kind = \"http\"\nunhealthy_status = [600]",
                 "service[0].check.unhealthy_status[0]: expected a code 100-599 or \"FIRST-LAST\"",
+            ),
+            (
+                "kind = \"udp\"\nsend = \"x\"\nsend_hex = \"78\"",
+                "service[0].check.send_hex: give send or send_hex, not both",
+            ),
+            (
+                "kind = \"udp\"\nsend_hex = \"12 3\"",
+                "service[0].check.send_hex: expected hex bytes (\"12 34 ab\"): an odd number of hex digits",
+            ),
+            (
+                "kind = \"udp\"\nsend = \"x\"\nexpect_hex = \"12 34\"\nexpect_mask_hex = \"ff\"",
+                "service[0].check.expect_mask_hex: 1 bytes, but expect has 2: one mask byte per expected byte",
+            ),
+            (
+                "kind = \"udp\"\nsend = \"x\"\nexpect_offset = 2",
+                "service[0].check.expect_offset: needs expect (or expect_hex)",
+            ),
+            (
+                "expect_hex = \"00\"",
+                "service[0].check.expect_hex: only for tcp-connect and udp checks, not tcp",
             ),
             (
                 "tcp_failures = 0",

@@ -93,7 +93,7 @@ pub(super) fn probe(
             tcp_connect::probe(
                 target,
                 check.send.as_deref(),
-                check.expect.as_deref(),
+                check.expect.as_ref(),
                 timeout,
             )
             .await
@@ -125,7 +125,7 @@ pub(super) fn probe(
                         icmp,
                         target,
                         check.send.as_deref(),
-                        check.expect.as_deref(),
+                        check.expect.as_ref(),
                         timeout,
                     )
                     .await

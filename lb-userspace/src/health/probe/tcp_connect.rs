@@ -10,15 +10,18 @@ use tokio::{
 };
 
 use super::ProbeResult;
-use crate::health::outcome::{Reason, from_io};
+use crate::{
+    config::Expect,
+    health::outcome::{Reason, from_io},
+};
 
-/// Longest `expect` compared, so a misconfigured check cannot make a probe read without bound.
-pub const MAX_EXPECT: usize = 4096;
+/// Most of a reply read (offset and expected bytes), so a probe cannot read without bound.
+pub const MAX_EXPECT: usize = 8192;
 
 pub async fn probe(
     target: SocketAddrV4,
     send: Option<&[u8]>,
-    expect: Option<&[u8]>,
+    expect: Option<&Expect>,
     timeout: Duration,
 ) -> ProbeResult {
     let start = Instant::now();
@@ -36,16 +39,17 @@ pub async fn probe(
 async fn exchange(
     target: SocketAddrV4,
     send: Option<&[u8]>,
-    expect: Option<&[u8]>,
+    expect: Option<&Expect>,
 ) -> Result<(), ProbeResult> {
     let mut stream = TcpStream::connect(target).await.map_err(|e| from_io(&e))?;
     if let Some(send) = send {
         stream.write_all(send).await.map_err(|e| from_io(&e))?;
     }
-    let Some(expect) = expect.map(|e| &e[..e.len().min(MAX_EXPECT)]) else {
+    let Some(expect) = expect else {
         return Ok(());
     };
-    let mut got = vec![0u8; expect.len()];
+    // The reply up to the last byte compared (bounded: the config caps offset and length).
+    let mut got = vec![0u8; expect.needed().min(MAX_EXPECT)];
     let mut filled = 0;
     while filled < got.len() {
         match stream.read(&mut got[filled..]).await {
@@ -54,7 +58,7 @@ async fn exchange(
             Err(_) => return Err(ProbeResult::HttpFailure(Reason::Mismatch)),
             Ok(n) => filled += n,
         }
-        if got[..filled] != expect[..filled] {
+        if !expect.may_match(&got[..filled]) {
             return Err(ProbeResult::HttpFailure(Reason::Mismatch));
         }
     }

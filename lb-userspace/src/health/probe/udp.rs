@@ -29,17 +29,20 @@ use std::{
 use tokio::{net::UdpSocket, time::Instant};
 
 use super::{ProbeResult, icmp::IcmpProber};
-use crate::health::outcome::{Reason, from_io};
+use crate::{
+    config::Expect,
+    health::outcome::{Reason, from_io},
+};
 
-/// Longest `expect` compared, so a misconfigured check cannot make a probe allocate without bound.
-pub const MAX_EXPECT: usize = 4096;
+/// Most of a reply kept (offset and expected bytes), so a probe cannot allocate without bound.
+pub const MAX_EXPECT: usize = 8192;
 
 /// Probes `target` (see the module documentation for the verdicts).
 pub async fn probe(
     icmp: &IcmpProber,
     target: SocketAddrV4,
     send: Option<&[u8]>,
-    expect: Option<&[u8]>,
+    expect: Option<&Expect>,
     timeout: Duration,
 ) -> ProbeResult {
     match send {
@@ -52,18 +55,17 @@ pub async fn probe(
 async fn exchange(
     target: SocketAddrV4,
     payload: &[u8],
-    expect: Option<&[u8]>,
+    expect: Option<&Expect>,
     timeout: Duration,
 ) -> ProbeResult {
-    let expect = expect.map(|e| &e[..e.len().min(MAX_EXPECT)]);
     let start = Instant::now();
     let result = tokio::time::timeout(timeout, async {
         let socket = connected(target).await?;
         socket.send(payload).await?;
-        // A datagram arrives whole: its first `expect.len()` bytes are all that is compared.
-        let mut buf = vec![0u8; expect.map_or(1, |e| e.len().max(1))];
+        // A datagram arrives whole: the bytes up to the last one compared are all it needs.
+        let mut buf = vec![0u8; expect.map_or(1, |e| e.needed().clamp(1, MAX_EXPECT))];
         let n = socket.recv(&mut buf).await?;
-        io::Result::Ok(expect.is_none_or(|e| buf[..n].starts_with(e)))
+        io::Result::Ok(expect.is_none_or(|e| e.matches(&buf[..n])))
     })
     .await;
     match result {
