@@ -204,7 +204,7 @@ pub async fn status(api: ApiArgs, service: Option<String>) -> anyhow::Result<()>
             s.new_flows, s.packets, s.bytes
         );
         println!(
-            "  {:<22} {:>3} {:<17} {:<9} {:>8} {:>4} {:>4} {:>4} {:>4} {:>9} {:>10} {:>12}  last failure",
+            "  {:<22} {:>3} {:<17} {:<9} {:>8} {:>4} {:>4} {:>4} {:>4} {:>7} {:>9} {:>10} {:>12}  last failure",
             "backend",
             "w",
             "state",
@@ -214,13 +214,14 @@ pub async fn status(api: ApiArgs, service: Option<String>) -> anyhow::Result<()>
             "tcp",
             "tls",
             "http",
+            "payload",
             "timeout",
             "latency",
             "new flows"
         );
         for b in &s.backends {
             println!(
-                "  {:<22} {:>3} {:<17} {:<9} {:>7.0}s {:>4} {:>4} {:>4} {:>4} {:>9} {:>10} {:>12}  {}",
+                "  {:<22} {:>3} {:<17} {:<9} {:>7.0}s {:>4} {:>4} {:>4} {:>4} {:>7} {:>9} {:>10} {:>12}  {}",
                 b.address,
                 b.weight,
                 b.state,
@@ -230,6 +231,7 @@ pub async fn status(api: ApiArgs, service: Option<String>) -> anyhow::Result<()>
                 b.counters.tcp_failure,
                 b.counters.tls_failure,
                 b.counters.http_failure,
+                b.counters.payload_failure,
                 b.counters.timeout_failure,
                 b.last_probe_latency_ms
                     .map_or("-".to_owned(), |ms| format!("{ms:.2}ms")),
@@ -287,7 +289,7 @@ fn show_event(e: &Event) -> String {
         .map_or(String::new(), |us| format!(" flag written in {us}µs"));
     let c = &e.counters;
     format!(
-        "#{} {} {} {} {} -> {} ({}{reason}; ok {} tcp {} tls {} http {} timeout {}; thresholds {}/{}){flag}",
+        "#{} {} {} {} {} -> {} ({}{reason}; ok {} tcp {} tls {} http {} payload {} timeout {}; thresholds {}/{}){flag}",
         e.seq,
         show_time(e.time),
         e.service,
@@ -299,6 +301,7 @@ fn show_event(e: &Event) -> String {
         c.tcp_failure,
         c.tls_failure,
         c.http_failure,
+        c.payload_failure,
         c.timeout_failure,
         e.unhealthy_threshold,
         e.healthy_threshold,

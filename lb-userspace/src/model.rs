@@ -325,6 +325,9 @@ pub struct ProbeCounters {
     #[serde(default)]
     pub tls_failure: u32,
     pub http_failure: u32,
+    /// Replies to `send` that were not the expected ones (tcp-connect, udp).
+    #[serde(default)]
+    pub payload_failure: u32,
     pub timeout_failure: u32,
 }
 

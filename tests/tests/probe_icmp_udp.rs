@@ -286,11 +286,11 @@ fn udp_with_payload() {
         assert_success(probe(Some(b"PING".as_slice()), None).await, TIMEOUT);
         assert_eq!(
             probe(Some(b"PING".as_slice()), Some(b"NOPE".as_slice())).await,
-            ProbeResult::HttpFailure(Reason::Mismatch)
+            ProbeResult::PayloadFailure(Reason::Mismatch)
         );
         assert_eq!(
             probe(Some(b"PING".as_slice()), Some(b"PONG and more".as_slice())).await,
-            ProbeResult::HttpFailure(Reason::Mismatch)
+            ProbeResult::PayloadFailure(Reason::Mismatch)
         );
         // The server ignores anything but PING: silence.
         let timeout = Duration::from_millis(300);

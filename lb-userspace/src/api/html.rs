@@ -90,7 +90,7 @@ fn table(out: &mut String, s: &ServiceStatus) {
         "<table data-service=\"{}\">\n<caption>{}</caption>\n<thead><tr>\
          <th>backend</th><th>weight</th><th>state</th><th>admin</th>\
          <th>success</th><th>tcp failure</th><th>tls failure</th><th>http failure</th>\
-         <th>timeout failure</th><th>last failure</th>\
+         <th>payload failure</th><th>timeout failure</th><th>last failure</th>\
          <th>last probe</th><th>packets</th><th>bytes</th><th>new flows</th>\
          </tr></thead>\n<tbody>\n",
         escape(&s.name),
@@ -125,7 +125,7 @@ fn row(out: &mut String, b: &BackendStatus) {
         "<tr class=\"state-{state}{ejected_class}\" data-state=\"{state}\" data-backend=\"{addr}\">\
          <td>{addr}</td><td class=\"n\">{}</td><td>{}{ejected_words}</td><td>{}</td>\
          <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
-         <td class=\"n\">{}</td><td class=\"reason\">{}</td><td class=\"n\">{latency}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+         <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"reason\">{}</td><td class=\"n\">{latency}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
         b.weight,
         b.state.as_str().replace('_', " "),
         b.admin.as_str(),
@@ -133,6 +133,7 @@ fn row(out: &mut String, b: &BackendStatus) {
         c.tcp_failure,
         c.tls_failure,
         c.http_failure,
+        c.payload_failure,
         c.timeout_failure,
         b.last_failure
             .as_deref()
@@ -213,6 +214,7 @@ mod tests {
                 tcp_failure: 0,
                 tls_failure: 0,
                 http_failure: 0,
+                payload_failure: 0,
                 timeout_failure: 0,
             },
             last_probe_latency_ms: Some(1.5),

@@ -171,6 +171,13 @@ pub fn render(status: &Status) -> String {
     );
     family(
         &mut out,
+        "lb_backend_check_payload_failure",
+        "gauge",
+        "Consecutive probes of the backend whose reply to `send` was not the expected one (tcp-connect, udp).",
+        per_backend(|b| Some(b.counters.payload_failure.to_string())),
+    );
+    family(
+        &mut out,
         "lb_backend_check_timeout_failure",
         "gauge",
         "Consecutive probes of the backend that timed out.",
@@ -414,6 +421,7 @@ mod tests {
                         tcp_failure: 1,
                         tls_failure: 0,
                         http_failure: 0,
+                        payload_failure: 0,
                         timeout_failure: 0,
                     },
                     last_probe_latency_ms: Some(2.5),
@@ -507,6 +515,9 @@ lb_backend_check_tls_failure{service="web",backend="10.0.0.2:80"} 0
 # HELP lb_backend_check_http_failure Consecutive probes of the backend that failed at the HTTP level.
 # TYPE lb_backend_check_http_failure gauge
 lb_backend_check_http_failure{service="web",backend="10.0.0.2:80"} 0
+# HELP lb_backend_check_payload_failure Consecutive probes of the backend whose reply to `send` was not the expected one (tcp-connect, udp).
+# TYPE lb_backend_check_payload_failure gauge
+lb_backend_check_payload_failure{service="web",backend="10.0.0.2:80"} 0
 # HELP lb_backend_check_timeout_failure Consecutive probes of the backend that timed out.
 # TYPE lb_backend_check_timeout_failure gauge
 lb_backend_check_timeout_failure{service="web",backend="10.0.0.2:80"} 0

@@ -220,6 +220,7 @@ impl Shared {
                 tcp_failure = t.counters.tcp_failure,
                 tls_failure = t.counters.tls_failure,
                 http_failure = t.counters.http_failure,
+                payload_failure = t.counters.payload_failure,
                 timeout_failure = t.counters.timeout_failure,
                 healthy_threshold = w.healthy_threshold,
                 unhealthy_threshold = w.unhealthy_threshold,
@@ -556,6 +557,7 @@ pub(super) fn counters(c: Counters) -> ProbeCounters {
         tcp_failure: c.tcp_failure,
         tls_failure: c.tls_failure,
         http_failure: c.http_failure,
+        payload_failure: c.payload_failure,
         timeout_failure: c.timeout_failure,
     }
 }

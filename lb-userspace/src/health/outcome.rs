@@ -14,8 +14,11 @@ pub enum ProbeResult {
     TcpFailure(Reason),
     /// The TLS handshake failed (`https`): counted apart from TCP failures.
     TlsFailure(Reason),
-    /// An answer, but the wrong one: unexpected status code or payload.
+    /// An HTTP answer, but the wrong one: unexpected status code, not HTTP.
     HttpFailure(Reason),
+    /// A reply to `send` (tcp-connect, udp) that is not the expected one, or none before the
+    /// connection closed.
+    PayloadFailure(Reason),
     /// No answer within the timeout.
     Timeout,
     /// Failed on this host, not at the target (out of descriptors, buffers, local ports): no
@@ -35,7 +38,10 @@ impl ProbeResult {
                 "timeout after {}",
                 crate::config::show_duration(timeout)
             )),
-            Self::TcpFailure(r) | Self::TlsFailure(r) | Self::HttpFailure(r) => Some(r.to_string()),
+            Self::TcpFailure(r)
+            | Self::TlsFailure(r)
+            | Self::HttpFailure(r)
+            | Self::PayloadFailure(r) => Some(r.to_string()),
             Self::Local(r) => Some(format!("local: {r}")),
             Self::Neutral(_) => None,
         }

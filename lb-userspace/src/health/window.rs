@@ -32,6 +32,8 @@ pub struct Counters {
     /// TLS handshakes that failed (https), apart from TCP failures.
     pub tls_failure: u32,
     pub http_failure: u32,
+    /// Replies to `send` that were not the expected ones (tcp-connect, udp).
+    pub payload_failure: u32,
     pub timeout_failure: u32,
 }
 
@@ -41,6 +43,7 @@ impl Counters {
         self.tcp_failure
             .saturating_add(self.tls_failure)
             .saturating_add(self.http_failure)
+            .saturating_add(self.payload_failure)
             .saturating_add(self.timeout_failure)
     }
 
@@ -51,6 +54,7 @@ impl Counters {
         self.tcp_failure.saturating_add(self.tls_failure) >= s.threshold(FailureKind::Tcp)
             || self.timeout_failure >= s.threshold(FailureKind::Timeout)
             || self.http_failure >= s.threshold(FailureKind::Http)
+            || self.payload_failure >= s.unhealthy_threshold.max(1)
             || self.failure_streak() >= s.mixed_threshold()
     }
 
@@ -66,6 +70,7 @@ impl Counters {
             ProbeResult::TcpFailure(_) => &mut self.tcp_failure,
             ProbeResult::TlsFailure(_) => &mut self.tls_failure,
             ProbeResult::HttpFailure(_) => &mut self.http_failure,
+            ProbeResult::PayloadFailure(_) => &mut self.payload_failure,
             ProbeResult::Timeout => &mut self.timeout_failure,
             // No verdict (see `Window::observe`).
             ProbeResult::Local(_) | ProbeResult::Neutral(_) => return,

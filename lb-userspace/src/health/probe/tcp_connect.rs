@@ -53,13 +53,13 @@ async fn exchange(
     let mut filled = 0;
     while filled < got.len() {
         match stream.read(&mut got[filled..]).await {
-            Ok(0) => return Err(ProbeResult::HttpFailure(Reason::Closed)),
+            Ok(0) => return Err(ProbeResult::PayloadFailure(Reason::Closed)),
             // A reset or an error after the connection worked: the answer was not the one.
-            Err(_) => return Err(ProbeResult::HttpFailure(Reason::Mismatch)),
+            Err(_) => return Err(ProbeResult::PayloadFailure(Reason::Mismatch)),
             Ok(n) => filled += n,
         }
         if !expect.may_match(&got[..filled]) {
-            return Err(ProbeResult::HttpFailure(Reason::Mismatch));
+            return Err(ProbeResult::PayloadFailure(Reason::Mismatch));
         }
     }
     Ok(())

@@ -71,7 +71,7 @@ async fn exchange(
     match result {
         Err(_elapsed) => ProbeResult::Timeout,
         Ok(Err(e)) => failed(target, &e),
-        Ok(Ok(false)) => ProbeResult::HttpFailure(Reason::Mismatch),
+        Ok(Ok(false)) => ProbeResult::PayloadFailure(Reason::Mismatch),
         Ok(Ok(true)) => ProbeResult::Success {
             latency: start.elapsed(),
         },
