@@ -24,6 +24,13 @@ fn wait_for(daemon: &Daemon, ip: &str, want: &str, limit: Duration) -> Duration 
     daemon.wait_state("tcp", &format!("{ip}:8080"), want, limit)
 }
 
+/// Waits until every backend of the TCP service shows `want`.
+fn wait_all(daemon: &Daemon, sb: &Sandbox, want: &str, limit: Duration) {
+    for b in &sb.backends {
+        wait_for(daemon, &b.addr.to_string(), want, limit);
+    }
+}
+
 fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -125,14 +132,7 @@ fn eject_and_return(kind: &str, how: Failure) -> Daemon {
     );
     let daemon = Daemon::start(&sb.lb, &config).unwrap();
     let dead = sb.backends[1].addr.to_string();
-    for b in &sb.backends {
-        wait_for(
-            &daemon,
-            &b.addr.to_string(),
-            "healthy",
-            Duration::from_secs(5),
-        );
-    }
+    wait_all(&daemon, &sb, "healthy", Duration::from_secs(5));
 
     // Failure window: timeout × threshold + interval × (threshold − 1), plus up to one interval
     // of phase (the backend fails between probes), 10% and 100 ms of scheduling slack.
@@ -277,14 +277,7 @@ fn an_untrusted_certificate_is_named_as_the_reason() {
     );
     let daemon = Daemon::start(&sb.lb, &config).unwrap();
     let reason = "TLS: certificate not trusted (unknown issuer)";
-    for b in &sb.backends {
-        wait_for(
-            &daemon,
-            &b.addr.to_string(),
-            "unhealthy",
-            Duration::from_secs(5),
-        );
-    }
+    wait_all(&daemon, &sb, "unhealthy", Duration::from_secs(5));
     let s = daemon.status().unwrap();
     for b in &s.service("tcp").unwrap().backends {
         assert_eq!(b.last_failure.as_deref(), Some(reason), "{b:?}");
@@ -337,14 +330,7 @@ fn probes_that_fail_locally_are_not_verdicts() {
         ),
     );
     let daemon = Daemon::start(&sb.lb, &config).unwrap();
-    for b in &sb.backends {
-        wait_for(
-            &daemon,
-            &b.addr.to_string(),
-            "healthy",
-            Duration::from_secs(5),
-        );
-    }
+    wait_all(&daemon, &sb, "healthy", Duration::from_secs(5));
     let pid = daemon.process.pid();
     let limit = |n: &str| {
         let out = std::process::Command::new("prlimit")
@@ -417,14 +403,7 @@ fn per_kind_thresholds_eject_at_their_own_counts() {
          unhealthy_threshold = 5\ntcp_failures = 1\ntimeouts = 3\n",
     );
     let daemon = Daemon::start(&sb.lb, &config).unwrap();
-    for b in &sb.backends {
-        wait_for(
-            &daemon,
-            &b.addr.to_string(),
-            "healthy",
-            Duration::from_secs(5),
-        );
-    }
+    wait_all(&daemon, &sb, "healthy", Duration::from_secs(5));
     let s = daemon.status().unwrap();
     let t = s.service("tcp").unwrap().failure_thresholds;
     assert_eq!((t.tcp_failures, t.timeouts, t.http_failures), (1, 3, 5));
