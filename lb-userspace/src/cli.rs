@@ -38,6 +38,7 @@ pub enum Command {
     /// SIGHUP reloads the config. SIGINT/SIGTERM exit leaving the pinned datapath forwarding
     /// (the next `lb run` adopts it); `lb stop` removes everything.
     Run {
+        /// The config file (TOML; README, "Configuration").
         #[arg(long, short)]
         config: PathBuf,
         /// Do not pin the datapath: it is removed when the daemon exits.
@@ -45,15 +46,20 @@ pub enum Command {
         no_pin: bool,
     },
     /// Validate a config file; prints every problem with its path and exits 64 if there are any.
-    CheckConfig { file: PathBuf },
+    CheckConfig {
+        /// The config file to check.
+        file: PathBuf,
+    },
     /// Health and traffic of every service (or one): state, counters, windows.
     Status {
+        /// Only this service (by name).
         service: Option<String>,
         #[command(flatten)]
         api: ApiArgs,
     },
     /// Health events: the recent ones, or (--follow) as they happen.
     Events {
+        /// Keep printing events as they happen.
         #[arg(long, short)]
         follow: bool,
         /// Only events after this sequence number.
@@ -64,10 +70,12 @@ pub enum Command {
     },
     /// Drain, enable or disable a backend of a service.
     Backend {
+        /// What to do.
         action: BackendAction,
+        /// The service's name.
         service: String,
         /// The backend's IP:PORT as in the config.
-        address: String,
+        address: SocketAddr,
         #[command(flatten)]
         api: ApiArgs,
     },
@@ -79,6 +87,8 @@ pub enum Command {
     /// Stop the daemon and remove the datapath (pinned or not). When no daemon answers,
     /// remove a pinned datapath left behind at --pin-path.
     Stop {
+        /// The pinned datapath's bpffs directory (the config's `pin_path`), for when no daemon
+        /// answers.
         #[arg(long, default_value = config::DEFAULT_PIN_PATH)]
         pin_path: PathBuf,
         #[command(flatten)]
@@ -91,9 +101,13 @@ pub enum Command {
     },
     /// Print the completion script of a shell (e.g. `lb completions bash >
     /// /usr/share/bash-completion/completions/lb`).
-    Completions { shell: clap_complete::Shell },
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
     /// Print the man page (roff), or write lb.1 and a page per subcommand into a directory.
     Man {
+        /// Write the pages into this directory instead of printing lb(1).
         #[arg(long)]
         out_dir: Option<PathBuf>,
     },
@@ -341,7 +355,7 @@ pub async fn backend(
     api: ApiArgs,
     action: BackendAction,
     service: String,
-    address: String,
+    address: SocketAddr,
 ) -> anyhow::Result<()> {
     let action = match action {
         BackendAction::Drain => "drain",
@@ -353,7 +367,7 @@ pub async fn backend(
         &format!(
             "/v1/services/{}/backends/{}/{action}",
             encode(&service),
-            encode(&address)
+            encode(&address.to_string())
         ),
     )
     .await?;
@@ -440,26 +454,31 @@ pub async fn stats(api: ApiArgs) -> anyhow::Result<()> {
         println!("{:<20} {:>14}{note}", c.name, c.value);
     }
     println!();
-    println!(
-        "{:<24} {:<22} {:<5} {:>10} {:>12} {:>14}",
-        "service / backend", "address", "proto", "new flows", "packets", "bytes"
-    );
     for s in &reply.services {
+        println!(
+            "{:<24} {:<22} {:<5} {:>10} {:>12} {:>14}",
+            "service", "vip", "proto", "new flows", "packets", "bytes"
+        );
         println!(
             "{:<24} {:<22} {:<5} {:>10} {:>12} {:>14}",
             s.name, s.vip, s.protocol, s.new_flows, s.packets, s.bytes
         );
+        println!(
+            "  {:<22} {:<17} {:>4} {:>10} {:>12} {:>14}",
+            "backend", "state", "w", "new flows", "packets", "bytes"
+        );
         for b in &s.backends {
             println!(
-                "  {:<22} {:<22} {:<5} {:>10} {:>12} {:>14}",
-                format!("{} w{}", b.state, b.weight),
+                "  {:<22} {:<17} {:>4} {:>10} {:>12} {:>14}",
                 b.address,
-                "",
+                b.state.as_str(),
+                b.weight,
                 b.new_flows,
                 b.packets,
                 b.bytes
             );
         }
+        println!();
     }
     Ok(())
 }
@@ -494,5 +513,47 @@ mod tests {
         assert_eq!(show_time(0.0), "1970-01-01 00:00:00.000Z");
         assert_eq!(show_time(1_796_148_702.5), "2026-12-01 18:11:42.500Z");
         assert_eq!(show_time(951_782_400.0), "2000-02-29 00:00:00.000Z");
+    }
+
+    /// Issue 19: every argument says what it is.
+    #[test]
+    fn every_argument_has_help() {
+        use clap::CommandFactory as _;
+        let cli = Cli::command();
+        for sub in cli.get_subcommands() {
+            assert!(sub.get_about().is_some(), "{}", sub.get_name());
+            for arg in sub.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                assert!(
+                    arg.get_help().is_some(),
+                    "lb {} {id}: no help",
+                    sub.get_name()
+                );
+            }
+        }
+    }
+
+    /// A malformed backend address is a usage error (exit 2), caught before any request.
+    #[test]
+    fn a_malformed_backend_address_is_a_usage_error() {
+        use clap::Parser as _;
+        let e = Cli::try_parse_from(["lb", "backend", "drain", "web", "10.0.0.1"]).unwrap_err();
+        assert_eq!(e.exit_code(), 2, "{e}");
+        assert!(e.to_string().contains("invalid socket address"), "{e}");
+        assert!(Cli::try_parse_from(["lb", "backend", "drain", "web", "10.0.0.1:80"]).is_ok());
+    }
+
+    /// The unreachable-daemon message names its cause once.
+    #[test]
+    fn an_unreachable_daemon_is_said_once() {
+        let e = anyhow::Error::new(client::Unreachable {
+            addr: "127.0.0.1:9090".parse().unwrap(),
+            error: std::io::ErrorKind::ConnectionRefused.into(),
+        });
+        let text = format!("{e:#}");
+        assert_eq!(text.matches("refused").count(), 1, "{text}");
     }
 }

@@ -15,12 +15,12 @@ use tokio::net::TcpStream;
 /// The daemon could not be reached at all (as opposed to answering with an error).
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "cannot reach the lb control API at {addr}: {source} (is `lb run` running, and is --api right?)"
+    "cannot reach the lb control API at {addr}: {error} (is `lb run` running, and is --api right?)"
 )]
 pub struct Unreachable {
     pub addr: SocketAddr,
-    #[source]
-    pub source: std::io::Error,
+    /// Shown in the message, not chained as a source: `{:#}` would print it twice.
+    pub error: std::io::Error,
 }
 
 /// Longest wait for a connection.
@@ -143,9 +143,9 @@ async fn send(
         .await
         .map_err(|_| Unreachable {
             addr,
-            source: std::io::ErrorKind::TimedOut.into(),
+            error: std::io::ErrorKind::TimedOut.into(),
         })?
-        .map_err(|source| Unreachable { addr, source })?;
+        .map_err(|error| Unreachable { addr, error })?;
     let (mut sender, connection) = http1::handshake(TokioIo::new(stream))
         .await
         .context("control API handshake")?;
