@@ -400,6 +400,12 @@ pub async fn reload(api: ApiArgs) -> anyhow::Result<()> {
             println!("  {label}: {}", list.join(", "));
         }
     }
+    if r.probes_started + r.probes_stopped > 0 {
+        println!(
+            "  probes: {} started (new or changed checks start at initializing), {} stopped",
+            r.probes_started, r.probes_stopped
+        );
+    }
     Ok(())
 }
 

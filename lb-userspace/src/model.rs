@@ -424,6 +424,12 @@ pub struct ReloadReply {
     pub services_changed: Vec<String>,
     pub backends_added: Vec<String>,
     pub backends_removed: Vec<String>,
+    /// Probes started (new targets, or checks that changed: they start over at
+    /// `initializing`) and stopped; the others keep their state.
+    #[serde(default)]
+    pub probes_started: usize,
+    #[serde(default)]
+    pub probes_stopped: usize,
 }
 
 /// `POST /v1/stop` (202).

@@ -443,9 +443,27 @@ fn reload_applies_in_place_and_rejects_bad_files() {
     std::fs::write(&daemon.config, &good).unwrap();
     let out = daemon.lb(&["reload"]);
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("backends added"));
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        said.contains("backends added") && said.contains("probes: 1 started"),
+        "{said}"
+    );
     daemon.wait_state("tcp", &removed_addr, "healthy", Duration::from_secs(3));
     echo(&mut stream, "after the second reload").unwrap();
+
+    // A changed check restarts the probes of every backend under it, and says so.
+    std::fs::write(
+        &daemon.config,
+        good.replacen("interval = \"300ms\"", "interval = \"400ms\"", 1),
+    )
+    .unwrap();
+    let out = daemon.lb(&["reload"]);
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        said.contains("probes: 3 started") && said.contains("3 stopped"),
+        "{said}"
+    );
+    echo(&mut stream, "after the check changed").unwrap();
 }
 
 #[test]

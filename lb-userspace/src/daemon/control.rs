@@ -35,7 +35,7 @@ impl api::Control for Shared {
     }
 
     fn reload(&self, via: &str) -> Result<ReloadReply, RequestError> {
-        let changes = Shared::reload(self, via)?;
+        let (changes, probes) = Shared::reload(self, via)?;
         let named = |list: Vec<(String, std::net::SocketAddrV4)>| {
             list.into_iter().map(|(s, b)| format!("{s} {b}")).collect()
         };
@@ -45,6 +45,8 @@ impl api::Control for Shared {
             services_changed: changes.services_changed,
             backends_added: named(changes.backends_added),
             backends_removed: named(changes.backends_removed),
+            probes_started: probes.started,
+            probes_stopped: probes.stopped,
         })
     }
 

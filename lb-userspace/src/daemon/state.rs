@@ -21,7 +21,7 @@ use crate::{
     dataplane::Dataplane,
     events::EventLog,
     health::{
-        checker::{Checker, ProbeKey, Verdict},
+        checker::{Checker, ProbeChanges, ProbeKey, Verdict},
         outcome::ProbeResult,
         passive::{Ejector, Scope},
         window::{Counters, HealthState},
@@ -305,7 +305,7 @@ impl Shared {
     /// An invalid file (or one that changes what only a restart can) changes nothing; a rejected
     /// reload is logged and is an event, whichever way it came (`via`: "SIGHUP", "API"). Never
     /// panics: a bug on the way is a failed reload, not a dead daemon.
-    pub fn reload(&self, via: &str) -> Result<Changes, RequestError> {
+    pub fn reload(&self, via: &str) -> Result<(Changes, ProbeChanges), RequestError> {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.try_reload()))
             .unwrap_or_else(|panic| {
                 let what = panic
@@ -339,7 +339,7 @@ impl Shared {
         result
     }
 
-    fn try_reload(&self) -> Result<Changes, RequestError> {
+    fn try_reload(&self) -> Result<(Changes, ProbeChanges), RequestError> {
         let new = config::load_for_host(&self.config_path).map_err(|errors| {
             RequestError::Invalid(errors.0.iter().map(ToString::to_string).collect())
         })?;
@@ -372,17 +372,20 @@ impl Shared {
                 &mut inner.dataplane,
             )
             .map_err(RequestError::Failed)?;
-        if let Err(e) = inner.checker.update(&new) {
-            // Only opening a raw socket for a new check kind can fail here: go back.
-            let old = inner.config.clone();
-            let _ = inner.balancer.apply(
-                &old,
-                |sid, backend| super::snat_address(&old, sid, backend),
-                |_, _, _| true,
-                &mut inner.dataplane,
-            );
-            return Err(RequestError::Failed(e));
-        }
+        let probes = match inner.checker.update(&new) {
+            Ok(probes) => probes,
+            Err(e) => {
+                // Only opening a raw socket for a new check kind can fail here: go back.
+                let old = inner.config.clone();
+                let _ = inner.balancer.apply(
+                    &old,
+                    |sid, backend| super::snat_address(&old, sid, backend),
+                    |_, _, _| true,
+                    &mut inner.dataplane,
+                );
+                return Err(RequestError::Failed(e));
+            }
+        };
         inner.members = members(&new);
         inner.config = new;
         inner.set_reporting();
@@ -438,9 +441,11 @@ impl Shared {
             changed = ?changes.services_changed,
             backends_added = changes.backends_added.len(),
             backends_removed = changes.backends_removed.len(),
+            probes_started = probes.started,
+            probes_stopped = probes.stopped,
             "config reloaded"
         );
-        Ok(changes)
+        Ok((changes, probes))
     }
 
     fn reload_event(

@@ -63,16 +63,24 @@ pub fn spawn(
     Ok(checker)
 }
 
+/// What [`Checker::update`] did: probes started (new targets, or a changed check, which starts
+/// over at `initializing`) and stopped; the others kept their state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProbeChanges {
+    pub started: usize,
+    pub stopped: usize,
+}
+
 impl Checker {
     /// Moves to the probes of `config`: probes that stay keep their window and state; new ones
     /// start at `initializing`; gone ones stop. Fails (changing nothing) when a raw socket a new
     /// check kind needs cannot be opened.
-    pub fn update(&mut self, config: &Config) -> anyhow::Result<()> {
+    pub fn update(&mut self, config: &Config) -> anyhow::Result<ProbeChanges> {
         self.apply(config, &HashSet::new())
     }
 
     /// As [`Checker::update`]; new probes in `down` start `unhealthy`.
-    fn apply(&mut self, config: &Config, down: &HashSet<ProbeKey>) -> anyhow::Result<()> {
+    fn apply(&mut self, config: &Config, down: &HashSet<ProbeKey>) -> anyhow::Result<ProbeChanges> {
         let wanted: HashSet<ProbeKey> = plan(config).into_iter().map(|(k, _)| k).collect();
         let kinds: HashSet<CheckKind> = wanted.iter().map(|k| k.check.kind).collect();
         if kinds.contains(&CheckKind::Tcp) && self.probers.syn.get().is_none() {
@@ -126,13 +134,18 @@ impl Checker {
             });
             self.targets.insert(key, shared);
         }
+        let mut changes = ProbeChanges::default();
         for command in commands {
+            match &command {
+                Command::Add { .. } => changes.started += 1,
+                Command::Remove(_) => changes.stopped += 1,
+            }
             if self.commands.send(command).is_err() {
                 tracing::error!("the health check scheduler has stopped");
                 break;
             }
         }
-        Ok(())
+        Ok(changes)
     }
 
     /// Which probes send every result (`report(key)`), not only their state changes.
@@ -344,7 +357,14 @@ mod tests {
         assert!(v.transition.is_none());
         checker.set_reporting(|_| false);
         // The closed port leaves the config: its probes stop, the other keeps its state.
-        checker.update(&config(&[up])).unwrap();
+        let changes = checker.update(&config(&[up])).unwrap();
+        assert_eq!(
+            changes,
+            ProbeChanges {
+                started: 0,
+                stopped: 1
+            }
+        );
         assert_eq!(checker.targets(), 1);
         assert!(checker.status(&key_of(closed)).is_none());
         let probes = checker.probes();
