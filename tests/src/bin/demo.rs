@@ -568,7 +568,8 @@ impl Follower {
         Ok(())
     }
 
-    /// `#SEQ TIME SERVICE BACKEND FROM -> TO (...)`.
+    /// `#SEQ DATE TIME SERVICE BACKEND FROM -> TO (...)`, read around the arrow so the time's
+    /// format does not matter.
     fn show(&mut self, line: String) {
         if tty() {
             println!("   \x1b[2m│\x1b[0m {line}");
@@ -576,13 +577,19 @@ impl Follower {
             println!("   │ {line}");
         }
         let w: Vec<&str> = line.split_whitespace().collect();
+        let arrow = w.iter().position(|&x| x == "->");
+        let at = |back: usize, ahead: usize| {
+            arrow
+                .and_then(|a| (a + ahead).checked_sub(back))
+                .and_then(|i| w.get(i))
+        };
         if let (Some(seq), Some(service), Some(backend), Some(to)) = (
             w.first()
                 .and_then(|s| s.strip_prefix('#'))
                 .and_then(|s| s.parse().ok()),
-            w.get(2),
-            w.get(3),
-            w.get(6),
+            at(3, 0),
+            at(2, 0),
+            at(0, 1),
         ) {
             self.seen.push((
                 seq,

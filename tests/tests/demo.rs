@@ -1,0 +1,24 @@
+//! The demo is README's first command: it must run through, unattended, on the lb under test
+//! (it builds its own namespaces and removes them).
+
+use lb_tests::{lb_bin, require_root};
+
+#[test]
+fn the_demo_runs_through() {
+    require_root();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lb-demo"))
+        .arg("--unattended")
+        .env("LB_BIN", lb_bin())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    for step in ["-> unhealthy", "-> healthy", "cleaning up"] {
+        assert!(text.contains(step), "{step}:\n{text}");
+    }
+}
