@@ -209,7 +209,10 @@ pub async fn status(api: ApiArgs, service: Option<String>) -> anyhow::Result<()>
                 "  failure window {fail}s, success window at most {ok}s (thresholds: {} down, {} up)",
                 s.unhealthy_threshold, s.healthy_threshold
             );
-            if let Some(per_kind) = s.failure_thresholds.differ_from(s.unhealthy_threshold) {
+            if let Some(per_kind) = s
+                .failure_thresholds
+                .and_then(|t| t.differ_from(s.unhealthy_threshold))
+            {
                 println!("  unhealthy after {per_kind} failures in a row");
             }
         }

@@ -35,13 +35,11 @@ fn main() -> ExitCode {
                             None => println!("  {}: no check", s.name),
                         }
                         let w = &s.check.window;
-                        if w.per_kind() {
-                            use lb::config::FailureKind::*;
+                        let per_kind = lb::model::FailureThresholds::from(w)
+                            .differ_from(w.unhealthy_threshold);
+                        if let Some(per_kind) = per_kind {
                             println!(
-                                "    unhealthy after {} refused/TLS, {} timeouts, {} HTTP failures in a row (failure window: the timeouts')",
-                                w.threshold(Tcp),
-                                w.threshold(Timeout),
-                                w.threshold(Http)
+                                "    unhealthy after {per_kind} failures in a row (failure window: the timeouts')"
                             );
                         }
                     }

@@ -71,9 +71,10 @@ pub struct ServiceStatus {
     pub healthy_threshold: u32,
     pub unhealthy_threshold: u32,
     /// Consecutive failures of each kind that make a backend unhealthy (seed 002's per-kind
-    /// thresholds; each is `unhealthy_threshold` unless the check sets it).
+    /// thresholds; each is `unhealthy_threshold` unless the check sets it). None from a daemon
+    /// that does not report them.
     #[serde(default)]
-    pub failure_thresholds: FailureThresholds,
+    pub failure_thresholds: Option<FailureThresholds>,
     /// Datapath traffic of the service.
     pub packets: u64,
     pub bytes: u64,
@@ -148,7 +149,7 @@ impl ServiceState {
     }
 }
 
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 pub struct FailureThresholds {
     /// Refused, reset, unreachable and TLS failures.
     pub tcp_failures: u32,
@@ -157,13 +158,23 @@ pub struct FailureThresholds {
     pub http_failures: u32,
 }
 
+impl From<&crate::config::WindowSettings> for FailureThresholds {
+    fn from(w: &crate::config::WindowSettings) -> Self {
+        use crate::config::FailureKind::*;
+        Self {
+            tcp_failures: w.threshold(Tcp),
+            timeouts: w.threshold(Timeout),
+            http_failures: w.threshold(Http),
+        }
+    }
+}
+
 impl FailureThresholds {
-    /// "2 refused/TLS, 3 timeouts, 5 HTTP": for the page and `lb status`, when they are not
-    /// all `unhealthy_threshold` (zeros: a daemon that does not report them).
+    /// "2 refused/TLS, 3 timeouts, 5 HTTP": for check-config, the page and `lb status`, when
+    /// they are not all `unhealthy_threshold`.
     pub fn differ_from(&self, unhealthy_threshold: u32) -> Option<String> {
         let all = [self.tcp_failures, self.timeouts, self.http_failures];
-        let plain = all.iter().all(|&n| n == unhealthy_threshold) || all.contains(&0);
-        (!plain).then(|| {
+        (!all.iter().all(|&n| n == unhealthy_threshold)).then(|| {
             format!(
                 "{} refused/TLS, {} timeouts, {} HTTP",
                 self.tcp_failures, self.timeouts, self.http_failures

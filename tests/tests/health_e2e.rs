@@ -405,7 +405,7 @@ fn per_kind_thresholds_eject_at_their_own_counts() {
     let daemon = Daemon::start(&sb.lb, &config).unwrap();
     wait_all(&daemon, &sb, "healthy", Duration::from_secs(5));
     let s = daemon.status().unwrap();
-    let t = s.service("tcp").unwrap().failure_thresholds;
+    let t = s.service("tcp").unwrap().failure_thresholds.unwrap();
     assert_eq!((t.tcp_failures, t.timeouts, t.http_failures), (1, 3, 5));
 
     fail(&mut sb, 1, Failure::Killed);

@@ -63,7 +63,7 @@ fn service(name: &str, vip: &str, backends: Vec<BackendStatus>) -> ServiceStatus
         success_window_s: Some(10.0),
         healthy_threshold: 3,
         unhealthy_threshold: 3,
-        failure_thresholds: Default::default(),
+        failure_thresholds: None,
         packets: 240,
         bytes: 128_000,
         new_flows: 18,

@@ -63,7 +63,10 @@ fn table(out: &mut String, s: &ServiceStatus) {
         (None, Some(ok)) => format!("success window {} s", secs(ok)),
         (None, None) => "no windows (checks off)".to_owned(),
     };
-    let windows = match s.failure_thresholds.differ_from(s.unhealthy_threshold) {
+    let per_kind = s
+        .failure_thresholds
+        .and_then(|t| t.differ_from(s.unhealthy_threshold));
+    let windows = match per_kind {
         Some(per_kind) => format!("{windows}, unhealthy after {per_kind} failures"),
         None => windows,
     };
@@ -235,7 +238,7 @@ mod tests {
             success_window_s: Some(0.35),
             healthy_threshold: 3,
             unhealthy_threshold: 3,
-            failure_thresholds: Default::default(),
+            failure_thresholds: None,
             packets: 20,
             bytes: 2000,
             new_flows: 4,
@@ -289,11 +292,11 @@ mod tests {
         assert!(html.contains("1/1 backends available"));
         // Per-kind thresholds are named when they are not all unhealthy_threshold.
         let mut per_kind = service("web", vec![]);
-        per_kind.failure_thresholds = crate::model::FailureThresholds {
+        per_kind.failure_thresholds = Some(crate::model::FailureThresholds {
             tcp_failures: 1,
             timeouts: 3,
             http_failures: 3,
-        };
+        });
         let html = page(&status(vec![per_kind]), 5);
         assert!(
             html.contains("unhealthy after 1 refused/TLS, 3 timeouts, 3 HTTP failures"),

@@ -398,7 +398,7 @@ mod tests {
                 success_window_s: Some(0.35),
                 healthy_threshold: 3,
                 unhealthy_threshold: 3,
-                failure_thresholds: Default::default(),
+                failure_thresholds: None,
                 packets: 20,
                 bytes: 2000,
                 new_flows: 4,

@@ -74,11 +74,6 @@ impl WindowSettings {
             .unwrap_or(1)
     }
 
-    /// Whether any per-kind threshold is set.
-    pub fn per_kind(&self) -> bool {
-        self.tcp_failures.is_some() || self.timeouts.is_some() || self.http_failures.is_some()
-    }
-
     /// Longest time a dead (silent) target keeps its traffic, counted from the first probe that
     /// finds it dead: `timeout × n + interval × (n − 1)` with n the timeouts' threshold
     /// (seed 001's formula; `unhealthy_threshold` unless `timeouts` is set). Counted from the

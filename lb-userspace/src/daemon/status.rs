@@ -7,9 +7,9 @@ use lb_common::counter;
 use super::state::{Inner, Shared};
 use crate::{
     api::RequestError,
-    config::{CheckKind, FailureKind},
+    config::CheckKind,
     dataplane::TrafficCounters,
-    model::{BackendStatus, FailureThresholds, NamedCounter, ServiceState, ServiceStatus, Status},
+    model::{BackendStatus, NamedCounter, ServiceState, ServiceStatus, Status},
 };
 
 impl Shared {
@@ -115,11 +115,7 @@ fn build(inner: &Inner) -> anyhow::Result<Status> {
                 success_window_s: windows.map(|w| w.1),
                 healthy_threshold: s.check.window.healthy_threshold,
                 unhealthy_threshold: s.check.window.unhealthy_threshold,
-                failure_thresholds: FailureThresholds {
-                    tcp_failures: s.check.window.threshold(FailureKind::Tcp),
-                    timeouts: s.check.window.threshold(FailureKind::Timeout),
-                    http_failures: s.check.window.threshold(FailureKind::Http),
-                },
+                failure_thresholds: Some((&s.check.window).into()),
                 packets: c.packets,
                 bytes: c.bytes,
                 new_flows: c.new_flows,

@@ -454,7 +454,6 @@ mod tests {
     fn without_per_kind_thresholds_the_sum_decides() {
         let refused = ProbeResult::TcpFailure(Reason::Refused);
         let s = settings(1, 1, 1, 1, 3);
-        assert!(!s.per_kind());
         assert_eq!(s.mixed_threshold(), 3);
         let mut w = Window::new(s);
         w.observe(OK, T);
