@@ -90,6 +90,11 @@ impl Netns {
         sh(Command::new("ip").args(["netns", "add", &name]))?;
         let ns = Self(Arc::new(Inner { name }));
         ns.ip(&["link", "set", "lo", "up"])?;
+        // No duplicate address detection: an IPv6 address (link-local ones too) would be
+        // tentative, unusable, for a second or more after it is added; these links are private.
+        for conf in ["all", "default"] {
+            ns.sysctl(&format!("net/ipv6/conf/{conf}/accept_dad"), "0")?;
+        }
         Ok(ns)
     }
 
@@ -275,7 +280,7 @@ pub fn veth_maybe_addressed(
     ]))?;
     for (ns, ifname, cidr) in [(a, &an, a_cidr), (b, &bn, b_cidr)] {
         if let Some(cidr) = cidr {
-            ns.ip(&["addr", "add", cidr, "dev", ifname])?;
+            add_address(ns, ifname, cidr)?;
         }
         ns.ip(&["link", "set", ifname, "up"])?;
         sh(ns.command("ethtool").args(["-K", ifname, "tx", "off"]))?;
@@ -286,6 +291,23 @@ pub fn veth_maybe_addressed(
         cidr: cidr.unwrap_or_default().into(),
     };
     Ok((port(a, an, a_cidr), port(b, bn, b_cidr)))
+}
+
+/// Adds `cidr` (IPv4 or IPv6) to `ifname` in `ns`; an IPv6 address usable at once (`nodad`).
+pub fn add_address(ns: &Netns, ifname: &str, cidr: &str) -> anyhow::Result<()> {
+    if cidr.contains(':') {
+        ns.ip(&["addr", "add", cidr, "dev", ifname, "nodad"])?;
+    } else {
+        ns.ip(&["addr", "add", cidr, "dev", ifname])?;
+    }
+    Ok(())
+}
+
+impl Port {
+    /// Adds a second address (e.g. the other family's) to this end.
+    pub fn add_address(&self, cidr: &str) -> anyhow::Result<()> {
+        add_address(&self.ns, &self.ifname, cidr)
+    }
 }
 
 /// Turns GRO on for a veth end: with it, frames redirected into the veth by native XDP are
