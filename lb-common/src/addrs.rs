@@ -1,5 +1,7 @@
-//! The address table: lb's addresses (VIPs and SNAT addresses), the first lookup of every IPv4
-//! packet.
+//! The address tables: lb's addresses (VIPs and SNAT addresses), the first lookup of every IP
+//! packet, one table per family.
+
+use crate::{Addr6, FlowAddr};
 
 /// Upper bound of distinct addresses (VIPs and SNAT addresses); userspace refuses more.
 pub const MAX_ADDRS: u32 = 4096;
@@ -22,30 +24,37 @@ pub mod addr_flags {
 }
 
 /// One set of the address table: up to [`ADDR_WAYS`] addresses (network byte order) and their
-/// [`addr_flags`]; a free slot is address 0 with flags 0 (0.0.0.0 is never one of lb's).
+/// [`addr_flags`]; a free slot is address 0 with flags 0 (0.0.0.0 and :: are never lb's).
 ///
 /// Why not a hash map: its lookup is a helper call the verifier cannot inline, and it was the
 /// largest cost left per packet. An array lookup is inlined; scanning the 8 addresses of one
 /// 64-byte value costs a few instructions, hit or miss. An address stays in its slot while it
 /// is configured, so userspace never moves one that packets are using.
+///
+/// One table per family ([`AddrSet`], [`AddrSet6`]), the same shape.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct AddrSet {
-    pub addrs: [u32; ADDR_WAYS],
+pub struct AddrSetOf<A> {
+    pub addrs: [A; ADDR_WAYS],
     pub flags: [u32; ADDR_WAYS],
 }
 
+pub type AddrSet = AddrSetOf<u32>;
+pub type AddrSet6 = AddrSetOf<Addr6>;
+
 /// The set of the address table that may hold `addr` (network byte order): the top bits of a
-/// multiplicative (Fibonacci) hash, one multiply, which every address bit reaches.
+/// multiplicative (Fibonacci) hash, one multiply, which every address bit reaches (an IPv6
+/// address is folded to 64 bits first, see [`FlowAddr::table_hash`]).
 #[inline(always)]
-pub const fn addr_set(addr: u32) -> u32 {
-    ((addr as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - ADDR_SET_BITS)) as u32
+pub fn addr_set<A: FlowAddr>(addr: A) -> u32 {
+    (addr.table_hash().wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - ADDR_SET_BITS)) as u32
 }
 
 // The layouts both sides rely on, checked wherever this crate builds (the BPF object too).
 const _: () = {
     use core::mem::size_of;
     assert!(size_of::<AddrSet>() == 64);
+    assert!(size_of::<AddrSet6>() == 160);
 };
 
 #[cfg(feature = "user")]
@@ -53,6 +62,7 @@ mod pod {
     // SAFETY: #[repr(C)] integers and byte arrays with explicit padding (the crate's layout
     // rules), valid for any bit pattern.
     unsafe impl aya::Pod for super::AddrSet {}
+    unsafe impl aya::Pod for super::AddrSet6 {}
 }
 
 #[cfg(test)]

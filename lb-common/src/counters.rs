@@ -36,17 +36,20 @@ pub mod counter {
 
     counters! {
         verdicts {
-            /// Not IPv4 (ARP, IPv6, a second VLAN tag, ...): passed.
-            PASS_NOT_IPV4 = "pass_not_ipv4",
-            /// IPv4 that is not lb's: no VIP, no return flow, no ICMP about one. Passed.
+            /// Neither IPv4 nor IPv6 (ARP, a second VLAN tag, ...): passed.
+            PASS_NOT_IP = "pass_not_ip",
+            /// IPv4 or IPv6 that is not lb's: no VIP, no return flow, no ICMP about one; IPv6
+            /// neighbour discovery and other ICMPv6 not about a flow. Passed.
             PASS_NOT_VIP = "pass_not_vip",
             /// Could not be parsed and not for an lb address: passed (the kernel drops it itself).
             PASS_MALFORMED = "pass_malformed",
             /// Could not be parsed and addressed to an lb address: dropped.
             DROP_MALFORMED = "drop_malformed",
-            /// An IPv4 fragment not for an lb address: passed.
+            /// An IPv4 fragment, or an IPv6 packet with a fragment header, not for an lb address:
+            /// passed.
             PASS_FRAGMENT = "pass_fragment",
-            /// An IPv4 fragment for an lb address: dropped (fragments carry no ports to balance on).
+            /// An IPv4 or IPv6 fragment for an lb address: dropped (fragments carry no ports to
+            /// balance on).
             DROP_FRAGMENT = "drop_fragment",
             /// Forwarded (either direction, ICMP errors about flows too) out of the interface it
             /// came in on.
@@ -83,10 +86,21 @@ pub mod counter {
             /// Any other ICMP to a VIP (echo with `answer_ping` off, replies, other types, errors
             /// with translation off): dropped.
             DROP_ICMP = "drop_icmp",
+            /// IPv6 with more extension headers before its TCP/UDP header than lb reads (4), not
+            /// for an lb address: passed.
+            PASS_EXT_HEADERS = "pass_ext_headers",
+            /// The same, for an lb address: dropped.
+            DROP_EXT_HEADERS = "drop_ext_headers",
+            /// UDP over IPv6 with a checksum of 0, which RFC 8200 forbids, to an lb address:
+            /// dropped (not for one: counted as `pass_malformed`).
+            DROP_UDP_NO_CHECKSUM = "drop_udp_no_checksum",
         }
         informational {
             /// IPv4 header with options (IHL > 5); parsed past them.
             IP_OPTIONS = "ip_options",
+            /// IPv6 packet with extension headers (hop-by-hop, routing, destination options)
+            /// before its transport header; parsed past them.
+            IPV6_EXT_HEADERS = "ipv6_ext_headers",
             /// Frame with one 802.1Q tag; parsed past it.
             VLAN = "vlan",
             /// Connection table entries created.

@@ -40,11 +40,30 @@ pub mod map_name {
     /// `PerCpuArray` of one entry: the SNAT port search's working state for the packet on that
     /// CPU. Holds nothing between packets: never pinned, each load has its own.
     pub const SNAT_SEARCH: &str = "LB_SNAT_SEARCH";
+
+    // IPv6: the same maps for the other family (same layouts over [`crate::Addr6`]).
+    /// `Array<AddrSet6>` of [`crate::ADDR_SETS`] sets: IPv6 address → [`crate::addr_flags`].
+    pub const ADDRS6: &str = "LB_ADDRS6";
+    /// `HashMap<ServiceKey6, ServiceInfo>`: the IPv6 services (their ids share one space, and
+    /// the rings and per-service counters, with the IPv4 services).
+    pub const SERVICES6: &str = "LB_SERVICES6";
+    /// `Array<BackendInfo6>` indexed by backend id (ids share one space with IPv4 backends).
+    pub const BACKENDS6: &str = "LB_BACKENDS6";
+    /// `Array<CtSlot6>`: client → VIP flows of IPv6 services.
+    pub const CONNTRACK6: &str = "LB_CONNTRACK6";
+    /// `Array<NatSlot6>`: their return path and SNAT port reservations.
+    pub const NAT6: &str = "LB_NAT6";
+    /// The SNAT port search's working state for IPv6 flows (see [`SNAT_SEARCH`]).
+    pub const SNAT_SEARCH6: &str = "LB_SNAT_SEARCH6";
+    /// `PerCpuArray` of one entry: an ICMPv6 translation's working values. Never pinned.
+    pub const ICMP6_WORK: &str = "LB_ICMP6_WORK";
 }
 
 /// Slots of [`map_name::PROGS`].
 pub const ICMP_PROG: u32 = 0;
-pub const PROG_SLOTS: u32 = 1;
+pub const ICMP6_PROG: u32 = 1;
+pub const XDP6_PROG: u32 = 2;
+pub const PROG_SLOTS: u32 = 3;
 
 /// Name of the global [`Params`](crate::Params) in the object, set by userspace at load time.
 pub const PARAMS_GLOBAL: &str = "LB_PARAMS";
@@ -54,6 +73,12 @@ pub const PROGRAM_NAME: &str = "lb_xdp";
 /// The balancer's handler of ICMP for lb's addresses, reached by a tail call
 /// ([`map_name::PROGS`] slot [`ICMP_PROG`]).
 pub const ICMP_PROGRAM_NAME: &str = "lb_icmp";
+/// The balancer's IPv6 half, reached by a tail call for every IPv6 frame ([`map_name::PROGS`]
+/// slot [`XDP6_PROG`]).
+pub const XDP6_PROGRAM_NAME: &str = "lb_xdp6";
+/// The balancer's handler of ICMPv6 for lb's IPv6 addresses ([`map_name::PROGS`] slot
+/// [`ICMP6_PROG`]).
+pub const ICMP6_PROGRAM_NAME: &str = "lb_icmp6";
 /// A program that only returns XDP_PASS: the baseline for benchmarks, and the peer program that
 /// native XDP on veth needs to receive XDP_TX / redirected frames.
 pub const PASS_PROGRAM_NAME: &str = "lb_pass";
@@ -63,6 +88,9 @@ pub const DEFAULT_MAX_SERVICES: u32 = 64;
 pub const DEFAULT_MAX_BACKENDS: u32 = 4096;
 pub const DEFAULT_RING_SIZE: u32 = 65537;
 pub const DEFAULT_CONNTRACK_SIZE: u32 = 1 << 20;
+/// The IPv6 connection table's default: a quarter of the IPv4 one (its slots are 64 bytes and
+/// its NAT slots 112, against 40 and 64).
+pub const DEFAULT_CONNTRACK6_SIZE: u32 = 1 << 18;
 /// Upper bound of interfaces lb attaches to.
 pub const MAX_TX_PORTS: u32 = 64;
 

@@ -1,7 +1,7 @@
 //! The datapath's parameters (a global userspace sets at load time) and what the datapath derives
 //! from them: SNAT port candidates, the token buckets of its rate limits.
 
-use crate::{DEFAULT_CONNTRACK_SIZE, DEFAULT_RING_SIZE, fmix64};
+use crate::{DEFAULT_CONNTRACK_SIZE, DEFAULT_CONNTRACK6_SIZE, DEFAULT_RING_SIZE, FlowAddr, fmix64};
 
 /// Datapath parameters, a read-only global set by userspace when loading the program.
 #[repr(C)]
@@ -37,6 +37,9 @@ pub struct Params {
     /// multiply and a shift, no division on the packet path.
     pub icmp_reply_scaled: u32,
     pub syn_rate_scaled: u32,
+    /// The IPv6 connection table's size - 1 and its NAT table's (twice as large), as above.
+    pub table6_mask: u32,
+    pub nat6_mask: u32,
     pub _pad: u32,
 }
 
@@ -44,10 +47,11 @@ pub struct Params {
 /// bucket with another one with p = 1/16384.
 pub const SYN_BUCKETS: u32 = 1 << 14;
 
-/// The SYN-limit bucket of source address `addr` (network byte order).
+/// The SYN-limit bucket of source address `addr` (network byte order); an IPv6 source by its
+/// /64 (see [`FlowAddr::prefix64`]).
 #[inline(always)]
-pub const fn syn_bucket(addr: u32) -> u32 {
-    (fmix64(addr as u64) as u32) & (SYN_BUCKETS - 1)
+pub fn syn_bucket<A: FlowAddr>(addr: A) -> u32 {
+    (fmix64(addr.prefix64()) as u32) & (SYN_BUCKETS - 1)
 }
 
 /// Flag bits of [`Params::flags`].
@@ -77,6 +81,8 @@ impl Params {
         syn_rate_per_source: 10_000,
         icmp_reply_scaled: Self::per_2_32_ns(1000),
         syn_rate_scaled: Self::per_2_32_ns(10_000),
+        table6_mask: DEFAULT_CONNTRACK6_SIZE - 1,
+        nat6_mask: 2 * DEFAULT_CONNTRACK6_SIZE - 1,
         _pad: 0,
     };
 
@@ -120,7 +126,7 @@ pub struct TokenBucket {
 // The layouts both sides rely on, checked wherever this crate builds (the BPF object too).
 const _: () = {
     use core::mem::size_of;
-    assert!(size_of::<Params>() == 80);
+    assert!(size_of::<Params>() == 88);
     assert!(size_of::<TokenBucket>() == 16);
 };
 

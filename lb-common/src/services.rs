@@ -6,21 +6,38 @@ pub const NO_BACKEND: u32 = u32::MAX;
 /// before the ring is rebuilt). With one of three backends out, all 16 miss with p = 2e-8.
 pub const SELECT_TRIES: u32 = 16;
 
-/// Key of the service map.
+use crate::{Addr6, addr6};
+
+/// Key of the service maps (one per family).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ServiceKey {
-    pub addr: u32,
+pub struct ServiceKeyOf<A> {
+    pub addr: A,
     pub port: u16,
     pub proto: u8,
     pub _pad: u8,
 }
+
+pub type ServiceKey = ServiceKeyOf<u32>;
+pub type ServiceKey6 = ServiceKeyOf<Addr6>;
 
 impl ServiceKey {
     /// `addr` as octets (a.b.c.d), `port` in host byte order.
     pub const fn new(addr: [u8; 4], port: u16, proto: u8) -> Self {
         Self {
             addr: u32::from_ne_bytes(addr),
+            port: port.to_be(),
+            proto,
+            _pad: 0,
+        }
+    }
+}
+
+impl ServiceKey6 {
+    /// `addr` as its 16 octets, `port` in host byte order.
+    pub const fn new(addr: [u8; 16], port: u16, proto: u8) -> Self {
+        Self {
+            addr: addr6(addr),
             port: port.to_be(),
             proto,
             _pad: 0,
@@ -56,13 +73,15 @@ pub mod backend_flags {
     pub const DRAINED: u32 = 2;
 }
 
-/// A backend of one service (a host:port used by two services is two backends).
+/// A backend of one service (a host:port used by two services is two backends), of the
+/// service's family. Backend ids are one space for both families: an id indexes the per-backend
+/// maps (counters, next hops) whichever family's backend map holds the backend.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct BackendInfo {
-    pub addr: u32,
+pub struct BackendInfoOf<A> {
+    pub addr: A,
     /// Source address of forwarded flows (its replies come back here).
-    pub snat_addr: u32,
+    pub snat_addr: A,
     pub port: u16,
     /// "No data back" passive check of its service: a TCP connection whose client sent data and
     /// got none back for this long is a failure; in units of
@@ -70,6 +89,9 @@ pub struct BackendInfo {
     pub no_data_ticks: u16,
     pub flags: u32,
 }
+
+pub type BackendInfo = BackendInfoOf<u32>;
+pub type BackendInfo6 = BackendInfoOf<Addr6>;
 
 /// The next hop towards a backend, cached per CPU so packets need no route lookup: refreshed
 /// from the kernel's tables (bpf_fib_lookup) when older than a second.
@@ -89,6 +111,8 @@ const _: () = {
     assert!(size_of::<ServiceKey>() == 8);
     assert!(size_of::<ServiceInfo>() == 8);
     assert!(size_of::<BackendInfo>() == 16);
+    assert!(size_of::<ServiceKey6>() == 20);
+    assert!(size_of::<BackendInfo6>() == 40);
     assert!(size_of::<NextHop>() == 24);
 };
 
@@ -99,6 +123,8 @@ mod pod {
     unsafe impl aya::Pod for super::ServiceKey {}
     unsafe impl aya::Pod for super::ServiceInfo {}
     unsafe impl aya::Pod for super::BackendInfo {}
+    unsafe impl aya::Pod for super::ServiceKey6 {}
+    unsafe impl aya::Pod for super::BackendInfo6 {}
     unsafe impl aya::Pod for super::NextHop {}
 }
 

@@ -1,7 +1,7 @@
 //! The connection table (client → VIP flows) and the NAT table (backend → SNAT address flows):
 //! their slots, entries, states and flags, and the 2-way set-associative placement both share.
 
-use crate::FlowKey;
+use crate::{Addr6, FlowKeyOf};
 
 /// Values of [`CtEntry::state`].
 pub mod ct_state {
@@ -56,21 +56,30 @@ pub struct CtEntry {
     pub data_at: u32,
 }
 
-/// A connection table slot; empty while `key.proto == 0`.
+/// A connection table slot; empty while `key.proto == 0`. The entry is the same for both
+/// families; only the key holds addresses.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CtSlot {
-    pub key: FlowKey,
+pub struct CtSlotOf<A> {
+    pub key: FlowKeyOf<A>,
     pub entry: CtEntry,
 }
+
+pub type CtSlot = CtSlotOf<u32>;
+pub type CtSlot6 = CtSlotOf<Addr6>;
 
 /// A NAT table slot; empty while `key.proto == 0`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct NatSlot {
-    pub key: FlowKey,
-    pub entry: NatEntry,
+pub struct NatSlotOf<A> {
+    pub key: FlowKeyOf<A>,
+    pub entry: NatEntryOf<A>,
 }
+
+pub type NatSlot = NatSlotOf<u32>;
+pub type NatSlot6 = NatSlotOf<Addr6>;
+pub type NatEntry = NatEntryOf<u32>;
+pub type NatEntry6 = NatEntryOf<Addr6>;
 
 /// The two slots a key with `hash` may occupy in a table of `mask + 1` slots (2-way
 /// set-associative: an insert takes a free, dead or the older of the two; a lookup reads two
@@ -85,9 +94,9 @@ pub const fn ways(hash: u64, mask: u32) -> (u32, u32) {
 /// (back to the MAC and interface the client's packets came from).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct NatEntry {
-    pub client_addr: u32,
-    pub vip_addr: u32,
+pub struct NatEntryOf<A> {
+    pub client_addr: A,
+    pub vip_addr: A,
     pub client_port: u16,
     pub vip_port: u16,
     pub ifindex: u32,
@@ -121,6 +130,8 @@ const _: () = {
     assert!(size_of::<NatSlot>() == 64);
     assert!(size_of::<CtEntry>() == 24);
     assert!(size_of::<NatEntry>() == 48);
+    assert!(size_of::<CtSlot6>() == 64);
+    assert!(size_of::<NatSlot6>() == 112);
 };
 
 #[cfg(feature = "user")]
@@ -131,6 +142,9 @@ mod pod {
     unsafe impl aya::Pod for super::NatSlot {}
     unsafe impl aya::Pod for super::CtEntry {}
     unsafe impl aya::Pod for super::NatEntry {}
+    unsafe impl aya::Pod for super::CtSlot6 {}
+    unsafe impl aya::Pod for super::NatSlot6 {}
+    unsafe impl aya::Pod for super::NatEntry6 {}
 }
 
 #[cfg(test)]

@@ -30,3 +30,22 @@ pub fn diff32(old: u32, new: u32) -> u32 {
 pub fn update(check: u16, diff: u32) -> u16 {
     !fold(u32::from(!check) + diff)
 }
+
+/// The change of `N` 32-bit words from `old` to `new`, summed by the kernel (bpf_csum_diff)
+/// and folded to 16 bits: for IPv6 address pairs, whose sum spelled out word by word keeps more
+/// values live than the registers hold (their spills went beyond the stack BPF allows).
+#[inline(always)]
+pub fn diff_words<const N: usize>(old: &[u32; N], new: &[u32; N]) -> u32 {
+    let size = (N * 4) as u32;
+    // SAFETY: the helper only reads `size` bytes of each array.
+    let sum = unsafe {
+        aya_ebpf::helpers::bpf_csum_diff(
+            old.as_ptr() as *mut u32,
+            size,
+            new.as_ptr() as *mut u32,
+            size,
+            0,
+        )
+    };
+    u32::from(fold(sum as u32))
+}

@@ -1,5 +1,5 @@
-//! Next hop towards a backend from the kernel's routing and neighbour tables (bpf_fib_lookup),
-//! restricted to interfaces lb can transmit on.
+//! Next hop towards a backend from the kernel's routing and neighbour tables (bpf_fib_lookup,
+//! AF_INET or AF_INET6 by the backend's family), restricted to interfaces lb can transmit on.
 #![cfg_attr(not(target_arch = "bpf"), allow(dead_code))]
 
 use aya_ebpf::{
@@ -7,21 +7,24 @@ use aya_ebpf::{
     helpers::bpf_fib_lookup,
     programs::XdpContext,
 };
-use lb_common::{BackendInfo, NextHop, counter};
+use lb_common::{BackendInfoOf, NextHop, counter};
 
-use crate::maps::{NEXTHOPS, TX_PORTS};
+use crate::{
+    family::Family,
+    maps::{NEXTHOPS, TX_PORTS},
+    ptr::opaque,
+};
 
-const AF_INET: u8 = 2;
 /// Age after which a cached next hop is looked up again.
 const REFRESH_NS: u64 = 1_000_000_000;
 
 /// The next hop towards backend `id`: this CPU's cached one, looked up again when older than
 /// a second. `Err(drop counter)` if there is none.
 #[inline(always)]
-pub fn to_backend(
+pub fn to_backend<F: Family>(
     ctx: &XdpContext,
     id: u32,
-    b: &BackendInfo,
+    b: &BackendInfoOf<F::A>,
     proto: u8,
     tot_len: u16,
     now: u64,
@@ -34,29 +37,35 @@ pub fn to_backend(
     if cached.updated != 0 && now.saturating_sub(cached.updated) <= REFRESH_NS {
         return Ok(*cached);
     }
-    let mut nh = lookup(ctx, b.snat_addr, b.addr, proto, tot_len)?;
-    nh.updated = now;
-    *cached = nh;
-    Ok(nh)
+    match lookup::<F>(ctx, b, u32::from(proto) << 16 | u32::from(tot_len), cached) {
+        0 => {
+            cached.updated = now;
+            Ok(*cached)
+        }
+        reason => Err(reason),
+    }
 }
 
-/// Route `src → dst` as the kernel would forward it; `Err(drop counter)` if it cannot be used.
-#[inline(always)]
-pub fn lookup(
+/// Routes `b.snat_addr → b.addr` as the kernel would forward it into `out` (its `updated` left
+/// as it is); 0, or the drop counter if it cannot be used.
+// Not inlined: a lookup runs once a second per backend and CPU, and its 64-byte parameters
+// then take no room in the caller's stack frame (the IPv6 program has little to spare).
+// A BPF-to-BPF call passes at most five arguments: the protocol and length go as one, and the
+// pointers are opaque (see `ptr::opaque`).
+#[inline(never)]
+fn lookup<F: Family>(
     ctx: &XdpContext,
-    src: u32,
-    dst: u32,
-    proto: u8,
-    tot_len: u16,
-) -> Result<NextHop, u32> {
+    b: &BackendInfoOf<F::A>,
+    proto_len: u32,
+    out: &mut NextHop,
+) -> u32 {
+    let (ctx, b) = (opaque(ctx), opaque(b));
     // SAFETY: all-zero is a valid bpf_fib_lookup (plain integers and unions of them).
     let mut p: FibParams = unsafe { core::mem::zeroed() };
-    p.family = AF_INET;
-    p.l4_protocol = proto;
-    p.__bindgen_anon_1.tot_len = tot_len;
+    F::fib_addrs(&mut p, b.snat_addr, b.addr);
+    p.l4_protocol = (proto_len >> 16) as u8;
+    p.__bindgen_anon_1.tot_len = proto_len as u16;
     p.ifindex = ctx.ingress_ifindex() as u32;
-    p.__bindgen_anon_3.ipv4_src = src;
-    p.__bindgen_anon_4.ipv4_dst = dst;
     // SAFETY: valid context and parameter pointers of the right size.
     let rc = unsafe {
         bpf_fib_lookup(
@@ -68,18 +77,16 @@ pub fn lookup(
     };
     match rc as u32 {
         BPF_FIB_LKUP_RET_SUCCESS => {}
-        BPF_FIB_LKUP_RET_NO_NEIGH => return Err(counter::DROP_NO_NEIGH),
-        _ => return Err(counter::DROP_NO_ROUTE),
+        BPF_FIB_LKUP_RET_NO_NEIGH => return counter::DROP_NO_NEIGH,
+        _ => return counter::DROP_NO_ROUTE,
     }
     if p.ifindex != ctx.ingress_ifindex() as u32 && TX_PORTS.get_ifindex(p.ifindex).is_none() {
-        return Err(counter::DROP_NO_ROUTE);
+        return counter::DROP_NO_ROUTE;
     }
     // SAFETY: on success the kernel filled the MAC variant of the union.
     let macs = unsafe { p.__bindgen_anon_6.__bindgen_anon_2 };
-    Ok(NextHop {
-        updated: 0,
-        ifindex: p.ifindex,
-        smac: macs.smac,
-        dmac: macs.dmac,
-    })
+    out.ifindex = p.ifindex;
+    out.smac = macs.smac;
+    out.dmac = macs.dmac;
+    0
 }

@@ -5,19 +5,21 @@
 
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use lb_common::{
-    BackendInfo, CtEntry, FlowKey, NO_BACKEND, NatEntry, PROTO_TCP, Params, SELECT_TRIES,
-    ServiceKey, backend_flags, counter, ct_flags, ct_state, fmix64, nat_flags, service_flags,
+    BackendInfoOf, CtEntry, FlowKeyOf, NO_BACKEND, NatEntryOf, PROTO_TCP, Params, SELECT_TRIES,
+    ServiceKeyOf, backend_flags, counter, ct_flags, ct_state, fmix64, nat_flags, service_flags,
     syn_bucket,
 };
 use network_types::eth::EthHdr;
 
 use crate::{
-    clock, fib,
-    maps::{BACKENDS, RINGS, SERVICES, SYN_RATE, TX_PORTS, params},
+    clock,
+    family::Family,
+    fib,
+    maps::{RINGS, SYN_RATE, TX_PORTS, params},
     nat::{self, Rewrite},
     parse::{Flow, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     passive,
-    ptr::read_at,
+    ptr::ptr_at,
     ratelimit, snat, stats,
     table::{ct_find, ct_live, ct_store, nat_find},
 };
@@ -35,27 +37,27 @@ fn is_new_syn(flags: u8) -> bool {
 
 /// Client → VIP (the destination is a VIP address; a port that is no service is passed).
 #[inline(always)]
-pub fn forward(ctx: &XdpContext, flow: &Flow) -> Verdict {
+pub fn forward<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> Verdict {
     if flow.ttl <= 1 {
         return (xdp_action::XDP_DROP, counter::DROP_TTL);
     }
     let p = params();
     let now = clock::now();
-    let k = FlowKey::new(flow.saddr, flow.daddr, flow.sport, flow.dport, flow.proto);
+    let k = FlowKeyOf::new(flow.saddr, flow.daddr, flow.sport, flow.dport, flow.proto);
     let hash = k.hash();
-    if let Some(slot) = ct_find(&k, hash, p) {
+    if let Some(slot) = ct_find::<F>(&k, hash, p) {
         // SAFETY: a map value; other CPUs may write it too, all fields are plain integers.
         let e = unsafe { &mut (*slot).entry };
         // A SYN on a closing flow is the client reusing its port: a new connection.
         let reused = e.state == ct_state::TCP_CLOSING && is_new_syn(flow.tcp_flags);
         if ct_live(e, now, p) && !reused {
-            if let Some(v) = established(ctx, flow, e, now) {
+            if let Some(v) = established::<F>(ctx, flow, e, now) {
                 return v;
             }
             stats::count(counter::CT_RESCHEDULED);
         }
     }
-    new_flow(ctx, flow, &k, hash, now, p)
+    new_flow::<F>(ctx, flow, &k, hash, now, p)
 }
 
 /// A FIN or RST (`tcp_flags`) on a flow, from the side whose FIN flag is `fin`: the flow is
@@ -75,15 +77,21 @@ fn closing(e: &mut CtEntry, tcp_flags: u8, fin: u8, now: u64) {
 
 /// A packet of a live flow. `None`: its backend became unavailable and the flow must move.
 #[inline(always)]
-fn established(ctx: &XdpContext, flow: &Flow, e: &mut CtEntry, now: u64) -> Option<Verdict> {
-    let backend = *BACKENDS.get(e.backend_id)?;
+fn established<F: Family>(
+    ctx: &XdpContext,
+    flow: &Flow<F::A>,
+    e: &mut CtEntry,
+    now: u64,
+) -> Option<Verdict> {
+    // A reference, not a copy: an IPv6 backend is 40 bytes of stack the program cannot spare.
+    let backend = F::backends().get(e.backend_id)?;
     if backend.flags & backend_flags::UP == 0 && e.flags & ct_flags::KEEP == 0 {
         return None;
     }
     if flow.proto == PROTO_TCP {
         // "No data back" (off unless the service sets it): one test of a value already loaded.
         if backend.no_data_ticks != 0 && e.flags & ct_flags::DATA_DONE == 0 {
-            passive::no_data(e, &backend, flow, now);
+            passive::no_data::<F>(e, backend, flow, now);
         }
         if flow.tcp_flags & (TCP_FIN | TCP_RST) != 0 {
             closing(e, flow.tcp_flags, ct_flags::FIN_CLIENT, now);
@@ -92,7 +100,7 @@ fn established(ctx: &XdpContext, flow: &Flow, e: &mut CtEntry, now: u64) -> Opti
                 e.state = ct_state::TCP_ESTABLISHED;
             } else if is_new_syn(flow.tcp_flags) {
                 // Before last_seen is refreshed below: it still dates the first SYN.
-                passive::syn_again(e, &backend, flow, now);
+                passive::syn_again::<F>(e, backend, flow, now);
             }
         }
     }
@@ -100,7 +108,7 @@ fn established(ctx: &XdpContext, flow: &Flow, e: &mut CtEntry, now: u64) -> Opti
         e.last_seen = now;
     }
     let len = (ctx.data_end() - ctx.data() - flow.l3_off) as u16;
-    let nh = match fib::to_backend(ctx, e.backend_id, &backend, flow.proto, len, now) {
+    let nh = match fib::to_backend::<F>(ctx, e.backend_id, backend, flow.proto, len, now) {
         Ok(nh) => nh,
         Err(reason) => return Some((xdp_action::XDP_DROP, reason)),
     };
@@ -111,26 +119,26 @@ fn established(ctx: &XdpContext, flow: &Flow, e: &mut CtEntry, now: u64) -> Opti
         false,
     );
     let rw = Rewrite {
-        src: backend.snat_addr,
-        dst: backend.addr,
+        src: &backend.snat_addr,
+        dst: &backend.addr,
         sport: e.snat_port,
         dport: backend.port,
-        smac: nh.smac,
-        dmac: nh.dmac,
+        smac: &nh.smac,
+        dmac: &nh.dmac,
     };
-    Some(transmit(ctx, flow, &rw, nh.ifindex))
+    Some(transmit::<F>(ctx, flow, &rw, nh.ifindex))
 }
 
 #[inline(always)]
-fn new_flow(
+fn new_flow<F: Family>(
     ctx: &XdpContext,
-    flow: &Flow,
-    k: &FlowKey,
+    flow: &Flow<F::A>,
+    k: &FlowKeyOf<F::A>,
     hash: u64,
     now: u64,
     p: &Params,
 ) -> Verdict {
-    let skey = ServiceKey {
+    let skey = ServiceKeyOf {
         addr: flow.daddr,
         port: flow.dport,
         proto: flow.proto,
@@ -139,7 +147,7 @@ fn new_flow(
     // SAFETY: read-only use of a plain-integer value.
     // A VIP's port or protocol that no service has: dropped, never passed (the kernel has no
     // such address and would route it back out, a loop).
-    let Some(svc) = (unsafe { SERVICES.get(&skey) }).copied() else {
+    let Some(svc) = (unsafe { F::services().get(&skey) }).copied() else {
         return (xdp_action::XDP_DROP, counter::DROP_NO_SERVICE);
     };
     if svc.flags & service_flags::DROP != 0 {
@@ -150,34 +158,36 @@ fn new_flow(
     if flow.proto == PROTO_TCP && is_new_syn(flow.tcp_flags) && !syn_allowed(flow.saddr, now, p) {
         return (xdp_action::XDP_DROP, counter::DROP_SYN_RATE);
     }
-    let Some((backend_id, backend)) = select(svc.id, svc.flags, hash, p.ring_size) else {
+    let Some((backend_id, backend)) = select::<F>(svc.id, svc.flags, hash, p.ring_size) else {
         return (xdp_action::XDP_DROP, counter::DROP_NO_BACKEND);
     };
     let len = (ctx.data_end() - ctx.data() - flow.l3_off) as u16;
-    let nh = match fib::to_backend(ctx, backend_id, &backend, flow.proto, len, now) {
+    let nh = match fib::to_backend::<F>(ctx, backend_id, backend, flow.proto, len, now) {
         Ok(nh) => nh,
         Err(reason) => return (xdp_action::XDP_DROP, reason),
     };
-    let Some(eth) = read_at::<EthHdr>(ctx.data(), ctx.data_end(), 0) else {
+    let Some(eth) = ptr_at::<EthHdr>(ctx.data(), ctx.data_end(), 0) else {
         return (xdp_action::XDP_DROP, counter::DROP_MALFORMED);
     };
+    // SAFETY: bounds-checked; read in place, not copied to the stack.
+    let eth = unsafe { &*eth };
     let midstream = flow.proto == PROTO_TCP && !is_new_syn(flow.tcp_flags);
-    // The return entry is built where the port search keeps it (a copy would cost stack the
-    // search's callbacks need).
-    let reply = NatEntry {
-        client_addr: flow.saddr,
-        vip_addr: flow.daddr,
-        client_port: flow.sport,
-        vip_port: flow.dport,
-        ifindex: ctx.ingress_ifindex() as u32,
-        backend_id,
-        client_mac: eth.src_addr,
-        lb_mac: eth.dst_addr,
-        last_seen: 0,
-        flags: 0,
-        _pad: [0; 7],
+    // The return entry is written where the port search keeps it (built here it would cost
+    // stack the search's callbacks need).
+    let reply = |r: &mut NatEntryOf<F::A>| {
+        r.client_addr = flow.saddr;
+        r.vip_addr = flow.daddr;
+        r.client_port = flow.sport;
+        r.vip_port = flow.dport;
+        r.ifindex = ctx.ingress_ifindex() as u32;
+        r.backend_id = backend_id;
+        r.client_mac = eth.src_addr;
+        r.lb_mac = eth.dst_addr;
+        r.last_seen = 0;
+        r.flags = 0;
+        r._pad = [0; 7];
     };
-    let snat_port = match snat::reserve(&backend, flow.proto, hash, reply, midstream, now) {
+    let snat_port = match snat::reserve::<F>(backend, flow.proto, hash, reply, midstream, now) {
         Ok(port) => port,
         Err(reason) => return (xdp_action::XDP_DROP, reason),
     };
@@ -202,24 +212,24 @@ fn new_flow(
         },
         data_at: 0,
     };
-    ct_store(k, hash, &entry, now, p);
+    ct_store::<F>(k, hash, &entry, now, p);
     stats::count(counter::CT_NEW);
     stats::count_traffic(svc.id, backend_id, ctx.data_end() - ctx.data(), true);
     let rw = Rewrite {
-        src: backend.snat_addr,
-        dst: backend.addr,
+        src: &backend.snat_addr,
+        dst: &backend.addr,
         sport: snat_port,
         dport: backend.port,
-        smac: nh.smac,
-        dmac: nh.dmac,
+        smac: &nh.smac,
+        dmac: &nh.dmac,
     };
-    transmit(ctx, flow, &rw, nh.ifindex)
+    transmit::<F>(ctx, flow, &rw, nh.ifindex)
 }
 
 /// Whether a SYN of a new connection from `saddr` is within its source's rate (this CPU's bucket
 /// of it); always, with the limit off.
 #[inline(always)]
-fn syn_allowed(saddr: u32, now: u64, p: &Params) -> bool {
+fn syn_allowed<A: lb_common::FlowAddr>(saddr: A, now: u64, p: &Params) -> bool {
     if p.syn_rate_per_source == 0 {
         return true;
     }
@@ -240,12 +250,12 @@ fn syn_allowed(saddr: u32, now: u64, p: &Params) -> bool {
 /// none found: no backend (dropped, the client retries). Under `USE_UNAVAILABLE` the ring's
 /// pick is taken as it is.
 #[inline(always)]
-fn select(
+fn select<F: Family>(
     service_id: u32,
     service_flags: u32,
     hash: u64,
     ring_size: u32,
-) -> Option<(u32, BackendInfo)> {
+) -> Option<(u32, &'static BackendInfoOf<F::A>)> {
     let base = service_id.checked_mul(ring_size)?;
     let mut h = hash;
     for _ in 0..SELECT_TRIES {
@@ -253,7 +263,7 @@ fn select(
         if id == NO_BACKEND {
             return None;
         }
-        let b = *BACKENDS.get(id)?;
+        let b = F::backends().get(id)?;
         if service_flags & service_flags::USE_UNAVAILABLE != 0
             || b.flags & (backend_flags::UP | backend_flags::DRAINED) == backend_flags::UP
         {
@@ -266,10 +276,10 @@ fn select(
 
 /// Backend → SNAT address. `None`: no such flow (the host's own traffic; passed by the caller).
 #[inline(always)]
-pub fn reply(ctx: &XdpContext, flow: &Flow) -> Option<Verdict> {
-    let k = FlowKey::new(flow.saddr, flow.daddr, flow.sport, flow.dport, flow.proto);
+pub fn reply<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> Option<Verdict> {
+    let k = FlowKeyOf::new(flow.saddr, flow.daddr, flow.sport, flow.dport, flow.proto);
     let p = params();
-    let slot = nat_find(&k, k.hash(), p)?;
+    let slot = nat_find::<F>(&k, k.hash(), p)?;
     // SAFETY: a map value of plain integers.
     let held = unsafe { &mut (*slot).entry };
     let now = clock::now();
@@ -290,19 +300,20 @@ pub fn reply(ctx: &XdpContext, flow: &Flow) -> Option<Verdict> {
     if held.flags & seen != seen {
         held.flags |= seen;
     }
-    let nat = *held;
+    // Read in place (a copy of an IPv6 entry is 72 bytes of stack).
+    let nat = &*held;
     if flow.ttl <= 1 {
         return Some((xdp_action::XDP_DROP, counter::DROP_TTL));
     }
     if flow.tcp_flags & (TCP_FIN | TCP_RST) != 0 {
-        let fwd = FlowKey::new(
+        let fwd = FlowKeyOf::new(
             nat.client_addr,
             nat.vip_addr,
             nat.client_port,
             nat.vip_port,
             flow.proto,
         );
-        if let Some(slot) = ct_find(&fwd, fwd.hash(), p) {
+        if let Some(slot) = ct_find::<F>(&fwd, fwd.hash(), p) {
             // SAFETY: a map value of plain integers.
             let e = unsafe { &mut (*slot).entry };
             if flow.tcp_flags & TCP_RST != 0 {
@@ -313,20 +324,25 @@ pub fn reply(ctx: &XdpContext, flow: &Flow) -> Option<Verdict> {
     }
     stats::count(counter::REPLY);
     let rw = Rewrite {
-        src: nat.vip_addr,
-        dst: nat.client_addr,
+        src: &nat.vip_addr,
+        dst: &nat.client_addr,
         sport: nat.vip_port,
         dport: nat.client_port,
-        smac: nat.lb_mac,
-        dmac: nat.client_mac,
+        smac: &nat.lb_mac,
+        dmac: &nat.client_mac,
     };
-    Some(transmit(ctx, flow, &rw, nat.ifindex))
+    Some(transmit::<F>(ctx, flow, &rw, nat.ifindex))
 }
 
 /// Rewrites the frame and sends it out of `ifindex`.
 #[inline(always)]
-fn transmit(ctx: &XdpContext, flow: &Flow, rw: &Rewrite, ifindex: u32) -> Verdict {
-    if nat::apply(ctx.data(), ctx.data_end(), flow, rw).is_none() {
+fn transmit<F: Family>(
+    ctx: &XdpContext,
+    flow: &Flow<F::A>,
+    rw: &Rewrite<'_, F::A>,
+    ifindex: u32,
+) -> Verdict {
+    if nat::apply::<F>(ctx.data(), ctx.data_end(), flow, rw).is_none() {
         return (xdp_action::XDP_DROP, counter::DROP_MALFORMED);
     }
     send_out(ctx, ifindex)

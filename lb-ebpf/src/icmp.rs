@@ -21,15 +21,18 @@ use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 use crate::{
     clock,
     csum::{diff16, diff32, update},
+    family::{V4, lookup_addr},
     fib,
     flow::{Verdict, send_out},
-    maps::{BACKENDS, ICMP_RATE, lookup_addr, params},
-    parse::{Icmp, Parsed},
+    maps::{BACKENDS, ICMP_RATE, params},
+    parse::{self, ETH_P_IP, Parsed},
     passive,
     ptr::{ptr_at_mut, ptr_at_mut_checked, read_at},
     ratelimit, stats,
     table::{ct_find, ct_live, nat_find},
 };
+
+type Icmp = parse::Icmp<u32>;
 
 const ECHO_REPLY: u8 = 0;
 const DEST_UNREACH: u8 = 3;
@@ -89,11 +92,16 @@ fn quote(data: usize, data_end: usize, pkt: &Icmp) -> Option<Quote> {
 /// verified apart, so its paths do not multiply the forwarding program's.
 #[inline(always)]
 pub fn handle(ctx: &XdpContext) -> Verdict {
-    let Parsed::Icmp(pkt) = crate::parse::parse(ctx.data(), ctx.data_end()) else {
+    let (data, data_end) = (ctx.data(), ctx.data_end());
+    let pkt = match parse::link(data, data_end) {
+        Some((ETH_P_IP, l3_off)) => parse::ipv4(data, data_end, l3_off),
+        _ => return (xdp_action::XDP_PASS, counter::PASS_NOT_VIP),
+    };
+    let Parsed::Icmp(pkt) = pkt else {
         // Not reached: the balancer hands over ICMP only.
         return (xdp_action::XDP_PASS, counter::PASS_NOT_VIP);
     };
-    let flags = lookup_addr(pkt.daddr);
+    let flags = lookup_addr::<V4>(pkt.daddr);
     if flags & addr_flags::SNAT != 0
         && let Some(v) = to_snat(ctx, &pkt)
     {
@@ -162,7 +170,7 @@ fn echo(ctx: &XdpContext, pkt: &Icmp) -> Verdict {
 
 /// One token of this CPU's reply budget: `icmp_reply_rate` a second, as many in a burst.
 #[inline(always)]
-fn take_token(now: u64) -> bool {
+pub fn take_token(now: u64) -> bool {
     let p = params();
     match ICMP_RATE.get_ptr_mut(0) {
         // SAFETY: this CPU's slot of a per-CPU array of plain integers.
@@ -188,7 +196,7 @@ fn from_client(ctx: &XdpContext, pkt: &Icmp) -> Verdict {
     let now = clock::now();
     // The flow in the client's direction.
     let k = FlowKey::new(q.dst, q.src, q.dport, q.sport, q.proto);
-    let Some(slot) = ct_find(&k, k.hash(), p) else {
+    let Some(slot) = ct_find::<V4>(&k, k.hash(), p) else {
         return no_flow;
     };
     // SAFETY: a map value of plain integers.
@@ -203,7 +211,7 @@ fn from_client(ctx: &XdpContext, pkt: &Icmp) -> Verdict {
         return (xdp_action::XDP_DROP, counter::DROP_TTL);
     }
     let len = (pkt.end - pkt.l3_off) as u16;
-    let nh = match fib::to_backend(ctx, e.backend_id, &backend, PROTO_ICMP, len, now) {
+    let nh = match fib::to_backend::<V4>(ctx, e.backend_id, &backend, PROTO_ICMP, len, now) {
         Ok(nh) => nh,
         Err(reason) => return (xdp_action::XDP_DROP, reason),
     };
@@ -238,7 +246,7 @@ pub fn to_snat(ctx: &XdpContext, pkt: &Icmp) -> Option<Verdict> {
     let p = params();
     // The flow's return path: backend → SNAT address.
     let k = FlowKey::new(q.dst, q.src, q.dport, q.sport, q.proto);
-    let slot = nat_find(&k, k.hash(), p)?;
+    let slot = nat_find::<V4>(&k, k.hash(), p)?;
     // SAFETY: a map value of plain integers.
     let nat = unsafe { (*slot).entry };
     let now = clock::now();
@@ -250,7 +258,7 @@ pub fn to_snat(ctx: &XdpContext, pkt: &Icmp) -> Option<Verdict> {
             nat.vip_port,
             q.proto,
         );
-        if let Some(slot) = ct_find(&fwd, fwd.hash(), p) {
+        if let Some(slot) = ct_find::<V4>(&fwd, fwd.hash(), p) {
             // SAFETY: a map value of plain integers.
             let e = unsafe { &mut (*slot).entry };
             if e.backend_id == nat.backend_id && e.snat_port == q.sport && ct_live(e, now, p) {
@@ -296,7 +304,7 @@ struct Translation {
 
 /// A 16-bit field at `off`, if the datagram (to `end`) and the frame hold it.
 #[inline(always)]
-fn field(data: usize, data_end: usize, end: usize, off: usize) -> Option<*mut [u8; 2]> {
+pub fn field(data: usize, data_end: usize, end: usize, off: usize) -> Option<*mut [u8; 2]> {
     if off + 2 > end {
         return None;
     }

@@ -7,9 +7,11 @@ use aya_ebpf::{
     maps::{Array, DevMapHash, HashMap, PerCpuArray, ProgramArray, RingBuf},
 };
 use lb_common::{
-    ADDR_SETS, AddrSet, BackendInfo, CtSlot, DEFAULT_CONNTRACK_SIZE, DEFAULT_MAX_BACKENDS,
-    DEFAULT_MAX_SERVICES, DEFAULT_RING_SIZE, MAX_TX_PORTS, NatSlot, NextHop, PROG_SLOTS, Params,
-    SIGNALS_RING_BYTES, SYN_BUCKETS, ServiceInfo, ServiceKey, TokenBucket, TrafficStats, counter,
+    ADDR_SETS, AddrSet, AddrSet6, BackendInfo, BackendInfo6, BackendInfoOf, CtSlot, CtSlot6,
+    DEFAULT_CONNTRACK_SIZE, DEFAULT_CONNTRACK6_SIZE, DEFAULT_MAX_BACKENDS, DEFAULT_MAX_SERVICES,
+    DEFAULT_RING_SIZE, FlowKeyOf, MAX_TX_PORTS, NatEntryOf, NatSlot, NatSlot6, NextHop, PROG_SLOTS,
+    Params, SIGNALS_RING_BYTES, SYN_BUCKETS, ServiceInfo, ServiceKey, ServiceKey6, TokenBucket,
+    TrafficStats, counter,
 };
 
 /// Datapath parameters; userspace overrides this read-only global when loading.
@@ -26,36 +28,32 @@ pub fn params() -> &'static Params {
     unsafe { &*core::ptr::read_volatile(&p) }
 }
 
-/// Address → VIP / SNAT flags: the first lookup of every IPv4 packet. A set-associative table in
-/// an array map (see [`lb_common::AddrSet`]): the verifier inlines the lookup, no helper call.
+/// IPv4 address → VIP / SNAT flags: the first lookup of every IPv4 packet. A set-associative
+/// table in an array map (see [`lb_common::AddrSet`] and [`crate::family::lookup_addr`]).
 #[map(name = "LB_ADDRS")]
 pub static ADDRS: Array<AddrSet> = Array::with_max_entries(ADDR_SETS, 0);
 
-/// The [`lb_common::addr_flags`] of `addr` (network byte order); 0 when it is not one of lb's.
-#[inline(always)]
-pub fn lookup_addr(addr: u32) -> u32 {
-    let Some(set) = ADDRS.get_ptr(lb_common::addr_set(addr)) else {
-        return 0;
-    };
-    // SAFETY: an array map value of plain integers. A free slot (address 0, flags 0) only
-    // matches 0.0.0.0, which is never lb's: its flags 0 say so.
-    let set = unsafe { &*set };
-    for i in 0..lb_common::ADDR_WAYS {
-        if set.addrs[i] == addr {
-            return set.flags[i];
-        }
-    }
-    0
-}
+/// The same for IPv6 addresses.
+#[map(name = "LB_ADDRS6")]
+pub static ADDRS6: Array<AddrSet6> = Array::with_max_entries(ADDR_SETS, 0);
 
 /// (VIP, port, protocol) → service.
 #[map(name = "LB_SERVICES")]
 pub static SERVICES: HashMap<ServiceKey, ServiceInfo> =
     HashMap::with_max_entries(DEFAULT_MAX_SERVICES, 0);
 
+/// (IPv6 VIP, port, protocol) → service.
+#[map(name = "LB_SERVICES6")]
+pub static SERVICES6: HashMap<ServiceKey6, ServiceInfo> =
+    HashMap::with_max_entries(DEFAULT_MAX_SERVICES, 0);
+
 /// Backend id → address, SNAT address, flags (health, drain).
 #[map(name = "LB_BACKENDS")]
 pub static BACKENDS: Array<BackendInfo> = Array::with_max_entries(DEFAULT_MAX_BACKENDS, 0);
+
+/// The same for IPv6 backends (ids share one space with IPv4's).
+#[map(name = "LB_BACKENDS6")]
+pub static BACKENDS6: Array<BackendInfo6> = Array::with_max_entries(DEFAULT_MAX_BACKENDS, 0);
 
 /// Maglev rings of all services, back to back: slot → backend id.
 #[map(name = "LB_RINGS")]
@@ -68,6 +66,14 @@ pub static CONNTRACK: Array<CtSlot> = Array::with_max_entries(DEFAULT_CONNTRACK_
 /// Backend → SNAT address flows: the return path, and the SNAT port reservations.
 #[map(name = "LB_NAT")]
 pub static NAT: Array<NatSlot> = Array::with_max_entries(2 * DEFAULT_CONNTRACK_SIZE, 0);
+
+/// The IPv6 connection table.
+#[map(name = "LB_CONNTRACK6")]
+pub static CONNTRACK6: Array<CtSlot6> = Array::with_max_entries(DEFAULT_CONNTRACK6_SIZE, 0);
+
+/// The IPv6 NAT table.
+#[map(name = "LB_NAT6")]
+pub static NAT6: Array<NatSlot6> = Array::with_max_entries(2 * DEFAULT_CONNTRACK6_SIZE, 0);
 
 /// Backend id → cached next hop, per CPU.
 #[map(name = "LB_NEXTHOPS")]
@@ -105,3 +111,31 @@ pub static PROGS: ProgramArray = ProgramArray::with_max_entries(PROG_SLOTS, 0);
 /// The per-source SYN limit's buckets, per CPU (see flow.rs).
 #[map(name = "LB_SYN_RATE")]
 pub static SYN_RATE: PerCpuArray<TokenBucket> = PerCpuArray::with_max_entries(SYN_BUCKETS, 0);
+
+/// What the SNAT port search's callbacks work on, and what they found (see snat.rs). In a
+/// per-CPU map rather than on the caller's stack: the verifier adds a callback's stack to its
+/// caller's, and the two with this on it went beyond the limit of 512 bytes. XDP runs to the end
+/// on its CPU, so one value per CPU is the current packet's.
+#[repr(C)]
+pub struct SnatSearch<A> {
+    pub backend: BackendInfoOf<A>,
+    pub reply: NatEntryOf<A>,
+    pub hash: u64,
+    pub now: u64,
+    pub proto: u8,
+    pub _pad: u8,
+    /// The port taken (network order); 0 while none is (candidates are 1024 or more).
+    pub port: u16,
+    /// Why the last candidate was refused: the drop counter if none is taken.
+    pub why: u32,
+    /// The candidate's NAT key, and a key to look up its holder's flow with: here, not on the
+    /// callbacks' stack.
+    pub key: FlowKeyOf<A>,
+    pub scratch: FlowKeyOf<A>,
+}
+
+#[map(name = "LB_SNAT_SEARCH")] // lb_common::map_name::SNAT_SEARCH
+pub static SEARCH: PerCpuArray<SnatSearch<u32>> = PerCpuArray::with_max_entries(1, 0);
+
+#[map(name = "LB_SNAT_SEARCH6")] // lb_common::map_name::SNAT_SEARCH6
+pub static SEARCH6: PerCpuArray<SnatSearch<lb_common::Addr6>> = PerCpuArray::with_max_entries(1, 0);

@@ -1,31 +1,54 @@
-//! Ethernet → (one 802.1Q tag) → IPv4 (IHL honoured) → TCP/UDP ports. Classifies every frame;
-//! never fails. Multi-byte fields are kept in network byte order, as the maps store them.
+//! Ethernet → (one 802.1Q tag) → IPv4 (IHL honoured) or IPv6 (extension headers skipped, up to
+//! [`MAX_EXT_HEADERS`]) → TCP/UDP ports. Classifies every frame; never fails. Multi-byte fields
+//! are kept in network byte order, as the maps store them.
 #![cfg_attr(not(target_arch = "bpf"), allow(dead_code))]
 
-use lb_common::{PROTO_ICMP, PROTO_TCP, PROTO_UDP, counter};
-use network_types::{eth::EthHdr, ip::Ipv4Hdr, tcp::TcpHdr, udp::UdpHdr, vlan::VlanHdr};
+use lb_common::{Addr6, PROTO_ICMP, PROTO_TCP, PROTO_UDP, addr6, counter};
+use network_types::{
+    eth::EthHdr,
+    ip::{Ipv4Hdr, Ipv6Hdr},
+    tcp::TcpHdr,
+    udp::UdpHdr,
+    vlan::VlanHdr,
+};
 
-use crate::{ptr::read_at, stats};
+use crate::{
+    ptr::{ptr_at, read_at},
+    stats,
+};
 
-const ETH_P_IP: u16 = 0x0800;
+pub const ETH_P_IP: u16 = 0x0800;
+pub const ETH_P_IPV6: u16 = 0x86dd;
 const ETH_P_8021Q: u16 = 0x8100;
 /// More-fragments flag and fragment offset bits of the IPv4 `frags` field.
 const IP_MF_OFFSET_MASK: u16 = 0x3fff;
+pub const PROTO_ICMPV6: u8 = 58;
+/// IPv6 extension headers lb skips to reach the transport header: hop-by-hop options, routing,
+/// destination options (all "next header, length in 8-byte units - 1" first).
+const EXT_HOP_BY_HOP: u8 = 0;
+const EXT_ROUTING: u8 = 43;
+const EXT_FRAGMENT: u8 = 44;
+const EXT_DEST_OPTS: u8 = 60;
+/// Extension headers read before the transport header at most; a packet with more gets a
+/// counted verdict (`pass_ext_headers` / `drop_ext_headers`). Real traffic has zero or one.
+pub const MAX_EXT_HEADERS: usize = 4;
 
 pub const TCP_FIN: u8 = 0x01;
 pub const TCP_SYN: u8 = 0x02;
 pub const TCP_RST: u8 = 0x04;
 pub const TCP_ACK: u8 = 0x10;
 
-/// A TCP or UDP packet's addressing (network byte order) and where its headers are.
-pub struct Flow {
-    pub saddr: u32,
-    pub daddr: u32,
+/// A TCP or UDP packet's addressing (network byte order) and where its headers are; `A` is the
+/// family's address (`u32`, [`Addr6`]).
+pub struct Flow<A> {
+    pub saddr: A,
+    pub daddr: A,
     pub sport: u16,
     pub dport: u16,
     pub proto: u8,
     /// TCP flags (FIN, SYN, RST, ACK bits); 0 for UDP.
     pub tcp_flags: u8,
+    /// TTL or hop limit.
     pub ttl: u8,
     pub l3_off: usize,
     pub l4_off: usize,
@@ -33,10 +56,11 @@ pub struct Flow {
     pub payload_len: u16,
 }
 
-/// An ICMP message (not a fragment): its IPv4 header's addressing and where its parts are.
-pub struct Icmp {
-    pub saddr: u32,
-    pub daddr: u32,
+/// An ICMP or ICMPv6 message (not a fragment): its IP header's addressing and where its parts
+/// are.
+pub struct Icmp<A> {
+    pub saddr: A,
+    pub daddr: A,
     pub ttl: u8,
     pub l3_off: usize,
     /// The ICMP header, unchecked.
@@ -45,45 +69,87 @@ pub struct Icmp {
     pub end: usize,
 }
 
-pub enum Parsed {
-    /// Not IPv4 (ARP, IPv6, stacked VLAN tags, ...).
-    NotIpv4,
-    /// Truncated or inconsistent headers; `daddr` when the IPv4 header could be read.
+pub enum Parsed<A> {
+    /// Truncated or inconsistent headers; `daddr` when the IP header could be read.
     Malformed {
-        daddr: Option<u32>,
+        daddr: Option<A>,
     },
-    /// An IPv4 fragment (first or later).
-    Fragment {
-        daddr: u32,
+    /// A packet lb cannot balance for a reason of its own, with the verdict counters for it:
+    /// `pass` when not for an lb address, `drop` when it is (fragments; IPv6 with too many
+    /// extension headers, or UDP without a checksum).
+    Odd {
+        daddr: A,
+        pass: u32,
+        drop: u32,
     },
-    /// ICMP (not a fragment).
-    Icmp(Icmp),
-    /// IPv4 that is neither TCP, UDP nor ICMP.
+    /// ICMP / ICMPv6 (not a fragment).
+    Icmp(Icmp<A>),
+    /// Neither TCP, UDP nor ICMP.
     OtherL4 {
-        daddr: u32,
+        daddr: A,
     },
-    Flow(Flow),
+    Flow(Flow<A>),
 }
 
+/// The frame's EtherType past one optional 802.1Q tag, and where its IP header starts; `None`
+/// for a frame too short for its link headers.
 #[inline(always)]
-pub fn parse(data: usize, data_end: usize) -> Parsed {
-    let Some(eth) = read_at::<EthHdr>(data, data_end, 0) else {
-        return Parsed::Malformed { daddr: None };
-    };
-    let mut ether_type = u16::from_be(eth.ether_type);
-    let mut l3_off = EthHdr::LEN;
-    if ether_type == ETH_P_8021Q {
-        let Some(vlan) = read_at::<VlanHdr>(data, data_end, l3_off) else {
-            return Parsed::Malformed { daddr: None };
-        };
-        stats::count(counter::VLAN);
-        ether_type = u16::from_be(vlan.ether_type);
-        l3_off += VlanHdr::LEN;
+pub fn link(data: usize, data_end: usize) -> Option<(u16, usize)> {
+    let eth = read_at::<EthHdr>(data, data_end, 0)?;
+    let ether_type = u16::from_be(eth.ether_type);
+    if ether_type != ETH_P_8021Q {
+        return Some((ether_type, EthHdr::LEN));
     }
-    if ether_type != ETH_P_IP {
-        return Parsed::NotIpv4;
-    }
+    let vlan = read_at::<VlanHdr>(data, data_end, EthHdr::LEN)?;
+    stats::count(counter::VLAN);
+    Some((u16::from_be(vlan.ether_type), EthHdr::LEN + VlanHdr::LEN))
+}
 
+/// The ports of a TCP or UDP header at `l4_off` with `l4_len` bytes to the datagram's end:
+/// (sport, dport, TCP flags, payload length, UDP checksum). `None` if truncated or inconsistent.
+#[inline(always)]
+fn ports(
+    data: usize,
+    data_end: usize,
+    proto: u8,
+    l4_off: usize,
+    l4_len: usize,
+) -> Option<(u16, u16, u8, u16, u16)> {
+    if proto == PROTO_TCP {
+        let tcp = read_at::<TcpHdr>(data, data_end, l4_off)?;
+        let doff = (tcp.doff() as usize) * 4;
+        if doff < TcpHdr::LEN || doff > l4_len {
+            return None;
+        }
+        // Byte 13 of the header holds the flags (CWR ECE URG ACK PSH RST SYN FIN).
+        // SAFETY: TcpHdr is 20 bytes of plain data.
+        let raw: [u8; TcpHdr::LEN] = unsafe { core::mem::transmute(tcp) };
+        let flags = raw[13] & (TCP_FIN | TCP_SYN | TCP_RST | TCP_ACK);
+        return Some((
+            u16::from_ne_bytes(tcp.source),
+            u16::from_ne_bytes(tcp.dest),
+            flags,
+            (l4_len - doff) as u16,
+            0,
+        ));
+    }
+    let udp = read_at::<UdpHdr>(data, data_end, l4_off)?;
+    let len = u16::from_be_bytes(udp.len) as usize;
+    if len < UdpHdr::LEN || len > l4_len {
+        return None;
+    }
+    Some((
+        u16::from_ne_bytes(udp.src),
+        u16::from_ne_bytes(udp.dst),
+        0,
+        (len - UdpHdr::LEN) as u16,
+        u16::from_ne_bytes(udp.check),
+    ))
+}
+
+/// An IPv4 datagram whose header starts at `l3_off`.
+#[inline(always)]
+pub fn ipv4(data: usize, data_end: usize, l3_off: usize) -> Parsed<u32> {
     let Some(ip) = read_at::<Ipv4Hdr>(data, data_end, l3_off) else {
         return Parsed::Malformed { daddr: None };
     };
@@ -104,49 +170,19 @@ pub fn parse(data: usize, data_end: usize) -> Parsed {
         stats::count(counter::IP_OPTIONS);
     }
     if u16::from_be_bytes(ip.frags) & IP_MF_OFFSET_MASK != 0 {
-        return Parsed::Fragment { daddr };
+        return Parsed::Odd {
+            daddr,
+            pass: counter::PASS_FRAGMENT,
+            drop: counter::DROP_FRAGMENT,
+        };
     }
-
+    let saddr = u32::from_ne_bytes(ip.src_addr);
     let l4_off = l3_off + ihl;
-    let l4_len = tot_len - ihl;
-    let (sport, dport, tcp_flags, payload_len) = match ip.proto {
-        PROTO_TCP => {
-            let Some(tcp) = read_at::<TcpHdr>(data, data_end, l4_off) else {
-                return malformed;
-            };
-            let doff = (tcp.doff() as usize) * 4;
-            if doff < TcpHdr::LEN || doff > l4_len {
-                return malformed;
-            }
-            // Byte 13 of the header holds the flags (CWR ECE URG ACK PSH RST SYN FIN).
-            // SAFETY: TcpHdr is 20 bytes of plain data.
-            let raw: [u8; TcpHdr::LEN] = unsafe { core::mem::transmute(tcp) };
-            let flags = raw[13] & (TCP_FIN | TCP_SYN | TCP_RST | TCP_ACK);
-            (
-                u16::from_ne_bytes(tcp.source),
-                u16::from_ne_bytes(tcp.dest),
-                flags,
-                (l4_len - doff) as u16,
-            )
-        }
-        PROTO_UDP => {
-            let Some(udp) = read_at::<UdpHdr>(data, data_end, l4_off) else {
-                return malformed;
-            };
-            let len = u16::from_be_bytes(udp.len) as usize;
-            if len < UdpHdr::LEN || len > l4_len {
-                return malformed;
-            }
-            (
-                u16::from_ne_bytes(udp.src),
-                u16::from_ne_bytes(udp.dst),
-                0,
-                (len - UdpHdr::LEN) as u16,
-            )
-        }
+    match ip.proto {
+        PROTO_TCP | PROTO_UDP => {}
         PROTO_ICMP => {
             return Parsed::Icmp(Icmp {
-                saddr: u32::from_ne_bytes(ip.src_addr),
+                saddr,
                 daddr,
                 ttl: ip.ttl,
                 l3_off,
@@ -155,15 +191,118 @@ pub fn parse(data: usize, data_end: usize) -> Parsed {
             });
         }
         _ => return Parsed::OtherL4 { daddr },
+    }
+    let Some((sport, dport, tcp_flags, payload_len, _)) =
+        ports(data, data_end, ip.proto, l4_off, tot_len - ihl)
+    else {
+        return malformed;
     };
     Parsed::Flow(Flow {
-        saddr: u32::from_ne_bytes(ip.src_addr),
+        saddr,
         daddr,
         sport,
         dport,
         proto: ip.proto,
         tcp_flags,
         ttl: ip.ttl,
+        l3_off,
+        l4_off,
+        payload_len,
+    })
+}
+
+/// An IPv6 packet whose header starts at `l3_off`.
+#[inline(always)]
+pub fn ipv6(data: usize, data_end: usize, l3_off: usize) -> Parsed<Addr6> {
+    let Some(ip) = ptr_at::<Ipv6Hdr>(data, data_end, l3_off) else {
+        return Parsed::Malformed { daddr: None };
+    };
+    // SAFETY: bounds-checked; read in place (a copy would be 40 bytes of stack).
+    let ip = unsafe { &*ip };
+    let daddr = addr6(ip.dst_addr);
+    let malformed = Parsed::Malformed { daddr: Some(daddr) };
+    let payload = u16::from_be_bytes(ip.payload_len) as usize;
+    // Padding may follow the packet; a payload longer than the frame means it was cut. A
+    // payload length of 0 (a jumbogram's) has no place on these links either.
+    if ip.vcf[0] >> 4 != 6 || payload == 0 || l3_off + Ipv6Hdr::LEN + payload > data_end - data {
+        return malformed;
+    }
+    let end = l3_off + Ipv6Hdr::LEN + payload;
+    let mut next = ip.next_hdr;
+    let mut l4_off = l3_off + Ipv6Hdr::LEN;
+    let mut skipped = false;
+    for _ in 0..MAX_EXT_HEADERS {
+        match next {
+            EXT_HOP_BY_HOP | EXT_ROUTING | EXT_DEST_OPTS => {
+                let Some(ext) = read_at::<[u8; 2]>(data, data_end, l4_off) else {
+                    return malformed;
+                };
+                next = ext[0];
+                l4_off += (ext[1] as usize + 1) * 8;
+                skipped = true;
+            }
+            EXT_FRAGMENT => {
+                return Parsed::Odd {
+                    daddr,
+                    pass: counter::PASS_FRAGMENT,
+                    drop: counter::DROP_FRAGMENT,
+                };
+            }
+            _ => break,
+        }
+    }
+    if matches!(
+        next,
+        EXT_HOP_BY_HOP | EXT_ROUTING | EXT_DEST_OPTS | EXT_FRAGMENT
+    ) {
+        return Parsed::Odd {
+            daddr,
+            pass: counter::PASS_EXT_HEADERS,
+            drop: counter::DROP_EXT_HEADERS,
+        };
+    }
+    if l4_off > end {
+        return malformed;
+    }
+    if skipped {
+        stats::count(counter::IPV6_EXT_HEADERS);
+    }
+    let saddr = addr6(ip.src_addr);
+    match next {
+        PROTO_TCP | PROTO_UDP => {}
+        PROTO_ICMPV6 => {
+            return Parsed::Icmp(Icmp {
+                saddr,
+                daddr,
+                ttl: ip.hop_limit,
+                l3_off,
+                l4_off,
+                end,
+            });
+        }
+        _ => return Parsed::OtherL4 { daddr },
+    }
+    let Some((sport, dport, tcp_flags, payload_len, udp_check)) =
+        ports(data, data_end, next, l4_off, end - l4_off)
+    else {
+        return malformed;
+    };
+    if next == PROTO_UDP && udp_check == 0 {
+        // RFC 8200 §8.1: an IPv6 receiver drops UDP without a checksum; lb does not forward it.
+        return Parsed::Odd {
+            daddr,
+            pass: counter::PASS_MALFORMED,
+            drop: counter::DROP_UDP_NO_CHECKSUM,
+        };
+    }
+    Parsed::Flow(Flow {
+        saddr,
+        daddr,
+        sport,
+        dport,
+        proto: next,
+        tcp_flags,
+        ttl: ip.hop_limit,
         l3_off,
         l4_off,
         payload_len,

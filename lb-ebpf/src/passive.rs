@@ -16,13 +16,15 @@
 #![cfg_attr(not(target_arch = "bpf"), allow(dead_code))]
 
 use lb_common::{
-    BackendInfo, CtEntry, DATA_TICK_SHIFT, FlowKey, NatEntry, PROTO_TCP, PassiveSignal,
+    BackendInfoOf, CtEntry, DATA_TICK_SHIFT, FlowKeyOf, NatEntryOf, PROTO_TCP, PassiveSignal,
     SYN_RETRANSMIT_MIN_NS, counter, ct_flags, ct_state, nat_flags, signal_kind,
 };
 
 use crate::{
+    family::Family,
     maps::{SIGNALS, params},
     parse::Flow,
+    ptr::opaque,
     stats,
     table::nat_find,
 };
@@ -69,15 +71,24 @@ pub fn backend_reset(e: &mut CtEntry, backend_id: u32, snat_port: u16, answered:
 /// refreshed. A retransmission, if it comes [`SYN_RETRANSMIT_MIN_NS`] after the flow's first
 /// packet: a connect timeout unless the backend's NAT entry shows it answered (the SYN+ACK was
 /// then lost on the client's side, not the backend's fault). Looked at once per flow.
-#[inline(always)]
-pub fn syn_again(e: &mut CtEntry, backend: &BackendInfo, flow: &Flow, now: u64) {
+// Out of line, as `no_data`: a retransmitted SYN or a "no data back" look is rare, and inlined
+// their NAT lookups took stack frames the IPv6 program cannot spare. Pointer arguments opaque
+// (see `ptr::opaque`).
+#[inline(never)]
+pub fn syn_again<F: Family>(
+    e: &mut CtEntry,
+    backend: &BackendInfoOf<F::A>,
+    flow: &Flow<F::A>,
+    now: u64,
+) {
+    let (backend, flow) = (opaque(backend), opaque(flow));
     // saturating: another CPU may have stored a slightly later time.
     if e.flags & ct_flags::SIGNALLED != 0 || now.saturating_sub(e.last_seen) < SYN_RETRANSMIT_MIN_NS
     {
         return;
     }
     e.flags |= ct_flags::SIGNALLED;
-    if let Some(nat) = return_entry(e, backend, flow)
+    if let Some(nat) = return_entry::<F>(e, backend, flow)
         && nat.last_seen != 0
     {
         return;
@@ -88,15 +99,19 @@ pub fn syn_again(e: &mut CtEntry, backend: &BackendInfo, flow: &Flow, now: u64) 
 /// The return-path entry of TCP flow `e` (client side `flow`) to `backend`, if it is still this
 /// client's: what the backend's replies have shown.
 #[inline(always)]
-fn return_entry(e: &CtEntry, backend: &BackendInfo, flow: &Flow) -> Option<&'static NatEntry> {
-    let k = FlowKey::new(
+fn return_entry<F: Family>(
+    e: &CtEntry,
+    backend: &BackendInfoOf<F::A>,
+    flow: &Flow<F::A>,
+) -> Option<&'static NatEntryOf<F::A>> {
+    let k = FlowKeyOf::new(
         backend.addr,
         backend.snat_addr,
         backend.port,
         e.snat_port,
         PROTO_TCP,
     );
-    let slot = nat_find(&k, k.hash(), params())?;
+    let slot = nat_find::<F>(&k, k.hash(), params())?;
     // SAFETY: a map value of plain integers.
     let nat = unsafe { &(*slot).entry };
     (nat.client_addr == flow.saddr && nat.client_port == flow.sport).then_some(nat)
@@ -107,7 +122,7 @@ fn return_entry(e: &CtEntry, backend: &BackendInfo, flow: &Flow) -> Option<&'sta
 /// needed") is not a failure. Once per TCP connection; for UDP every one (the sender's ICMP rate
 /// limit bounds them).
 #[inline(always)]
-pub fn unreachable(e: &mut CtEntry, nat: &NatEntry, proto: u8, code: u8) {
+pub fn unreachable<A>(e: &mut CtEntry, nat: &NatEntryOf<A>, proto: u8, code: u8) {
     if code == ICMP_FRAG_NEEDED {
         return;
     }
@@ -134,8 +149,14 @@ pub fn unreachable(e: &mut CtEntry, nat: &NatEntry, proto: u8, code: u8) {
 /// A client that sends data and then nothing at all is not seen (no packet to look from); a
 /// protocol whose server answers later than the timeout, or never (uploads, log shipping), must
 /// keep the check off or its timeout above its answer time.
-#[inline(always)]
-pub fn no_data(e: &mut CtEntry, backend: &BackendInfo, flow: &Flow, now: u64) {
+#[inline(never)]
+pub fn no_data<F: Family>(
+    e: &mut CtEntry,
+    backend: &BackendInfoOf<F::A>,
+    flow: &Flow<F::A>,
+    now: u64,
+) {
+    let (backend, flow) = (opaque(backend), opaque(flow));
     let tick = (now >> DATA_TICK_SHIFT) as u32;
     if e.flags & ct_flags::DATA_PENDING == 0 {
         if flow.payload_len != 0 {
@@ -149,7 +170,7 @@ pub fn no_data(e: &mut CtEntry, backend: &BackendInfo, flow: &Flow, now: u64) {
     }
     e.flags = (e.flags & !ct_flags::DATA_PENDING) | ct_flags::DATA_DONE;
     let answered =
-        return_entry(e, backend, flow).is_some_and(|n| n.flags & nat_flags::DATA_BACK != 0);
+        return_entry::<F>(e, backend, flow).is_some_and(|n| n.flags & nat_flags::DATA_BACK != 0);
     if !answered {
         report(e.backend_id, e.service_id, signal_kind::NO_DATA, 0);
     }

@@ -36,3 +36,14 @@ pub fn ptr_at_mut_checked<T>(data: usize, data_end: usize, offset: usize) -> Opt
     let end = unsafe { core::ptr::read_volatile(&data_end) };
     ptr_at_mut::<T>(data, end, offset)
 }
+
+/// `r` through a volatile round trip, so the compiler cannot see where it points. For the
+/// arguments of a function kept out of line: LLVM turns a pointer argument that is only read
+/// into the values read, one argument each, and a BPF-to-BPF call can pass five at most (the
+/// verifier refuses more).
+#[inline(always)]
+pub fn opaque<T>(r: &T) -> &T {
+    let p: *const T = r;
+    // SAFETY: a read of a local variable holding a valid pointer, which stays valid.
+    unsafe { &*core::ptr::read_volatile(&p) }
+}

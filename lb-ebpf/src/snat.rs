@@ -14,97 +14,74 @@
 
 use core::ffi::c_void;
 
-use aya_ebpf::{helpers::bpf_loop, macros::map, maps::PerCpuArray};
-use lb_common::{BackendInfo, FlowKey, NatEntry, SNAT_PORT_TRIES, counter, snat_port_candidate};
+use aya_ebpf::helpers::bpf_loop;
+use lb_common::{BackendInfoOf, NatEntryOf, SNAT_PORT_TRIES, counter, snat_port_candidate};
 
 use crate::{
-    maps::params,
+    family::Family,
+    maps::{SnatSearch, params},
     stats,
     table::{Claim, nat_claim, nat_find, same_client},
 };
 
-/// What the candidates' callbacks work on, and what they found. In a per-CPU map rather than
-/// on the caller's stack: the verifier adds a callback's stack to its caller's, and the two with
-/// this on it went beyond the limit of 512 bytes. XDP runs to the end on its CPU, so one value
-/// per CPU is the current packet's.
-#[map(name = "LB_SNAT_SEARCH")] // lb_common::map_name::SNAT_SEARCH
-static SEARCH: PerCpuArray<Search> = PerCpuArray::with_max_entries(1, 0);
-
-#[repr(C)]
-struct Search {
-    backend: BackendInfo,
-    reply: NatEntry,
-    hash: u64,
-    now: u64,
-    proto: u8,
-    _pad: u8,
-    /// The port taken (network order); 0 while none is (candidates are 1024 or more).
-    port: u16,
-    /// Why the last candidate was refused: the drop counter if none is taken.
-    why: u32,
-}
-
 /// Reserves a SNAT source port (network order) for a new flow to `backend`, whose return entry
-/// is `reply`; `recreated` for a TCP flow seen mid-stream (its connection entry was lost), which
+/// `reply` writes; `recreated` for a TCP flow seen mid-stream (its connection entry was lost), which
 /// keeps the port its NAT entry still holds. `Err(drop counter)`: what ran out, the ports
 /// ([`counter::DROP_NO_SNAT_PORT`]: the last candidate is a live flow's) or the NAT table
 /// ([`counter::DROP_NAT_FULL`]: its set was full of flows that may not give way).
 #[inline(always)]
-pub fn reserve(
-    backend: &BackendInfo,
+pub fn reserve<F: Family>(
+    backend: &BackendInfoOf<F::A>,
     proto: u8,
     hash: u64,
-    reply: NatEntry,
+    reply: impl FnOnce(&mut NatEntryOf<F::A>),
     recreated: bool,
     now: u64,
 ) -> Result<u16, u32> {
     if params().snat_port_count == 0 {
         return Err(counter::DROP_NO_SNAT_PORT);
     }
-    let Some(s) = SEARCH.get_ptr_mut(0) else {
+    let Some(s) = F::search().get_ptr_mut(0) else {
         return Err(counter::DROP_NO_SNAT_PORT);
     };
-    // SAFETY: this CPU's value, used by this packet only (see SEARCH).
+    // SAFETY: this CPU's value, used by this packet only (see SnatSearch).
     let s = unsafe { &mut *s };
-    *s = Search {
-        backend: *backend,
-        reply,
-        hash,
-        now,
-        proto,
-        _pad: 0,
-        port: 0,
-        why: counter::DROP_NO_SNAT_PORT,
-    };
+    // Field by field, in place: a whole value built first would be a copy on the stack.
+    s.backend = *backend;
+    reply(&mut s.reply);
+    s.hash = hash;
+    s.now = now;
+    s.proto = proto;
+    s.port = 0;
+    s.why = counter::DROP_NO_SNAT_PORT;
     let none = core::ptr::null_mut();
     if recreated {
         // SAFETY: a callback of this program; it finds its state in SEARCH.
-        unsafe { bpf_loop(SNAT_PORT_TRIES, own_port as *mut c_void, none, 0) };
+        unsafe { bpf_loop(SNAT_PORT_TRIES, own_port::<F> as *mut c_void, none, 0) };
         if s.port != 0 {
             return Ok(s.port);
         }
     }
     // SAFETY: as above.
-    unsafe { bpf_loop(SNAT_PORT_TRIES, claim_port as *mut c_void, none, 0) };
+    unsafe { bpf_loop(SNAT_PORT_TRIES, claim_port::<F> as *mut c_void, none, 0) };
     if s.port != 0 { Ok(s.port) } else { Err(s.why) }
 }
 
-/// This CPU's search (see SEARCH), for a callback.
+/// This CPU's search (see SnatSearch), for a callback.
 #[inline(always)]
-fn search() -> Option<&'static mut Search> {
+fn search<F: Family>() -> Option<&'static mut SnatSearch<F::A>> {
     // SAFETY: as in `reserve`, whose packet the callback is working on.
-    SEARCH.get_ptr_mut(0).map(|s| unsafe { &mut *s })
+    F::search().get_ptr_mut(0).map(|s| unsafe { &mut *s })
 }
 
 /// Candidate `i` of a re-created flow: its NAT entry, if it holds this port still. Returns 1
 /// (stop) when found.
-extern "C" fn own_port(i: u32, _: *mut c_void) -> i64 {
-    let Some(s) = search() else { return 1 };
+extern "C" fn own_port<F: Family>(i: u32, _: *mut c_void) -> i64 {
+    let Some(s) = search::<F>() else { return 1 };
     let p = params();
     let port = snat_port_candidate(s.hash, i, p).to_be();
-    let b = &s.backend;
-    let k = FlowKey::new(b.addr, b.snat_addr, b.port, port, s.proto);
-    let Some(slot) = nat_find(&k, k.hash(), p) else {
+    candidate_key(s, port);
+    let Some(slot) = nat_find::<F>(&s.key, s.key.hash(), p) else {
         return 0;
     };
     // SAFETY: a map value of plain integers.
@@ -114,24 +91,34 @@ extern "C" fn own_port(i: u32, _: *mut c_void) -> i64 {
     }
     // Keep when it last had a reply, and what it had: they still protect the port and tell
     // what the flow is.
-    *held = NatEntry {
-        last_seen: held.last_seen,
-        flags: held.flags,
-        ..s.reply
-    };
+    let (last_seen, flags) = (held.last_seen, held.flags);
+    *held = s.reply;
+    held.last_seen = last_seen;
+    held.flags = flags;
     s.port = port;
     1
 }
 
+/// Writes the NAT key of candidate `port` (backend → SNAT address:port) into `s.key`, field by
+/// field (a key built on a callback's stack adds to its caller's).
+#[inline(always)]
+fn candidate_key<A: lb_common::FlowAddr>(s: &mut SnatSearch<A>, port: u16) {
+    s.key.src = s.backend.addr;
+    s.key.dst = s.backend.snat_addr;
+    s.key.sport = s.backend.port;
+    s.key.dport = port;
+    s.key.proto = s.proto;
+    s.key._pad = [0; 3];
+}
+
 /// Candidate `i` of a new flow: claimed, or the reason it was not. Returns 1 (stop) when
 /// claimed.
-extern "C" fn claim_port(i: u32, _: *mut c_void) -> i64 {
-    let Some(s) = search() else { return 1 };
+extern "C" fn claim_port<F: Family>(i: u32, _: *mut c_void) -> i64 {
+    let Some(s) = search::<F>() else { return 1 };
     let p = params();
     let port = snat_port_candidate(s.hash, i, p).to_be();
-    let b = &s.backend;
-    let k = FlowKey::new(b.addr, b.snat_addr, b.port, port, s.proto);
-    match nat_claim(&k, k.hash(), &s.reply, s.now, p) {
+    candidate_key(s, port);
+    match nat_claim::<F>(&s.key, s.key.hash(), &s.reply, s.now, p, &mut s.scratch) {
         Claim::Claimed => {
             s.port = port;
             return 1;

@@ -10,14 +10,11 @@
 
 use aya_ebpf::maps::Array;
 use lb_common::{
-    CtEntry, CtSlot, FlowKey, NatEntry, NatSlot, Params, counter, ct_flags, ct_state, nat_flags,
-    ways,
+    CtEntry, CtSlotOf, FlowAddr, FlowKeyOf, NatEntryOf, NatSlotOf, Params, counter, ct_flags,
+    ct_state, nat_flags, ways,
 };
 
-use crate::{
-    maps::{CONNTRACK, NAT},
-    stats,
-};
+use crate::{family::Family, stats};
 
 /// Whether a connection table entry is still in use.
 #[inline(always)]
@@ -26,25 +23,30 @@ pub fn ct_live(e: &CtEntry, now: u64, p: &Params) -> bool {
 }
 
 /// A table slot: a key and its entry.
-pub trait Slot {
-    fn key(&self) -> &FlowKey;
+pub trait Slot<A> {
+    fn key(&self) -> &FlowKeyOf<A>;
 }
 
-impl Slot for CtSlot {
-    fn key(&self) -> &FlowKey {
+impl<A> Slot<A> for CtSlotOf<A> {
+    fn key(&self) -> &FlowKeyOf<A> {
         &self.key
     }
 }
 
-impl Slot for NatSlot {
-    fn key(&self) -> &FlowKey {
+impl<A> Slot<A> for NatSlotOf<A> {
+    fn key(&self) -> &FlowKeyOf<A> {
         &self.key
     }
 }
 
 /// The slot of `table` (of `mask + 1` slots) holding `key`.
 #[inline(always)]
-fn find<T: Slot>(table: &Array<T>, key: &FlowKey, hash: u64, mask: u32) -> Option<*mut T> {
+fn find<A: FlowAddr, T: Slot<A>>(
+    table: &Array<T>,
+    key: &FlowKeyOf<A>,
+    hash: u64,
+    mask: u32,
+) -> Option<*mut T> {
     let (a, b) = ways(hash, mask);
     for i in [a, b] {
         let slot = table.get_ptr_mut(i)?;
@@ -58,8 +60,12 @@ fn find<T: Slot>(table: &Array<T>, key: &FlowKey, hash: u64, mask: u32) -> Optio
 
 /// The connection table slot holding `key`.
 #[inline(always)]
-pub fn ct_find(key: &FlowKey, hash: u64, p: &Params) -> Option<*mut CtSlot> {
-    find(&CONNTRACK, key, hash, p.table_mask)
+pub fn ct_find<F: Family>(
+    key: &FlowKeyOf<F::A>,
+    hash: u64,
+    p: &Params,
+) -> Option<*mut CtSlotOf<F::A>> {
+    find(F::conntrack(), key, hash, F::table_mask(p))
 }
 
 /// Stores `entry` for `key`: in its own slot, else a free or dead one, else over a live one
@@ -67,9 +73,16 @@ pub fn ct_find(key: &FlowKey, hash: u64, p: &Params) -> Option<*mut CtSlot> {
 /// (a SYN flood, whose flows the attacker's own kernel resets, pushes out its own flows first,
 /// then handshakes in progress, never established flows), else the older.
 #[inline(always)]
-pub fn ct_store(key: &FlowKey, hash: u64, entry: &CtEntry, now: u64, p: &Params) {
-    let (a, b) = ways(hash, p.table_mask);
-    let (Some(sa), Some(sb)) = (CONNTRACK.get_ptr_mut(a), CONNTRACK.get_ptr_mut(b)) else {
+pub fn ct_store<F: Family>(
+    key: &FlowKeyOf<F::A>,
+    hash: u64,
+    entry: &CtEntry,
+    now: u64,
+    p: &Params,
+) {
+    let (a, b) = ways(hash, F::table_mask(p));
+    let table = F::conntrack();
+    let (Some(sa), Some(sb)) = (table.get_ptr_mut(a), table.get_ptr_mut(b)) else {
         return;
     };
     // SAFETY: array map values of plain integers.
@@ -96,19 +109,21 @@ pub fn ct_store(key: &FlowKey, hash: u64, entry: &CtEntry, now: u64, p: &Params)
             sb
         }
     };
-    // SAFETY: as above; the whole slot is written at once.
+    // SAFETY: as above. Field by field: a whole slot built first would be a copy on the stack.
     unsafe {
-        *target = CtSlot {
-            key: *key,
-            entry: *entry,
-        }
-    };
+        (*target).key = *key;
+        (*target).entry = *entry;
+    }
 }
 
 /// The NAT table slot holding `key`.
 #[inline(always)]
-pub fn nat_find(key: &FlowKey, hash: u64, p: &Params) -> Option<*mut NatSlot> {
-    find(&NAT, key, hash, p.nat_mask)
+pub fn nat_find<F: Family>(
+    key: &FlowKeyOf<F::A>,
+    hash: u64,
+    p: &Params,
+) -> Option<*mut NatSlotOf<F::A>> {
+    find(F::nat(), key, hash, F::nat_mask(p))
 }
 
 /// What claiming a SNAT port's NAT slot found.
@@ -126,30 +141,44 @@ pub enum Claim {
 /// never got established or is closed gives way (counted): a flood of half-open flows cannot
 /// keep new flows out; established flows are never given up.
 #[inline(always)]
-pub fn nat_claim(key: &FlowKey, hash: u64, entry: &NatEntry, now: u64, p: &Params) -> Claim {
-    let (a, b) = ways(hash, p.nat_mask);
-    let (Some(sa), Some(sb)) = (NAT.get_ptr_mut(a), NAT.get_ptr_mut(b)) else {
+///
+/// `scratch` is where the flows of the port's set are looked up from (a key in the caller's
+/// per-CPU search state: a bpf_loop callback's stack adds to its caller's).
+pub fn nat_claim<F: Family>(
+    key: &FlowKeyOf<F::A>,
+    hash: u64,
+    entry: &NatEntryOf<F::A>,
+    now: u64,
+    p: &Params,
+    scratch: &mut FlowKeyOf<F::A>,
+) -> Claim {
+    let (a, b) = ways(hash, F::nat_mask(p));
+    let table = F::nat();
+    let (Some(sa), Some(sb)) = (table.get_ptr_mut(a), table.get_ptr_mut(b)) else {
         return Claim::Full;
     };
     // SAFETY: array map values of plain integers.
     let (na, nb) = unsafe { (&*sa, &*sb) };
     let target = if na.key == *key {
-        if !(same_client(&na.entry, entry) || abandoned(na, now, p)) {
+        if !(same_client(&na.entry, entry) || abandoned::<F>(na, now, p, scratch)) {
             return Claim::Taken;
         }
         sa
     } else if nb.key == *key {
-        if !(same_client(&nb.entry, entry) || abandoned(nb, now, p)) {
+        if !(same_client(&nb.entry, entry) || abandoned::<F>(nb, now, p, scratch)) {
             return Claim::Taken;
         }
         sb
-    } else if na.key.proto == 0 || abandoned(na, now, p) {
+    } else if na.key.proto == 0 || abandoned::<F>(na, now, p, scratch) {
         sa
-    } else if nb.key.proto == 0 || abandoned(nb, now, p) {
+    } else if nb.key.proto == 0 || abandoned::<F>(nb, now, p, scratch) {
         sb
     } else {
         // The slow path of a full set: which of the two may give way (a lookup each).
-        let (ra, rb) = (yields(na, now, p), yields(nb, now, p));
+        let (ra, rb) = (
+            yields::<F>(na, now, p, scratch),
+            yields::<F>(nb, now, p, scratch),
+        );
         if ra == 0 && rb == 0 {
             return Claim::Full;
         }
@@ -160,29 +189,32 @@ pub fn nat_claim(key: &FlowKey, hash: u64, entry: &NatEntry, now: u64, p: &Param
             sb
         }
     };
-    // SAFETY: as above.
+    // SAFETY: as above; field by field (see ct_store).
     unsafe {
-        *target = NatSlot {
-            key: *key,
-            entry: *entry,
-        }
-    };
+        (*target).key = *key;
+        (*target).entry = *entry;
+    }
     Claim::Claimed
 }
 
 /// The live connection table entry of the flow holding NAT slot `slot`, if it still is that
 /// flow's.
 #[inline(always)]
-fn holder(slot: &NatSlot, now: u64, p: &Params) -> Option<*mut CtSlot> {
+fn holder<F: Family>(
+    slot: &NatSlotOf<F::A>,
+    now: u64,
+    p: &Params,
+    client: &mut FlowKeyOf<F::A>,
+) -> Option<*mut CtSlotOf<F::A>> {
     let t = &slot.entry;
-    let client = FlowKey::new(
-        t.client_addr,
-        t.vip_addr,
-        t.client_port,
-        t.vip_port,
-        slot.key.proto,
-    );
-    let found = ct_find(&client, client.hash(), p)?;
+    // Written field by field into the caller's scratch key (see `nat_claim`).
+    client.src = t.client_addr;
+    client.dst = t.vip_addr;
+    client.sport = t.client_port;
+    client.dport = t.vip_port;
+    client.proto = slot.key.proto;
+    client._pad = [0; 3];
+    let found = ct_find::<F>(client, client.hash(), p)?;
     // SAFETY: an array map value of plain integers.
     let e = unsafe { &(*found).entry };
     (e.backend_id == t.backend_id && e.snat_port == slot.key.dport && ct_live(e, now, p))
@@ -194,8 +226,13 @@ fn holder(slot: &NatSlot, now: u64, p: &Params) -> Option<*mut CtSlot> {
 /// a SYN+ACK, a SYN flood's leftover (2); a handshake in progress (1). A SYN flood's flows, which
 /// the attacker's kernel resets, go before the handshakes of real clients.
 #[inline(always)]
-fn yields(slot: &NatSlot, now: u64, p: &Params) -> u32 {
-    match holder(slot, now, p) {
+fn yields<F: Family>(
+    slot: &NatSlotOf<F::A>,
+    now: u64,
+    p: &Params,
+    scratch: &mut FlowKeyOf<F::A>,
+) -> u32 {
+    match holder::<F>(slot, now, p, scratch) {
         Some(ct) => {
             // SAFETY: an array map value of plain integers.
             let e = unsafe { &(*ct).entry };
@@ -214,7 +251,7 @@ fn yields(slot: &NatSlot, now: u64, p: &Params) -> u32 {
 
 /// Whether two NAT entries belong to the same client flow.
 #[inline(always)]
-pub fn same_client(a: &NatEntry, b: &NatEntry) -> bool {
+pub fn same_client<A: FlowAddr>(a: &NatEntryOf<A>, b: &NatEntryOf<A>) -> bool {
     a.client_addr == b.client_addr
         && a.client_port == b.client_port
         && a.vip_addr == b.vip_addr
@@ -226,7 +263,12 @@ pub fn same_client(a: &NatEntry, b: &NatEntry) -> bool {
 /// none for the TCP closing timeout (a live flow evicted from the connection table must find its
 /// port again when its next packet re-creates it).
 #[inline(always)]
-fn abandoned(slot: &NatSlot, now: u64, p: &Params) -> bool {
+fn abandoned<F: Family>(
+    slot: &NatSlotOf<F::A>,
+    now: u64,
+    p: &Params,
+    scratch: &mut FlowKeyOf<F::A>,
+) -> bool {
     let t = &slot.entry;
     // A reply within the closed hold keeps the port either way (the hold is at most the closing
     // timeout): no connection table lookup for ports in use.
@@ -235,7 +277,7 @@ fn abandoned(slot: &NatSlot, now: u64, p: &Params) -> bool {
     }
     // The connection table entry of the flow holding the port, if it still is this flow's.
     // SAFETY: an array map value of plain integers.
-    let held = holder(slot, now, p).map(|s| unsafe { &(*s).entry });
+    let held = holder::<F>(slot, now, p, scratch).map(|s| unsafe { &(*s).entry });
     if let Some(e) = held
         && ct_flags::closed(e.flags)
     {

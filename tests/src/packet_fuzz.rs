@@ -430,7 +430,7 @@ impl Bed {
 fn class(c: u32) -> u32 {
     use counter::*;
     match c {
-        PASS_NOT_IPV4 | PASS_NOT_VIP | PASS_MALFORMED | PASS_FRAGMENT => XDP_PASS,
+        PASS_NOT_IP | PASS_NOT_VIP | PASS_MALFORMED | PASS_FRAGMENT => XDP_PASS,
         FWD_TX | ICMP_ECHO_REPLY => XDP_TX,
         FWD_REDIRECT => XDP_REDIRECT,
         _ => XDP_DROP,

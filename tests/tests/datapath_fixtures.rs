@@ -259,19 +259,19 @@ fn parse_paths_have_defined_counted_verdicts() {
             "ARP",
             syn.clone().ether_type(0x0806).build(),
             XDP_PASS,
-            PASS_NOT_IPV4,
+            PASS_NOT_IP,
         ),
         Fixture::new(
-            "IPv6 EtherType",
+            "IPv4 bytes behind the IPv6 EtherType",
             syn.clone().ether_type(0x86dd).build(),
             XDP_PASS,
-            PASS_NOT_IPV4,
+            PASS_MALFORMED,
         ),
         Fixture::new(
             "two stacked 802.1Q tags",
             syn.clone().vlan(5).ether_type(0x8100).build(),
             XDP_PASS,
-            PASS_NOT_IPV4,
+            PASS_NOT_IP,
         )
         .also(VLAN),
         Fixture::new(

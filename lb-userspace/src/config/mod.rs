@@ -105,8 +105,10 @@ pub const MAX_RING_ENTRIES: u64 = 1 << 28;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Conntrack {
-    /// Flows tracked (LRU: when full, the least recently used flow is evicted).
+    /// IPv4 flows tracked (when a set is full, the least useful flow gives way).
     pub size: u32,
+    /// IPv6 flows tracked, in tables of their own.
+    pub ipv6_size: u32,
     pub tcp_syn_timeout: Duration,
     pub tcp_established_timeout: Duration,
     pub tcp_closing_timeout: Duration,
@@ -123,6 +125,7 @@ impl Default for Conntrack {
         let t = |state| Duration::from_nanos(p.timeout(state));
         Self {
             size: lb_common::DEFAULT_CONNTRACK_SIZE,
+            ipv6_size: lb_common::DEFAULT_CONNTRACK6_SIZE,
             tcp_syn_timeout: t(ct_state::TCP_SYN),
             tcp_established_timeout: t(ct_state::TCP_ESTABLISHED),
             tcp_closing_timeout: t(ct_state::TCP_CLOSING),

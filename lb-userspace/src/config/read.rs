@@ -216,20 +216,23 @@ fn read_lb(f: &Fields) -> Option<Lb> {
 fn read_conntrack(f: &Fields) -> Option<Conntrack> {
     let d = Conntrack::default();
     let range = Duration::from_secs(1)..=Duration::from_secs(7 * 86400);
-    let size = f
-        .int_in("size", 1024..=1 << 26, i64::from(d.size))
-        .and_then(|n| {
-            // The tables are indexed by hash bits.
-            let n = n as u32;
-            if !n.is_power_of_two() {
-                f.problem(
-                    "size",
-                    format!("{n} is not a power of two (e.g. {})", n.next_power_of_two()),
-                );
-                return None;
-            }
-            Some(n)
-        });
+    // The tables are indexed by hash bits: powers of two.
+    let power_of_two = |key: &'static str, default: u32| {
+        f.int_in(key, 1024..=1 << 26, i64::from(default))
+            .and_then(|n| {
+                let n = n as u32;
+                if !n.is_power_of_two() {
+                    f.problem(
+                        key,
+                        format!("{n} is not a power of two (e.g. {})", n.next_power_of_two()),
+                    );
+                    return None;
+                }
+                Some(n)
+            })
+    };
+    let size = power_of_two("size", d.size);
+    let ipv6_size = power_of_two("ipv6_size", d.ipv6_size);
     let syn = f.duration("tcp_syn_timeout", range.clone(), d.tcp_syn_timeout);
     let established = f.duration(
         "tcp_established_timeout",
@@ -254,6 +257,7 @@ fn read_conntrack(f: &Fields) -> Option<Conntrack> {
     f.finish();
     Some(Conntrack {
         size: size?,
+        ipv6_size: ipv6_size?,
         tcp_syn_timeout: syn?,
         tcp_established_timeout: established?,
         tcp_closing_timeout: closing?,

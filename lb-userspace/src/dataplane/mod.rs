@@ -23,9 +23,9 @@ use aya::{
     sys::SyscallError,
 };
 use lb_common::{
-    ADDR_SETS, AddrSet, BackendInfo, CtSlot, FlowKey, ICMP_PROG, ICMP_PROGRAM_NAME, NatSlot,
-    PARAMS_GLOBAL, PASS_PROGRAM_NAME, PROGRAM_NAME, Params, ServiceInfo, ServiceKey, map_name,
-    ways,
+    ADDR_SETS, AddrSet, BackendInfo, CtSlot, FlowKey, ICMP_PROG, ICMP_PROGRAM_NAME, ICMP6_PROG,
+    ICMP6_PROGRAM_NAME, NatSlot, PARAMS_GLOBAL, PASS_PROGRAM_NAME, PROGRAM_NAME, Params,
+    ServiceInfo, ServiceKey, XDP6_PROG, XDP6_PROGRAM_NAME, map_name, ways,
 };
 use tracing::{info, warn};
 
@@ -64,6 +64,8 @@ pub fn params(lb: &config::Lb) -> Params {
         syn_rate_per_source: lb.syn_rate_per_source,
         icmp_reply_scaled: Params::per_2_32_ns(lb.icmp_reply_rate),
         syn_rate_scaled: Params::per_2_32_ns(lb.syn_rate_per_source),
+        table6_mask: lb.conntrack.ipv6_size - 1,
+        nat6_mask: 2 * lb.conntrack.ipv6_size - 1,
         _pad: 0,
     }
 }
@@ -125,7 +127,11 @@ impl Dataplane {
             .map_max_entries(map_name::BACKEND_STATS, lb.max_backends)
             .map_max_entries(map_name::NEXTHOPS, lb.max_backends)
             .map_max_entries(map_name::CONNTRACK, lb.conntrack.size)
-            .map_max_entries(map_name::NAT, 2 * lb.conntrack.size);
+            .map_max_entries(map_name::NAT, 2 * lb.conntrack.size)
+            .map_max_entries(map_name::SERVICES6, lb.max_services)
+            .map_max_entries(map_name::BACKENDS6, lb.max_backends)
+            .map_max_entries(map_name::CONNTRACK6, lb.conntrack.ipv6_size)
+            .map_max_entries(map_name::NAT6, 2 * lb.conntrack.ipv6_size);
         let mut adopted = false;
         let mut fresh = false;
         let mut lock = None;
@@ -194,17 +200,22 @@ impl Dataplane {
     /// Instructions the verifier processed for the balancer and its ICMP program (its limit is
     /// 1,000,000 per program): how far the datapath is from what the kernel accepts.
     pub fn verified_instructions(&self) -> Vec<(&'static str, Option<u32>)> {
-        [PROGRAM_NAME, ICMP_PROGRAM_NAME]
-            .into_iter()
-            .map(|name| {
-                let count = self
-                    .named_program(name)
-                    .info()
-                    .ok()
-                    .and_then(|i| i.verified_instruction_count());
-                (name, count)
-            })
-            .collect()
+        [
+            PROGRAM_NAME,
+            XDP6_PROGRAM_NAME,
+            ICMP_PROGRAM_NAME,
+            ICMP6_PROGRAM_NAME,
+        ]
+        .into_iter()
+        .map(|name| {
+            let count = self
+                .named_program(name)
+                .info()
+                .ok()
+                .and_then(|i| i.verified_instruction_count());
+            (name, count)
+        })
+        .collect()
     }
 
     /// The program that only passes: benchmark baseline and veth peer program.
@@ -585,7 +596,13 @@ fn verify(mut ebpf: Ebpf) -> anyhow::Result<Ebpf> {
     if !unlisted.is_empty() {
         bail!("maps {unlisted:?} of the XDP object are missing from dataplane::pin::MAPS");
     }
-    for name in [PROGRAM_NAME, ICMP_PROGRAM_NAME, PASS_PROGRAM_NAME] {
+    for name in [
+        PROGRAM_NAME,
+        XDP6_PROGRAM_NAME,
+        ICMP_PROGRAM_NAME,
+        ICMP6_PROGRAM_NAME,
+        PASS_PROGRAM_NAME,
+    ] {
         let prog: &mut Xdp = ebpf
             .program_mut(name)
             .ok_or_else(|| anyhow!("program {name} missing from the XDP object"))?
@@ -593,21 +610,27 @@ fn verify(mut ebpf: Ebpf) -> anyhow::Result<Ebpf> {
         prog.load()
             .with_context(|| format!("the kernel rejected XDP program {name}"))?;
     }
-    // The balancer hands ICMP for its addresses to this program (a tail call). Set before the
-    // balancer is attached; on adoption it replaces the old handler at once, in place.
-    let icmp = ebpf
-        .program(ICMP_PROGRAM_NAME)
-        .context("ICMP program missing")?
-        .fd()
-        .context("ICMP program not loaded")?
-        .try_clone()?;
-    let mut progs = ProgramArray::try_from(
-        ebpf.map_mut(map_name::PROGS)
-            .context("program array missing")?,
-    )?;
-    progs
-        .set(ICMP_PROG, &icmp, 0)
-        .context("installing the ICMP program")?;
+    // The balancer hands IPv6 and ICMP for its addresses to these programs (tail calls). Set
+    // before the balancer is attached; on adoption they replace the old ones at once, in place.
+    for (slot, name) in [
+        (XDP6_PROG, XDP6_PROGRAM_NAME),
+        (ICMP_PROG, ICMP_PROGRAM_NAME),
+        (ICMP6_PROG, ICMP6_PROGRAM_NAME),
+    ] {
+        let fd = ebpf
+            .program(name)
+            .with_context(|| format!("program {name} missing"))?
+            .fd()
+            .with_context(|| format!("program {name} not loaded"))?
+            .try_clone()?;
+        let mut progs = ProgramArray::try_from(
+            ebpf.map_mut(map_name::PROGS)
+                .context("program array missing")?,
+        )?;
+        progs
+            .set(slot, &fd, 0)
+            .with_context(|| format!("installing program {name}"))?;
+    }
     Ok(ebpf)
 }
 
@@ -648,9 +671,12 @@ fn load_error(e: EbpfError, pin: Option<&Path>) -> anyhow::Error {
 fn setting_of(name: &str) -> &'static str {
     match name {
         map_name::CONNTRACK | map_name::NAT => "[lb] conntrack.size",
-        map_name::SERVICES | map_name::SERVICE_STATS => "[lb] max_services",
+        map_name::CONNTRACK6 | map_name::NAT6 => "[lb] conntrack.ipv6_size",
+        map_name::SERVICES | map_name::SERVICES6 | map_name::SERVICE_STATS => "[lb] max_services",
         map_name::RINGS => "[lb] max_services × ring_size",
-        map_name::BACKENDS | map_name::BACKEND_STATS | map_name::NEXTHOPS => "[lb] max_backends",
+        map_name::BACKENDS | map_name::BACKENDS6 | map_name::BACKEND_STATS | map_name::NEXTHOPS => {
+            "[lb] max_backends"
+        }
         _ => "a size fixed when lb was built",
     }
 }

@@ -25,7 +25,7 @@ pub const BPFFS: &str = "/sys/fs/bpf";
 /// Every map of the XDP object that holds state, pinned under these names. `Dataplane::load`
 /// checks that the object has no other map besides [`SCRATCH`] and the `.rodata`/`.bss`
 /// sections of globals.
-pub const MAPS: [&str; 15] = [
+pub const MAPS: [&str; 20] = [
     map_name::ADDRS,
     map_name::SERVICES,
     map_name::BACKENDS,
@@ -41,10 +41,19 @@ pub const MAPS: [&str; 15] = [
     map_name::ICMP_RATE,
     map_name::PROGS,
     map_name::SYN_RATE,
+    map_name::ADDRS6,
+    map_name::SERVICES6,
+    map_name::BACKENDS6,
+    map_name::CONNTRACK6,
+    map_name::NAT6,
 ];
 
 /// Maps that hold nothing from one packet to the next: never pinned.
-pub const SCRATCH: [&str; 1] = [map_name::SNAT_SEARCH];
+pub const SCRATCH: [&str; 3] = [
+    map_name::SNAT_SEARCH,
+    map_name::SNAT_SEARCH6,
+    map_name::ICMP6_WORK,
+];
 
 const LINK_PREFIX: &str = "link-";
 

@@ -1,0 +1,213 @@
+//! What differs between IPv4 and IPv6, behind one trait: the maps that hold a family's
+//! addresses, services, backends and flows, its IP header's rewrite, and its route lookup. The
+//! flow logic (flow.rs, table.rs, snat.rs) is written once over [`Family`]; each family's code
+//! is its own monomorphised copy, so IPv4 packets run exactly the IPv4 code.
+#![cfg_attr(not(target_arch = "bpf"), allow(dead_code))]
+
+use aya_ebpf::{
+    bindings::bpf_fib_lookup as FibParams,
+    maps::{Array, HashMap, PerCpuArray},
+};
+use lb_common::{
+    ADDR_WAYS, Addr6, AddrSetOf, BackendInfoOf, CtSlotOf, FlowAddr, NatSlotOf, Params, ServiceInfo,
+    ServiceKeyOf, addr_set,
+};
+use network_types::{ip::Ipv4Hdr, ip::Ipv6Hdr};
+
+use crate::{
+    csum::{diff16, diff32, update},
+    maps::{
+        ADDRS, ADDRS6, BACKENDS, BACKENDS6, CONNTRACK, CONNTRACK6, NAT, NAT6, SEARCH, SEARCH6,
+        SERVICES, SERVICES6, SnatSearch,
+    },
+    ptr::ptr_at_mut,
+};
+
+const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
+
+pub trait Family {
+    type A: FlowAddr;
+    fn addrs() -> &'static Array<AddrSetOf<Self::A>>;
+    fn services() -> &'static HashMap<ServiceKeyOf<Self::A>, ServiceInfo>;
+    fn backends() -> &'static Array<BackendInfoOf<Self::A>>;
+    fn conntrack() -> &'static Array<CtSlotOf<Self::A>>;
+    fn nat() -> &'static Array<NatSlotOf<Self::A>>;
+    fn search() -> &'static PerCpuArray<SnatSearch<Self::A>>;
+    /// The connection table's and the NAT table's size - 1.
+    fn table_mask(p: &Params) -> u32;
+    fn nat_mask(p: &Params) -> u32;
+    /// Rewrites the IP header at `l3_off` to `src → dst` and lowers its TTL / hop limit by one
+    /// (callers drop 0 and 1 first). Returns the addresses' change, which the transport
+    /// pseudo-header shares. `None` if the header is out of bounds.
+    fn rewrite_ip(
+        data: usize,
+        data_end: usize,
+        l3_off: usize,
+        old: (&Self::A, &Self::A),
+        new: (&Self::A, &Self::A),
+    ) -> Option<u32>;
+    /// Fills a route lookup's family and addresses.
+    fn fib_addrs(p: &mut FibParams, src: Self::A, dst: Self::A);
+}
+
+/// The [`lb_common::addr_flags`] of `addr` (network byte order); 0 when it is not one of lb's.
+/// An array lookup the verifier inlines (see [`lb_common::AddrSet`]), no helper call.
+#[inline(always)]
+pub fn lookup_addr<F: Family>(addr: F::A) -> u32 {
+    let Some(set) = F::addrs().get_ptr(addr_set(addr)) else {
+        return 0;
+    };
+    // SAFETY: an array map value of plain integers. A free slot (address 0, flags 0) only
+    // matches the all-zero address, which is never lb's: its flags 0 say so.
+    let set = unsafe { &*set };
+    for i in 0..ADDR_WAYS {
+        if set.addrs[i] == addr {
+            return set.flags[i];
+        }
+    }
+    0
+}
+
+pub struct V4;
+pub struct V6;
+
+impl Family for V4 {
+    type A = u32;
+    #[inline(always)]
+    fn addrs() -> &'static Array<AddrSetOf<u32>> {
+        &ADDRS
+    }
+    #[inline(always)]
+    fn services() -> &'static HashMap<ServiceKeyOf<u32>, ServiceInfo> {
+        &SERVICES
+    }
+    #[inline(always)]
+    fn backends() -> &'static Array<BackendInfoOf<u32>> {
+        &BACKENDS
+    }
+    #[inline(always)]
+    fn conntrack() -> &'static Array<CtSlotOf<u32>> {
+        &CONNTRACK
+    }
+    #[inline(always)]
+    fn nat() -> &'static Array<NatSlotOf<u32>> {
+        &NAT
+    }
+    #[inline(always)]
+    fn search() -> &'static PerCpuArray<SnatSearch<u32>> {
+        &SEARCH
+    }
+    #[inline(always)]
+    fn table_mask(p: &Params) -> u32 {
+        p.table_mask
+    }
+    #[inline(always)]
+    fn nat_mask(p: &Params) -> u32 {
+        p.nat_mask
+    }
+    #[inline(always)]
+    fn rewrite_ip(
+        data: usize,
+        data_end: usize,
+        l3_off: usize,
+        old: (&u32, &u32),
+        new: (&u32, &u32),
+    ) -> Option<u32> {
+        let ip = ptr_at_mut::<Ipv4Hdr>(data, data_end, l3_off)?;
+        let addrs = diff32(*old.0, *new.0) + diff32(*old.1, *new.1);
+        // SAFETY: bounds-checked; network-types headers are byte arrays.
+        unsafe {
+            let old_ttl_word = u16::from_ne_bytes([(*ip).ttl, (*ip).proto]);
+            (*ip).ttl -= 1;
+            let new_ttl_word = u16::from_ne_bytes([(*ip).ttl, (*ip).proto]);
+            let check = u16::from_ne_bytes((*ip).check);
+            let check = update(check, addrs + diff16(old_ttl_word, new_ttl_word));
+            (*ip).check = check.to_ne_bytes();
+            (*ip).src_addr = new.0.to_ne_bytes();
+            (*ip).dst_addr = new.1.to_ne_bytes();
+        }
+        Some(addrs)
+    }
+    #[inline(always)]
+    fn fib_addrs(p: &mut FibParams, src: u32, dst: u32) {
+        p.family = AF_INET;
+        p.__bindgen_anon_3.ipv4_src = src;
+        p.__bindgen_anon_4.ipv4_dst = dst;
+    }
+}
+
+/// The checksum change of an IPv6 address: its eight 16-bit words.
+#[inline(always)]
+pub fn diff128(old: Addr6, new: Addr6) -> u32 {
+    diff32(old[0], new[0])
+        + diff32(old[1], new[1])
+        + diff32(old[2], new[2])
+        + diff32(old[3], new[3])
+}
+
+/// An IPv6 address's words as the header's bytes.
+#[inline(always)]
+pub fn octets6(a: Addr6) -> [u8; 16] {
+    lb_common::addr6_octets(a)
+}
+
+impl Family for V6 {
+    type A = Addr6;
+    #[inline(always)]
+    fn addrs() -> &'static Array<AddrSetOf<Addr6>> {
+        &ADDRS6
+    }
+    #[inline(always)]
+    fn services() -> &'static HashMap<ServiceKeyOf<Addr6>, ServiceInfo> {
+        &SERVICES6
+    }
+    #[inline(always)]
+    fn backends() -> &'static Array<BackendInfoOf<Addr6>> {
+        &BACKENDS6
+    }
+    #[inline(always)]
+    fn conntrack() -> &'static Array<CtSlotOf<Addr6>> {
+        &CONNTRACK6
+    }
+    #[inline(always)]
+    fn nat() -> &'static Array<NatSlotOf<Addr6>> {
+        &NAT6
+    }
+    #[inline(always)]
+    fn search() -> &'static PerCpuArray<SnatSearch<Addr6>> {
+        &SEARCH6
+    }
+    #[inline(always)]
+    fn table_mask(p: &Params) -> u32 {
+        p.table6_mask
+    }
+    #[inline(always)]
+    fn nat_mask(p: &Params) -> u32 {
+        p.nat6_mask
+    }
+    /// IPv6 has no header checksum: the addresses and the hop limit are written as they are.
+    #[inline(always)]
+    fn rewrite_ip(
+        data: usize,
+        data_end: usize,
+        l3_off: usize,
+        old: (&Addr6, &Addr6),
+        new: (&Addr6, &Addr6),
+    ) -> Option<u32> {
+        let ip = ptr_at_mut::<Ipv6Hdr>(data, data_end, l3_off)?;
+        // SAFETY: bounds-checked; network-types headers are byte arrays.
+        unsafe {
+            (*ip).hop_limit -= 1;
+            (*ip).src_addr = octets6(*new.0);
+            (*ip).dst_addr = octets6(*new.1);
+        }
+        Some(diff128(*old.0, *new.0) + diff128(*old.1, *new.1))
+    }
+    #[inline(always)]
+    fn fib_addrs(p: &mut FibParams, src: Addr6, dst: Addr6) {
+        p.family = AF_INET6;
+        p.__bindgen_anon_3.ipv6_src = src;
+        p.__bindgen_anon_4.ipv6_dst = dst;
+    }
+}
