@@ -1,7 +1,7 @@
-//! Placement of lb's addresses (VIPs, SNAT addresses) in the datapath's address table: an array
-//! of [`ADDR_SETS`] sets of [`ADDR_WAYS`] slots, an address living in any slot of set
-//! [`addr_set`]`(address)` (see [`AddrSet`] for why not a hash map). Pure, so it is tested
-//! without a kernel.
+//! Placement of lb's addresses (VIPs, SNAT addresses) in the datapath's address tables, one per
+//! family: an array of [`ADDR_SETS`] sets of [`ADDR_WAYS`] slots, an address living in any slot
+//! of set [`addr_set`]`(address)` (see [`lb_common::AddrSet`] for why not a hash map). Pure, so
+//! it is tested without a kernel.
 //!
 //! An address keeps its slot for as long as it is configured: a reload only clears the slots of
 //! addresses that go and fills free slots with new ones, so no packet to a kept address ever
@@ -9,40 +9,81 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::Ipv4Addr,
+    fmt::{Debug, Display},
+    net::{Ipv4Addr, Ipv6Addr},
 };
 
 use anyhow::bail;
-use lb_common::{ADDR_SETS, ADDR_WAYS, AddrSet, MAX_ADDRS, addr_set};
+use lb_common::{
+    ADDR_SETS, ADDR_WAYS, Addr6, AddrSetOf, FlowAddr, MAX_ADDRS, addr_set, addr6, addr6_octets,
+};
+
+/// An address family's addresses as the table holds them (one table per family).
+pub trait TableIp: Copy + Ord + Debug + Display {
+    /// The map's form of the address.
+    type A: FlowAddr + Ord;
+    const UNSPECIFIED: Self;
+    fn key(self) -> Self::A;
+    fn from_key(a: Self::A) -> Self;
+}
+
+impl TableIp for Ipv4Addr {
+    type A = u32;
+    const UNSPECIFIED: Self = Ipv4Addr::UNSPECIFIED;
+    fn key(self) -> u32 {
+        u32::from_ne_bytes(self.octets())
+    }
+    fn from_key(a: u32) -> Self {
+        Ipv4Addr::from(a.to_ne_bytes())
+    }
+}
+
+impl TableIp for Ipv6Addr {
+    type A = Addr6;
+    const UNSPECIFIED: Self = Ipv6Addr::UNSPECIFIED;
+    fn key(self) -> Addr6 {
+        addr6(self.octets())
+    }
+    fn from_key(a: Addr6) -> Self {
+        Ipv6Addr::from(addr6_octets(a))
+    }
+}
 
 /// The table's content: the sets that hold an address, by index (absent sets are empty).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct AddrTable {
-    sets: BTreeMap<u32, AddrSet>,
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddrTable<Ip: TableIp = Ipv4Addr> {
+    sets: BTreeMap<u32, AddrSetOf<Ip::A>>,
 }
 
-fn key(addr: Ipv4Addr) -> u32 {
-    u32::from_ne_bytes(addr.octets())
+/// The IPv6 address table.
+pub type AddrTable6 = AddrTable<Ipv6Addr>;
+
+impl<Ip: TableIp> Default for AddrTable<Ip> {
+    fn default() -> Self {
+        Self {
+            sets: BTreeMap::new(),
+        }
+    }
 }
 
-impl AddrTable {
+impl<Ip: TableIp> AddrTable<Ip> {
     /// A table read from the map: sets `(index, content)`, empty ones may be left out.
-    pub fn from_sets(sets: impl IntoIterator<Item = (u32, AddrSet)>) -> Self {
+    pub fn from_sets(sets: impl IntoIterator<Item = (u32, AddrSetOf<Ip::A>)>) -> Self {
         Self {
             sets: sets
                 .into_iter()
-                .filter(|(_, s)| *s != AddrSet::default())
+                .filter(|(_, s)| *s != AddrSetOf::default())
                 .collect(),
         }
     }
 
     /// Every address in the table with its flags.
-    pub fn addrs(&self) -> BTreeMap<Ipv4Addr, u32> {
+    pub fn addrs(&self) -> BTreeMap<Ip, u32> {
         self.sets
             .values()
             .flat_map(|s| s.addrs.iter().zip(&s.flags))
             .filter(|&(_, &f)| f != 0)
-            .map(|(&a, &f)| (Ipv4Addr::from(a.to_ne_bytes()), f))
+            .map(|(&a, &f)| (Ip::from_key(a), f))
             .collect()
     }
 
@@ -50,38 +91,38 @@ impl AddrTable {
     /// keep their slot, the others take the first free slot of their set. Fails, changing
     /// nothing, when there are more than [`MAX_ADDRS`] addresses or more in one set than it has
     /// slots.
-    pub fn plan(&self, wanted: &BTreeMap<Ipv4Addr, u32>) -> anyhow::Result<Self> {
+    pub fn plan(&self, wanted: &BTreeMap<Ip, u32>) -> anyhow::Result<Self> {
         if wanted.len() > MAX_ADDRS as usize {
             bail!(
-                "{} distinct VIPs and SNAT addresses, more than the {MAX_ADDRS} lb's address table takes",
+                "{} distinct VIPs and SNAT addresses of one family, more than the {MAX_ADDRS} lb's address table takes",
                 wanted.len()
             );
         }
-        if wanted.contains_key(&Ipv4Addr::UNSPECIFIED) {
-            bail!("0.0.0.0 cannot be a VIP or SNAT address");
+        if wanted.contains_key(&Ip::UNSPECIFIED) {
+            bail!("{} cannot be a VIP or SNAT address", Ip::UNSPECIFIED);
         }
         let mut next = self.retain(|a| wanted.contains_key(&a));
         let mut placed = BTreeSet::new();
         for set in next.sets.values_mut() {
             for (a, f) in set.addrs.iter().zip(set.flags.iter_mut()) {
                 if *f != 0 {
-                    *f = wanted[&Ipv4Addr::from(a.to_ne_bytes())];
+                    *f = wanted[&Ip::from_key(*a)];
                     placed.insert(*a);
                 }
             }
         }
         for (&addr, &flags) in wanted {
-            let k = key(addr);
+            let k = addr.key();
             if placed.contains(&k) {
                 continue;
             }
             let index = addr_set(k);
             let set = next.sets.entry(index).or_default();
             let Some(free) = set.flags.iter().position(|&f| f == 0) else {
-                let mut shared: Vec<Ipv4Addr> = wanted
+                let mut shared: Vec<Ip> = wanted
                     .keys()
                     .copied()
-                    .filter(|&a| addr_set(key(a)) == index)
+                    .filter(|&a| addr_set(a.key()) == index)
                     .collect();
                 shared.sort();
                 bail!(
@@ -99,20 +140,19 @@ impl AddrTable {
     /// This table with only the addresses `keep` accepts (the others' slots freed), also
     /// dropping any slot that does not belong there (wrong set, duplicate, stray address bits
     /// in a free slot): what an adopted map from another run may hold.
-    pub fn retain(&self, keep: impl Fn(Ipv4Addr) -> bool) -> Self {
+    pub fn retain(&self, keep: impl Fn(Ip) -> bool) -> Self {
         let mut seen = BTreeSet::new();
         let mut sets = BTreeMap::new();
         for (&index, set) in &self.sets {
-            let mut out = AddrSet::default();
+            let mut out = AddrSetOf::default();
             for i in 0..ADDR_WAYS {
                 let (a, f) = (set.addrs[i], set.flags[i]);
-                let ip = Ipv4Addr::from(a.to_ne_bytes());
-                if f != 0 && addr_set(a) == index && keep(ip) && seen.insert(a) {
+                if f != 0 && addr_set(a) == index && keep(Ip::from_key(a)) && seen.insert(a) {
                     out.addrs[i] = a;
                     out.flags[i] = f;
                 }
             }
-            if out != AddrSet::default() {
+            if out != AddrSetOf::default() {
                 sets.insert(index, out);
             }
         }
@@ -120,8 +160,8 @@ impl AddrTable {
     }
 
     /// The sets to write to turn a map holding `from` into this table: `(index, content)`.
-    pub fn changes_from(&self, from: &AddrTable) -> Vec<(u32, AddrSet)> {
-        let empty = AddrSet::default();
+    pub fn changes_from(&self, from: &Self) -> Vec<(u32, AddrSetOf<Ip::A>)> {
+        let empty = AddrSetOf::default();
         let indices: BTreeSet<u32> = self.sets.keys().chain(from.sets.keys()).copied().collect();
         indices
             .into_iter()
@@ -138,6 +178,10 @@ impl AddrTable {
 mod tests {
     use super::*;
     use lb_common::addr_flags::{SNAT, VIP};
+
+    fn key(a: Ipv4Addr) -> u32 {
+        a.key()
+    }
 
     fn ip(i: u32) -> Ipv4Addr {
         Ipv4Addr::from(0x0a00_0000 | i)
@@ -273,5 +317,31 @@ mod tests {
             2,
             "the wrong set cleared, the right one cleaned"
         );
+    }
+
+    #[test]
+    fn ipv6_addresses_have_a_table_of_their_own() {
+        let a: Ipv6Addr = "2001:db8::10".parse().unwrap();
+        let b: Ipv6Addr = "2001:db8:2::1".parse().unwrap();
+        let w: BTreeMap<Ipv6Addr, u32> = [(a, VIP), (b, SNAT)].into_iter().collect();
+        let t = AddrTable6::default().plan(&w).unwrap();
+        assert_eq!(t.addrs(), w);
+        let found = |ip: Ipv6Addr| {
+            let k = ip.key();
+            t.sets.get(&addr_set(k)).map_or(0, |s| {
+                (0..ADDR_WAYS)
+                    .find(|&i| s.addrs[i] == k)
+                    .map_or(0, |i| s.flags[i])
+            })
+        };
+        assert_eq!(found(a), VIP);
+        assert_eq!(found(b), SNAT);
+        assert_eq!(found("2001:db8::11".parse().unwrap()), 0);
+        let zero: BTreeMap<Ipv6Addr, u32> = [(Ipv6Addr::UNSPECIFIED, VIP)].into_iter().collect();
+        let err = AddrTable6::default().plan(&zero).unwrap_err().to_string();
+        assert!(err.contains(":: cannot be"), "{err}");
+        // Written and read back, the table is the same.
+        let back = AddrTable6::from_sets(t.changes_from(&AddrTable6::default()));
+        assert_eq!(back, t);
     }
 }

@@ -7,32 +7,35 @@
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
 };
 
 use anyhow::{Context as _, bail};
 use lb_common::{
-    AddrSet, BackendInfo, NO_BACKEND, ServiceInfo, ServiceKey, addr_flags, backend_flags,
-    service_flags,
+    AddrSet, AddrSet6, NO_BACKEND, ServiceInfo, addr_flags, backend_flags, service_flags,
 };
 
 pub use crate::model::Admin;
 use crate::{
-    addr_table::AddrTable,
+    addr_table::{AddrTable, AddrTable6},
     config::{AllUnhealthy, Config, ExistingFlows},
+    entries::{AnyBackend, AnyServiceKey},
     maglev::{self, Member},
 };
 
 /// Where the desired state goes: the BPF maps, or memory in tests.
 pub trait MapWriter {
-    /// Writes set `index` of the address table (see [`crate::addr_table`]).
+    /// Writes set `index` of the IPv4 address table (see [`crate::addr_table`]).
     fn set_addr_set(&mut self, index: u32, set: &AddrSet) -> anyhow::Result<()>;
-    fn set_service(&mut self, key: ServiceKey, info: ServiceInfo) -> anyhow::Result<()>;
-    fn set_backend(&mut self, id: u32, info: BackendInfo) -> anyhow::Result<()>;
+    /// Writes set `index` of the IPv6 address table.
+    fn set_addr_set6(&mut self, index: u32, set: &AddrSet6) -> anyhow::Result<()>;
+    fn set_service(&mut self, key: AnyServiceKey, info: ServiceInfo) -> anyhow::Result<()>;
+    /// Writes backend `id` into its family's map.
+    fn set_backend(&mut self, id: u32, info: AnyBackend) -> anyhow::Result<()>;
     /// Writes `(slot, backend id)` pairs of one service's ring.
     fn set_ring_slots(&mut self, service_id: u32, slots: &[(u32, u32)]) -> anyhow::Result<()>;
     /// Removes a service: packets to it are no longer balanced.
-    fn remove_service(&mut self, key: ServiceKey) -> anyhow::Result<()>;
+    fn remove_service(&mut self, key: AnyServiceKey) -> anyhow::Result<()>;
 }
 
 /// Ids handed out so far: what a restarted daemon needs to adopt a pinned datapath whose
@@ -51,7 +54,7 @@ pub struct ServiceIds {
     pub name: String,
     pub id: u32,
     /// (address, id, admin setting)
-    pub backends: Vec<(SocketAddrV4, u32, Admin)>,
+    pub backends: Vec<(SocketAddr, u32, Admin)>,
 }
 
 /// What a config change did.
@@ -60,8 +63,8 @@ pub struct Changes {
     pub services_added: Vec<String>,
     pub services_removed: Vec<String>,
     pub services_changed: Vec<String>,
-    pub backends_added: Vec<(String, SocketAddrV4)>,
-    pub backends_removed: Vec<(String, SocketAddrV4)>,
+    pub backends_added: Vec<(String, SocketAddr)>,
+    pub backends_removed: Vec<(String, SocketAddr)>,
 }
 
 impl Changes {
@@ -77,8 +80,9 @@ pub struct Balancer {
     services: Vec<ServiceState>,
     /// (backend id, reserved until unix seconds), see [`Ids::retired`].
     retired: Vec<(u32, u64)>,
-    /// The address table as written to the map.
+    /// The address tables as written to the maps.
     addrs: AddrTable,
+    addrs6: AddrTable6,
     /// Ids and admin settings of a previous run, used for the first config applied.
     adopted: Option<Ids>,
 }
@@ -86,7 +90,7 @@ pub struct Balancer {
 #[derive(Clone)]
 struct ServiceState {
     name: String,
-    key: ServiceKey,
+    key: AnyServiceKey,
     info: ServiceInfo,
     keep_flows: bool,
     on_all_unhealthy: AllUnhealthy,
@@ -116,7 +120,7 @@ fn no_data_ticks(passive: &crate::config::Passive) -> u16 {
 #[derive(Clone)]
 struct BackendState {
     id: u32,
-    address: SocketAddrV4,
+    address: SocketAddr,
     key: Vec<u8>,
     weight: u32,
     /// Health verdict: may take flows.
@@ -124,7 +128,7 @@ struct BackendState {
     /// Ejected by passive checks (either scope).
     ejected: bool,
     admin: Admin,
-    info: BackendInfo,
+    info: AnyBackend,
 }
 
 impl BackendState {
@@ -135,7 +139,23 @@ impl BackendState {
     }
 
     fn takes_new_flows(&self) -> bool {
-        self.info.flags & (backend_flags::UP | backend_flags::DRAINED) == backend_flags::UP
+        self.info.flags() & (backend_flags::UP | backend_flags::DRAINED) == backend_flags::UP
+    }
+}
+
+/// lb's addresses by family, with their [`addr_flags`].
+#[derive(Default)]
+struct Addresses {
+    v4: BTreeMap<Ipv4Addr, u32>,
+    v6: BTreeMap<Ipv6Addr, u32>,
+}
+
+impl Addresses {
+    fn add(&mut self, ip: IpAddr, flags: u32) {
+        match ip {
+            IpAddr::V4(ip) => *self.v4.entry(ip).or_default() |= flags,
+            IpAddr::V6(ip) => *self.v6.entry(ip).or_default() |= flags,
+        }
     }
 }
 
@@ -150,7 +170,7 @@ impl Balancer {
     /// backend)` gives each backend's SNAT address.
     pub fn new(
         config: &Config,
-        snat: impl Fn(usize, SocketAddrV4) -> anyhow::Result<Ipv4Addr>,
+        snat: impl Fn(usize, SocketAddr) -> anyhow::Result<IpAddr>,
         writer: &mut dyn MapWriter,
     ) -> anyhow::Result<Self> {
         let mut b = Self::with_ids(config, None);
@@ -168,14 +188,16 @@ impl Balancer {
             services: Vec::new(),
             retired: ids.as_ref().map(|i| i.retired.clone()).unwrap_or_default(),
             addrs: AddrTable::default(),
+            addrs6: AddrTable6::default(),
             adopted: ids,
         }
     }
 
     /// The address table an adopted map holds (a new map is empty): the next
     /// [`Balancer::apply`] keeps its addresses in their slots and clears what it no longer has.
-    pub fn set_written_addrs(&mut self, table: AddrTable) {
+    pub fn set_written_addrs(&mut self, table: AddrTable, table6: AddrTable6) {
         self.addrs = table;
+        self.addrs6 = table6;
     }
 
     /// Ids and admin settings to save for a restart.
@@ -209,8 +231,8 @@ impl Balancer {
     pub fn apply(
         &mut self,
         config: &Config,
-        snat: impl Fn(usize, SocketAddrV4) -> anyhow::Result<Ipv4Addr>,
-        healthy: impl Fn(usize, SocketAddrV4, Option<u32>) -> bool,
+        snat: impl Fn(usize, SocketAddr) -> anyhow::Result<IpAddr>,
+        healthy: impl Fn(usize, SocketAddr, Option<u32>) -> bool,
         writer: &mut dyn MapWriter,
     ) -> anyhow::Result<Changes> {
         let now = unix_now();
@@ -257,7 +279,7 @@ impl Balancer {
             .copied()
             .filter(|&(_, until)| until > now)
             .collect();
-        let wanted: HashSet<(&str, SocketAddrV4)> = config
+        let wanted: HashSet<(&str, SocketAddr)> = config
             .services
             .iter()
             .flat_map(|s| s.backends.iter().map(move |b| (s.name.as_str(), b.address)))
@@ -273,7 +295,7 @@ impl Balancer {
             }
         }
         let previous =
-            |name: &str, address: SocketAddrV4| -> Option<(u32, Admin, Option<&BackendState>)> {
+            |name: &str, address: SocketAddr| -> Option<(u32, Admin, Option<&BackendState>)> {
                 if let Some(b) = old
                     .get(name)
                     .and_then(|s| s.backends.iter().find(|b| b.address == address))
@@ -332,15 +354,10 @@ impl Balancer {
                         .and_then(|p| p.2)
                         .is_some_and(|b| b.ejected),
                     admin,
-                    info: BackendInfo {
-                        addr: u32::from_ne_bytes(b.address.ip().octets()),
-                        snat_addr: u32::from_ne_bytes(snat_addr.octets()),
-                        port: b.address.port().to_be(),
-                        no_data_ticks: no_data_ticks(&s.passive),
-                        flags: 0,
-                    },
+                    info: AnyBackend::new(b.address, snat_addr, no_data_ticks(&s.passive))
+                        .with_context(|| format!("backend {} of {}", b.address, s.name))?,
                 };
-                state.info.flags = state.flags();
+                state.info.set_flags(state.flags());
                 backends.push(state);
             }
             let members: Vec<usize> = (0..backends.len())
@@ -358,7 +375,7 @@ impl Balancer {
             } else {
                 maglev::populate(&member_list, self.ring_size)
             };
-            let key = ServiceKey::new(s.vip.ip().octets(), s.vip.port(), s.protocol.number());
+            let key = AnyServiceKey::new(s.vip, s.protocol.number());
             let (ring, dirty, flags) = match old_service {
                 Some(o) => (o.ring.clone(), o.key != key, o.info.flags),
                 None => (Vec::new(), true, 0),
@@ -392,27 +409,23 @@ impl Balancer {
                 dirty,
             });
         }
-        let mut addrs: BTreeMap<Ipv4Addr, u32> = BTreeMap::new();
-        for s in &services {
+        let mut wanted = Addresses::default();
+        for (s, c) in services.iter().zip(&config.services) {
             // Services sharing a VIP agree on answer_ping (the config reader checks it).
             let ping = if s.answer_ping { addr_flags::PING } else { 0 };
-            *addrs
-                .entry(Ipv4Addr::from(s.key.addr.to_ne_bytes()))
-                .or_default() |= addr_flags::VIP | ping;
+            wanted.add(c.vip.ip(), addr_flags::VIP | ping);
             for b in &s.backends {
-                *addrs
-                    .entry(Ipv4Addr::from(b.info.snat_addr.to_ne_bytes()))
-                    .or_default() |= addr_flags::SNAT;
+                wanted.add(b.info.snat_ip(), addr_flags::SNAT);
             }
         }
         // Removed backends' flows drain: no new flows, established ones continue (their SNAT
         // address stays an address of ours while they are retired).
         for b in &removed_backends {
-            *addrs
-                .entry(Ipv4Addr::from(b.info.snat_addr.to_ne_bytes()))
-                .or_default() |= addr_flags::SNAT;
+            wanted.add(b.info.snat_ip(), addr_flags::SNAT);
         }
+        let (addrs, addrs6) = (wanted.v4, wanted.v6);
         let addr_table = self.addrs.plan(&addrs)?;
+        let addr_table6 = self.addrs6.plan(&addrs6)?;
         let kept: HashSet<&str> = services.iter().map(|s| s.name.as_str()).collect();
         let removed_services: Vec<&ServiceState> = self
             .services
@@ -427,6 +440,10 @@ impl Balancer {
         for (index, set) in cleared.changes_from(&self.addrs) {
             writer.set_addr_set(index, &set)?;
         }
+        let cleared6 = self.addrs6.retain(|a| addrs6.contains_key(&a));
+        for (index, set) in cleared6.changes_from(&self.addrs6) {
+            writer.set_addr_set6(index, &set)?;
+        }
         for s in &removed_services {
             writer.remove_service(s.key)?;
         }
@@ -436,10 +453,10 @@ impl Balancer {
             }
         }
         for b in &mut removed_backends {
-            b.info.flags |= backend_flags::DRAINED;
+            b.info.set_flags(b.info.flags() | backend_flags::DRAINED);
             writer.set_backend(b.id, b.info)?;
         }
-        let before: HashMap<u32, BackendInfo> = self
+        let before: HashMap<u32, AnyBackend> = self
             .services
             .iter()
             .flat_map(|s| s.backends.iter().map(|b| (b.id, b.info)))
@@ -459,7 +476,11 @@ impl Balancer {
         for (index, set) in addr_table.changes_from(&cleared) {
             writer.set_addr_set(index, &set)?;
         }
+        for (index, set) in addr_table6.changes_from(&cleared6) {
+            writer.set_addr_set6(index, &set)?;
+        }
         self.addrs = addr_table;
+        self.addrs6 = addr_table6;
         Ok(changes)
     }
 
@@ -589,8 +610,8 @@ impl Balancer {
             return Ok(false);
         }
         let flags = b.flags();
-        if flags != b.info.flags {
-            b.info.flags = flags;
+        if flags != b.info.flags() {
+            b.info.set_flags(flags);
             writer.set_backend(b.id, b.info)?;
         }
         Ok(true)
@@ -661,7 +682,7 @@ impl Balancer {
     }
 
     /// Position of a backend of a service by address.
-    pub fn backend_index(&self, service: usize, address: SocketAddrV4) -> Option<usize> {
+    pub fn backend_index(&self, service: usize, address: SocketAddr) -> Option<usize> {
         self.services
             .get(service)?
             .backends
@@ -715,7 +736,7 @@ impl Balancer {
     }
 
     /// Every backend address, for neighbour upkeep.
-    pub fn backend_addresses(&self) -> Vec<SocketAddrV4> {
+    pub fn backend_addresses(&self) -> Vec<SocketAddr> {
         self.services
             .iter()
             .flat_map(|s| s.backends.iter().map(|b| b.address))
@@ -737,8 +758,9 @@ impl Balancer {
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct MemoryMaps {
     pub addr_sets: BTreeMap<u32, AddrSet>,
-    pub services: HashMap<ServiceKey, ServiceInfo>,
-    pub backends: HashMap<u32, BackendInfo>,
+    pub addr_sets6: BTreeMap<u32, AddrSet6>,
+    pub services: HashMap<AnyServiceKey, ServiceInfo>,
+    pub backends: HashMap<u32, AnyBackend>,
     pub rings: HashMap<u32, HashMap<u32, u32>>,
     /// Ring slot writes so far.
     pub slot_writes: usize,
@@ -749,6 +771,11 @@ impl MemoryMaps {
     pub fn addrs(&self) -> BTreeMap<Ipv4Addr, u32> {
         AddrTable::from_sets(self.addr_sets.iter().map(|(&i, &s)| (i, s))).addrs()
     }
+
+    /// The addresses in the IPv6 address table, with their flags.
+    pub fn addrs6(&self) -> BTreeMap<Ipv6Addr, u32> {
+        AddrTable6::from_sets(self.addr_sets6.iter().map(|(&i, &s)| (i, s))).addrs()
+    }
 }
 
 impl MapWriter for MemoryMaps {
@@ -757,12 +784,17 @@ impl MapWriter for MemoryMaps {
         Ok(())
     }
 
-    fn set_service(&mut self, key: ServiceKey, info: ServiceInfo) -> anyhow::Result<()> {
+    fn set_addr_set6(&mut self, index: u32, set: &AddrSet6) -> anyhow::Result<()> {
+        self.addr_sets6.insert(index, *set);
+        Ok(())
+    }
+
+    fn set_service(&mut self, key: AnyServiceKey, info: ServiceInfo) -> anyhow::Result<()> {
         self.services.insert(key, info);
         Ok(())
     }
 
-    fn set_backend(&mut self, id: u32, info: BackendInfo) -> anyhow::Result<()> {
+    fn set_backend(&mut self, id: u32, info: AnyBackend) -> anyhow::Result<()> {
         self.backends.insert(id, info);
         Ok(())
     }
@@ -776,7 +808,7 @@ impl MapWriter for MemoryMaps {
         Ok(())
     }
 
-    fn remove_service(&mut self, key: ServiceKey) -> anyhow::Result<()> {
+    fn remove_service(&mut self, key: AnyServiceKey) -> anyhow::Result<()> {
         self.services.remove(&key);
         Ok(())
     }

@@ -8,6 +8,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod daemon;
+pub mod entries;
 pub mod dataplane;
 pub mod events;
 pub mod health;

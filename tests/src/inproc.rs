@@ -3,7 +3,7 @@
 
 use std::{
     collections::BTreeSet,
-    net::Ipv4Addr,
+    net::IpAddr,
     time::{Duration, Instant},
 };
 
@@ -26,7 +26,12 @@ impl InProcess {
     /// Loads the datapath in the sandbox's balancer namespace with `config_text` and attaches it.
     pub fn start(sb: &Sandbox, config_text: &str) -> anyhow::Result<Self> {
         let config = config::parse(config_text).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let backends: BTreeSet<Ipv4Addr> = sb.backends.iter().map(|b| b.addr).collect();
+        // The backends the config uses, of either family.
+        let backends: BTreeSet<IpAddr> = config
+            .services
+            .iter()
+            .flat_map(|s| s.backends.iter().map(|b| b.address.ip()))
+            .collect();
         let (dp, balancer) = sb.lb.enter(|| -> anyhow::Result<_> {
             let (mut dp, balancer) = lb::daemon::prepare(&config)?;
             lb::daemon::resolve_neighbours(&backends);
@@ -62,11 +67,11 @@ impl InProcess {
 }
 
 /// Waits until the balancer's kernel knows every backend's MAC (the datapath only reads it).
-pub fn wait_for_neighbours(sb: &Sandbox, addrs: &BTreeSet<Ipv4Addr>) -> anyhow::Result<()> {
+pub fn wait_for_neighbours(sb: &Sandbox, addrs: &BTreeSet<IpAddr>) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let table = sb.lb.ip(&["neigh", "show"])?;
-        let resolved = |a: &Ipv4Addr| {
+        let resolved = |a: &IpAddr| {
             table.lines().any(|l| {
                 l.starts_with(&format!("{a} ")) && l.contains("lladdr") && !l.contains("FAILED")
             })

@@ -13,6 +13,7 @@ pub mod rng;
 pub mod servers;
 pub mod testnet;
 pub mod topology;
+pub mod traffic;
 pub mod webcheck;
 
 use std::path::PathBuf;

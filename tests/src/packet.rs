@@ -1,8 +1,9 @@
 //! Builds Ethernet frames (optional 802.1Q tag) carrying IPv4 (optional options, fragment bits)
-//! with TCP, UDP or ICMP (echo, and errors quoting another packet), checksums correct unless told
-//! otherwise; and checks checksums of frames.
+//! or IPv6 (optional extension headers, a fragment header) with TCP, UDP or ICMP / ICMPv6 (echo,
+//! and errors quoting another packet), checksums correct unless told otherwise; and checks
+//! checksums of frames. The family is the addresses': `"10.0.0.1:80"` or `"[2001:db8::1]:80"`.
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, SocketAddr};
 
 pub const TCP_FIN: u8 = 0x01;
 pub const TCP_SYN: u8 = 0x02;
@@ -42,6 +43,21 @@ pub const ICMP_TIME_EXCEEDED: u8 = 11;
 pub const ICMP_PORT_UNREACH: u8 = 3;
 pub const ICMP_FRAG_NEEDED: u8 = 4;
 
+pub const ICMP6_DEST_UNREACH: u8 = 1;
+pub const ICMP6_PACKET_TOO_BIG: u8 = 2;
+pub const ICMP6_TIME_EXCEEDED: u8 = 3;
+pub const ICMP6_ECHO_REQUEST: u8 = 128;
+pub const ICMP6_ECHO_REPLY: u8 = 129;
+pub const ICMP6_NEIGHBOR_SOLICIT: u8 = 135;
+/// ICMPv6 destination unreachable codes.
+pub const ICMP6_PORT_UNREACH: u8 = 4;
+
+/// IPv6 extension header types.
+pub const EXT_HOP_BY_HOP: u8 = 0;
+pub const EXT_ROUTING: u8 = 43;
+pub const EXT_FRAGMENT: u8 = 44;
+pub const EXT_DEST_OPTS: u8 = 60;
+
 /// A frame under construction. `build()` produces the bytes.
 #[derive(Clone, Debug)]
 pub struct Packet {
@@ -49,16 +65,19 @@ pub struct Packet {
     dst_mac: [u8; 6],
     vlan: Option<u16>,
     ether_type: u16,
-    src: SocketAddrV4,
-    dst: SocketAddrV4,
+    src: SocketAddr,
+    dst: SocketAddr,
     ttl: u8,
     ip_options: Vec<u8>,
     frag: u16,
+    /// IPv6 extension headers before the transport header: (type, whole header bytes without
+    /// its first byte, the next header, which `build` fills in).
+    ext: Vec<(u8, Vec<u8>)>,
     l4: L4,
     payload: Vec<u8>,
 }
 
-fn addr(s: &str) -> SocketAddrV4 {
+fn addr(s: &str) -> SocketAddr {
     s.parse().unwrap_or_else(|_| panic!("bad address {s}"))
 }
 
@@ -68,12 +87,13 @@ impl Packet {
             src_mac: CLIENT_MAC,
             dst_mac: LB_MAC,
             vlan: None,
-            ether_type: 0x0800,
+            ether_type: if addr(src).is_ipv6() { 0x86dd } else { 0x0800 },
             src: addr(src),
             dst: addr(dst),
             ttl: 64,
             ip_options: Vec::new(),
             frag: 0,
+            ext: Vec::new(),
             l4,
             payload: Vec::new(),
         }
@@ -105,10 +125,12 @@ impl Packet {
     /// An ICMP echo request (or reply) with `id` and `seq`; ports in the addresses are ignored.
     pub fn icmp_echo(src: &str, dst: &str, reply: bool, id: u16, seq: u16) -> Self {
         let (id, seq) = (id.to_be_bytes(), seq.to_be_bytes());
-        let ty = if reply {
-            ICMP_ECHO_REPLY
-        } else {
-            ICMP_ECHO_REQUEST
+        let v6 = addr(src).is_ipv6();
+        let ty = match (reply, v6) {
+            (true, false) => ICMP_ECHO_REPLY,
+            (false, false) => ICMP_ECHO_REQUEST,
+            (true, true) => ICMP6_ECHO_REPLY,
+            (false, true) => ICMP6_ECHO_REQUEST,
         };
         Self::new(
             src,
@@ -146,6 +168,11 @@ impl Packet {
         p
     }
 
+    /// An ICMP / ICMPv6 message of any type, its last 4 header bytes `rest`.
+    pub fn icmp_other(src: &str, dst: &str, ty: u8, code: u8, rest: [u8; 4]) -> Self {
+        Self::new(src, dst, L4::Icmp { ty, code, rest })
+    }
+
     /// IPv4 with another protocol (e.g. 1 = ICMP); ports in the addresses are ignored.
     pub fn ip_proto(src: &str, dst: &str, proto: u8) -> Self {
         Self::new(src, dst, L4::Other { proto })
@@ -181,9 +208,36 @@ impl Packet {
         self
     }
 
-    /// More-fragments flag and fragment offset (in 8-byte units).
+    /// More-fragments flag and fragment offset (in 8-byte units). Over IPv6, a fragment
+    /// extension header (after any added before).
     pub fn fragment(mut self, more: bool, offset: u16) -> Self {
+        if self.src.is_ipv6() {
+            let word = (offset << 3) | u16::from(more);
+            let w = word.to_be_bytes();
+            self.ext
+                .push((EXT_FRAGMENT, vec![0, w[0], w[1], 0, 0, 0x12, 0x34]));
+            return self;
+        }
         self.frag = (u16::from(more) << 13) | (offset & 0x1fff);
+        self
+    }
+
+    /// An IPv6 extension header of type `kind` (hop-by-hop, routing, destination options) of
+    /// `8 * (units + 1)` bytes, its options padding (PadN), after any added before.
+    pub fn ext_header(mut self, kind: u8, units: u8) -> Self {
+        let len = 8 * (usize::from(units) + 1);
+        let mut body = vec![0u8; len - 1];
+        body[0] = units;
+        if kind == EXT_ROUTING {
+            // Type 0 routing header with 0 segments left: skipped by hosts, by lb too.
+            body[1] = 0;
+            body[2] = 0;
+        } else {
+            // PadN over the rest.
+            body[1] = 1;
+            body[2] = (len - 4) as u8;
+        }
+        self.ext.push((kind, body));
         self
     }
 
@@ -199,7 +253,7 @@ impl Packet {
         self
     }
 
-    /// UDP with checksum 0 ("no checksum", allowed over IPv4).
+    /// UDP with checksum 0 ("no checksum": allowed over IPv4, invalid over IPv6).
     pub fn udp_zero_checksum(mut self) -> Self {
         self.l4 = L4::Udp {
             zero_checksum: true,
@@ -212,12 +266,13 @@ impl Packet {
         self.build()[self.l3_offset()..].to_vec()
     }
 
-    /// Offset of the IPv4 header in the frame.
+    /// Offset of the IP header in the frame.
     pub fn l3_offset(&self) -> usize {
         14 + if self.vlan.is_some() { 4 } else { 0 }
     }
 
     pub fn build(&self) -> Vec<u8> {
+        let v6 = self.src.is_ipv6();
         let mut l4 = match self.l4 {
             L4::Tcp { flags, seq, ack } => {
                 let mut h = vec![0u8; 20];
@@ -244,15 +299,21 @@ impl Packet {
         let proto = match self.l4 {
             L4::Tcp { .. } => 6,
             L4::Udp { .. } => 17,
+            L4::Icmp { .. } if v6 => 58,
             L4::Icmp { .. } => 1,
             L4::Other { proto } => proto,
         };
-        if let L4::Icmp { .. } = self.l4 {
-            let c = checksum(&l4);
-            l4[2..4].copy_from_slice(&c.to_be_bytes());
-        }
-        let (src, dst) = (*self.src.ip(), *self.dst.ip());
+        let (src, dst) = (self.src.ip(), self.dst.ip());
         match self.l4 {
+            // ICMPv4's checksum covers the message only; ICMPv6's a pseudo-header too.
+            L4::Icmp { .. } if !v6 => {
+                let c = checksum(&l4);
+                l4[2..4].copy_from_slice(&c.to_be_bytes());
+            }
+            L4::Icmp { .. } => {
+                let c = l4_checksum(src, dst, proto, &l4);
+                l4[2..4].copy_from_slice(&c.to_be_bytes());
+            }
             L4::Tcp { .. } => {
                 let c = l4_checksum(src, dst, proto, &l4);
                 l4[16..18].copy_from_slice(&c.to_be_bytes());
@@ -269,19 +330,44 @@ impl Packet {
             _ => {}
         }
 
-        let ihl = 20 + self.ip_options.len();
-        let mut ip = vec![0u8; 20];
-        ip[0] = 0x40 | (ihl / 4) as u8;
-        ip[2..4].copy_from_slice(&((ihl + l4.len()) as u16).to_be_bytes());
-        ip[4..6].copy_from_slice(&0x1234u16.to_be_bytes());
-        ip[6..8].copy_from_slice(&self.frag.to_be_bytes());
-        ip[8] = self.ttl;
-        ip[9] = proto;
-        ip[12..16].copy_from_slice(&src.octets());
-        ip[16..20].copy_from_slice(&dst.octets());
-        ip.extend_from_slice(&self.ip_options);
-        let c = checksum(&ip);
-        ip[10..12].copy_from_slice(&c.to_be_bytes());
+        let ip = match (src, dst) {
+            (IpAddr::V4(src), IpAddr::V4(dst)) => {
+                let ihl = 20 + self.ip_options.len();
+                let mut ip = vec![0u8; 20];
+                ip[0] = 0x40 | (ihl / 4) as u8;
+                ip[2..4].copy_from_slice(&((ihl + l4.len()) as u16).to_be_bytes());
+                ip[4..6].copy_from_slice(&0x1234u16.to_be_bytes());
+                ip[6..8].copy_from_slice(&self.frag.to_be_bytes());
+                ip[8] = self.ttl;
+                ip[9] = proto;
+                ip[12..16].copy_from_slice(&src.octets());
+                ip[16..20].copy_from_slice(&dst.octets());
+                ip.extend_from_slice(&self.ip_options);
+                let c = checksum(&ip);
+                ip[10..12].copy_from_slice(&c.to_be_bytes());
+                ip
+            }
+            (IpAddr::V6(src), IpAddr::V6(dst)) => {
+                // The extension headers, each naming the next.
+                let mut ext = Vec::new();
+                for (i, (_, body)) in self.ext.iter().enumerate() {
+                    let next = self.ext.get(i + 1).map_or(proto, |e| e.0);
+                    ext.push(next);
+                    ext.extend_from_slice(body);
+                }
+                let first = self.ext.first().map_or(proto, |e| e.0);
+                let mut ip = vec![0u8; 40];
+                ip[0] = 0x60;
+                ip[4..6].copy_from_slice(&((ext.len() + l4.len()) as u16).to_be_bytes());
+                ip[6] = first;
+                ip[7] = self.ttl;
+                ip[8..24].copy_from_slice(&src.octets());
+                ip[24..40].copy_from_slice(&dst.octets());
+                ip.extend_from_slice(&ext);
+                ip
+            }
+            _ => panic!("source and destination of different families"),
+        };
 
         let mut frame = Vec::with_capacity(18 + ip.len() + l4.len());
         frame.extend_from_slice(&self.dst_mac);
@@ -317,51 +403,172 @@ fn fold(mut acc: u32) -> u16 {
     acc as u16
 }
 
-/// TCP/UDP checksum over the pseudo-header and `segment` (whose checksum field must be 0).
-pub fn l4_checksum(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, segment: &[u8]) -> u16 {
-    let mut pseudo = Vec::with_capacity(12);
-    pseudo.extend_from_slice(&src.octets());
-    pseudo.extend_from_slice(&dst.octets());
-    pseudo.extend_from_slice(&[0, proto]);
-    pseudo.extend_from_slice(&(segment.len() as u16).to_be_bytes());
-    !fold(sum(sum(0, &pseudo), segment))
+/// TCP/UDP (or ICMPv6) checksum over the pseudo-header and `segment` (whose checksum field
+/// must be 0): IPv4's (RFC 793) or IPv6's (RFC 8200 §8.1), by the addresses' family.
+pub fn l4_checksum(src: IpAddr, dst: IpAddr, proto: u8, segment: &[u8]) -> u16 {
+    !fold(sum(sum(0, &pseudo_header(src, dst, proto, segment.len())), segment))
 }
 
-/// Verifies the IPv4 header checksum and the TCP/UDP checksum of a frame built like the above.
-pub fn verify_checksums(frame: &[u8]) -> Result<(), String> {
-    let mut l3 = 14;
+fn pseudo_header(src: IpAddr, dst: IpAddr, proto: u8, len: usize) -> Vec<u8> {
+    let mut pseudo = Vec::with_capacity(40);
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            pseudo.extend_from_slice(&s.octets());
+            pseudo.extend_from_slice(&d.octets());
+            pseudo.extend_from_slice(&[0, proto]);
+            pseudo.extend_from_slice(&(len as u16).to_be_bytes());
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            pseudo.extend_from_slice(&s.octets());
+            pseudo.extend_from_slice(&d.octets());
+            pseudo.extend_from_slice(&(len as u32).to_be_bytes());
+            pseudo.extend_from_slice(&[0, 0, 0, proto]);
+        }
+        _ => panic!("source and destination of different families"),
+    }
+    pseudo
+}
+
+/// An IP datagram as the checkers see it.
+struct Datagram<'a> {
+    src: IpAddr,
+    dst: IpAddr,
+    /// The transport protocol (past IPv6 extension headers).
+    proto: u8,
+    /// The IPv4 header, for its checksum (None for IPv6, which has none).
+    header: Option<&'a [u8]>,
+    /// The transport segment, whole; None for a fragment or a cut datagram.
+    segment: Option<&'a [u8]>,
+}
+
+/// Reads the datagram at the start of `ip` (IPv4 or IPv6 by its version nibble).
+fn datagram(ip: &[u8]) -> Option<Datagram<'_>> {
+    let version = ip.first()? >> 4;
+    if version == 4 {
+        let ihl = usize::from(ip[0] & 0x0f) * 4;
+        if ihl < 20 || ip.len() < ihl {
+            return None;
+        }
+        let tot = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+        let whole = tot >= ihl
+            && ip.len() >= tot
+            && u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff == 0;
+        let src: [u8; 4] = ip[12..16].try_into().ok()?;
+        let dst: [u8; 4] = ip[16..20].try_into().ok()?;
+        return Some(Datagram {
+            src: IpAddr::from(src),
+            dst: IpAddr::from(dst),
+            proto: ip[9],
+            header: Some(&ip[..ihl]),
+            segment: whole.then(|| &ip[ihl..tot]),
+        });
+    }
+    if version != 6 || ip.len() < 40 {
+        return None;
+    }
+    let end = 40 + usize::from(u16::from_be_bytes([ip[4], ip[5]]));
+    let src: [u8; 16] = ip[8..24].try_into().ok()?;
+    let dst: [u8; 16] = ip[24..40].try_into().ok()?;
+    let (mut next, mut off, mut whole) = (ip[6], 40, ip.len() >= end);
+    while matches!(next, EXT_HOP_BY_HOP | EXT_ROUTING | EXT_DEST_OPTS | EXT_FRAGMENT) {
+        let Some(h) = ip.get(off..off + 2) else {
+            whole = false;
+            break;
+        };
+        if next == EXT_FRAGMENT {
+            whole = false;
+            off += 8;
+        } else {
+            off += (usize::from(h[1]) + 1) * 8;
+        }
+        next = h[0];
+    }
+    Some(Datagram {
+        src: IpAddr::from(src),
+        dst: IpAddr::from(dst),
+        proto: next,
+        header: None,
+        segment: (whole && off <= end).then(|| &ip[off..end]),
+    })
+}
+
+/// Where a frame's IP header starts (past one optional VLAN tag).
+fn l3_of(frame: &[u8]) -> usize {
     if frame.get(12..14) == Some(&[0x81, 0x00]) {
-        l3 += 4;
-    }
-    let ihl = usize::from(frame[l3] & 0x0f) * 4;
-    let ip = &frame[l3..l3 + ihl];
-    if fold(sum(0, ip)) != 0xffff {
-        return Err("bad IPv4 header checksum".into());
-    }
-    let tot = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
-    let seg = &frame[l3 + ihl..l3 + tot];
-    let src = Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
-    let dst = Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]);
-    let check_at = match ip[9] {
-        6 => 16,
-        17 if seg[6..8] == [0, 0] => return Ok(()),
-        17 => 6,
-        1 => return verify_icmp(seg),
-        _ => return Ok(()),
-    };
-    let mut copy = seg.to_vec();
-    let stored = u16::from_be_bytes([copy[check_at], copy[check_at + 1]]);
-    copy[check_at..check_at + 2].copy_from_slice(&[0, 0]);
-    let want = l4_checksum(src, dst, ip[9], &copy);
-    let want = if ip[9] == 17 && want == 0 {
-        0xffff
+        18
     } else {
-        want
+        14
+    }
+}
+
+/// Whether `seg`'s checksum (TCP, UDP, ICMP or ICMPv6) is right, if it has one: None for
+/// other protocols and cut segments; a UDP checksum of 0 is right over IPv4 (none) and wrong
+/// over IPv6 (forbidden).
+fn segment_ok(d: &Datagram, seg: &[u8]) -> Option<bool> {
+    let v6 = d.src.is_ipv6();
+    match d.proto {
+        6 if seg.len() >= 18 => {}
+        17 if seg.len() >= 8 => {
+            if seg[6..8] == [0, 0] {
+                return Some(!v6);
+            }
+        }
+        1 if !v6 && seg.len() >= 8 => return Some(fold(sum(0, seg)) == 0xffff),
+        58 if v6 && seg.len() >= 8 => {}
+        _ => return None,
+    }
+    let pseudo = pseudo_header(d.src, d.dst, d.proto, seg.len());
+    // Right when the sum over everything is all ones; for UDP a computed 0 is sent as 0xffff,
+    // which sums the same.
+    Some(fold(sum(sum(0, &pseudo), seg)) == 0xffff)
+}
+
+/// Whether an ICMP message of `d` is an error that quotes a packet.
+fn is_error(d: &Datagram, ty: u8) -> bool {
+    if d.src.is_ipv6() {
+        matches!(ty, ICMP6_DEST_UNREACH | ICMP6_PACKET_TOO_BIG | ICMP6_TIME_EXCEEDED)
+    } else {
+        matches!(ty, ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED)
+    }
+}
+
+/// Verifies the IPv4 header checksum and the TCP/UDP/ICMP checksums of a frame built like the
+/// above (IPv4 or IPv6), and of the packet an ICMP error quotes, as far as the quote holds it.
+pub fn verify_checksums(frame: &[u8]) -> Result<(), String> {
+    let d = datagram(&frame[l3_of(frame)..]).ok_or("no IP datagram")?;
+    verify_datagram(&d, false)
+}
+
+fn verify_datagram(d: &Datagram, quoted: bool) -> Result<(), String> {
+    let what = if quoted { "quoted: " } else { "" };
+    if let Some(h) = d.header
+        && fold(sum(0, h)) != 0xffff
+    {
+        return Err(format!("{what}bad IPv4 header checksum"));
+    }
+    let Some(seg) = d.segment else {
+        return Ok(());
     };
-    if stored != want {
-        return Err(format!("bad L4 checksum {stored:#06x}, want {want:#06x}"));
+    if segment_ok(d, seg) == Some(false) {
+        return Err(format!("{what}bad {} checksum", proto_name(d.proto)));
+    }
+    if matches!(d.proto, 1 | 58) && seg.len() >= 8 && is_error(d, seg[0]) && !quoted {
+        // The quoted datagram: its IP header (IPv4) always, its segment when quoted whole.
+        if let Some(q) = datagram(&seg[8..]) {
+            verify_datagram(&q, true)?;
+        }
     }
     Ok(())
+}
+
+fn proto_name(proto: u8) -> &'static str {
+    match proto {
+        6 => "TCP",
+        17 => "UDP",
+        1 => "ICMP",
+        58 => "ICMPv6",
+        _ => "L4",
+    }
 }
 
 /// Which checksums of a frame are right, layer by layer (None: the layer is absent or cut, so
@@ -369,112 +576,42 @@ pub fn verify_checksums(frame: &[u8]) -> Result<(), String> {
 /// a wrong one stays wrong (never laundered into a right one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Checksums {
+    /// The IPv4 header's (IPv6 has none).
     pub ip: Option<bool>,
-    /// TCP or UDP (a UDP checksum of 0 counts as right: none).
+    /// TCP or UDP (a UDP checksum of 0 counts as right over IPv4: none; wrong over IPv6).
     pub l4: Option<bool>,
+    /// ICMP or ICMPv6.
     pub icmp: Option<bool>,
     /// The IPv4 header an ICMP error quotes.
     pub quoted_ip: Option<bool>,
 }
 
-/// The [`Checksums`] of an Ethernet frame carrying IPv4 (one optional VLAN tag).
+/// The [`Checksums`] of an Ethernet frame carrying IPv4 or IPv6 (one optional VLAN tag).
 pub fn checksums(frame: &[u8]) -> Checksums {
     let mut out = Checksums::default();
-    let mut l3 = 14;
-    if frame.get(12..14) == Some(&[0x81, 0x00]) {
-        l3 += 4;
-    }
-    if frame.get(l3 - 2..l3) != Some(&[0x08, 0x00]) {
+    let l3 = l3_of(frame);
+    if !matches!(frame.get(l3 - 2..l3), Some([0x08, 0x00] | [0x86, 0xdd])) {
         return out;
     }
-    let Some(&vihl) = frame.get(l3) else {
+    let Some(d) = frame.get(l3..).and_then(datagram) else {
         return out;
     };
-    let ihl = usize::from(vihl & 0x0f) * 4;
-    if vihl >> 4 != 4 || ihl < 20 || frame.len() < l3 + ihl {
+    out.ip = d.header.map(|h| fold(sum(0, h)) == 0xffff);
+    let Some(seg) = d.segment else {
         return out;
-    }
-    let ip = &frame[l3..l3 + ihl];
-    out.ip = Some(fold(sum(0, ip)) == 0xffff);
-    let tot = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
-    if tot < ihl || frame.len() < l3 + tot || u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff != 0 {
-        return out;
-    }
-    let seg = &frame[l3 + ihl..l3 + tot];
-    let src = Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
-    let dst = Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]);
-    match ip[9] {
-        6 | 17 => {
-            let at = if ip[9] == 6 { 16 } else { 6 };
-            if seg.len() < at + 2 {
-                return out;
-            }
-            if ip[9] == 17 && seg[6..8] == [0, 0] {
-                out.l4 = Some(true);
-                return out;
-            }
-            let mut pseudo = Vec::with_capacity(12 + seg.len());
-            pseudo.extend_from_slice(&src.octets());
-            pseudo.extend_from_slice(&dst.octets());
-            pseudo.extend_from_slice(&[0, ip[9]]);
-            pseudo.extend_from_slice(&(seg.len() as u16).to_be_bytes());
-            let all = fold(sum(sum(0, &pseudo), seg));
-            // Right when the sum over everything is all ones; for UDP a computed 0 is sent as
-            // 0xffff, which sums the same.
-            out.l4 = Some(all == 0xffff);
-        }
-        1 => {
-            if seg.len() < 8 {
-                return out;
-            }
-            out.icmp = Some(fold(sum(0, seg)) == 0xffff);
-            if matches!(seg[0], ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED) {
-                let q = &seg[8..];
-                if let Some(&qv) = q.first() {
-                    let qihl = usize::from(qv & 0x0f) * 4;
-                    if qv >> 4 == 4 && qihl >= 20 && q.len() >= qihl {
-                        out.quoted_ip = Some(fold(sum(0, &q[..qihl])) == 0xffff);
-                    }
-                }
+    };
+    match d.proto {
+        6 | 17 => out.l4 = segment_ok(&d, seg),
+        1 | 58 => {
+            out.icmp = segment_ok(&d, seg);
+            if seg.len() >= 8 && is_error(&d, seg[0]) {
+                out.quoted_ip = datagram(&seg[8..])
+                    .and_then(|q| q.header.map(|h| fold(sum(0, h)) == 0xffff));
             }
         }
         _ => {}
     }
     out
-}
-
-/// An ICMP message's checksum, and for an error, the checksum of the quoted IPv4 header and, when
-/// the quote holds the whole quoted datagram, of its TCP/UDP segment too.
-fn verify_icmp(msg: &[u8]) -> Result<(), String> {
-    if msg.len() < 8 {
-        return Err("ICMP message shorter than its header".into());
-    }
-    if fold(sum(0, msg)) != 0xffff {
-        return Err("bad ICMP checksum".into());
-    }
-    if !matches!(msg[0], ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED) {
-        return Ok(());
-    }
-    let quoted = &msg[8..];
-    let Some(&vihl) = quoted.first() else {
-        return Ok(());
-    };
-    let ihl = usize::from(vihl & 0x0f) * 4;
-    if quoted.len() < ihl || ihl < 20 {
-        return Ok(()); // nothing lb could have rewritten
-    }
-    if fold(sum(0, &quoted[..ihl])) != 0xffff {
-        return Err("bad checksum of the quoted IPv4 header".into());
-    }
-    let tot = usize::from(u16::from_be_bytes([quoted[2], quoted[3]]));
-    if quoted.len() >= tot && tot > ihl {
-        // The whole datagram is quoted: its segment must check too.
-        let mut frame = vec![0u8; 14];
-        frame[12..14].copy_from_slice(&[0x08, 0x00]);
-        frame.extend_from_slice(&quoted[..tot]);
-        return verify_checksums(&frame).map_err(|e| format!("quoted: {e}"));
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -514,6 +651,43 @@ mod tests {
             );
             verify_checksums(&err.build()).unwrap();
         }
+    }
+
+    #[test]
+    fn ipv6_frames_have_valid_checksums() {
+        let syn = Packet::tcp("[2001:db8::1]:1000", "[2001:db8::10]:80", TCP_SYN).payload(b"hi");
+        verify_checksums(&syn.build()).unwrap();
+        let with_ext = syn
+            .clone()
+            .ext_header(EXT_HOP_BY_HOP, 0)
+            .ext_header(EXT_DEST_OPTS, 1);
+        let f = with_ext.build();
+        assert_eq!(f[14 + 6], EXT_HOP_BY_HOP);
+        assert_eq!(f[14 + 40], EXT_DEST_OPTS);
+        assert_eq!(f[14 + 48], 6);
+        verify_checksums(&f).unwrap();
+        let udp = Packet::udp("[2001:db8::1]:1000", "[2001:db8::10]:53").payload(b"q");
+        verify_checksums(&udp.build()).unwrap();
+        assert!(verify_checksums(&udp.clone().udp_zero_checksum().build()).is_err());
+        let echo = Packet::icmp_echo("[2001:db8::1]:0", "[2001:db8::10]:0", false, 7, 1);
+        verify_checksums(&echo.build()).unwrap();
+        let quoted = Packet::tcp("[2001:db8::10]:80", "[2001:db8::1]:1000", TCP_ACK)
+            .payload(&[1; 100])
+            .datagram();
+        let ptb = Packet::icmp_error(
+            "[2001:db8:9::1]:0",
+            "[2001:db8::10]:0",
+            ICMP6_PACKET_TOO_BIG,
+            0,
+            1280,
+            &quoted,
+            quoted.len(),
+        );
+        verify_checksums(&ptb.build()).unwrap();
+        let mut bad = ptb.build();
+        *bad.last_mut().unwrap() ^= 1;
+        assert!(verify_checksums(&bad).is_err());
+        assert_eq!(checksums(&bad).icmp, Some(false));
     }
 
     #[test]

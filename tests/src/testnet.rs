@@ -6,15 +6,19 @@
 //!  client 10.0.1.2 ─ vc 10.0.1.1 [lb] vb 10.0.2.1 ─ backends 10.0.2.2, 10.0.2.3, ...
 //!  one-arm backend 10.0.1.20 on the client side
 //! ```
+//!
+//! Dual-stack: the same links carry 2001:db8:1::/64 (client 2001:db8:1::2, vc 2001:db8:1::1,
+//! one-arm backend 2001:db8:1::20) and 2001:db8:2::/64 (vb 2001:db8:2::1, backends
+//! 2001:db8:2::2, ...), with the same MACs.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use lb::{
     balancer::Balancer,
     config,
     dataplane::{self, Dataplane},
 };
-use lb_common::{FlowKey, Params, snat_port_candidate};
+use lb_common::{FlowKey, FlowKey6, Params, addr6, snat_port_candidate};
 
 use crate::{
     fixture::{Fixture, run_fixtures},
@@ -45,8 +49,12 @@ impl TestNet {
     pub fn new(lb_extra: &str, services: &str) -> anyhow::Result<Self> {
         let ns = Netns::new("fx")?;
         let peer = Netns::new("fxpeer")?;
-        let (vc, _) = veth(&ns, "10.0.1.1/24", &peer, "10.0.1.254/24")?;
-        let (vb, _) = veth(&ns, "10.0.2.1/24", &peer, "10.0.2.254/24")?;
+        let (vc, pc) = veth(&ns, "10.0.1.1/24", &peer, "10.0.1.254/24")?;
+        let (vb, pb) = veth(&ns, "10.0.2.1/24", &peer, "10.0.2.254/24")?;
+        vc.add_address("2001:db8:1::1/64")?;
+        vb.add_address("2001:db8:2::1/64")?;
+        pc.add_address("2001:db8:1::fe/64")?;
+        pb.add_address("2001:db8:2::fe/64")?;
         let mut neighbours = vec![
             (
                 "10.0.1.2".to_owned(),
@@ -58,6 +66,16 @@ impl TestNet {
                 "02:00:00:00:00:20".to_owned(),
                 &vc.ifname,
             ),
+            (
+                "2001:db8:1::2".to_owned(),
+                "02:00:00:00:00:01".to_owned(),
+                &vc.ifname,
+            ),
+            (
+                "2001:db8:1::20".to_owned(),
+                "02:00:00:00:00:20".to_owned(),
+                &vc.ifname,
+            ),
         ];
         for i in 0..BACKENDS {
             // 10.0.2.2 gets BACKEND_MAC; the others 02:00:00:00:01:<i>.
@@ -66,7 +84,8 @@ impl TestNet {
             } else {
                 format!("02:00:00:00:01:{i:02x}")
             };
-            neighbours.push((format!("10.0.2.{}", i + 2), mac, &vb.ifname));
+            neighbours.push((format!("10.0.2.{}", i + 2), mac.clone(), &vb.ifname));
+            neighbours.push((format!("2001:db8:2::{:x}", i + 2), mac, &vb.ifname));
         }
         for (ip, mac, dev) in &neighbours {
             ns.ip(&[
@@ -82,6 +101,7 @@ impl TestNet {
             ])?;
         }
         ns.sysctl("net/ipv4/ip_forward", "1")?;
+        ns.sysctl("net/ipv6/conf/all/forwarding", "1")?;
         let text = format!(
             "[lb]\ninterfaces = [\"{}\", \"{}\"]\n{lb_extra}\n{services}",
             vc.ifname, vb.ifname
@@ -133,8 +153,14 @@ impl TestNet {
     }
 
     pub fn snat_port(&self, client: &str, cport: u16, vip: &str, vport: u16, proto: u8) -> u16 {
-        let k = FlowKey::new(ne(client), ne(vip), cport.to_be(), vport.to_be(), proto);
-        snat_port_candidate(k.hash(), 0, &self.params)
+        let (c, v) = (cport.to_be(), vport.to_be());
+        let hash = match (client.parse::<IpAddr>(), vip.parse::<IpAddr>()) {
+            (Ok(IpAddr::V6(a)), Ok(IpAddr::V6(b))) => {
+                FlowKey6::new(addr6(a.octets()), addr6(b.octets()), c, v, proto).hash()
+            }
+            _ => FlowKey::new(ne(client), ne(vip), c, v, proto).hash(),
+        };
+        snat_port_candidate(hash, 0, &self.params)
     }
 }
 

@@ -7,8 +7,13 @@
 //! one-arm:  client 10.0.0.2 ── bridge ── 10.0.0.1 [lb];  backends 10.0.0.10, .11, ... on the bridge
 //! ```
 //! The VIP range 10.100.0.0/24 is routed to the balancer by the client.
+//!
+//! Dual-stack: the same links carry IPv6 — two-arm 2001:db8:1::/64 (client ::2, lb ::1) and
+//! 2001:db8:2::/64 (lb ::1, backends ::10, ::11, ...); one-arm 2001:db8::/64 (client ::2, lb ::1,
+//! backends ::10, ...) — with the VIP range 2001:db8:100::/64, and every server listens on both
+//! families.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use crate::{
     netns::{Netns, PassProgram, Port, attach_pass_program, veth, veth_maybe_addressed},
@@ -24,6 +29,7 @@ pub enum Arms {
 pub struct BackendHost {
     pub ns: Netns,
     pub addr: Ipv4Addr,
+    pub addr6: Ipv6Addr,
     pub name: String,
 }
 
@@ -43,20 +49,20 @@ pub struct Sandbox {
     _switch: Netns,
 }
 
-fn start_servers(
-    ns: &Netns,
-    addr: Ipv4Addr,
-    port: u16,
-    name: &str,
-) -> anyhow::Result<Vec<Servers>> {
-    Ok(vec![
-        servers::start(ns, SocketAddr::from((addr, port)), name)?,
-        servers::start_http(ns, SocketAddr::from((addr, HTTP_PORT)), name)?,
-        servers::start_https(ns, SocketAddr::from((addr, HTTPS_PORT)), name)?,
-    ])
+fn start_servers(b: &BackendHost, port: u16) -> anyhow::Result<Vec<Servers>> {
+    let mut out = Vec::new();
+    for ip in [b.addr.into(), b.addr6.into()] {
+        let at = |port| SocketAddr::new(ip, port);
+        out.push(servers::start(&b.ns, at(port), &b.name)?);
+        out.push(servers::start_http(&b.ns, at(HTTP_PORT), &b.name)?);
+        out.push(servers::start_https(&b.ns, at(HTTPS_PORT), &b.name)?);
+    }
+    Ok(out)
 }
 
 pub const VIP: Ipv4Addr = Ipv4Addr::new(10, 100, 0, 1);
+/// The IPv6 VIP, in 2001:db8:100::/64, routed to the balancer by the client.
+pub const VIP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x100, 0, 0, 0, 0, 1);
 /// Every backend also serves HTTP here (see [`servers::start_http`]).
 pub const HTTP_PORT: u16 = 8000;
 /// And HTTPS here, with a self-signed certificate (see [`servers::start_https`]).
@@ -70,30 +76,40 @@ impl Sandbox {
         switch.ip(&["link", "add", "br0", "type", "bridge"])?;
         switch.ip(&["link", "set", "br0", "up"])?;
         lb.sysctl("net/ipv4/ip_forward", "1")?;
+        lb.sysctl("net/ipv6/conf/all/forwarding", "1")?;
         let mut pass = Vec::new();
         let bridge_port = |ns: &Netns, cidr: &str| -> anyhow::Result<(Port, Port)> {
             let (host, sw) = veth_maybe_addressed(ns, Some(cidr), &switch, None)?;
             switch.ip(&["link", "set", &sw.ifname, "master", "br0"])?;
             Ok((host, sw))
         };
-        let (client, lb_ports, subnet) = match arms {
+        let (client, lb_ports, subnet, subnet6) = match arms {
             Arms::Two => {
                 let (client, lb_client_side) = veth(&client_ns, "10.0.1.2/24", &lb, "10.0.1.1/24")?;
+                client.add_address("2001:db8:1::2/64")?;
+                lb_client_side.add_address("2001:db8:1::1/64")?;
                 let (lb_backend_side, sw) = bridge_port(&lb, "10.0.2.1/24")?;
+                lb_backend_side.add_address("2001:db8:2::1/64")?;
                 // Native XDP on veth delivers XDP_TX / redirected frames only to a peer with a
                 // program: the client's end and the bridge port facing lb.
                 pass.push(attach_pass_program(&client)?);
                 pass.push(attach_pass_program(&sw)?);
                 client_ns.ip(&["route", "add", "10.0.2.0/24", "via", "10.0.1.1"])?;
                 client_ns.ip(&["route", "add", "10.100.0.0/24", "via", "10.0.1.1"])?;
-                (client, vec![lb_client_side, lb_backend_side], [10, 0, 2])
+                client_ns.ip(&["route", "add", "2001:db8:2::/64", "via", "2001:db8:1::1"])?;
+                client_ns.ip(&["route", "add", "2001:db8:100::/64", "via", "2001:db8:1::1"])?;
+                let sides = vec![lb_client_side, lb_backend_side];
+                (client, sides, [10, 0, 2], [0x2001, 0xdb8, 2])
             }
             Arms::One => {
                 let (client, _) = bridge_port(&client_ns, "10.0.0.2/24")?;
+                client.add_address("2001:db8::2/64")?;
                 let (lb_port, sw) = bridge_port(&lb, "10.0.0.1/24")?;
+                lb_port.add_address("2001:db8::1/64")?;
                 pass.push(attach_pass_program(&sw)?);
                 client_ns.ip(&["route", "add", "10.100.0.0/24", "via", "10.0.0.1"])?;
-                (client, vec![lb_port], [10, 0, 0])
+                client_ns.ip(&["route", "add", "2001:db8:100::/64", "via", "2001:db8::1"])?;
+                (client, vec![lb_port], [10, 0, 0], [0x2001, 0xdb8, 0])
             }
         };
         let mut hosts = Vec::new();
@@ -101,13 +117,23 @@ impl Sandbox {
         for i in 0..backends {
             let ns = Netns::new(&format!("b{i}"))?;
             let addr = Ipv4Addr::new(subnet[0], subnet[1], subnet[2], 10 + i as u8);
-            bridge_port(&ns, &format!("{addr}/24"))?;
+            let [a, b, c] = subnet6;
+            let addr6 = Ipv6Addr::new(a, b, c, 0, 0, 0, 0, 0x10 + i as u16);
+            let (port, _) = bridge_port(&ns, &format!("{addr}/24"))?;
+            port.add_address(&format!("{addr6}/64"))?;
             if arms == Arms::Two {
                 ns.ip(&["route", "add", "default", "via", "10.0.2.1"])?;
+                ns.ip(&["-6", "route", "add", "default", "via", "2001:db8:2::1"])?;
             }
             let name = format!("backend-{i}");
-            servers.push(start_servers(&ns, addr, service_port, &name)?);
-            hosts.push(BackendHost { ns, addr, name });
+            let host = BackendHost {
+                ns,
+                addr,
+                addr6,
+                name,
+            };
+            servers.push(start_servers(&host, service_port)?);
+            hosts.push(host);
         }
         Ok(Self {
             arms,
@@ -129,8 +155,7 @@ impl Sandbox {
 
     /// Starts backend `i`'s servers again.
     pub fn start_backend(&mut self, i: usize) -> anyhow::Result<()> {
-        let b = &self.backends[i];
-        self.servers[i] = start_servers(&b.ns, b.addr, self.service_port, &b.name)?;
+        self.servers[i] = start_servers(&self.backends[i], self.service_port)?;
         Ok(())
     }
 
@@ -153,25 +178,54 @@ impl Sandbox {
     /// A config with one TCP and one UDP service on the VIP over all backends, plus `extra`
     /// lines in each service (e.g. weights are set per backend with `weights`).
     pub fn config(&self, vip_port: u16, weights: &[u32], extra: &str) -> String {
+        let backends = self.backends_toml(false, weights);
+        format!(
+            "[lb]\ninterfaces = [{}]\nxdp_mode = \"native\"\n\n{}",
+            self.interfaces_toml(),
+            self.services_toml(false, vip_port, &backends, extra)
+        )
+    }
+
+    /// Like [`Sandbox::config`] for IPv6: the TCP and UDP services on [`VIP6`], over the
+    /// backends' IPv6 addresses; `dual` adds the IPv4 pair too (services "tcp", "udp"; the IPv6
+    /// ones are "tcp6", "udp6").
+    pub fn config6(&self, vip_port: u16, weights: &[u32], extra: &str, dual: bool) -> String {
+        let mut text = format!(
+            "[lb]\ninterfaces = [{}]\nxdp_mode = \"native\"\n\n{}",
+            self.interfaces_toml(),
+            self.services_toml(true, vip_port, &self.backends_toml(true, weights), extra)
+        );
+        if dual {
+            let v4 = self.backends_toml(false, weights);
+            text.push('\n');
+            text.push_str(&self.services_toml(false, vip_port, &v4, extra));
+        }
+        text
+    }
+
+    /// The backends as TOML inline tables, of one family.
+    fn backends_toml(&self, v6: bool, weights: &[u32]) -> String {
         let backends: Vec<String> = self
             .backends
             .iter()
             .enumerate()
             .map(|(i, b)| {
                 let w = weights.get(i).copied().unwrap_or(1);
-                format!(
-                    "{{ address = \"{}:{}\", weight = {w} }}",
-                    b.addr, self.service_port
-                )
+                let ip: std::net::IpAddr = if v6 { b.addr6.into() } else { b.addr.into() };
+                let at = SocketAddr::new(ip, self.service_port);
+                format!("{{ address = \"{at}\", weight = {w} }}")
             })
             .collect();
+        backends.join(", ")
+    }
+
+    fn services_toml(&self, v6: bool, vip_port: u16, backends: &str, extra: &str) -> String {
+        let (vip, suffix): (std::net::IpAddr, &str) =
+            if v6 { (VIP6.into(), "6") } else { (VIP.into(), "") };
+        let vip = SocketAddr::new(vip, vip_port);
         format!(
-            "[lb]\ninterfaces = [{}]\nxdp_mode = \"native\"\n\n\
-             [[service]]\nname = \"tcp\"\nvip = \"{VIP}:{vip_port}\"\nprotocol = \"tcp\"\n{extra}\nbackends = [{}]\n\n\
-             [[service]]\nname = \"udp\"\nvip = \"{VIP}:{vip_port}\"\nprotocol = \"udp\"\n{extra}\nbackends = [{}]\n",
-            self.interfaces_toml(),
-            backends.join(", "),
-            backends.join(", ")
+            "[[service]]\nname = \"tcp{suffix}\"\nvip = \"{vip}\"\nprotocol = \"tcp\"\n{extra}\nbackends = [{backends}]\n\n\
+             [[service]]\nname = \"udp{suffix}\"\nvip = \"{vip}\"\nprotocol = \"udp\"\n{extra}\nbackends = [{backends}]\n"
         )
     }
 }

@@ -20,6 +20,7 @@ use lb_tests::{
     require_root,
     servers::{self, connect},
     topology::{Arms, Sandbox, VIP},
+    traffic::{assert_shares, echo_transfer, echo_transfer_counted},
 };
 
 const PORT: u16 = 8080;
@@ -39,94 +40,6 @@ fn sandbox(arms: Arms, weights: &[u32], extra: &str) -> (Sandbox, InProcess) {
 
 fn spread(client: &Netns, n: usize) -> HashMap<String, usize> {
     servers::spread(client, vip(), n)
-}
-
-fn assert_shares(seen: &HashMap<String, usize>, n: usize, want: &[(&str, f64)]) {
-    for (name, share) in want {
-        let got = *seen.get(*name).unwrap_or(&0) as f64 / n as f64;
-        assert!(
-            (got - share).abs() <= 0.05,
-            "{name}: {:.1}% of {n} flows, want {:.1}% ± 5 points ({seen:?})",
-            got * 100.0,
-            share * 100.0
-        );
-    }
-}
-
-/// FNV-1a, to compare streams without keeping both.
-fn digest(data: &[u8], mut h: u64) -> u64 {
-    for b in data {
-        h = (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
-    }
-    h
-}
-
-/// Sends `len` bytes through an echo connection while reading them back; compares digests.
-fn echo_transfer(conn: TcpStream, len: usize, seed: u8) {
-    echo_transfer_counted(conn, len, seed, &AtomicUsize::new(0));
-}
-
-/// [`echo_transfer`], counting the bytes echoed back so far in `received`.
-fn echo_transfer_counted(mut conn: TcpStream, len: usize, seed: u8, received: &AtomicUsize) {
-    let mut writer = conn.try_clone().unwrap();
-    let sender = std::thread::spawn(move || {
-        let mut h = 0xcbf2_9ce4_8422_2325;
-        let mut chunk = vec![0u8; 64 * 1024];
-        let mut sent = 0;
-        while sent < len {
-            let n = chunk.len().min(len - sent);
-            for (i, b) in chunk[..n].iter_mut().enumerate() {
-                *b = ((sent + i) as u8).wrapping_mul(31).wrapping_add(seed);
-            }
-            writer.write_all(&chunk[..n]).unwrap();
-            h = digest(&chunk[..n], h);
-            sent += n;
-        }
-        h
-    });
-    let mut h = 0xcbf2_9ce4_8422_2325;
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut got = 0;
-    conn.set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
-    while got < len {
-        let n = conn.read(&mut buf).unwrap();
-        assert!(n > 0, "connection closed after {got} of {len} bytes");
-        h = digest(&buf[..n], h);
-        got += n;
-        received.store(got, Ordering::Relaxed);
-    }
-    assert_eq!(
-        sender.join().unwrap(),
-        h,
-        "echoed stream differs from the one sent"
-    );
-}
-
-/// UDP through the VIP: every reply comes from the VIP and names a backend.
-fn udp_echo(client: &Netns, n: usize) -> HashMap<String, usize> {
-    let mut seen = HashMap::new();
-    for i in 0..n {
-        let socket = client.enter(|| UdpSocket::bind("0.0.0.0:0")).unwrap();
-        socket.connect(vip()).unwrap();
-        socket
-            .set_read_timeout(Some(Duration::from_secs(2)))
-            .unwrap();
-        let payload = format!("ping {i}");
-        let mut buf = [0u8; 512];
-        // One retry: a first datagram may meet an unresolved neighbour on the way back.
-        let n = (0..2)
-            .find_map(|_| {
-                socket.send(payload.as_bytes()).unwrap();
-                socket.recv(&mut buf).ok()
-            })
-            .unwrap_or_else(|| panic!("no UDP reply for datagram {i}"));
-        let reply = std::str::from_utf8(&buf[..n]).unwrap();
-        let (name, echoed) = reply.split_once(':').unwrap();
-        assert_eq!(echoed, payload);
-        *seen.entry(name.to_owned()).or_default() += 1;
-    }
-    seen
 }
 
 fn check_two_or_one_arm(arms: Arms, flows: usize, transfers: usize) {
@@ -153,7 +66,7 @@ fn check_two_or_one_arm(arms: Arms, flows: usize, transfers: usize) {
         s.join().unwrap();
     }
 
-    let udp = udp_echo(&sb.client.ns, 60);
+    let udp = lb_tests::traffic::udp_echo(&sb.client.ns, vip(), 60);
     assert_eq!(udp.values().sum::<usize>(), 60);
     assert!(udp.len() >= 2, "UDP flows spread over backends: {udp:?}");
 
@@ -231,8 +144,11 @@ fn flags_take_effect_before_the_ring_is_rewritten() {
 fn read_backend(lb: &InProcess, id: u32) -> lb_common::BackendInfo {
     // Same values the balancer wrote; rebuilt from the config to avoid reading the map back.
     let b = &lb.config.services[0].backends[id as usize];
+    let std::net::IpAddr::V4(ip) = b.address.ip() else {
+        panic!("an IPv4 backend")
+    };
     lb_common::BackendInfo {
-        addr: u32::from_ne_bytes(b.address.ip().octets()),
+        addr: u32::from_ne_bytes(ip.octets()),
         snat_addr: u32::from_ne_bytes([10, 0, 2, 1]),
         port: b.address.port().to_be(),
         no_data_ticks: 0,

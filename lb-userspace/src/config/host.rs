@@ -17,15 +17,15 @@ pub struct LocalAddress {
 
 /// The problems of `config` on a host holding `local`.
 pub fn check(config: &Config, local: &[LocalAddress]) -> Vec<Problem> {
-    let holder = |ip: Ipv4Addr| {
+    let holder = |ip: IpAddr| {
         local
             .iter()
-            .find(|l| l.ip == IpAddr::V4(ip))
+            .find(|l| l.ip == ip)
             .map(|l| l.interface.as_str())
     };
     let mut out = Vec::new();
     for (i, s) in config.services.iter().enumerate() {
-        if let Some(dev) = holder(*s.vip.ip()) {
+        if let Some(dev) = holder(s.vip.ip()) {
             out.push(Problem {
                 path: format!("service[{i}].vip"),
                 message: format!(
@@ -36,7 +36,7 @@ pub fn check(config: &Config, local: &[LocalAddress]) -> Vec<Problem> {
             });
         }
         for (j, b) in s.backends.iter().enumerate() {
-            if let Some(dev) = holder(*b.address.ip()) {
+            if let Some(dev) = holder(b.address.ip()) {
                 out.push(Problem {
                     path: format!("service[{i}].backends[{j}].address"),
                     message: format!(

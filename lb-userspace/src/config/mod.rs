@@ -9,7 +9,7 @@ mod read;
 mod settings;
 
 use std::{
-    net::{Ipv4Addr, SocketAddr, SocketAddrV4},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     ops::RangeInclusive,
     path::{Path, PathBuf},
     time::Duration,
@@ -79,9 +79,9 @@ pub struct Lb {
     /// bpffs directory where the program and maps are pinned, so a restarted daemon adopts the
     /// running datapath (`lb run --no-pin` does not pin).
     pub pin_path: PathBuf,
-    /// Source address of forwarded flows; None: the address the kernel would use towards each
-    /// backend (its egress interface's).
-    pub snat_address: Option<Ipv4Addr>,
+    /// Source address of forwarded flows, one per family at most; none: the address the kernel
+    /// would use towards each backend (its egress interface's).
+    pub snat_address: SnatAddresses,
     /// SNAT source ports (keep them out of net.ipv4.ip_local_port_range).
     pub snat_ports: RangeInclusive<u16>,
     /// Slots per Maglev ring (a prime).
@@ -102,6 +102,23 @@ pub struct Lb {
 pub const RING_SIZE_RANGE: RangeInclusive<i64> = 7..=1_048_573;
 /// Ring map entries (max_services × ring_size) at most: 1 GiB of u32.
 pub const MAX_RING_ENTRIES: u64 = 1 << 28;
+
+/// `[lb] snat_address`: the SNAT address of each family's services, if set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SnatAddresses {
+    pub v4: Option<Ipv4Addr>,
+    pub v6: Option<Ipv6Addr>,
+}
+
+impl SnatAddresses {
+    /// The address for flows towards `backend`'s family, if one is set.
+    pub fn for_family_of(&self, backend: IpAddr) -> Option<IpAddr> {
+        match backend {
+            IpAddr::V4(_) => self.v4.map(IpAddr::V4),
+            IpAddr::V6(_) => self.v6.map(IpAddr::V6),
+        }
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Conntrack {
@@ -209,11 +226,12 @@ impl Protocol {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Service {
     pub name: String,
-    pub vip: SocketAddrV4,
+    /// IPv4 or IPv6: the service's family, which its backends and SNAT address share.
+    pub vip: SocketAddr,
     pub protocol: Protocol,
     pub backends: Vec<Backend>,
-    /// Overrides `lb.snat_address` for this service.
-    pub snat_address: Option<Ipv4Addr>,
+    /// Overrides `lb.snat_address` for this service (of the VIP's family).
+    pub snat_address: Option<IpAddr>,
     pub existing_flows: ExistingFlows,
     pub on_all_unhealthy: AllUnhealthy,
     /// The VIP answers ICMP echo requests (services sharing a VIP agree).
@@ -254,7 +272,7 @@ impl Default for Passive {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Backend {
-    pub address: SocketAddrV4,
+    pub address: SocketAddr,
     /// Relative share of new flows; 0 = drained.
     pub weight: u32,
 }

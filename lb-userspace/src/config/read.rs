@@ -2,7 +2,7 @@
 
 use std::{
     collections::HashMap,
-    net::{Ipv4Addr, SocketAddr, SocketAddrV4},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     path::PathBuf,
     time::Duration,
 };
@@ -10,7 +10,7 @@ use std::{
 use super::{
     AllUnhealthy, Backend, Config, ConfigErrors, Conntrack, DEFAULT_API, DEFAULT_PIN_PATH,
     ExistingFlows, Lb, MAX_RING_ENTRIES, MAX_WEIGHT, Passive, Problem, Protocol, RING_SIZE_RANGE,
-    Service, XdpMode,
+    Service, SnatAddresses, XdpMode,
     fields::{Fields, Problems, Shown},
 };
 
@@ -110,7 +110,7 @@ fn read_lb(f: &Fields) -> Option<Lb> {
         }
         t => Some(t.map(str::to_owned)),
     };
-    let snat_address = read_ipv4(f, "snat_address");
+    let snat_address = read_snat_addresses(f);
     let snat_ports = match f.str("snat_ports") {
         None => {
             let p = lb_common::Params::DEFAULT;
@@ -282,7 +282,11 @@ fn valid_pin_path(s: &str) -> bool {
 }
 
 /// Why `ip` cannot be a VIP, backend or SNAT address, if it cannot.
-fn unusable(ip: Ipv4Addr) -> Option<&'static str> {
+fn unusable(ip: IpAddr) -> Option<&'static str> {
+    let ip = match ip {
+        IpAddr::V4(ip) => ip,
+        IpAddr::V6(ip) => return unusable6(ip),
+    };
     if ip.is_unspecified() || ip.octets()[0] == 0 {
         Some("is in 0.0.0.0/8 (\"this network\")")
     } else if ip.is_loopback() {
@@ -296,25 +300,92 @@ fn unusable(ip: Ipv4Addr) -> Option<&'static str> {
     }
 }
 
-/// An optional IPv4 address: `Some(None)` when absent, `None` when invalid (reported).
-fn read_ipv4(f: &Fields, key: &'static str) -> Option<Option<Ipv4Addr>> {
+/// Why IPv6 address `ip` cannot be a VIP, backend or SNAT address, if it cannot.
+fn unusable6(ip: Ipv6Addr) -> Option<&'static str> {
+    if ip.is_unspecified() {
+        Some("is the unspecified address")
+    } else if ip.is_loopback() {
+        Some("is a loopback address: the datapath never sees its traffic")
+    } else if ip.is_multicast() {
+        Some("is a multicast address")
+    } else if ip.is_unicast_link_local() {
+        Some("is link-local (fe80::/10): it needs a zone, and lb balances routed addresses")
+    } else if ip.to_ipv4_mapped().is_some() {
+        Some("is an IPv4-mapped address: write the IPv4 address itself")
+    } else {
+        None
+    }
+}
+
+/// An IP address of either family, with a message an operator can act on.
+fn parse_ip(text: &str) -> Result<IpAddr, String> {
+    let ip: IpAddr = text
+        .parse()
+        .map_err(|_| format!("invalid IP address {:?}", Shown(text)))?;
+    match unusable(ip) {
+        None => Ok(ip),
+        Some(why) => Err(format!("{ip} {why}")),
+    }
+}
+
+/// An optional IP address: `Some(None)` when absent, `None` when invalid (reported).
+fn read_ip(f: &Fields, key: &'static str) -> Option<Option<IpAddr>> {
     match f.str(key) {
-        None => (!f.has(key)).then_some(None),
-        Some(text) => match text.parse::<Ipv4Addr>() {
-            Ok(ip) => match unusable(ip) {
-                None => Some(Some(ip)),
-                Some(why) => {
-                    f.problem(key, format!("{ip} {why}"));
-                    None
-                }
-            },
-            Err(_) => {
-                f.problem(key, format!("invalid IPv4 address {:?}", Shown(text)));
+        None if f.has(key) => {
+            f.problem(key, "expected an IP address as a string");
+            None
+        }
+        None => Some(None),
+        Some(text) => match parse_ip(text) {
+            Ok(ip) => Some(Some(ip)),
+            Err(e) => {
+                f.problem(key, e);
                 None
             }
         },
     }
 }
+
+/// `[lb] snat_address`: one address, or a list of one per family.
+fn read_snat_addresses(f: &Fields) -> Option<SnatAddresses> {
+    const KEY: &str = "snat_address";
+    let texts: Vec<&str> = match (f.str(KEY), f.array(KEY)) {
+        (Some(text), _) => vec![text],
+        (None, Some(list)) => {
+            let texts: Option<Vec<&str>> = list.iter().map(|v| v.as_str()).collect();
+            let Some(texts) = texts else {
+                f.problem(KEY, "expected an IP address or a list of IP addresses (strings)");
+                return None;
+            };
+            texts
+        }
+        (None, None) if f.has(KEY) => {
+            f.problem(KEY, "expected an IP address or a list of IP addresses (strings)");
+            return None;
+        }
+        (None, None) => Vec::new(),
+    };
+    let mut out = SnatAddresses::default();
+    for text in texts {
+        let ip = match parse_ip(text) {
+            Ok(ip) => ip,
+            Err(e) => {
+                f.problem(KEY, e);
+                return None;
+            }
+        };
+        let taken = match ip {
+            IpAddr::V4(v4) => out.v4.replace(v4).is_some(),
+            IpAddr::V6(v6) => out.v6.replace(v6).is_some(),
+        };
+        if taken {
+            f.problem(KEY, format!("{ip}: one address per family (IPv4, IPv6) at most"));
+            return None;
+        }
+    }
+    Some(out)
+}
+
 
 fn check_ifname(name: &str) -> Result<(), String> {
     // Linux: at most IFNAMSIZ - 1 bytes, no '/', ':', whitespace or NUL, not "." or "..".
@@ -401,7 +472,7 @@ fn read_service(f: &Fields) -> Option<Service> {
         &[("tcp", Protocol::Tcp), ("udp", Protocol::Udp)],
         Protocol::Tcp,
     );
-    let snat_address = read_ipv4(f, "snat_address");
+    let snat_address = read_ip(f, "snat_address");
     let existing_flows = f.choice(
         "existing_flows",
         &[
@@ -468,10 +539,36 @@ fn read_service(f: &Fields) -> Option<Service> {
             "only for TCP services: UDP has no connection whose answer is awaited",
         );
     }
+    // A service is one family, its VIP's: the datapath rewrites addresses in place.
+    let vip_family = family(service.vip.ip());
+    if let Some(snat) = service.snat_address
+        && family(snat) != vip_family
+    {
+        f.problems().push(
+            f.path("snat_address"),
+            format!(
+                "{snat} is {}, the VIP {} is {vip_family}: a service's addresses are one family",
+                family(snat),
+                service.vip
+            ),
+        );
+    }
     let mut seen = HashMap::new();
     for (i, b) in service.backends.iter().enumerate() {
         let path = f.path(&format!("backends[{i}].address"));
-        if let Some(first) = seen.insert(b.address, i) {
+        if family(b.address.ip()) != vip_family {
+            f.problems().push(
+                path,
+                format!(
+                    "{} is {}, the VIP {} is {vip_family}: a service balances one family \
+                     (make an {} service for it)",
+                    b.address,
+                    family(b.address.ip()),
+                    service.vip,
+                    family(b.address.ip())
+                ),
+            );
+        } else if let Some(first) = seen.insert(b.address, i) {
             f.problems()
                 .push(path, format!("duplicate of backends[{first}]"));
         } else if b.address == service.vip {
@@ -524,9 +621,9 @@ fn check_services(lb: &Lb, services: &[Service], problems: &Problems) {
         }
     }
     // A VIP answers pings or does not: its services agree.
-    let mut ping: HashMap<Ipv4Addr, (usize, bool)> = HashMap::new();
+    let mut ping: HashMap<IpAddr, (usize, bool)> = HashMap::new();
     for (i, s) in services.iter().enumerate() {
-        match ping.get(s.vip.ip()) {
+        match ping.get(&s.vip.ip()) {
             Some(&(first, answer)) if answer != s.answer_ping => problems.push(
                 format!("service[{i}].answer_ping"),
                 format!(
@@ -537,20 +634,20 @@ fn check_services(lb: &Lb, services: &[Service], problems: &Problems) {
             ),
             Some(_) => {}
             None => {
-                ping.insert(*s.vip.ip(), (i, s.answer_ping));
+                ping.insert(s.vip.ip(), (i, s.answer_ping));
             }
         }
     }
     // A backend at a VIP address would send its flows back to lb (the VIP is routed here).
-    let vip_of: HashMap<Ipv4Addr, usize> = services
+    let vip_of: HashMap<IpAddr, usize> = services
         .iter()
         .enumerate()
         .rev()
-        .map(|(i, s)| (*s.vip.ip(), i))
+        .map(|(i, s)| (s.vip.ip(), i))
         .collect();
     for (i, s) in services.iter().enumerate() {
         for (j, b) in s.backends.iter().enumerate() {
-            match vip_of.get(b.address.ip()) {
+            match vip_of.get(&b.address.ip()) {
                 Some(&k) if b.address != s.vip => problems.push(
                     format!("service[{i}].backends[{j}].address"),
                     format!(
@@ -597,17 +694,31 @@ pub(crate) fn location(text: &str, offset: usize) -> String {
     format!("line {line}, column {column}")
 }
 
-/// `IPv4:PORT`, with messages an operator can act on.
-pub(crate) fn parse_addr(s: &str) -> Result<SocketAddrV4, String> {
-    if s.starts_with('[') {
-        return Err(format!("{:?}: IPv6 is not supported yet", Shown(s)));
-    }
-    let Some((ip, port)) = s.rsplit_once(':') else {
-        return Err(format!("expected IPv4:PORT, got {:?}", Shown(s)));
+/// `IPv4:PORT` or `[IPv6]:PORT`, with messages an operator can act on.
+pub(crate) fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+    let (ip, port) = if let Some(rest) = s.strip_prefix('[') {
+        let Some((ip, port)) = rest.split_once("]:") else {
+            return Err(format!("expected [IPv6]:PORT, got {:?}", Shown(s)));
+        };
+        let ip: Ipv6Addr = ip
+            .parse()
+            .map_err(|_| format!("invalid IPv6 address {:?}", Shown(ip)))?;
+        (IpAddr::V6(ip), port)
+    } else {
+        let Some((ip, port)) = s.rsplit_once(':') else {
+            return Err(format!("expected IPv4:PORT or [IPv6]:PORT, got {:?}", Shown(s)));
+        };
+        if ip.contains(':') {
+            return Err(format!(
+                "{:?}: an IPv6 address with a port is written in brackets, [IPv6]:PORT",
+                Shown(s)
+            ));
+        }
+        let ip: Ipv4Addr = ip
+            .parse()
+            .map_err(|_| format!("invalid IPv4 address {:?}", Shown(ip)))?;
+        (IpAddr::V4(ip), port)
     };
-    let ip: Ipv4Addr = ip
-        .parse()
-        .map_err(|_| format!("invalid IPv4 address {:?}", Shown(ip)))?;
     let port: u16 = match port.parse::<u32>() {
         Ok(p @ 1..=65535) => p as u16,
         Ok(p) => return Err(format!("invalid port {p}")),
@@ -616,7 +727,12 @@ pub(crate) fn parse_addr(s: &str) -> Result<SocketAddrV4, String> {
     if let Some(why) = unusable(ip) {
         return Err(format!("{ip} {why}"));
     }
-    Ok(SocketAddrV4::new(ip, port))
+    Ok(SocketAddr::new(ip, port))
+}
+
+/// "IPv4" or "IPv6".
+pub(crate) fn family(ip: IpAddr) -> &'static str {
+    if ip.is_ipv4() { "IPv4" } else { "IPv6" }
 }
 
 #[cfg(test)]

@@ -36,7 +36,7 @@ impl api::Control for Shared {
 
     fn reload(&self, via: &str) -> Result<ReloadReply, RequestError> {
         let (changes, probes) = Shared::reload(self, via)?;
-        let named = |list: Vec<(String, std::net::SocketAddrV4)>| {
+        let named = |list: Vec<(String, std::net::SocketAddr)>| {
             list.into_iter().map(|(s, b)| format!("{s} {b}")).collect()
         };
         Ok(ReloadReply {

@@ -14,7 +14,7 @@ pub use state::{Shared, Stop, ids_file};
 
 use std::{
     collections::{BTreeSet, HashSet},
-    net::{Ipv4Addr, SocketAddrV4, UdpSocket},
+    net::{IpAddr, SocketAddr, UdpSocket},
     path::Path,
     sync::Arc,
     time::Duration,
@@ -36,6 +36,7 @@ const NEIGHBOUR_REFRESH: Duration = Duration::from_secs(10);
 /// Loads the datapath for `config` and writes its whole state; attaches nothing, so the program
 /// never sees a half-written state. Runs in the network namespace of the interfaces.
 pub fn prepare(config: &Config) -> anyhow::Result<(Dataplane, Balancer)> {
+    crate::dataplane::check_ipv6_forwarding(config)?;
     let mut dataplane = Dataplane::load(&config.lb, None)?;
     let balancer = Balancer::new(
         config,
@@ -54,6 +55,7 @@ fn load(
     config: &Config,
     pin: Option<&Path>,
 ) -> anyhow::Result<(Dataplane, Balancer, HashSet<health::checker::ProbeKey>)> {
+    crate::dataplane::check_ipv6_forwarding(config)?;
     let mut dataplane = Dataplane::load(&config.lb, pin)?;
     let ids = match pin.filter(|_| dataplane.adopted()) {
         Some(dir) => {
@@ -72,15 +74,15 @@ fn load(
     // The availability each adopted backend had: kept until its first verdict.
     let mut flags = std::collections::HashMap::new();
     for s in ids.iter().flat_map(|i| i.services.iter()) {
-        for &(_, id, _) in &s.backends {
-            let info = dataplane.backend_info(id)?;
-            flags.insert(id, info.flags & lb_common::backend_flags::UP != 0);
+        for &(address, id, _) in &s.backends {
+            let flags_now = dataplane.backend_flags(id, address.is_ipv6())?;
+            flags.insert(id, flags_now & lb_common::backend_flags::UP != 0);
         }
     }
     let mut balancer = Balancer::with_ids(config, ids);
     if dataplane.adopted() {
         // Kept addresses stay in their slots; what this config no longer has is cleared.
-        balancer.set_written_addrs(dataplane.addr_table()?);
+        balancer.set_written_addrs(dataplane.addr_table()?, dataplane.addr_table6()?);
     }
     balancer.apply(
         config,
@@ -128,10 +130,10 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
         None => None,
     };
     let (mut dataplane, balancer, down) = load(&config, pin_dir.as_deref())?;
-    let backends: BTreeSet<Ipv4Addr> = balancer
+    let backends: BTreeSet<IpAddr> = balancer
         .backend_addresses()
         .iter()
-        .map(|a| *a.ip())
+        .map(|a| a.ip())
         .collect();
     resolve_neighbours(&backends);
     warn_port_overlap(&config.lb.snat_ports);
@@ -355,37 +357,50 @@ fn overlap(
     (first <= last).then_some(first..=last)
 }
 
-/// A backend's SNAT address: the service's, else `lb.snat_address`, else the source address the
-/// kernel uses towards the backend (its egress interface's address).
-pub fn snat_address(
-    config: &Config,
-    sid: usize,
-    backend: SocketAddrV4,
-) -> anyhow::Result<Ipv4Addr> {
-    if let Some(a) = config.services[sid].snat_address.or(config.lb.snat_address) {
+/// A backend's SNAT address: the service's, else `lb.snat_address` of the backend's family,
+/// else the source address the kernel uses towards the backend (its egress interface's).
+pub fn snat_address(config: &Config, sid: usize, backend: SocketAddr) -> anyhow::Result<IpAddr> {
+    let configured = config.services[sid]
+        .snat_address
+        .or(config.lb.snat_address.for_family_of(backend.ip()));
+    if let Some(a) = configured {
         return Ok(a);
     }
-    let socket = UdpSocket::bind("0.0.0.0:0")?;
+    let socket = UdpSocket::bind(unbound(backend.ip()))?;
     socket
-        .connect(SocketAddrV4::new(*backend.ip(), 9))
+        .connect(SocketAddr::new(backend.ip(), 9))
         .with_context(|| format!("no route to backend {}", backend.ip()))?;
-    match socket.local_addr()?.ip() {
-        std::net::IpAddr::V4(a) => Ok(a),
-        std::net::IpAddr::V6(_) => anyhow::bail!("IPv6 source towards {}", backend.ip()),
+    Ok(socket.local_addr()?.ip())
+}
+
+/// The wildcard address of `ip`'s family, any port.
+fn unbound(ip: IpAddr) -> SocketAddr {
+    match ip {
+        IpAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, 0).into(),
+        IpAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
     }
 }
 
 /// The datapath needs each backend's MAC in the kernel's neighbour table (bpf_fib_lookup reads
 /// it but cannot resolve it). An empty datagram to the discard port makes the kernel resolve
 /// and refresh the entry; whatever the backend answers (ICMP port unreachable) is ignored.
-pub fn resolve_neighbours(backends: &BTreeSet<Ipv4Addr>) {
-    let socket = match UdpSocket::bind("0.0.0.0:0") {
-        Ok(s) => s,
-        Err(e) => return debug!(error = %e, "neighbour refresh socket"),
-    };
-    for ip in backends {
-        if let Err(e) = socket.send_to(&[], SocketAddrV4::new(*ip, 9)) {
-            debug!(%ip, error = %e, "neighbour refresh");
+pub fn resolve_neighbours(backends: &BTreeSet<IpAddr>) {
+    // One socket per family in use (an IPv4 socket cannot send to IPv6, and the host may have
+    // no IPv6 at all).
+    for v6 in [false, true] {
+        let mut ips = backends.iter().filter(|ip| ip.is_ipv6() == v6).peekable();
+        let Some(first) = ips.peek() else { continue };
+        let socket = match UdpSocket::bind(unbound(**first)) {
+            Ok(s) => s,
+            Err(e) => {
+                debug!(error = %e, "neighbour refresh socket");
+                continue;
+            }
+        };
+        for ip in ips {
+            if let Err(e) = socket.send_to(&[], SocketAddr::new(*ip, 9)) {
+                debug!(%ip, error = %e, "neighbour refresh");
+            }
         }
     }
 }
@@ -394,12 +409,12 @@ async fn keep_neighbours(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(NEIGHBOUR_REFRESH) => {
-                let backends: BTreeSet<Ipv4Addr> = shared
+                let backends: BTreeSet<IpAddr> = shared
                     .lock()
                     .balancer
                     .backend_addresses()
                     .iter()
-                    .map(|a| *a.ip())
+                    .map(|a| a.ip())
                     .collect();
                 resolve_neighbours(&backends);
             }

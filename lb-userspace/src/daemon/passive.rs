@@ -11,7 +11,7 @@
 //! says, and stays out past its ejection time until probes pass.
 
 use std::{
-    net::SocketAddrV4,
+    net::SocketAddr,
     time::{Duration, Instant},
 };
 
@@ -57,7 +57,7 @@ impl Inner {
     /// the seconds left.
     pub fn ejection(&self, sid: usize, bid: usize) -> Option<(String, f64)> {
         let now = self.passive_now();
-        let host = Scope::Host(*self.config.services[sid].backends[bid].address.ip());
+        let host = Scope::Host(self.config.services[sid].backends[bid].address.ip());
         [("service", self.service_scope(sid, bid)), ("host", host)]
             .into_iter()
             .find_map(|(name, scope)| {
@@ -78,7 +78,7 @@ impl Inner {
             }
             for (bid, b) in s.backends.iter().enumerate() {
                 let hit = match scope {
-                    Scope::Host(ip) => b.address.ip() == ip,
+                    Scope::Host(ip) => b.address.ip() == *ip,
                     Scope::Service { service, backend } => {
                         *service == s.name && *backend == b.address
                     }
@@ -159,7 +159,7 @@ impl Shared {
             // "No data back" says nothing of the host: another service on it may be fine.
             if signal != Signal::NoData {
                 changes.extend(inner.passive.failure(
-                    Scope::Host(*address.ip()),
+                    Scope::Host(address.ip()),
                     signal,
                     &settings,
                     now,
@@ -190,7 +190,7 @@ impl Shared {
         }
         let now = inner.passive_now();
         let pairs = inner.members.get(&v.probe).cloned().unwrap_or_default();
-        let host = Scope::Host(*v.probe.target.ip());
+        let host = Scope::Host(v.probe.target.ip());
         let threshold = v.probe.check.window.healthy_threshold;
         let mut changes = Vec::new();
         match v.result {
@@ -259,9 +259,9 @@ fn apply(inner: &mut Inner, changes: Vec<Change>) -> Vec<Event> {
             ),
         };
         for (sid, bid) in inner.pairs_of(&scope) {
-            let address: SocketAddrV4 = inner.config.services[sid].backends[bid].address;
+            let address: SocketAddr = inner.config.services[sid].backends[bid].address;
             let ejected = inner.passive.is_ejected(&inner.service_scope(sid, bid))
-                || inner.passive.is_ejected(&Scope::Host(*address.ip()));
+                || inner.passive.is_ejected(&Scope::Host(address.ip()));
             let before = inner.view(sid, bid).state;
             let was = inner.balancer.is_ejected(sid, bid).unwrap_or(false);
             let writing = Instant::now();

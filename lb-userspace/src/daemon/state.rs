@@ -4,7 +4,7 @@
 
 use std::{
     collections::{BTreeSet, HashMap},
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, SocketAddr},
     path::{Path, PathBuf},
     sync::Mutex,
     time::{Duration, Instant},
@@ -58,7 +58,7 @@ pub(super) struct Inner {
     /// The (service, backend) pairs each probe stands for.
     pub members: HashMap<ProbeKey, Vec<(usize, usize)>>,
     /// When each backend's admin setting last changed (its state's age while drained/disabled).
-    pub admin_since: HashMap<(String, SocketAddrV4), Instant>,
+    pub admin_since: HashMap<(String, SocketAddr), Instant>,
     /// Passive checks' ejections, on the daemon's clock (`started`).
     pub passive: Ejector,
     pub started: Instant,
@@ -252,9 +252,9 @@ impl Shared {
         address: &str,
         admin: Admin,
     ) -> Result<BackendView, RequestError> {
-        let address: SocketAddrV4 = address.parse().map_err(|_| {
+        let address: SocketAddr = address.parse().map_err(|_| {
             RequestError::Invalid(vec![format!(
-                "backend address: expected IP:PORT, got {address:?}"
+                "backend address: expected IPv4:PORT or [IPv6]:PORT, got {address:?}"
             )])
         })?;
         let mut guard = self.lock();
@@ -343,6 +343,8 @@ impl Shared {
         let new = config::load_for_host(&self.config_path).map_err(|errors| {
             RequestError::Invalid(errors.0.iter().map(ToString::to_string).collect())
         })?;
+        crate::dataplane::check_ipv6_forwarding(&new)
+            .map_err(|e| RequestError::Invalid(vec![format!("{e:#}")]))?;
         let mut guard = self.lock();
         let inner = &mut *guard;
         let fixed = inner.config.lb.fixed_differences(&new.lb);
@@ -356,7 +358,7 @@ impl Shared {
                     .collect(),
             ));
         }
-        let old_states: Vec<(String, SocketAddrV4, HealthState)> = inner.all_views();
+        let old_states: Vec<(String, SocketAddr, HealthState)> = inner.all_views();
         let checker = &inner.checker;
         let changes = inner
             .balancer
@@ -395,7 +397,7 @@ impl Shared {
             Scope::Host(ip) => config
                 .services
                 .iter()
-                .any(|s| s.passive.enabled && s.backends.iter().any(|b| b.address.ip() == ip)),
+                .any(|s| s.passive.enabled && s.backends.iter().any(|b| b.address.ip() == *ip)),
             Scope::Service { service, backend } => config.services.iter().any(|s| {
                 s.passive.enabled
                     && s.name == *service
@@ -408,11 +410,11 @@ impl Shared {
         );
         inner.dataplane.set_counts(slots.0, slots.1);
         let new_states = inner.all_views();
-        let backends: BTreeSet<Ipv4Addr> = inner
+        let backends: BTreeSet<IpAddr> = inner
             .balancer
             .backend_addresses()
             .iter()
-            .map(|a| *a.ip())
+            .map(|a| a.ip())
             .collect();
         drop(guard);
         super::resolve_neighbours(&backends);
@@ -451,7 +453,7 @@ impl Shared {
     fn reload_event(
         &self,
         service: &str,
-        backend: SocketAddrV4,
+        backend: SocketAddr,
         from: HealthState,
         to: HealthState,
     ) {
@@ -540,7 +542,7 @@ impl Inner {
         }
     }
 
-    fn all_views(&self) -> Vec<(String, SocketAddrV4, HealthState)> {
+    fn all_views(&self) -> Vec<(String, SocketAddr, HealthState)> {
         self.config
             .services
             .iter()

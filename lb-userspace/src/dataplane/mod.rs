@@ -23,13 +23,18 @@ use aya::{
     sys::SyscallError,
 };
 use lb_common::{
-    ADDR_SETS, AddrSet, BackendInfo, CtSlot, FlowKey, ICMP_PROG, ICMP_PROGRAM_NAME, ICMP6_PROG,
+    ADDR_SETS, AddrSet, AddrSet6, BackendInfo, BackendInfo6, CtSlot, FlowKey, ICMP_PROG, ICMP_PROGRAM_NAME, ICMP6_PROG,
     ICMP6_PROGRAM_NAME, NatSlot, PARAMS_GLOBAL, PASS_PROGRAM_NAME, PROGRAM_NAME, Params,
-    ServiceInfo, ServiceKey, XDP6_PROG, XDP6_PROGRAM_NAME, map_name, ways,
+    ServiceInfo, ServiceKey, ServiceKey6, XDP6_PROG, XDP6_PROGRAM_NAME, map_name, ways,
 };
 use tracing::{info, warn};
 
-use crate::{addr_table::AddrTable, balancer::MapWriter, config};
+use crate::{
+    addr_table::{AddrTable, AddrTable6},
+    balancer::MapWriter,
+    config,
+    entries::{AnyBackend, AnyServiceKey},
+};
 pub use pin::{BPFFS, patiently, remove_pinned};
 pub use signals::{MAX_PER_TAKE as MAX_SIGNALS_PER_TAKE, SignalRing};
 pub use stats::{Stats, TrafficCounters};
@@ -450,11 +455,24 @@ impl Dataplane {
         }
     }
 
-    /// The backend entry `id` as the datapath sees it (e.g. the flags of an adopted datapath).
+    /// The IPv4 backend entry `id` as the datapath sees it.
     pub fn backend_info(&mut self, id: u32) -> anyhow::Result<BackendInfo> {
         self.array::<BackendInfo>(map_name::BACKENDS)?
             .get(&id, 0)
             .with_context(|| format!("reading backend {id}"))
+    }
+
+    /// The flags of backend `id` (of the IPv6 map if `v6`) as the datapath has them (e.g. an
+    /// adopted datapath's).
+    pub fn backend_flags(&mut self, id: u32, v6: bool) -> anyhow::Result<u32> {
+        let flags = if v6 {
+            self.array::<BackendInfo6>(map_name::BACKENDS6)?
+                .get(&id, 0)
+                .map(|b| b.flags)
+        } else {
+            return Ok(self.backend_info(id)?.flags);
+        };
+        flags.with_context(|| format!("reading backend {id}"))
     }
 
     /// The address table as the map holds it (e.g. an adopted datapath's).
@@ -465,6 +483,16 @@ impl Dataplane {
             .collect::<Result<Vec<_>, MapError>>()
             .context("reading the address table")?;
         Ok(AddrTable::from_sets(sets))
+    }
+
+    /// The IPv6 address table as the map holds it.
+    pub fn addr_table6(&mut self) -> anyhow::Result<AddrTable6> {
+        let table = self.array::<AddrSet6>(map_name::ADDRS6)?;
+        let sets = (0..ADDR_SETS)
+            .map(|i| Ok((i, table.get(&i, 0)?)))
+            .collect::<Result<Vec<_>, MapError>>()
+            .context("reading the IPv6 address table")?;
+        Ok(AddrTable6::from_sets(sets))
     }
 
     /// The service entry of `key`, None when there is none.
@@ -548,16 +576,34 @@ impl MapWriter for Dataplane {
             .with_context(|| format!("writing set {index} of the address table"))
     }
 
-    fn set_service(&mut self, key: ServiceKey, info: ServiceInfo) -> anyhow::Result<()> {
-        self.hash_map::<ServiceKey, ServiceInfo>(map_name::SERVICES)?
-            .insert(&key, &info, 0)
-            .context("writing the service map")
+    fn set_addr_set6(&mut self, index: u32, set: &AddrSet6) -> anyhow::Result<()> {
+        self.array::<AddrSet6>(map_name::ADDRS6)?
+            .set(index, set, 0)
+            .with_context(|| format!("writing set {index} of the IPv6 address table"))
     }
 
-    fn set_backend(&mut self, id: u32, info: BackendInfo) -> anyhow::Result<()> {
-        self.array::<BackendInfo>(map_name::BACKENDS)?
-            .set(id, &info, 0)
-            .with_context(|| format!("writing backend {id}"))
+    fn set_service(&mut self, key: AnyServiceKey, info: ServiceInfo) -> anyhow::Result<()> {
+        match key {
+            AnyServiceKey::V4(key) => self
+                .hash_map::<ServiceKey, ServiceInfo>(map_name::SERVICES)?
+                .insert(&key, &info, 0),
+            AnyServiceKey::V6(key) => self
+                .hash_map::<ServiceKey6, ServiceInfo>(map_name::SERVICES6)?
+                .insert(&key, &info, 0),
+        }
+        .context("writing the service map")
+    }
+
+    fn set_backend(&mut self, id: u32, info: AnyBackend) -> anyhow::Result<()> {
+        match info {
+            AnyBackend::V4(info) => self
+                .array::<BackendInfo>(map_name::BACKENDS)?
+                .set(id, &info, 0),
+            AnyBackend::V6(info) => self
+                .array::<BackendInfo6>(map_name::BACKENDS6)?
+                .set(id, &info, 0),
+        }
+        .with_context(|| format!("writing backend {id}"))
     }
 
     fn set_ring_slots(&mut self, service_id: u32, slots: &[(u32, u32)]) -> anyhow::Result<()> {
@@ -571,11 +617,16 @@ impl MapWriter for Dataplane {
         Ok(())
     }
 
-    fn remove_service(&mut self, key: ServiceKey) -> anyhow::Result<()> {
-        match self
-            .hash_map::<ServiceKey, ServiceInfo>(map_name::SERVICES)?
-            .remove(&key)
-        {
+    fn remove_service(&mut self, key: AnyServiceKey) -> anyhow::Result<()> {
+        let removed = match key {
+            AnyServiceKey::V4(key) => self
+                .hash_map::<ServiceKey, ServiceInfo>(map_name::SERVICES)?
+                .remove(&key),
+            AnyServiceKey::V6(key) => self
+                .hash_map::<ServiceKey6, ServiceInfo>(map_name::SERVICES6)?
+                .remove(&key),
+        };
+        match removed {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
             Err(e) => Err(anyhow::Error::new(e).context("removing a service")),
         }
@@ -696,6 +747,28 @@ fn find_slot<T: Pod>(
         }
     }
     Ok(None)
+}
+
+/// bpf_fib_lookup refuses to route IPv6 when IPv6 forwarding is off on the ingress interface:
+/// a config with IPv6 services needs it on each of lb's interfaces.
+pub fn check_ipv6_forwarding(config: &config::Config) -> anyhow::Result<()> {
+    if !config.services.iter().any(|s| s.vip.is_ipv6()) {
+        return Ok(());
+    }
+    for iface in &config.lb.interfaces {
+        let path = format!("/proc/sys/net/ipv6/conf/{iface}/forwarding");
+        let value = std::fs::read_to_string(&path).with_context(|| {
+            format!("reading {path} (IPv6 services need IPv6 on {iface}; is it disabled?)")
+        })?;
+        if value.trim() != "1" {
+            bail!(
+                "IPv6 forwarding is off on {iface} and the config has IPv6 services; lb routes \
+                 through the kernel's tables (bpf_fib_lookup) and needs it: \
+                 sysctl -w net.ipv6.conf.{iface}.forwarding=1"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// bpf_fib_lookup refuses to route when IPv4 forwarding is off on the ingress interface.

@@ -15,7 +15,7 @@
 
 use std::{
     collections::HashMap,
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, SocketAddr},
     time::Duration,
 };
 
@@ -24,10 +24,10 @@ pub use crate::config::PassiveSettings;
 /// What is ejected.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Scope {
-    Host(Ipv4Addr),
+    Host(IpAddr),
     Service {
         service: String,
-        backend: SocketAddrV4,
+        backend: SocketAddr,
     },
 }
 
@@ -221,7 +221,7 @@ mod tests {
     }
 
     fn host() -> Scope {
-        Scope::Host(Ipv4Addr::new(10, 0, 2, 10))
+        Scope::Host(IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 2, 10)))
     }
 
     #[test]

@@ -1,0 +1,111 @@
+//! Client traffic through a VIP for the end-to-end tests, of either family: how flows spread
+//! over backends, echoed streams compared by digest, UDP request/answer.
+
+use std::{
+    collections::HashMap,
+    io::{Read as _, Write as _},
+    net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket},
+    sync::atomic::{AtomicUsize, Ordering},
+    time::Duration,
+};
+
+use crate::netns::Netns;
+
+/// Asserts each backend's share of `n` flows is within 5 points of the wanted one.
+pub fn assert_shares(seen: &HashMap<String, usize>, n: usize, want: &[(&str, f64)]) {
+    for (name, share) in want {
+        let got = *seen.get(*name).unwrap_or(&0) as f64 / n as f64;
+        assert!(
+            (got - share).abs() <= 0.05,
+            "{name}: {:.1}% of {n} flows, want {:.1}% ± 5 points ({seen:?})",
+            got * 100.0,
+            share * 100.0
+        );
+    }
+}
+
+/// FNV-1a, to compare streams without keeping both.
+fn digest(data: &[u8], mut h: u64) -> u64 {
+    for b in data {
+        h = (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+/// Sends `len` bytes through an echo connection while reading them back; compares digests.
+pub fn echo_transfer(conn: TcpStream, len: usize, seed: u8) {
+    echo_transfer_counted(conn, len, seed, &AtomicUsize::new(0));
+}
+
+/// [`echo_transfer`], counting the bytes echoed back so far in `received`.
+pub fn echo_transfer_counted(mut conn: TcpStream, len: usize, seed: u8, received: &AtomicUsize) {
+    let mut writer = conn.try_clone().unwrap();
+    let sender = std::thread::spawn(move || {
+        let mut h = 0xcbf2_9ce4_8422_2325;
+        let mut chunk = vec![0u8; 64 * 1024];
+        let mut sent = 0;
+        while sent < len {
+            let n = chunk.len().min(len - sent);
+            for (i, b) in chunk[..n].iter_mut().enumerate() {
+                *b = ((sent + i) as u8).wrapping_mul(31).wrapping_add(seed);
+            }
+            writer.write_all(&chunk[..n]).unwrap();
+            h = digest(&chunk[..n], h);
+            sent += n;
+        }
+        h
+    });
+    let mut h = 0xcbf2_9ce4_8422_2325;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut got = 0;
+    conn.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    while got < len {
+        let n = conn.read(&mut buf).unwrap();
+        assert!(n > 0, "connection closed after {got} of {len} bytes");
+        h = digest(&buf[..n], h);
+        got += n;
+        received.store(got, Ordering::Relaxed);
+    }
+    assert_eq!(
+        sender.join().unwrap(),
+        h,
+        "echoed stream differs from the one sent"
+    );
+}
+
+/// The wildcard address of `to`'s family, any port.
+pub fn unspecified_for(to: SocketAddr) -> SocketAddr {
+    if to.is_ipv6() {
+        (Ipv6Addr::UNSPECIFIED, 0).into()
+    } else {
+        (Ipv4Addr::UNSPECIFIED, 0).into()
+    }
+}
+
+/// `n` UDP datagrams to `vip`, each from a new socket: every reply comes from the VIP and names
+/// a backend; counts them by backend.
+pub fn udp_echo(client: &Netns, vip: SocketAddr, n: usize) -> HashMap<String, usize> {
+    let mut seen = HashMap::new();
+    for i in 0..n {
+        let socket = client.enter(|| UdpSocket::bind(unspecified_for(vip))).unwrap();
+        socket.connect(vip).unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .unwrap();
+        let payload = format!("ping {i}");
+        let mut buf = [0u8; 512];
+        // One retry: a first datagram may meet an unresolved neighbour on the way back.
+        let n = (0..2)
+            .find_map(|_| {
+                socket.send(payload.as_bytes()).unwrap();
+                socket.recv(&mut buf).ok()
+            })
+            .unwrap_or_else(|| panic!("no UDP reply for datagram {i}"));
+        let reply = std::str::from_utf8(&buf[..n]).unwrap();
+        let (name, echoed) = reply.split_once(':').unwrap();
+        assert_eq!(echoed, payload);
+        *seen.entry(name.to_owned()).or_default() += 1;
+    }
+    seen
+}
