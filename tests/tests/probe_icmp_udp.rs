@@ -9,7 +9,7 @@
 
 use std::{
     future::Future,
-    net::{Ipv4Addr, SocketAddrV4, UdpSocket},
+    net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -29,9 +29,9 @@ use lb_tests::{
     require_root,
 };
 
-const BACKEND_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 9, 2);
+const BACKEND_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 9, 2));
 /// On the prober's link, but no host has it.
-const ABSENT_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 9, 3);
+const ABSENT_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 9, 3));
 const TIMEOUT: Duration = Duration::from_secs(2);
 /// How late a timed-out probe may return.
 const SLACK: Duration = Duration::from_millis(250);
@@ -51,8 +51,8 @@ fn pair() -> Pair {
     Pair { prober, backend }
 }
 
-fn backend(port: u16) -> SocketAddrV4 {
-    SocketAddrV4::new(BACKEND_IP, port)
+fn backend(port: u16) -> SocketAddr {
+    SocketAddr::new(BACKEND_IP, port)
 }
 
 /// Runs `f` with a prober created inside `ns`, on a runtime whose thread lives there too (the UDP
@@ -367,8 +367,8 @@ fn concurrent_icmp_probes_get_their_own_answers() {
             "drop",
         ],
     );
-    let hosts = [Ipv4Addr::new(10, 0, 9, 2), Ipv4Addr::new(10, 0, 10, 2)];
-    let silent = Ipv4Addr::new(10, 0, 10, 3);
+    let hosts = [Ipv4Addr::new(10, 0, 9, 2), Ipv4Addr::new(10, 0, 10, 2)].map(IpAddr::V4);
+    let silent = IpAddr::V4(Ipv4Addr::new(10, 0, 10, 3));
     with_prober(&prober, move |prober| async move {
         let timeout = Duration::from_secs(1);
         let mut probes = tokio::task::JoinSet::new();

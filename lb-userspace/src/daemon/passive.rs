@@ -190,7 +190,11 @@ impl Shared {
         }
         let now = inner.passive_now();
         let pairs = inner.members.get(&v.probe).cloned().unwrap_or_default();
-        let host = Scope::Host(*v.probe.target.ip());
+        // Passive scopes are IPv4 (config backends are); an IPv6 probe target has none.
+        let std::net::IpAddr::V4(ip) = v.probe.target.ip() else {
+            return;
+        };
+        let host = Scope::Host(ip);
         let threshold = v.probe.check.window.healthy_threshold;
         let mut changes = Vec::new();
         match v.result {

@@ -231,7 +231,7 @@ pub fn plan(config: &Config) -> Vec<(ProbeKey, Vec<(usize, usize)>)> {
     let mut out: Vec<(ProbeKey, Vec<(usize, usize)>)> = Vec::new();
     for (sid, s) in config.services.iter().enumerate() {
         for (bid, b) in s.backends.iter().enumerate() {
-            let Some(key) = ProbeKey::of(s, b.address) else {
+            let Some(key) = ProbeKey::of(s, b.address.into()) else {
                 continue;
             };
             let i = *index.entry(key.clone()).or_insert_with(|| {
@@ -315,10 +315,7 @@ mod tests {
         };
         let both = config(&[up, closed]);
         let key_of = |addr: std::net::SocketAddr| ProbeKey {
-            target: match addr {
-                std::net::SocketAddr::V4(a) => a,
-                _ => unreachable!(),
-            },
+            target: addr,
             check: both.services[0].check.clone(),
         };
         let (tx, mut rx) = mpsc::unbounded_channel();

@@ -3,7 +3,7 @@
 //! scheduler both import it and neither imports the other.
 
 use std::{
-    net::SocketAddrV4,
+    net::SocketAddr,
     sync::{Arc, Mutex, atomic::AtomicBool},
     time::{Duration, Instant},
 };
@@ -14,19 +14,19 @@ use super::{
 };
 use crate::config::{Check, CheckKind, Service};
 
-/// What a probe task stands for: its address and its check. Services whose backends share
-/// both share the probe.
+/// What a probe task stands for: its address (IPv4 or IPv6) and its check. Services whose
+/// backends share both share the probe.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ProbeKey {
-    pub target: SocketAddrV4,
+    pub target: SocketAddr,
     pub check: Check,
 }
 
 impl ProbeKey {
     /// The probe of a service's backend; None when the service's checks are off.
-    pub fn of(service: &Service, backend: SocketAddrV4) -> Option<Self> {
+    pub fn of(service: &Service, backend: SocketAddr) -> Option<Self> {
         (service.check.kind != CheckKind::None).then(|| Self {
-            target: SocketAddrV4::new(*backend.ip(), service.check.port.unwrap_or(backend.port())),
+            target: SocketAddr::new(backend.ip(), service.check.port.unwrap_or(backend.port())),
             check: service.check.clone(),
         })
     }

@@ -27,7 +27,7 @@ use std::{
     collections::{HashMap, hash_map::Entry},
     hash::{BuildHasher as _, RandomState},
     io,
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr},
     os::fd::{AsFd, OwnedFd},
     sync::{
         Arc, Mutex, MutexGuard, OnceLock, PoisonError,
@@ -116,7 +116,12 @@ impl IcmpProber {
     ///
     /// Local errors (no route to the target, the send refused by a local firewall) are logged and
     /// count as `TcpFailure`: the target cannot be reached either way.
-    pub async fn probe(&self, target: Ipv4Addr, timeout: Duration) -> ProbeResult {
+    ///
+    /// IPv6 targets are not probed yet: a `Local` failure.
+    pub async fn probe(&self, target: IpAddr, timeout: Duration) -> ProbeResult {
+        let IpAddr::V4(target) = target else {
+            return ProbeResult::Local(Reason::NoProber);
+        };
         match tokio::time::timeout(timeout, self.exchange(target)).await {
             Ok(Ok(result)) => result,
             Ok(Err(e)) => {

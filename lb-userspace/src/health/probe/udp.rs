@@ -22,7 +22,7 @@
 
 use std::{
     io,
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4},
     time::Duration,
 };
 
@@ -37,14 +37,18 @@ use crate::{
 /// Most of a reply kept (offset and expected bytes), so a probe cannot allocate without bound.
 pub const MAX_EXPECT: usize = 8192;
 
-/// Probes `target` (see the module documentation for the verdicts).
+/// Probes `target` (see the module documentation for the verdicts). IPv6 targets are not
+/// probed yet: a `Local` failure.
 pub async fn probe(
     icmp: &IcmpProber,
-    target: SocketAddrV4,
+    target: SocketAddr,
     send: Option<&[u8]>,
     expect: Option<&Expect>,
     timeout: Duration,
 ) -> ProbeResult {
+    let SocketAddr::V4(target) = target else {
+        return ProbeResult::Local(Reason::NoProber);
+    };
     match send {
         Some(payload) => exchange(target, payload, expect, timeout).await,
         None => unanswered(icmp, target, timeout).await,
@@ -91,7 +95,7 @@ async fn unanswered(icmp: &IcmpProber, target: SocketAddrV4, timeout: Duration) 
             Ok(Ok(_)) | Err(_) => Ok(()),
         }
     };
-    let (echo, datagram) = tokio::join!(icmp.probe(*target.ip(), timeout), datagram);
+    let (echo, datagram) = tokio::join!(icmp.probe((*target.ip()).into(), timeout), datagram);
     match datagram {
         Err(e) => failed(target, &e),
         Ok(()) => echo,
