@@ -283,7 +283,7 @@ impl Bed {
             .balancer
             .backend_addresses()
             .iter()
-            .map(|a| *a.ip())
+            .map(|a| a.ip())
             .collect();
         Ok(Self {
             net,

@@ -3,11 +3,12 @@
 //! stuck, not HTTP) and TLS with a self-signed certificate, verified or not.
 //!
 //! Each test builds its own pair of namespaces, client 10.0.9.1 and backend 10.0.9.2 on a veth
-//! pair; the servers are tokio tasks on sockets bound inside the backend namespace, the probe
-//! runs on a thread inside the client namespace.
+//! pair (and 2001:db8:9::1 and 2001:db8:9::2 for the IPv6 tests); the servers are tokio tasks on
+//! sockets bound inside the backend namespace, the probe runs on a thread inside the client
+//! namespace.
 
 use std::{
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     ops::RangeInclusive,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -31,6 +32,7 @@ use tokio::{
 use tokio_rustls::TlsAcceptor;
 
 const BACKEND: Ipv4Addr = Ipv4Addr::new(10, 0, 9, 2);
+const BACKEND6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 9, 0, 0, 0, 0, 2);
 const PORT: u16 = 8080;
 /// Nothing listens here.
 const CLOSED_PORT: u16 = 8081;
@@ -86,7 +88,9 @@ impl Bed {
         require_root();
         let client = Netns::new("hcli").unwrap();
         let backend = Netns::new("hbe").unwrap();
-        veth(&client, "10.0.9.1/24", &backend, "10.0.9.2/24").unwrap();
+        let (a, b) = veth(&client, "10.0.9.1/24", &backend, "10.0.9.2/24").unwrap();
+        a.add_address("2001:db8:9::1/64").unwrap();
+        b.add_address("2001:db8:9::2/64").unwrap();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -99,20 +103,25 @@ impl Bed {
         }
     }
 
-    /// A listener on BACKEND:port inside the backend namespace.
-    fn listen(&self, port: u16) -> TcpListener {
+    /// A listener on `addr` inside the backend namespace.
+    fn listen(&self, addr: SocketAddr) -> TcpListener {
         let std = self
             .backend
-            .enter(|| std::net::TcpListener::bind((BACKEND, port)))
+            .enter(|| std::net::TcpListener::bind(addr))
             .unwrap();
         std.set_nonblocking(true).unwrap();
         let _guard = self.rt.enter();
         TcpListener::from_std(std).unwrap()
     }
 
-    /// A plain HTTP server on `port`.
+    /// A plain HTTP server on BACKEND:`port`.
     fn serve(&self, port: u16, answer: Answer) -> Log {
-        let listener = self.listen(port);
+        self.serve_on(SocketAddr::from((BACKEND, port)), answer)
+    }
+
+    /// A plain HTTP server on `addr`.
+    fn serve_on(&self, addr: SocketAddr, answer: Answer) -> Log {
+        let listener = self.listen(addr);
         let log = Log::default();
         let l = log.clone();
         self.rt.spawn(async move {
@@ -126,9 +135,14 @@ impl Bed {
         log
     }
 
-    /// An HTTPS server on `port` with `cert`.
+    /// An HTTPS server on BACKEND:`port` with `cert`.
     fn serve_tls(&self, port: u16, answer: Answer, cert: &SelfSigned) -> Log {
-        let listener = self.listen(port);
+        self.serve_tls_on(SocketAddr::from((BACKEND, port)), answer, cert)
+    }
+
+    /// An HTTPS server on `addr` with `cert`.
+    fn serve_tls_on(&self, addr: SocketAddr, answer: Answer, cert: &SelfSigned) -> Log {
+        let listener = self.listen(addr);
         let acceptor = cert.acceptor();
         let log = Log::default();
         let l = log.clone();
@@ -151,12 +165,23 @@ impl Bed {
         log
     }
 
-    /// Runs one probe from the client namespace; its result and how long it took.
+    /// Runs one probe of BACKEND:`port` from the client namespace; its result and how long it
+    /// took.
     fn probe_with(
         &self,
         check: &HttpCheck,
         tls: &TlsConfigs,
         port: u16,
+    ) -> (ProbeResult, Duration) {
+        self.probe_at(check, tls, SocketAddr::from((BACKEND, port)))
+    }
+
+    /// Runs one probe of `target` from the client namespace; its result and how long it took.
+    fn probe_at(
+        &self,
+        check: &HttpCheck,
+        tls: &TlsConfigs,
+        target: SocketAddr,
     ) -> (ProbeResult, Duration) {
         self.client.enter(|| {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -164,12 +189,7 @@ impl Bed {
                 .build()
                 .unwrap();
             let start = Instant::now();
-            let result = rt.block_on(http::probe(
-                check,
-                tls,
-                SocketAddrV4::new(BACKEND, port),
-                TIMEOUT,
-            ));
+            let result = rt.block_on(http::probe(check, tls, target, TIMEOUT));
             (result, start.elapsed())
         })
     }
@@ -229,7 +249,7 @@ async fn respond<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, answer: Answer, lo
     }
 }
 
-/// A self-signed certificate for `backend.test` and 10.0.9.2.
+/// A self-signed certificate for `backend.test`, 10.0.9.2 and 2001:db8:9::2.
 struct SelfSigned {
     cert: CertificateDer<'static>,
     key: Vec<u8>,
@@ -237,9 +257,12 @@ struct SelfSigned {
 
 impl SelfSigned {
     fn new() -> Self {
-        let ck =
-            rcgen::generate_simple_self_signed(vec!["backend.test".into(), BACKEND.to_string()])
-                .unwrap();
+        let names = vec![
+            "backend.test".into(),
+            BACKEND.to_string(),
+            BACKEND6.to_string(),
+        ];
+        let ck = rcgen::generate_simple_self_signed(names).unwrap();
         Self {
             cert: ck.cert.der().clone(),
             key: ck.signing_key.serialize_der(),
@@ -612,4 +635,116 @@ fn a_ca_certificate_as_the_servers_is_named_as_such() {
     );
     // Verification off: any certificate, still TLS.
     assert_success(bed.probe(&https(false, None), PORT));
+}
+
+// ---- IPv6 targets -------------------------------------------------------------------------
+
+fn backend6(port: u16) -> SocketAddr {
+    SocketAddr::from((BACKEND6, port))
+}
+
+#[test]
+fn ipv6_status_200_is_success_with_a_bracketed_host() {
+    let bed = Bed::new();
+    let log = bed.serve_on(backend6(PORT), Answer::Status(200));
+    let (result, _) = bed.probe_at(&HttpCheck::default(), &TlsConfigs::new(), backend6(PORT));
+    assert_success(result);
+    // The default Host of an IPv6 target: the literal in brackets, and the port.
+    assert_eq!(
+        log.requests(),
+        [
+            "GET / HTTP/1.1\r\nHost: [2001:db8:9::2]:8080\r\nUser-Agent: lb-health\r\n\
+          Connection: close\r\n\r\n"
+        ]
+    );
+    // A configured Host is sent as configured.
+    let check = HttpCheck {
+        host: Some("api.example.test".into()),
+        ..HttpCheck::default()
+    };
+    assert_success(bed.probe_at(&check, &TlsConfigs::new(), backend6(PORT)).0);
+    let hosts: Vec<String> = log
+        .requests()
+        .iter()
+        .filter_map(|r| {
+            r.lines()
+                .find(|l| l.starts_with("Host:"))
+                .map(str::to_string)
+        })
+        .collect();
+    assert_eq!(
+        hosts,
+        ["Host: [2001:db8:9::2]:8080", "Host: api.example.test"]
+    );
+}
+
+#[test]
+fn ipv6_error_status_closed_port_and_silent_host() {
+    let bed = Bed::new();
+    bed.serve_on(backend6(PORT), Answer::Status(503));
+    let tls = TlsConfigs::new();
+    assert_eq!(
+        bed.probe_at(&HttpCheck::default(), &tls, backend6(PORT)).0,
+        ProbeResult::HttpFailure(Reason::Status(503))
+    );
+    // Nothing on this port: the backend's kernel resets the connection.
+    let (result, took) = bed.probe_at(&HttpCheck::default(), &tls, backend6(CLOSED_PORT));
+    assert_eq!(result, ProbeResult::TcpFailure(Reason::Refused));
+    assert!(took < TIMEOUT, "took {took:?}");
+    // A server that never answers, then a host that stopped answering at all.
+    bed.serve_on(backend6(PORT + 1), Answer::Silent);
+    let (result, took) = bed.probe_at(&HttpCheck::default(), &tls, backend6(PORT + 1));
+    assert_eq!(result, ProbeResult::Timeout);
+    assert!(took >= TIMEOUT && took < TIMEOUT + SLACK, "took {took:?}");
+    bed.backend.drop_all_input().unwrap();
+    let (result, took) = bed.probe_at(&HttpCheck::default(), &tls, backend6(PORT));
+    assert_eq!(result, ProbeResult::Timeout);
+    assert!(took >= TIMEOUT && took < TIMEOUT + SLACK, "took {took:?}");
+}
+
+#[test]
+fn ipv6_https_verifies_the_ip_and_sends_no_sni() {
+    let bed = Bed::new();
+    let cert = SelfSigned::new();
+    let trusted = cert.trusted();
+    let log = bed.serve_tls_on(backend6(PORT), Answer::Status(200), &cert);
+    // A trusted certificate verifies against the target's IPv6 address (its IP SAN); an IP is
+    // never sent as SNI.
+    assert_success(bed.probe_at(&https(true, None), &trusted, backend6(PORT)).0);
+    assert_eq!(log.sni(), [None]);
+    assert_eq!(
+        log.requests()[0].lines().find(|l| l.starts_with("Host:")),
+        Some("Host: [2001:db8:9::2]:8080")
+    );
+    // An IPv6 literal as server_name: that IP, verified.
+    assert_success(
+        bed.probe_at(
+            &https(true, Some("2001:db8:9::2")),
+            &trusted,
+            backend6(PORT),
+        )
+        .0,
+    );
+    // Not trusted: the handshake fails and says why; verify off: any certificate.
+    assert_eq!(
+        bed.probe_at(&https(true, None), &TlsConfigs::new(), backend6(PORT))
+            .0,
+        ProbeResult::TlsFailure(Reason::Tls(Tls::UnknownIssuer))
+    );
+    assert_success(
+        bed.probe_at(&https(false, None), &TlsConfigs::new(), backend6(PORT))
+            .0,
+    );
+    // An IP the certificate does not carry (the server's other address is fine, this one is
+    // not its): a wrong name.
+    let other: IpAddr = "2001:db8:9::7".parse().unwrap();
+    assert_eq!(
+        bed.probe_at(
+            &https(true, Some(&other.to_string())),
+            &trusted,
+            backend6(PORT)
+        )
+        .0,
+        ProbeResult::TlsFailure(Reason::Tls(Tls::WrongName))
+    );
 }

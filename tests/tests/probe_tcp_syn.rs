@@ -8,7 +8,7 @@
 use std::{
     future::Future,
     io::{Read as _, Write as _},
-    net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream},
+    net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream},
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
     sync::Arc,
     time::{Duration, Instant},
@@ -20,7 +20,7 @@ use lb::health::{
     window::ProbeResult,
 };
 use lb_tests::{
-    netns::{Netns, sh, veth},
+    netns::{Netns, add_address, sh, veth},
     require_root,
 };
 
@@ -53,8 +53,8 @@ fn pair() -> Pair {
     }
 }
 
-fn backend(port: u16) -> SocketAddrV4 {
-    SocketAddrV4::new(BACKEND_IP, port)
+fn backend(port: u16) -> SocketAddr {
+    SocketAddr::from((BACKEND_IP, port))
 }
 
 /// A listener in the backend namespace; the kernel answers SYNs without anyone accepting.
@@ -369,7 +369,7 @@ fn each_target_gets_the_source_address_of_its_route() {
         listen(&p.backend, 7001),
         other.enter(|| TcpListener::bind("10.0.10.2:7001")).unwrap(),
     ];
-    let second = SocketAddrV4::new(Ipv4Addr::new(10, 0, 10, 2), 7001);
+    let second = SocketAddr::from((Ipv4Addr::new(10, 0, 10, 2), 7001));
     with_prober(&p.prober, move |prober| async move {
         for _ in 0..5 {
             for target in [backend(7001), second] {
@@ -697,5 +697,71 @@ fn a_route_change_retires_the_link_layer_path_and_other_devices_do_not() {
             .unwrap();
         assert!(is_success(prober.probe(backend(7001), TIMEOUT).await));
         assert_eq!(output_syns(&prober_ns), 2);
+    });
+}
+
+// ---- IPv6 targets -------------------------------------------------------------------------
+//
+// The same pair of namespaces, dual-stack: 2001:db8:9::1 and 2001:db8:9::2 beside the IPv4
+// addresses (duplicate address detection off, so they are usable at once).
+
+const BACKEND_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 9, 0, 0, 0, 0, 2);
+
+/// [`pair`] with an IPv6 address on each end too.
+fn dual_pair() -> Pair {
+    let p = pair();
+    add_address(&p.prober, &p.prober_if, "2001:db8:9::1/64").unwrap();
+    add_address(&p.backend, &p.backend_if, "2001:db8:9::2/64").unwrap();
+    p
+}
+
+fn backend6(port: u16) -> SocketAddr {
+    SocketAddr::from((BACKEND_IP6, port))
+}
+
+// ---- tcp-connect over IPv6 ------------------------------------------------------------------
+
+/// `tcp-connect` (a full handshake, no raw socket) against an IPv6 backend running the test
+/// kit's TCP server (it greets with its name, then echoes): success with and without a payload
+/// check, a wrong reply, a refused port, a silent host.
+#[test]
+fn tcp_connect_to_ipv6_targets() {
+    use lb::config::Expect;
+    use lb::health::probe::tcp_connect;
+    let p = dual_pair();
+    let _server = lb_tests::servers::start(&p.backend, backend6(7001), "backend6").unwrap();
+    let backend_ns = p.backend.clone();
+    p.prober.block_on(|| async move {
+        let expect = Expect::prefix(b"backend6");
+        let result = tcp_connect::probe(backend6(7001), None, None, TIMEOUT).await;
+        assert!(is_success(result), "{result:?}");
+        let result = tcp_connect::probe(backend6(7001), Some(b"x"), Some(&expect), TIMEOUT).await;
+        assert!(is_success(result), "{result:?}");
+        assert_eq!(
+            tcp_connect::probe(
+                backend6(7001),
+                None,
+                Some(&Expect::prefix(b"other")),
+                TIMEOUT
+            )
+            .await,
+            ProbeResult::PayloadFailure(Reason::Mismatch)
+        );
+        assert_eq!(
+            tcp_connect::probe(backend6(7009), None, None, TIMEOUT).await,
+            ProbeResult::TcpFailure(Reason::Refused)
+        );
+        backend_ns.drop_all_input().unwrap();
+        let timeout = Duration::from_millis(300);
+        let start = Instant::now();
+        assert_eq!(
+            tcp_connect::probe(backend6(7001), None, None, timeout).await,
+            ProbeResult::Timeout
+        );
+        let took = start.elapsed();
+        assert!(
+            took >= timeout && took < timeout + Duration::from_millis(250),
+            "{took:?}"
+        );
     });
 }

@@ -315,10 +315,7 @@ mod tests {
         };
         let both = config(&[up, closed]);
         let key_of = |addr: std::net::SocketAddr| ProbeKey {
-            target: match addr {
-                std::net::SocketAddr::V4(a) => a,
-                _ => unreachable!(),
-            },
+            target: addr,
             check: both.services[0].check.clone(),
         };
         let (tx, mut rx) = mpsc::unbounded_channel();

@@ -13,6 +13,20 @@ pub mod target;
 mod wheel;
 pub mod window;
 
+/// A 64-bit key of a probe target for spreading hashes (phases, places in a port pool): for an
+/// IPv4 target its address and port side by side, as it always was; for an IPv6 one the
+/// address's two halves folded together, then the port.
+pub(crate) fn address_key(target: std::net::SocketAddr) -> u64 {
+    let port = u64::from(target.port());
+    match target.ip() {
+        std::net::IpAddr::V4(ip) => u64::from(u32::from(ip)) << 16 | port,
+        std::net::IpAddr::V6(ip) => {
+            let bits = u128::from(ip);
+            (lb_common::fmix64((bits >> 64) as u64) ^ bits as u64).rotate_left(16) ^ port
+        }
+    }
+}
+
 /// Asks the CPU to load the first `lines` cache lines of `item` ahead of its use: a batch's
 /// targets lie scattered in memory, and asking for all of them first lets their cache misses
 /// overlap. A hint that changes nothing else (a no-op off x86-64).

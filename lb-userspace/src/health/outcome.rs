@@ -63,6 +63,8 @@ pub enum Reason {
     Closed,
     /// An ICMP destination unreachable (its code).
     Unreachable(u8),
+    /// An ICMPv6 destination unreachable (its code, RFC 4443: the codes differ from ICMP's).
+    Unreachable6(u8),
     /// Another socket error (errno).
     Os(i32),
     /// An HTTP status outside the healthy set.
@@ -112,6 +114,7 @@ impl fmt::Display for Reason {
             Self::Reset => f.write_str("connection reset"),
             Self::Closed => f.write_str("closed before answering"),
             Self::Unreachable(code) => write!(f, "ICMP {}", unreachable_text(*code)),
+            Self::Unreachable6(code) => write!(f, "ICMPv6 {}", unreachable6_text(*code)),
             Self::Os(errno) => f.write_str(&crate::resources::os_error_text(
                 &io::Error::from_raw_os_error(*errno),
             )),
@@ -165,6 +168,20 @@ fn unreachable_text(code: u8) -> &'static str {
         3 => "port unreachable",
         4 => "fragmentation needed",
         9 | 10 | 13 => "communication administratively prohibited",
+        _ => "destination unreachable",
+    }
+}
+
+/// ICMPv6 destination unreachable codes (RFC 4443 §3.1).
+fn unreachable6_text(code: u8) -> &'static str {
+    match code {
+        0 => "no route to destination",
+        1 => "communication administratively prohibited",
+        2 => "beyond scope of source address",
+        3 => "address unreachable",
+        4 => "port unreachable",
+        5 => "source address failed ingress/egress policy",
+        6 => "reject route to destination",
         _ => "destination unreachable",
     }
 }
@@ -249,6 +266,14 @@ mod tests {
         assert_eq!(
             text(ProbeResult::TcpFailure(Reason::Unreachable(3))),
             "ICMP port unreachable"
+        );
+        assert_eq!(
+            text(ProbeResult::TcpFailure(Reason::Unreachable6(4))),
+            "ICMPv6 port unreachable"
+        );
+        assert_eq!(
+            text(ProbeResult::TcpFailure(Reason::Unreachable6(3))),
+            "ICMPv6 address unreachable"
         );
         assert_eq!(
             text(ProbeResult::TlsFailure(Reason::Tls(Tls::CaUsedAsEndEntity))),

@@ -113,7 +113,7 @@ pub(super) fn probe(
         }
         CheckKind::Icmp => Box::pin(async move {
             match p.icmp.get() {
-                Some(icmp) => icmp.probe(*target.ip(), timeout).await,
+                Some(icmp) => icmp.probe(target.ip(), timeout).await,
                 None => ProbeResult::Local(Reason::NoProber),
             }
         }),

@@ -11,7 +11,7 @@
 use std::{
     collections::{HashMap, VecDeque},
     future::Future,
-    net::SocketAddrV4,
+    net::SocketAddr,
     pin::Pin,
     sync::{Arc, atomic::Ordering},
     task::{Context, Poll},
@@ -106,7 +106,7 @@ pub(super) struct Scheduler {
     /// Half-open probes go to the prober in one batch per turn, without a future each
     /// ([`super::probe::tcp_syn::SynProber::start_many`]): the batch being gathered, the
     /// results taken, and how many are out.
-    syn_batch: Vec<(u64, SocketAddrV4, Duration)>,
+    syn_batch: Vec<(u64, SocketAddr, Duration)>,
     syn_done: Vec<(u64, ProbeResult)>,
     syn_in_flight: usize,
     /// xorshift state for the jitter.
@@ -423,9 +423,8 @@ fn xorshift(state: &mut u64) -> u64 {
 }
 
 /// A deterministic offset in [0, interval) from the target's address.
-fn phase(target: SocketAddrV4, interval: Duration) -> Duration {
-    let key = (u64::from(u32::from(*target.ip())) << 16) | u64::from(target.port());
-    let h = lb_common::fmix64(key);
+fn phase(target: SocketAddr, interval: Duration) -> Duration {
+    let h = lb_common::fmix64(super::address_key(target));
     let millis = interval.as_millis().max(1) as u64;
     Duration::from_millis(h % millis)
 }

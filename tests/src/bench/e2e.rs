@@ -315,7 +315,7 @@ pub fn run(bed: &Bed, rounds: usize, seconds: u64, connections: u32) -> anyhow::
             match target {
                 Target::Lb => {
                     let d = Daemon::start(&bed.sb.lb, &lb_config(bed, ""))?;
-                    wait_for_neighbours(&bed.sb, &BTreeSet::from([backend]))?;
+                    wait_for_neighbours(&bed.sb, &BTreeSet::from([backend.into()]))?;
                     daemon = Some((counters(&d)?, d));
                 }
                 Target::Nft => {

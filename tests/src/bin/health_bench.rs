@@ -390,7 +390,7 @@ fn run_single(
                 let first = (slot * targets).div_ceil(slots);
                 let last = ((slot + 1) * targets).div_ceil(slots);
                 for i in first..last {
-                    in_flight.push(Box::pin(prober.probe(target(i), TIMEOUT)));
+                    in_flight.push(Box::pin(prober.probe(target(i).into(), TIMEOUT)));
                 }
                 sent.fetch_add((last - first) as u64, std::sync::atomic::Ordering::Relaxed);
                 slot = (slot + 1) % slots;
@@ -648,7 +648,7 @@ fn trial(prober_ns: &Netns, backend_ns: &Netns, death: Death) -> anyhow::Result<
                 let mut healthy_tx = Some(healthy_tx);
                 let give_up = Instant::now() + Duration::from_secs(10);
                 loop {
-                    let result = prober.probe(BACKEND, DETECTION.timeout).await;
+                    let result = prober.probe(BACKEND.into(), DETECTION.timeout).await;
                     let now = Instant::now();
                     if let Some(t) = window.observe(result, now - epoch) {
                         if t.to == HealthState::Healthy

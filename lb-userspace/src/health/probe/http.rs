@@ -30,7 +30,7 @@
 
 use std::{
     fmt,
-    net::{IpAddr, SocketAddr, SocketAddrV4},
+    net::{IpAddr, SocketAddr},
     ops::RangeInclusive,
     sync::Arc,
     time::{Duration, Instant},
@@ -84,7 +84,7 @@ pub struct HttpCheck {
     pub method: Method,
     /// The request target; starts with '/'.
     pub path: String,
-    /// The Host header; `None`: "ip:port" of the target.
+    /// The Host header; `None`: "ip:port" of the target (`[v6]:port` for an IPv6 one).
     pub host: Option<String>,
     /// Extra request headers, sent in this order after the probe's own.
     pub headers: Vec<(String, String)>,
@@ -229,7 +229,7 @@ fn is_reserved(name: &str) -> bool {
 /// The request a probe sends: HTTP/1.1 with `Host`, `User-Agent: lb-health` (unless an extra
 /// header sets its own), `Connection: close`, then the extra headers. Defensive against header
 /// injection whether or not [`HttpCheck::validate`] ran (see the module doc).
-pub fn request(check: &HttpCheck, target: SocketAddrV4) -> String {
+pub fn request(check: &HttpCheck, target: SocketAddr) -> String {
     let mut path = String::with_capacity(check.path.len() + 1);
     if !check.path.starts_with('/') {
         path.push('/');
@@ -358,7 +358,7 @@ fn scan_head(buf: &[u8]) -> Head {
 /// `[v6]:port`), which is removed, and a DNS name's trailing dot is dropped. A DNS name is sent
 /// as SNI and verified against the certificate's DNS names; an IP is never sent as SNI (RFC 6066)
 /// and is verified against the certificate's IP addresses.
-pub fn server_name(check: &HttpCheck, tls: &TlsCheck, target: SocketAddrV4) -> ServerName<'static> {
+pub fn server_name(check: &HttpCheck, tls: &TlsCheck, target: SocketAddr) -> ServerName<'static> {
     if let Some(name) = &tls.server_name
         && let Some(name) = host_name(name)
     {
@@ -369,12 +369,16 @@ pub fn server_name(check: &HttpCheck, tls: &TlsCheck, target: SocketAddrV4) -> S
     {
         return name;
     }
-    ServerName::from(*target.ip())
+    ServerName::from(target.ip())
 }
 
-/// The TLS name in a Host value: `name`, `name:port`, `1.2.3.4:port`, `[v6]:port`; `None` when it
-/// is neither a DNS name nor an IP address.
+/// The TLS name in a Host value: `name`, `name:port`, `1.2.3.4:port`, `[v6]:port`, or a bare IP
+/// literal (`2001:db8::1`, whose colons are not a port's); `None` when it is neither a DNS name
+/// nor an IP address.
 fn host_name(host: &str) -> Option<ServerName<'static>> {
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Some(ServerName::from(ip));
+    }
     let name = if let Some(v6) = host.strip_prefix('[') {
         v6.split_once(']')?.0
     } else {
@@ -505,7 +509,7 @@ impl ServerCertVerifier for AcceptAnyCert {
 pub async fn probe(
     check: &HttpCheck,
     tls: &TlsConfigs,
-    target: SocketAddrV4,
+    target: SocketAddr,
     timeout: Duration,
 ) -> ProbeResult {
     let start = Instant::now();
@@ -521,10 +525,10 @@ pub async fn probe(
 async fn exchange(
     check: &HttpCheck,
     tls: &TlsConfigs,
-    target: SocketAddrV4,
+    target: SocketAddr,
     start: Instant,
 ) -> ProbeResult {
-    let stream = match TcpStream::connect(SocketAddr::V4(target)).await {
+    let stream = match TcpStream::connect(target).await {
         Ok(s) => s,
         Err(e) => return io_failure(target, "connect", &e),
     };
@@ -556,7 +560,7 @@ async fn ask<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     check: &HttpCheck,
     req: &[u8],
-    target: SocketAddrV4,
+    target: SocketAddr,
     start: Instant,
 ) -> ProbeResult {
     if let Err(e) = async {
@@ -604,24 +608,41 @@ async fn ask<S: AsyncRead + AsyncWrite + Unpin>(
 
 /// A socket error: the kernel's own timeout is a timeout, a local shortage the host's, anything
 /// else a connection failure.
-fn io_failure(target: SocketAddrV4, step: &str, e: &std::io::Error) -> ProbeResult {
+fn io_failure(target: SocketAddr, step: &str, e: &std::io::Error) -> ProbeResult {
     tracing::debug!(%target, step, error = %e, "http probe: connection failed");
     from_io(e)
 }
 
 #[cfg(test)]
 mod tests {
-    use std::net::Ipv4Addr;
+    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
 
     use super::*;
 
-    const TARGET: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 9, 2), 8080);
+    const TARGET: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(10, 0, 9, 2), 8080));
+    const TARGET6: SocketAddr = SocketAddr::V6(SocketAddrV6::new(
+        Ipv6Addr::new(0x2001, 0xdb8, 9, 0, 0, 0, 0, 2),
+        8080,
+        0,
+        0,
+    ));
 
     #[test]
     fn default_request() {
         assert_eq!(
             request(&HttpCheck::default(), TARGET),
             "GET / HTTP/1.1\r\nHost: 10.0.9.2:8080\r\nUser-Agent: lb-health\r\n\
+             Connection: close\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn default_request_to_an_ipv6_target() {
+        // The Host of an IPv6 literal is bracketed (RFC 9110 §7.2, RFC 3986 §3.2.2), port kept
+        // as for IPv4.
+        assert_eq!(
+            request(&HttpCheck::default(), TARGET6),
+            "GET / HTTP/1.1\r\nHost: [2001:db8:9::2]:8080\r\nUser-Agent: lb-health\r\n\
              Connection: close\r\n\r\n"
         );
     }
@@ -740,6 +761,18 @@ mod tests {
             InvalidHttpCheck::ServerName(_)
         ));
         HttpCheck::default().validate().unwrap();
+        // An IPv6 literal is a server name, bare or bracketed.
+        for name in ["2001:db8::1", "[2001:db8::1]:443"] {
+            HttpCheck {
+                tls: Some(TlsCheck {
+                    verify: true,
+                    server_name: Some(name.into()),
+                }),
+                ..HttpCheck::default()
+            }
+            .validate()
+            .unwrap();
+        }
     }
 
     #[test]
@@ -834,6 +867,24 @@ mod tests {
         assert_eq!(
             server_name(&check(None), &tls(None), TARGET),
             ip("10.0.9.2")
+        );
+        // An IPv6 target: its IP, never SNI.
+        assert_eq!(
+            server_name(&check(None), &tls(None), TARGET6),
+            ip("2001:db8:9::2")
+        );
+        assert_eq!(
+            server_name(&check(Some("[2001:db8::7]:8080")), &tls(None), TARGET6),
+            ip("2001:db8::7")
+        );
+        // A bare IPv6 literal (server_name, or Host): all of it, its last group is no port.
+        assert_eq!(
+            server_name(&check(None), &tls(Some("2001:db8::7")), TARGET6),
+            ip("2001:db8::7")
+        );
+        assert_eq!(
+            server_name(&check(Some("2001:db8::8")), &tls(None), TARGET),
+            ip("2001:db8::8")
         );
         // The Host, port removed, when it is a name.
         assert_eq!(

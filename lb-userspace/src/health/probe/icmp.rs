@@ -1,14 +1,24 @@
 //! ICMP echo probes (SPEC §2 `icmp`): an echo request to the target; an echo reply carrying this
 //! prober's identifier and the probe's sequence number within the timeout is a success, an ICMP
 //! destination unreachable quoting the probe's echo request is a `TcpFailure`, silence is a
-//! `Timeout`.
+//! `Timeout`. An IPv6 target gets the same over ICMPv6 (echo request 128, echo reply 129,
+//! destination unreachable 1, RFC 4443); its unreachable codes keep their own meaning
+//! ([`Reason::Unreachable6`]).
 //!
-//! One raw `IPPROTO_ICMP` socket serves every probe of the daemon, in the manner of
-//! [`super::tcp_syn`]: probes send their echo request on it and park a oneshot sender in a map
-//! keyed by (target, sequence); a single reader task receives the replies and completes the
-//! matching probe. A raw ICMP socket receives a copy of every ICMP message that reaches this
-//! host; the kernel's `ICMP_FILTER` socket option (a bitmask of types to drop, kept by raw ICMP
-//! sockets) lets only echo replies and destination-unreachable messages through.
+//! One raw `IPPROTO_ICMP` socket serves every IPv4 probe of the daemon, and one raw
+//! `IPPROTO_ICMPV6` socket every IPv6 probe, in the manner of [`super::tcp_syn`]: probes send
+//! their echo request on the socket of their family and park a oneshot sender in a map keyed by
+//! (target, sequence); a reader task per socket receives the replies and completes the matching
+//! probe. A raw ICMP socket receives a copy of every ICMP message that reaches this host; the
+//! kernel's `ICMP_FILTER` socket option (a bitmask of types to drop, kept by raw ICMP sockets)
+//! lets only echo replies and destination-unreachable messages through, and `ICMP6_FILTER` does
+//! the same for ICMPv6 (neighbour discovery, router advertisements and the rest stay out).
+//!
+//! The two families differ in what the sockets do: on the IPv4 socket the message is read with
+//! its IP header and the prober computes the echo request's checksum; an ICMPv6 raw socket
+//! delivers the message without its IPv6 header (the sender's address comes with `recvfrom`),
+//! and the kernel computes ICMPv6 checksums itself (they cover a pseudo-header with both
+//! addresses, which the kernel picks).
 //!
 //! The identifier is per prober: a process-wide random base xor a counter, so two probers of the
 //! same process never share one, and other processes' pings (and forged replies) are unlikely to
@@ -17,17 +27,20 @@
 //! identifier and sequence, and a corrupted reply that still matches them is vanishingly rare.
 //!
 //! A target whose link-layer address cannot be resolved (no host on the link) is reported by the
-//! local kernel with a host unreachable, but only once ARP gives up (about 3 s on Linux): with a
-//! shorter timeout such a target times out, which is a failure all the same.
+//! local kernel with a host unreachable (ICMPv6: address unreachable), but only once ARP or
+//! neighbour discovery gives up (about 3 s on Linux): with a shorter timeout such a target times
+//! out, which is a failure all the same.
 //!
 //! Sockets are created in the network namespace of the calling thread: [`IcmpProber::new`] must
-//! run in the namespace of the targets (the daemon runs in a single namespace).
+//! run in the namespace of the targets (the daemon runs in a single namespace). A host without
+//! IPv6 (no `AF_INET6` sockets) gets a prober for IPv4 only; its IPv6 probes are local failures
+//! ([`Reason::NoProber`]).
 
 use std::{
     collections::{HashMap, hash_map::Entry},
     hash::{BuildHasher as _, RandomState},
     io,
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     os::fd::{AsFd, OwnedFd},
     sync::{
         Arc, Mutex, MutexGuard, OnceLock, PoisonError,
@@ -36,6 +49,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use socket2::Domain;
 use tokio::{io::unix::AsyncFd, sync::oneshot, task::JoinHandle};
 
 use super::ProbeResult;
@@ -46,6 +60,11 @@ const ECHO_REPLY: u8 = 0;
 const DEST_UNREACHABLE: u8 = 3;
 const ECHO_REQUEST: u8 = 8;
 
+/// ICMPv6 types (RFC 4443).
+const DEST_UNREACHABLE6: u8 = 1;
+const ECHO_REQUEST6: u8 = 128;
+const ECHO_REPLY6: u8 = 129;
+
 /// The echo request's payload: lets a capture tell the probes apart from other pings.
 const PAYLOAD: &[u8; 8] = b"lb-probe";
 /// ICMP header (8 bytes) plus the payload.
@@ -55,18 +74,25 @@ const ECHO_LEN: usize = 8 + PAYLOAD.len();
 /// whose bit is set are not delivered to the socket.
 const ICMP_FILTER: libc::c_int = 1;
 
+/// `ICMP6_FILTER` (linux/icmpv6.h), an `IPPROTO_ICMPV6` option of raw ICMPv6 sockets: a
+/// `struct icmp6_filter` of 256 bits, one per type; a set bit drops the type.
+const ICMP6_FILTER: libc::c_int = 1;
+
 /// Receive buffer asked for: room for the replies of a few hundred probes sent at once.
 const RCVBUF: libc::c_int = 1 << 20;
 
-/// One raw socket serving every ICMP echo probe of the daemon.
+/// The raw sockets (one per family) serving every ICMP echo probe of the daemon.
 pub struct IcmpProber {
     shared: Arc<Shared>,
-    reader: JoinHandle<()>,
+    readers: Vec<JoinHandle<()>>,
 }
 
-/// What the probes and the reader task share.
+/// What the probes and the reader tasks share.
 struct Shared {
+    /// The raw ICMP socket (IPv4 targets).
     socket: AsyncFd<OwnedFd>,
+    /// The raw ICMPv6 socket (IPv6 targets); None on a host without IPv6.
+    socket6: Option<AsyncFd<OwnedFd>>,
     identifier: u16,
     next_sequence: AtomicU16,
     pending: Mutex<HashMap<Key, oneshot::Sender<Answer>>>,
@@ -75,7 +101,7 @@ struct Shared {
 /// A probe in flight: its target and its echo's sequence number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Key {
-    target: Ipv4Addr,
+    target: IpAddr,
     sequence: u16,
 }
 
@@ -85,6 +111,8 @@ enum Verdict {
     Alive,
     /// Destination unreachable (its code), quoting our echo request.
     Unreachable(u8),
+    /// ICMPv6 destination unreachable (its code), quoting our echo request.
+    Unreachable6(u8),
 }
 
 #[derive(Debug)]
@@ -96,27 +124,44 @@ struct Answer {
 }
 
 impl IcmpProber {
-    /// Opens the raw socket (needs CAP_NET_RAW; the error says so) and starts the reader task on
-    /// the current tokio runtime (which must have IO and time enabled).
+    /// Opens the raw sockets (needs CAP_NET_RAW; the error says so) and starts their reader
+    /// tasks on the current tokio runtime (which must have IO and time enabled). The ICMPv6
+    /// socket is left out, with a warning, where the host has no IPv6.
     pub fn new() -> io::Result<Self> {
         let runtime = tokio::runtime::Handle::try_current().map_err(io::Error::other)?;
+        let socket6 = match open_raw_socket6() {
+            Ok(fd) => Some(register(fd)?),
+            Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) => {
+                tracing::warn!("icmp probes: no IPv6 on this host ({e}); IPv4 targets only");
+                None
+            }
+            Err(e) => return Err(e),
+        };
         let shared = Arc::new(Shared {
             socket: register(open_raw_socket()?)?,
+            socket6,
             identifier: new_identifier(),
             next_sequence: AtomicU16::new(0),
             pending: Mutex::new(HashMap::new()),
         });
-        let reader = runtime.spawn(read_replies(Arc::clone(&shared)));
-        Ok(Self { shared, reader })
+        let mut readers = vec![runtime.spawn(read_replies(Arc::clone(&shared), false))];
+        if shared.socket6.is_some() {
+            readers.push(runtime.spawn(read_replies(Arc::clone(&shared), true)));
+        }
+        Ok(Self { shared, readers })
     }
 
-    /// Sends an echo request to `target` and waits up to `timeout`: an echo reply with this
-    /// prober's identifier and this probe's sequence is a success; an ICMP destination
-    /// unreachable quoting the request is a `TcpFailure`; nothing is a `Timeout`.
+    /// Sends an echo request to `target` (ICMPv6 for an IPv6 one) and waits up to `timeout`: an
+    /// echo reply with this prober's identifier and this probe's sequence is a success; a
+    /// destination unreachable quoting the request is a `TcpFailure`; nothing is a `Timeout`.
     ///
     /// Local errors (no route to the target, the send refused by a local firewall) are logged and
-    /// count as `TcpFailure`: the target cannot be reached either way.
-    pub async fn probe(&self, target: Ipv4Addr, timeout: Duration) -> ProbeResult {
+    /// count as `TcpFailure`: the target cannot be reached either way. An IPv6 target on a host
+    /// without IPv6 sockets is a `Local` failure.
+    pub async fn probe(&self, target: IpAddr, timeout: Duration) -> ProbeResult {
+        if target.is_ipv6() && self.shared.socket6.is_none() {
+            return ProbeResult::Local(Reason::NoProber);
+        }
         match tokio::time::timeout(timeout, self.exchange(target)).await {
             Ok(Ok(result)) => result,
             Ok(Err(e)) => {
@@ -129,9 +174,13 @@ impl IcmpProber {
 
     /// One echo request and its answer. Cancelled by the timeout in [`IcmpProber::probe`]; the
     /// guard then unregisters the probe.
-    async fn exchange(&self, target: Ipv4Addr) -> io::Result<ProbeResult> {
+    async fn exchange(&self, target: IpAddr) -> io::Result<ProbeResult> {
         let (registered, answer) = Registered::new(&self.shared, target)?;
-        let echo = echo_request(self.shared.identifier, registered.key.sequence);
+        let (identifier, sequence) = (self.shared.identifier, registered.key.sequence);
+        let echo = match target {
+            IpAddr::V4(_) => echo_request(identifier, sequence),
+            IpAddr::V6(_) => echo_request6(identifier, sequence),
+        };
         let sent_at = Instant::now();
         self.send(target, &echo).await?;
         let answer = answer
@@ -142,18 +191,27 @@ impl IcmpProber {
                 latency: answer.at.saturating_duration_since(sent_at),
             },
             Verdict::Unreachable(code) => ProbeResult::TcpFailure(Reason::Unreachable(code)),
+            Verdict::Unreachable6(code) => ProbeResult::TcpFailure(Reason::Unreachable6(code)),
         })
     }
 
-    async fn send(&self, target: Ipv4Addr, message: &[u8]) -> io::Result<()> {
-        send_to(&self.shared.socket, target, message).await
+    async fn send(&self, target: IpAddr, message: &[u8]) -> io::Result<()> {
+        let socket = match target {
+            IpAddr::V4(_) => &self.shared.socket,
+            IpAddr::V6(_) => self.shared.socket6.as_ref().ok_or_else(|| {
+                io::Error::from_raw_os_error(libc::EAFNOSUPPORT) // checked in `probe`
+            })?,
+        };
+        send_to(socket, target, message).await
     }
 }
 
 impl Drop for IcmpProber {
     fn drop(&mut self) {
-        // The task holds the other reference to the socket: it closes when the task ends.
-        self.reader.abort();
+        // The tasks hold the other references to the sockets: they close when the tasks end.
+        for reader in &self.readers {
+            reader.abort();
+        }
     }
 }
 
@@ -163,14 +221,20 @@ impl Shared {
         self.pending.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Completes the probe `packet` answers, if any.
+    /// Completes the probe an IPv4 `packet` answers, if any.
+    #[cfg(test)]
     fn dispatch(&self, packet: &[u8], at: Instant) {
+        self.complete(Reply::parse(packet), at);
+    }
+
+    /// Completes the probe `reply` answers, if any.
+    fn complete(&self, reply: Option<Reply>, at: Instant) {
         let Some(Reply {
             target,
             identifier,
             sequence,
             verdict,
-        }) = Reply::parse(packet)
+        }) = reply
         else {
             return;
         };
@@ -193,7 +257,7 @@ struct Registered<'a> {
 
 impl<'a> Registered<'a> {
     /// Registers a probe of `target` under the next sequence number not in use towards it.
-    fn new(shared: &'a Shared, target: Ipv4Addr) -> io::Result<(Self, oneshot::Receiver<Answer>)> {
+    fn new(shared: &'a Shared, target: IpAddr) -> io::Result<(Self, oneshot::Receiver<Answer>)> {
         let (done, answer) = oneshot::channel();
         let mut pending = shared.pending();
         for _ in 0..=u16::MAX {
@@ -216,18 +280,30 @@ impl Drop for Registered<'_> {
     }
 }
 
-/// The reader task: wakes when the filtered socket has messages, drains it, completes probes.
-async fn read_replies(shared: Arc<Shared>) {
+/// A reader task (of the ICMPv6 socket if `v6`): wakes when the filtered socket has messages,
+/// drains it, completes probes.
+async fn read_replies(shared: Arc<Shared>, v6: bool) {
     // An IP header with options (60 bytes), an ICMP header (8) and, for an error, the quoted IP
     // header with options (60) and the quoted echo header (8): all a reply needs; the rest of a
-    // longer datagram is discarded by recv.
+    // longer datagram is discarded by recv. (ICMPv6: 8, then a quoted IPv6 header of 40 and 8.)
     let mut buf = [0u8; 256];
+    let (socket, what) = match &shared.socket6 {
+        Some(socket6) if v6 => (socket6, "icmpv6 probe"),
+        _ => (&shared.socket, "icmp probe"),
+    };
     read_datagrams(
-        &shared.socket,
+        socket,
         &mut buf,
-        "icmp probe",
+        what,
         || {},
-        |packet, at| shared.dispatch(packet, at),
+        |message, from, at| {
+            let reply = match from {
+                Some(IpAddr::V6(source)) if v6 => Reply::parse6(source, message),
+                _ if v6 => None,
+                _ => Reply::parse(message),
+            };
+            shared.complete(reply, at);
+        },
     )
     .await;
 }
@@ -236,7 +312,7 @@ async fn read_replies(shared: Arc<Shared>) {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Reply {
     /// The address the echo request went to.
-    target: Ipv4Addr,
+    target: IpAddr,
     identifier: u16,
     sequence: u16,
     verdict: Verdict,
@@ -257,7 +333,7 @@ impl Reply {
             ECHO_REPLY if icmp.len() >= 8 && icmp[1] == 0 => {
                 let (identifier, sequence) = id_seq(icmp);
                 Some(Self {
-                    target: source,
+                    target: IpAddr::V4(source),
                     identifier,
                     sequence,
                     verdict: Verdict::Alive,
@@ -275,10 +351,56 @@ impl Reply {
                 let target = ipv4_at(quoted, 16);
                 let (identifier, sequence) = id_seq(echo);
                 Some(Self {
-                    target,
+                    target: IpAddr::V4(target),
                     identifier,
                     sequence,
                     verdict: Verdict::Unreachable(icmp[1]),
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// Parses an ICMPv6 message as raw ICMPv6 sockets deliver it (no IPv6 header; `source` is
+    /// the sender's address): an echo reply, or a destination unreachable quoting an echo
+    /// request. None for anything else.
+    fn parse6(source: Ipv6Addr, icmp: &[u8]) -> Option<Self> {
+        let id_seq = |h: &[u8]| {
+            (
+                u16::from_be_bytes([h[4], h[5]]),
+                u16::from_be_bytes([h[6], h[7]]),
+            )
+        };
+        match *icmp.first()? {
+            ECHO_REPLY6 if icmp.len() >= 8 && icmp[1] == 0 => {
+                let (identifier, sequence) = id_seq(icmp);
+                Some(Self {
+                    target: IpAddr::V6(source),
+                    identifier,
+                    sequence,
+                    verdict: Verdict::Alive,
+                })
+            }
+            DEST_UNREACHABLE6 => {
+                // After the 8-byte ICMPv6 header, as much of the offending packet as fits: its
+                // IPv6 header (40 bytes; our echo requests carry no extension header), then our
+                // echo header. Whoever sent the error, the quoted destination is the target.
+                let quoted = icmp.get(8..)?;
+                let header = quoted.get(..40)?;
+                if header[0] >> 4 != 6 || header[6] != libc::IPPROTO_ICMPV6 as u8 {
+                    return None;
+                }
+                let echo = quoted.get(40..48)?;
+                if echo[0] != ECHO_REQUEST6 {
+                    return None;
+                }
+                let target: [u8; 16] = header[24..40].try_into().ok()?;
+                let (identifier, sequence) = id_seq(echo);
+                Some(Self {
+                    target: IpAddr::V6(Ipv6Addr::from(target)),
+                    identifier,
+                    sequence,
+                    verdict: Verdict::Unreachable6(icmp[1]),
                 })
             }
             _ => None,
@@ -314,6 +436,17 @@ fn echo_request(identifier: u16, sequence: u16) -> [u8; ECHO_LEN] {
     m
 }
 
+/// An ICMPv6 echo request; its checksum stays zero, for the kernel to fill in (raw ICMPv6
+/// sockets always compute it, over the pseudo-header of the addresses they send with).
+fn echo_request6(identifier: u16, sequence: u16) -> [u8; ECHO_LEN] {
+    let mut m = [0u8; ECHO_LEN];
+    m[0] = ECHO_REQUEST6;
+    m[4..6].copy_from_slice(&identifier.to_be_bytes());
+    m[6..8].copy_from_slice(&sequence.to_be_bytes());
+    m[8..].copy_from_slice(PAYLOAD);
+    m
+}
+
 /// A new prober's identifier: a random base drawn once per process (SipHash under a key std
 /// seeds from the OS RNG) xor a counter, so probers of one process all differ.
 fn new_identifier() -> u16 {
@@ -327,12 +460,43 @@ fn new_identifier() -> u16 {
 /// larger receive buffer.
 fn open_raw_socket() -> io::Result<OwnedFd> {
     let fd = super::sys::open_raw(
+        Domain::IPV4,
         libc::IPPROTO_ICMP,
         "icmp and udp probes need a raw ICMP socket",
     )?;
     let wanted: u32 = (1 << ECHO_REPLY) | (1 << DEST_UNREACHABLE);
     setsockopt(fd.as_fd(), libc::SOL_RAW, ICMP_FILTER, &!wanted)?;
     super::sys::grow_receive_buffer(fd.as_fd(), RCVBUF)?;
+    Ok(fd)
+}
+
+/// The ICMPv6 filter's bits: every type dropped but echo replies and destination unreachables.
+fn icmp6_filter() -> [u32; 8] {
+    let mut drop = [u32::MAX; 8];
+    for kind in [ECHO_REPLY6, DEST_UNREACHABLE6] {
+        drop[usize::from(kind >> 5)] &= !(1 << (kind & 31));
+    }
+    drop
+}
+
+/// The raw ICMPv6 socket: non-blocking, passing only echo replies and destination
+/// unreachables, with a larger receive buffer.
+fn open_raw_socket6() -> io::Result<OwnedFd> {
+    let fd = super::sys::open_raw(
+        Domain::IPV6,
+        libc::IPPROTO_ICMPV6,
+        "icmp and udp probes need a raw ICMPv6 socket",
+    )?;
+    setsockopt(
+        fd.as_fd(),
+        libc::IPPROTO_ICMPV6,
+        ICMP6_FILTER,
+        &icmp6_filter(),
+    )?;
+    super::sys::grow_receive_buffer(fd.as_fd(), RCVBUF)?;
+    // Messages that arrived between socket() and the filter were queued unfiltered: drop them.
+    let mut buf = [0u8; 1];
+    while super::sys::recv(fd.as_fd(), &mut buf).is_ok() {}
     Ok(fd)
 }
 
@@ -392,7 +556,7 @@ mod tests {
             assert_eq!(
                 reply,
                 Reply {
-                    target: TARGET,
+                    target: IpAddr::V4(TARGET),
                     identifier: 7,
                     sequence: 9,
                     verdict: Verdict::Alive
@@ -409,7 +573,7 @@ mod tests {
             assert_eq!(
                 reply,
                 Reply {
-                    target: TARGET,
+                    target: IpAddr::V4(TARGET),
                     identifier: 7,
                     sequence: 9,
                     verdict: Verdict::Unreachable(code)
@@ -443,6 +607,129 @@ mod tests {
         assert_eq!(Reply::parse(&[]), None);
     }
 
+    const LOCAL6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 9, 0, 0, 0, 0, 1);
+    const TARGET6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 9, 0, 0, 0, 0, 2);
+    const ROUTER6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 9, 0, 0, 0, 0, 0xfe);
+
+    fn echo_reply6(identifier: u16, sequence: u16) -> Vec<u8> {
+        let mut m = echo_request6(identifier, sequence).to_vec();
+        m[0] = ECHO_REPLY6;
+        m
+    }
+
+    /// An ICMPv6 destination unreachable quoting our echo request from LOCAL6 to TARGET6 (the
+    /// message as a raw ICMPv6 socket delivers it: no IPv6 header of its own).
+    fn unreachable6(code: u8, identifier: u16, sequence: u16) -> Vec<u8> {
+        let echo = echo_request6(identifier, sequence);
+        let mut quoted = vec![0u8; 40];
+        quoted[0] = 0x60;
+        quoted[4..6].copy_from_slice(&(echo.len() as u16).to_be_bytes());
+        quoted[6] = 58;
+        quoted[7] = 64;
+        quoted[8..24].copy_from_slice(&LOCAL6.octets());
+        quoted[24..40].copy_from_slice(&TARGET6.octets());
+        quoted.extend_from_slice(&echo);
+        let mut icmp = vec![DEST_UNREACHABLE6, code, 0, 0, 0, 0, 0, 0];
+        icmp.extend_from_slice(&quoted);
+        icmp
+    }
+
+    #[test]
+    fn echo_request6_layout() {
+        let m = echo_request6(0x1234, 0xabcd);
+        assert_eq!(m[0], 128);
+        assert_eq!(m[1], 0);
+        assert_eq!(&m[2..4], &[0, 0], "the kernel fills the checksum in");
+        assert_eq!(&m[4..8], &[0x12, 0x34, 0xab, 0xcd]);
+        assert_eq!(&m[8..], PAYLOAD);
+    }
+
+    #[test]
+    fn parses_icmpv6_echo_reply_and_unreachable() {
+        assert_eq!(
+            Reply::parse6(TARGET6, &echo_reply6(7, 9)),
+            Some(Reply {
+                target: IpAddr::V6(TARGET6),
+                identifier: 7,
+                sequence: 9,
+                verdict: Verdict::Alive
+            })
+        );
+        // From a router, from the local kernel (neighbour discovery failed) or from the target
+        // (port unreachable): the quoted destination counts.
+        for (from, code) in [(ROUTER6, 0), (LOCAL6, 3), (TARGET6, 4)] {
+            assert_eq!(
+                Reply::parse6(from, &unreachable6(code, 7, 9)),
+                Some(Reply {
+                    target: IpAddr::V6(TARGET6),
+                    identifier: 7,
+                    sequence: 9,
+                    verdict: Verdict::Unreachable6(code)
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn ignores_other_icmpv6_messages() {
+        // Our own echo request, a neighbour solicitation (135), a truncated quote, a quote of
+        // something other than ICMPv6, an unreachable quoting an echo reply.
+        assert_eq!(Reply::parse6(LOCAL6, &echo_request6(7, 9)), None);
+        let mut ns = echo_reply6(7, 9);
+        ns[0] = 135;
+        assert_eq!(Reply::parse6(TARGET6, &ns), None);
+        let full = unreachable6(4, 7, 9);
+        assert_eq!(Reply::parse6(TARGET6, &full[..full.len() - 9]), None);
+        let mut udp = full.clone();
+        udp[8 + 6] = 17;
+        assert_eq!(Reply::parse6(TARGET6, &udp), None);
+        let mut reply = full.clone();
+        reply[8 + 40] = ECHO_REPLY6;
+        assert_eq!(Reply::parse6(TARGET6, &reply), None);
+        assert_eq!(Reply::parse6(TARGET6, &[]), None);
+        // An IPv4 echo reply's type (0) means nothing in ICMPv6.
+        assert_eq!(Reply::parse6(TARGET6, &echo_reply(7, 9)), None);
+    }
+
+    #[test]
+    fn icmp6_filter_passes_replies_and_unreachables_only() {
+        let f = icmp6_filter();
+        let passes = |kind: u8| f[usize::from(kind >> 5)] & (1 << (kind & 31)) == 0;
+        assert!(passes(129) && passes(1));
+        for kind in [0, 2, 3, 4, 128, 130, 133, 134, 135, 136, 137, 143, 255] {
+            assert!(!passes(kind), "type {kind}");
+        }
+    }
+
+    #[tokio::test]
+    async fn replies_of_both_families_complete_their_own_probes() {
+        let udp = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        udp.set_nonblocking(true).unwrap();
+        let shared = Shared {
+            socket: register(OwnedFd::from(udp)).unwrap(),
+            socket6: None,
+            identifier: 7,
+            next_sequence: AtomicU16::new(5),
+            pending: Mutex::new(HashMap::new()),
+        };
+        let (v4, mut v4_answer) = Registered::new(&shared, IpAddr::V4(TARGET)).unwrap();
+        let (v6, mut v6_answer) = Registered::new(&shared, IpAddr::V6(TARGET6)).unwrap();
+        let now = Instant::now();
+        // A reply from another address with the right sequence completes nothing.
+        shared.complete(Reply::parse6(ROUTER6, &echo_reply6(7, 6)), now);
+        assert!(v6_answer.try_recv().is_err());
+        shared.complete(Reply::parse6(LOCAL6, &unreachable6(3, 7, 6)), now);
+        assert_eq!(
+            v6_answer.try_recv().unwrap().verdict,
+            Verdict::Unreachable6(3)
+        );
+        assert!(v4_answer.try_recv().is_err());
+        shared.dispatch(&ipv4(TARGET, LOCAL, 0, &echo_reply(7, 5)), now);
+        assert_eq!(v4_answer.try_recv().unwrap().verdict, Verdict::Alive);
+        assert!(shared.pending().is_empty());
+        drop((v4, v6));
+    }
+
     #[test]
     fn identifiers_differ_between_probers() {
         let (a, b) = (new_identifier(), new_identifier());
@@ -456,12 +743,13 @@ mod tests {
         udp.set_nonblocking(true).unwrap();
         let shared = Shared {
             socket: register(OwnedFd::from(udp)).unwrap(),
+            socket6: None,
             identifier: 7,
             next_sequence: AtomicU16::new(u16::MAX),
             pending: Mutex::new(HashMap::new()),
         };
-        let (first, mut first_answer) = Registered::new(&shared, TARGET).unwrap();
-        let (second, mut second_answer) = Registered::new(&shared, TARGET).unwrap();
+        let (first, mut first_answer) = Registered::new(&shared, IpAddr::V4(TARGET)).unwrap();
+        let (second, mut second_answer) = Registered::new(&shared, IpAddr::V4(TARGET)).unwrap();
         assert_eq!(first.key.sequence, u16::MAX);
         assert_eq!(second.key.sequence, 0, "wraps");
         let now = Instant::now();
@@ -480,7 +768,7 @@ mod tests {
         assert_eq!(first_answer.try_recv().unwrap().verdict, Verdict::Alive);
         assert!(shared.pending().is_empty());
         // A probe dropped while waiting leaves nothing behind.
-        let (third, _answer) = Registered::new(&shared, TARGET).unwrap();
+        let (third, _answer) = Registered::new(&shared, IpAddr::V4(TARGET)).unwrap();
         assert_eq!(shared.pending().len(), 1);
         drop(third);
         assert!(shared.pending().is_empty());

@@ -1,10 +1,11 @@
-//! Small system helpers shared by the raw-socket probes (half-open TCP, ICMP). Socket calls go
-//! through socket2; libc stays for what it lacks (options such as SO_RCVBUFFORCE and socket
-//! filters, and the batched sendmmsg/recvmmsg with their control messages).
+//! Small system helpers shared by the raw-socket probes (half-open TCP, ICMP), for both IPv4
+//! and IPv6 sockets. Socket calls go through socket2; libc stays for what it lacks (options such
+//! as SO_RCVBUFFORCE and socket filters, and the batched sendmmsg/recvmmsg with their control
+//! messages).
 
 use std::{
     io::{self, Read as _},
-    net::SocketAddrV4,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4},
     os::fd::{AsRawFd as _, BorrowedFd, OwnedFd},
 };
 
@@ -42,11 +43,11 @@ pub fn setsockopt<T>(
     Ok(())
 }
 
-/// A non-blocking raw IPv4 socket of `protocol`; without CAP_NET_RAW the error says `needs`
-/// and what to do instead.
-pub fn open_raw(protocol: libc::c_int, needs: &str) -> io::Result<OwnedFd> {
+/// A non-blocking raw socket of `domain` (IPv4 or IPv6) and `protocol`; without CAP_NET_RAW the
+/// error says `needs` and what to do instead.
+pub fn open_raw(domain: Domain, protocol: libc::c_int, needs: &str) -> io::Result<OwnedFd> {
     let kind = Type::RAW.nonblocking().cloexec();
-    match Socket::new(Domain::IPV4, kind, Some(Protocol::from(protocol))) {
+    match Socket::new(domain, kind, Some(Protocol::from(protocol))) {
         Ok(socket) => Ok(socket.into()),
         Err(e) if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES)) => {
             Err(io::Error::new(
@@ -77,6 +78,52 @@ pub fn recv(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
     (&*SockRef::from(&fd)).read(buf)
 }
 
+/// One datagram into `buf` (truncated to it) and the address it came from, without blocking. An
+/// IPv6 raw socket hands over the payload only, without the IP header: its source is here.
+pub fn recv_from(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Option<IpAddr>)> {
+    // SAFETY: all-zero is a valid sockaddr_in6 (the larger of the two families read).
+    let mut from: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+    let mut len = size_of::<libc::sockaddr_in6>() as libc::socklen_t;
+    // SAFETY: valid fd, buffer and address storage of the lengths given.
+    let n = unsafe {
+        libc::recvfrom(
+            fd.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_DONTWAIT,
+            (&raw mut from).cast(),
+            &raw mut len,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel wrote a sockaddr of the family it names, within `from`.
+    let source = unsafe { ip_of(&raw const from) };
+    Ok(((n as usize).min(buf.len()), source))
+}
+
+/// The address of a sockaddr the kernel filled in (`sockaddr_in` or `sockaddr_in6`).
+///
+/// # Safety
+/// `addr` must point to a sockaddr storage as large as a `sockaddr_in6`, whose family field
+/// tells what it holds.
+unsafe fn ip_of(addr: *const libc::sockaddr_in6) -> Option<IpAddr> {
+    // SAFETY: the caller vouches for the storage; the family says which struct it is.
+    unsafe {
+        match i32::from((*addr).sin6_family) {
+            libc::AF_INET => {
+                let v4 = addr.cast::<libc::sockaddr_in>();
+                Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(
+                    (*v4).sin_addr.s_addr,
+                ))))
+            }
+            libc::AF_INET6 => Some(IpAddr::V6(Ipv6Addr::from((*addr).sin6_addr.s6_addr))),
+            _ => None,
+        }
+    }
+}
+
 /// Hands `fd` to the tokio reactor of the current runtime.
 pub fn register(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
     // SAFETY: an OwnedFd is open and keeps its descriptor until the AsyncFd drops it.
@@ -94,14 +141,11 @@ pub fn sockaddr_in(addr: SocketAddrV4) -> libc::sockaddr_in {
     }
 }
 
-/// Sends one raw datagram to `target` (raw sockets ignore the port; the kernel builds the IP
-/// header), waiting for the socket to be writable.
-pub async fn send_to(
-    socket: &AsyncFd<OwnedFd>,
-    target: std::net::Ipv4Addr,
-    bytes: &[u8],
-) -> io::Result<()> {
-    let to = SockAddr::from(SocketAddrV4::new(target, 0));
+/// Sends one raw datagram to `target` on a raw socket of its family (the kernel builds the IP
+/// header; the port is 0: an IPv6 raw socket refuses one that is not its protocol), waiting for
+/// the socket to be writable.
+pub async fn send_to(socket: &AsyncFd<OwnedFd>, target: IpAddr, bytes: &[u8]) -> io::Result<()> {
+    let to = SockAddr::from(SocketAddr::new(target, 0));
     socket
         .async_io(tokio::io::Interest::WRITABLE, |fd| {
             SockRef::from(fd).send_to(bytes, &to).map(drop)
@@ -248,14 +292,14 @@ pub fn recv_many<const L: usize>(
 }
 
 /// The reader loop of a raw-socket prober: whenever `socket` is readable, drains it, handing
-/// each datagram (cut to `buf`) to `each` with its arrival time; `woke` runs once per wake-up.
-/// Returns when the socket fails (logged with `what`).
+/// each datagram (cut to `buf`) to `each` with the address it came from and its arrival time;
+/// `woke` runs once per wake-up. Returns when the socket fails (logged with `what`).
 pub async fn read_datagrams(
     socket: &AsyncFd<OwnedFd>,
     buf: &mut [u8],
     what: &str,
     mut woke: impl FnMut(),
-    mut each: impl FnMut(&[u8], std::time::Instant),
+    mut each: impl FnMut(&[u8], Option<IpAddr>, std::time::Instant),
 ) {
     use std::os::fd::AsFd as _;
     loop {
@@ -268,8 +312,8 @@ pub async fn read_datagrams(
         };
         woke();
         loop {
-            match ready.try_io(|fd| recv(fd.as_fd(), buf)) {
-                Ok(Ok(n)) => each(&buf[..n], std::time::Instant::now()),
+            match ready.try_io(|fd| recv_from(fd.as_fd(), buf)) {
+                Ok(Ok((n, from))) => each(&buf[..n], from, std::time::Instant::now()),
                 // Not expected on an unconnected raw socket without IP_RECVERR (ICMP errors are
                 // not reported to it). Readiness stays set, so the next turn reads again.
                 Ok(Err(e)) => {

@@ -1,7 +1,8 @@
 //! `tcp-connect`: a full TCP handshake (for hosts where raw sockets are not allowed), optionally
-//! sending `send` and expecting the reply to start with `expect`.
+//! sending `send` and expecting the reply to start with `expect`. IPv4 or IPv6: the socket is of
+//! the target's family.
 
-use std::{net::SocketAddrV4, time::Duration};
+use std::{net::SocketAddr, time::Duration};
 
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
@@ -19,7 +20,7 @@ use crate::{
 pub const MAX_EXPECT: usize = 8192;
 
 pub async fn probe(
-    target: SocketAddrV4,
+    target: SocketAddr,
     send: Option<&[u8]>,
     expect: Option<&Expect>,
     timeout: Duration,
@@ -37,7 +38,7 @@ pub async fn probe(
 /// The exchange; a failure is the probe's result (the socket's error, or a reply that is not
 /// the expected one).
 async fn exchange(
-    target: SocketAddrV4,
+    target: SocketAddr,
     send: Option<&[u8]>,
     expect: Option<&Expect>,
 ) -> Result<(), ProbeResult> {

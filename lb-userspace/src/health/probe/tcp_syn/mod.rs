@@ -82,7 +82,7 @@ pub use tasks::COALESCE;
 
 use std::{
     io,
-    net::SocketAddrV4,
+    net::SocketAddr,
     sync::{Arc, atomic::Ordering},
     time::{Duration, Instant},
 };
@@ -92,6 +92,7 @@ use tokio::task::JoinHandle;
 use super::ProbeResult;
 use super::link::Links;
 use super::sys::register;
+use crate::health::outcome::Reason;
 use pending::Waiter;
 use shared::Shared;
 use socket::open_raw_socket;
@@ -137,7 +138,12 @@ impl SynProber {
     /// Local errors are logged; no route or a firewall refusing the send count as `TcpFailure`
     /// (the target cannot be reached either way), a shortage here (ports, descriptors,
     /// buffers) as `Local`.
-    pub async fn probe(&self, target: SocketAddrV4, timeout: Duration) -> ProbeResult {
+    ///
+    /// IPv6 targets are not probed yet: a `Local` failure.
+    pub async fn probe(&self, target: SocketAddr, timeout: Duration) -> ProbeResult {
+        let SocketAddr::V4(target) = target else {
+            return ProbeResult::Local(Reason::NoProber);
+        };
         let now = Instant::now();
         let (mut waiting, syn) = self.shared.start_waiting(target, now + timeout, now);
         if let Some(syn) = syn {
@@ -168,9 +174,19 @@ impl SynProber {
     /// caller's place for the target, a small index it keeps dense and gives to one target at
     /// a time: the prober keeps the target's state in a table under it (a target at a place
     /// that held another one starts afresh).
-    pub fn start_many(&self, probes: &[(u64, SocketAddrV4, Duration)]) {
+    pub fn start_many(&self, probes: &[(u64, SocketAddr, Duration)]) {
         let now = Instant::now();
         let mut queued = Vec::with_capacity(probes.len());
+        // IPv6 targets are not probed yet: `Local` failures.
+        let unsupported: Vec<(u64, ProbeResult)> = probes
+            .iter()
+            .filter(|(_, target, _)| target.is_ipv6())
+            .map(|&(token, _, _)| (token, ProbeResult::Local(Reason::NoProber)))
+            .collect();
+        if !unsupported.is_empty() {
+            self.shared.finished_queue().extend(unsupported);
+            self.shared.finished_ready.notify_one();
+        }
         {
             // The targets' states lie scattered in memory: ask for all of them before using
             // any, so their cache misses overlap instead of coming one by one.
@@ -180,6 +196,9 @@ impl SynProber {
             }
         }
         for &(token, target, timeout) in probes {
+            let SocketAddr::V4(target) = target else {
+                continue;
+            };
             let deadline = now + timeout;
             queued.extend(
                 self.shared

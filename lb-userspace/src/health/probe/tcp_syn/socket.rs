@@ -78,7 +78,11 @@ pub(super) fn reserve_port(ip: Ipv4Addr) -> io::Result<(OwnedFd, SocketAddrV4)> 
 
 /// The raw socket: non-blocking, filtered, with a larger receive buffer.
 pub(super) fn open_raw_socket() -> io::Result<OwnedFd> {
-    let fd = sys::open_raw(libc::IPPROTO_TCP, "half-open TCP probes need a raw socket")?;
+    let fd = sys::open_raw(
+        Domain::IPV4,
+        libc::IPPROTO_TCP,
+        "half-open TCP probes need a raw socket",
+    )?;
     attach_filter(fd.as_fd())?;
     sys::grow_receive_buffer(fd.as_fd(), RCVBUF)?;
     // DF, as a TCP SYN from Linux: also spares the kernel a hashed IP ID per datagram (with DF
