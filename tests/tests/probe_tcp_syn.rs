@@ -434,10 +434,15 @@ fn dropped_probes_leave_the_prober_working() {
 /// A raw TCP socket without a filter, with a large receive buffer: counts the TCP segments the
 /// prober's socket would have seen without its filter.
 fn unfiltered_raw_socket() -> OwnedFd {
+    unfiltered_raw_socket_of(libc::AF_INET)
+}
+
+/// [`unfiltered_raw_socket`] of `family` (AF_INET or AF_INET6).
+fn unfiltered_raw_socket_of(family: libc::c_int) -> OwnedFd {
     // SAFETY: plain socket(2) call.
     let fd = unsafe {
         libc::socket(
-            libc::AF_INET,
+            family,
             libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
             libc::IPPROTO_TCP,
         )
@@ -703,8 +708,10 @@ fn a_route_change_retires_the_link_layer_path_and_other_devices_do_not() {
 // ---- IPv6 targets -------------------------------------------------------------------------
 //
 // The same pair of namespaces, dual-stack: 2001:db8:9::1 and 2001:db8:9::2 beside the IPv4
-// addresses (duplicate address detection off, so they are usable at once).
+// addresses (duplicate address detection off, so they are usable at once). Half-open probes of
+// IPv6 targets go through the prober's AF_INET6 raw socket, always on the kernel's path.
 
+const PROBER_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 9, 0, 0, 0, 0, 1);
 const BACKEND_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 9, 0, 0, 0, 0, 2);
 
 /// [`pair`] with an IPv6 address on each end too.
@@ -717,6 +724,396 @@ fn dual_pair() -> Pair {
 
 fn backend6(port: u16) -> SocketAddr {
     SocketAddr::from((BACKEND_IP6, port))
+}
+
+/// A listener on `addr` in `ns`; the kernel answers SYNs without anyone accepting.
+fn listen_at(ns: &Netns, addr: SocketAddr) -> TcpListener {
+    ns.enter(|| TcpListener::bind(addr)).unwrap()
+}
+
+/// Half-open (SYN-RECV) connections `ns` holds on its address `local`.
+fn syn_recv_at(ns: &Netns, local: SocketAddr) -> usize {
+    let out = sh(ns.command("ss").args(["-Htan", "state", "syn-recv"])).unwrap();
+    let local = local.to_string();
+    out.lines()
+        .filter(|l| l.split_whitespace().any(|field| field == local))
+        .count()
+}
+
+/// Waits (up to 5 s) until `ns` holds no half-open connection on `local`; how many are left.
+async fn syn_recv_at_drained(ns: &Netns, local: SocketAddr) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = syn_recv_at(ns, local);
+        if left == 0 || Instant::now() >= deadline {
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[test]
+fn ipv6_listening_port_is_success_and_the_kernel_resets_it() {
+    let p = dual_pair();
+    let _server = listen_at(&p.backend, backend6(7001));
+    let (prober_ns, backend_ns) = (p.prober.clone(), p.backend.clone());
+    with_prober(&p.prober, move |prober| async move {
+        for _ in 0..5 {
+            match prober.probe(backend6(7001), TIMEOUT).await {
+                ProbeResult::Success { latency } => {
+                    assert!(latency > Duration::ZERO && latency < TIMEOUT, "{latency:?}");
+                }
+                other => panic!("want success, got {other:?}"),
+            }
+        }
+        // The backend's RX checksum offload is off: it verified the TCP checksum the prober's
+        // kernel computed over the IPv6 pseudo-header. And no socket owns the connection, so
+        // the prober's kernel reset each SYN+ACK.
+        assert_eq!(
+            syn_recv_at_drained(&backend_ns, backend6(7001)).await,
+            0,
+            "the local kernel's RST ends each half-open connection"
+        );
+        // IPv6 targets always take the kernel's path (the link-layer path is IPv4 only).
+        assert_eq!(prober.syns_sent(), (0, 5));
+
+        // Control: with the prober's RSTs dropped, the backend keeps the half-open connection.
+        output_chain(&prober_ns);
+        nft(
+            &prober_ns,
+            &[
+                "add", "rule", "inet", "lbt", "out", "tcp", "flags", "&", "rst", "==", "rst",
+                "drop",
+            ],
+        );
+        assert!(is_success(prober.probe(backend6(7001), TIMEOUT).await));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            syn_recv_at(&backend_ns, backend6(7001)),
+            1,
+            "control: RST dropped"
+        );
+    });
+}
+
+#[test]
+fn ipv6_closed_port_is_tcp_failure() {
+    let p = dual_pair();
+    with_prober(&p.prober, |prober| async move {
+        for _ in 0..3 {
+            let start = Instant::now();
+            assert_eq!(
+                prober.probe(backend6(7009), TIMEOUT).await,
+                ProbeResult::TcpFailure(Reason::Refused)
+            );
+            assert!(start.elapsed() < TIMEOUT / 2, "the RST came back at once");
+        }
+    });
+}
+
+#[test]
+fn ipv6_silent_or_absent_host_is_timeout() {
+    let p = dual_pair();
+    let _server = listen_at(&p.backend, backend6(7001));
+    let backend_ns = p.backend.clone();
+    with_prober(&p.prober, move |prober| async move {
+        assert!(is_success(prober.probe(backend6(7001), TIMEOUT).await));
+        let timeout = Duration::from_millis(300);
+        // A host that stopped answering (it drops everything, neighbour discovery included),
+        // and an address on the link that no host has.
+        backend_ns.drop_all_input().unwrap();
+        let absent = SocketAddr::from((Ipv6Addr::new(0x2001, 0xdb8, 9, 0, 0, 0, 0, 3), 7001));
+        for target in [backend6(7001), absent] {
+            let start = Instant::now();
+            assert_eq!(prober.probe(target, timeout).await, ProbeResult::Timeout);
+            let took = start.elapsed();
+            assert!(
+                took >= timeout && took < timeout + Duration::from_millis(250),
+                "{target}: {took:?}"
+            );
+        }
+        // Answering again: success again.
+        backend_ns.clear_input_chain().unwrap();
+        assert!(is_success(prober.probe(backend6(7001), TIMEOUT).await));
+    });
+}
+
+/// One prober, IPv4 and IPv6 targets on two links at once (each target from the source address
+/// of its own route): every probe gets its own answer, through `probe` futures and through
+/// `start_many` batches alike.
+#[test]
+fn ipv6_and_ipv4_targets_probed_concurrently_through_one_prober() {
+    let p = dual_pair();
+    let other = Netns::new("synb2").unwrap();
+    let (a, b) = veth(&p.prober, "10.0.10.1/24", &other, "10.0.10.2/24").unwrap();
+    a.add_address("2001:db8:10::1/64").unwrap();
+    b.add_address("2001:db8:10::2/64").unwrap();
+    sh(other
+        .command("ethtool")
+        .args(["-K", &b.ifname, "rx", "off"]))
+    .unwrap();
+    let second6 = Ipv6Addr::new(0x2001, 0xdb8, 0x10, 0, 0, 0, 0, 2);
+    let open: Vec<SocketAddr> = vec![
+        backend(7001),
+        backend6(7001),
+        backend6(7002),
+        SocketAddr::from((Ipv4Addr::new(10, 0, 10, 2), 7001)),
+        SocketAddr::from((second6, 7001)),
+    ];
+    let closed = [
+        backend6(7009),
+        backend(7009),
+        SocketAddr::from((second6, 7009)),
+    ];
+    let mut servers = Vec::new();
+    for &addr in &open {
+        let ns = if addr.ip() == BACKEND_IP || addr.ip() == BACKEND_IP6 {
+            &p.backend
+        } else {
+            &other
+        };
+        servers.push(listen_at(ns, addr));
+    }
+    let targets: Vec<(SocketAddr, bool)> = open
+        .iter()
+        .map(|&a| (a, true))
+        .chain(closed.iter().map(|&a| (a, false)))
+        .collect();
+    with_prober(&p.prober, move |prober| async move {
+        // Futures: 240 probes at once, 30 per target.
+        let mut probes = tokio::task::JoinSet::new();
+        for i in 0..240 {
+            let (target, up) = targets[i % targets.len()];
+            let prober = Arc::clone(&prober);
+            probes.spawn(async move { (target, up, prober.probe(target, TIMEOUT).await) });
+        }
+        let (mut ok, mut refused) = (0, 0);
+        while let Some(done) = probes.join_next().await {
+            let (target, up, result) = done.unwrap();
+            match result {
+                ProbeResult::Success { .. } if up => ok += 1,
+                ProbeResult::TcpFailure(Reason::Refused) if !up => refused += 1,
+                other => panic!("{target}: {other:?}"),
+            }
+        }
+        assert_eq!((ok, refused), (150, 90));
+
+        // Batches as the checker starts them: tokens carry the target's place in the high half.
+        for round in 0..3u64 {
+            let batch: Vec<(u64, SocketAddr, Duration)> = targets
+                .iter()
+                .enumerate()
+                .map(|(place, &(target, _))| ((place as u64) << 32 | round, target, TIMEOUT))
+                .collect();
+            prober.start_many(&batch);
+            let mut results = Vec::new();
+            let deadline = Instant::now() + 2 * TIMEOUT;
+            while results.len() < batch.len() {
+                tokio::time::timeout_at(deadline.into(), prober.finished(&mut results))
+                    .await
+                    .expect("every probe of the batch finishes");
+            }
+            results.sort_by_key(|&(token, _)| token);
+            for (token, result) in results {
+                assert_eq!(token & 0xffff_ffff, round);
+                let (target, up) = targets[(token >> 32) as usize];
+                match result {
+                    ProbeResult::Success { .. } if up => {}
+                    ProbeResult::TcpFailure(Reason::Refused) if !up => {}
+                    other => panic!("round {round}, {target}: {other:?}"),
+                }
+            }
+        }
+    });
+}
+
+/// The pooled source ports are the prober's on both families: no local IPv4 or IPv6 socket
+/// (IPV6_V6ONLY included, which an IPv4-only reservation would not stop) is given one by an
+/// ephemeral bind, so the kernel keeps resetting the backends' SYN+ACKs to them.
+#[test]
+fn pooled_ports_are_reserved_for_ipv6_sockets_too() {
+    let p = dual_pair();
+    // A range the pool takes most of: what is left is easy to count.
+    let (low, high) = (40000u16, 40099u16);
+    p.prober
+        .sysctl("net/ipv4/ip_local_port_range", &format!("{low} {high}"))
+        .unwrap();
+    let _server = listen_at(&p.backend, backend6(7001));
+    with_prober(&p.prober, |prober| async move {
+        // Takes every port an ephemeral bind of this kind can still get; the sockets are kept
+        // until the count is done.
+        let grab = |v6only: Option<bool>| {
+            let mut held = Vec::new();
+            while let Some((fd, port)) = bind_ephemeral(v6only) {
+                assert!((low..=high).contains(&port), "{port}");
+                held.push((fd, port));
+            }
+            held.into_iter().map(|(_, port)| port).collect::<Vec<u16>>()
+        };
+        let range = usize::from(high - low) + 1;
+        let free = range - POOL_PORTS;
+        for kind in [None, Some(true), Some(false)] {
+            let got = grab(kind);
+            assert_eq!(
+                got.len(),
+                free,
+                "{kind:?} (IPv4 if None, else IPV6_V6ONLY): {} of {range} ports, the pool holds {POOL_PORTS}",
+                got.len()
+            );
+        }
+        // The prober still works on its pool.
+        for _ in 0..3 {
+            assert!(is_success(prober.probe(backend6(7001), TIMEOUT).await));
+            assert_eq!(
+                prober.probe(backend(7009), TIMEOUT).await,
+                ProbeResult::TcpFailure(Reason::Refused)
+            );
+        }
+    });
+}
+
+/// A TCP socket bound to port 0 (IPv4 if `v6only` is None, else IPv6 with IPV6_V6ONLY as
+/// given) and the port the kernel gave it; None once none is left.
+fn bind_ephemeral(v6only: Option<bool>) -> Option<(OwnedFd, u16)> {
+    let family = if v6only.is_some() {
+        libc::AF_INET6
+    } else {
+        libc::AF_INET
+    };
+    // SAFETY: plain socket(2) call.
+    let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    assert!(fd >= 0, "{}", std::io::Error::last_os_error());
+    // SAFETY: fresh descriptor.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: all-zero is a valid sockaddr_in6 (and, cut short, sockaddr_in): the wildcard
+    // address, port 0, once the family is set.
+    let mut addr: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+    addr.sin6_family = family as libc::sa_family_t;
+    let len = if let Some(only) = v6only {
+        let only = libc::c_int::from(only);
+        // SAFETY: valid fd and option value.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::IPPROTO_IPV6,
+                libc::IPV6_V6ONLY,
+                (&raw const only).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+        size_of::<libc::sockaddr_in6>()
+    } else {
+        size_of::<libc::sockaddr_in>()
+    } as libc::socklen_t;
+    // SAFETY: valid fd, address and length (a sockaddr_in fits in the storage).
+    if unsafe { libc::bind(fd.as_raw_fd(), (&raw const addr).cast(), len) } != 0 {
+        return None;
+    }
+    let mut len = size_of::<libc::sockaddr_in6>() as libc::socklen_t;
+    // SAFETY: valid fd and storage of that length.
+    let rc = unsafe { libc::getsockname(fd.as_raw_fd(), (&raw mut addr).cast(), &raw mut len) };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    // sin_port and sin6_port sit at the same offset.
+    Some((fd, u16::from_be(addr.sin6_port)))
+}
+
+/// The IPv6 socket's kernel filter (which sees segments from their TCP header, unlike the IPv4
+/// one's) keeps bulk IPv6 traffic away from the reader as well.
+#[test]
+fn ipv6_filter_keeps_bulk_traffic_away_from_the_reader() {
+    let p = dual_pair();
+    let _server = listen_at(&p.backend, backend6(7001));
+    let sink = SocketAddr::from((PROBER_IP6, 7100));
+    let sink_listener = p.prober.enter(|| TcpListener::bind(sink)).unwrap();
+    let control = p.prober.enter(|| unfiltered_raw_socket_of(libc::AF_INET6));
+    let mut client = p.backend.enter(|| TcpStream::connect(sink)).unwrap();
+    const BYTES: usize = 32 << 20;
+    with_prober(&p.prober, move |prober| async move {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let before = prober.wakeups();
+        let writer = std::thread::spawn(move || {
+            let chunk = vec![0x5au8; 64 * 1024];
+            for _ in 0..BYTES / chunk.len() {
+                client.write_all(&chunk).unwrap();
+            }
+        });
+        let reader = std::thread::spawn(move || {
+            let (mut conn, _) = sink_listener.accept().unwrap();
+            let mut buf = vec![0u8; 256 * 1024];
+            let mut total = 0;
+            loop {
+                match conn.read(&mut buf).unwrap() {
+                    0 => break total,
+                    n => total += n,
+                }
+            }
+        });
+        let mut probes = 0u64;
+        loop {
+            assert!(is_success(prober.probe(backend6(7001), TIMEOUT).await));
+            probes += 1;
+            if writer.is_finished() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        writer.join().unwrap();
+        assert_eq!(reader.join().unwrap(), BYTES);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let woke = prober.wakeups() - before;
+        let unrelated = drain_count(&control);
+        eprintln!(
+            "{probes} IPv6 probes, reader woke {woke} times; an unfiltered IPv6 raw socket got \
+             {unrelated} segments"
+        );
+        assert!(
+            unrelated > 1000,
+            "the transfer reached IPv6 raw sockets: {unrelated} segments"
+        );
+        assert!(
+            (1..=probes).contains(&woke),
+            "woke {woke} times for {probes} probe answers"
+        );
+    });
+}
+
+/// Raw sockets of protocol `proto` in `/proc/thread-self/net/<table>` (`raw` or `raw6`).
+fn raw_sockets(table: &str, proto: u8) -> usize {
+    let suffix = format!(":{proto:04X}");
+    std::fs::read_to_string(format!("/proc/thread-self/net/{table}"))
+        .unwrap()
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .is_some_and(|a| a.ends_with(&suffix))
+        })
+        .count()
+}
+
+#[test]
+fn dropping_the_prober_closes_its_ipv6_socket_too() {
+    let p = pair();
+    p.prober.enter(|| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            assert_eq!(raw_sockets("raw6", 6), 0);
+            let prober = SynProber::new().unwrap();
+            assert_eq!(raw_sockets("raw6", 6), 1, "one IPv6 raw socket");
+            assert_eq!(raw_sockets("raw", 6), 1, "one IPv4 raw socket");
+            drop(prober);
+            let deadline = Instant::now() + Duration::from_secs(1);
+            while raw_sockets("raw6", 6) + raw_sockets("raw", 6) > 0 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            assert_eq!(raw_sockets("raw6", 6) + raw_sockets("raw", 6), 0);
+        });
+    });
 }
 
 // ---- tcp-connect over IPv6 ------------------------------------------------------------------

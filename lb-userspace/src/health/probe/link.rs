@@ -8,6 +8,9 @@
 //! kernel's path, so that the kernel has resolved the next hop and a failure is always confirmed
 //! the ordinary way: after a timeout, probes go through the kernel again until an answer comes.
 //!
+//! IPv4 only: the lookups, the next hops and the headers built here are IPv4's. IPv6 targets
+//! always take the kernel's path (the prober's IPv6 raw socket), whatever their history.
+//!
 //! What a target's [`Link`] holds (device, next hop's MAC, source address) comes from the
 //! kernel itself (`RTM_GETROUTE`, as `ip route get`, and `RTM_GETNEIGH`) and stays in use only
 //! while nothing it depends on changed: a route or rule change, a removed address or a change

@@ -5,7 +5,7 @@
 
 use std::{
     io::{self, Read as _},
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6},
     os::fd::{AsRawFd as _, BorrowedFd, OwnedFd},
 };
 
@@ -130,6 +130,18 @@ pub fn register(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
     Ok(unsafe { AsyncFd::register(fd) }?)
 }
 
+pub fn sockaddr_in6(addr: SocketAddrV6) -> libc::sockaddr_in6 {
+    libc::sockaddr_in6 {
+        sin6_family: libc::AF_INET6 as libc::sa_family_t,
+        sin6_port: addr.port().to_be(),
+        sin6_flowinfo: addr.flowinfo().to_be(),
+        sin6_addr: libc::in6_addr {
+            s6_addr: addr.ip().octets(),
+        },
+        sin6_scope_id: addr.scope_id(),
+    }
+}
+
 pub fn sockaddr_in(addr: SocketAddrV4) -> libc::sockaddr_in {
     libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,
@@ -157,20 +169,22 @@ pub async fn send_to(socket: &AsyncFd<OwnedFd>, target: IpAddr, bytes: &[u8]) ->
 #[derive(Debug, Clone, Copy)]
 pub struct Outgoing<'a> {
     /// The local address to send from.
-    pub source: std::net::Ipv4Addr,
-    pub target: std::net::Ipv4Addr,
+    pub source: IpAddr,
+    /// Where to: its address (and an IPv6 one's scope); the port is not used.
+    pub target: SocketAddr,
     pub bytes: &'a [u8],
 }
 
-/// Room for one `cmsghdr` and an `in_pktinfo`, aligned like a `cmsghdr`.
+/// Room for one `cmsghdr` and an `in_pktinfo` or `in6_pktinfo`, aligned like a `cmsghdr`.
 #[derive(Clone, Copy)]
 #[repr(C, align(8))]
-struct PktinfoControl([u8; 32]);
+struct PktinfoControl([u8; 40]);
 
-/// Sends up to [`MAX_BATCH`] raw datagrams in one `sendmmsg`, without blocking. Each goes to its
-/// `target` from its `source` (an `IP_PKTINFO` control message: the kernel routes with that
-/// source and refuses one that is not local, so the IP header carries exactly the address a
-/// checksum was computed with; raw sockets ignore the port, the kernel builds the IP header).
+/// Sends up to [`MAX_BATCH`] raw datagrams in one `sendmmsg`, without blocking, on a raw socket
+/// of their family (every datagram's `source` and `target` of the socket's family). Each goes to
+/// its `target` from its `source` (an `IP_PKTINFO` or `IPV6_PKTINFO` control message: the kernel
+/// routes with that source and refuses one that is not local, so the IP header carries exactly
+/// the address a checksum was computed with; the port is 0, the kernel builds the IP header).
 /// Returns how many were sent, from the first; an error means the first could not be (as with
 /// `sendmsg`; a later message's error shows when the next call starts with it).
 pub fn send_many(fd: BorrowedFd<'_>, datagrams: &[Outgoing<'_>]) -> io::Result<usize> {
@@ -179,47 +193,74 @@ pub fn send_many(fd: BorrowedFd<'_>, datagrams: &[Outgoing<'_>]) -> io::Result<u
         return Ok(0);
     }
     // SAFETY: CMSG_SPACE and CMSG_LEN are arithmetic.
-    let (space, len) = unsafe {
-        let size = size_of::<libc::in_pktinfo>() as u32;
+    let cmsg_sizes = |size: usize| unsafe {
         (
-            libc::CMSG_SPACE(size) as usize,
-            libc::CMSG_LEN(size) as usize,
+            libc::CMSG_SPACE(size as u32) as usize,
+            libc::CMSG_LEN(size as u32) as usize,
         )
     };
-    debug_assert!(space <= size_of::<PktinfoControl>());
-    let mut to = [sockaddr_in(SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, 0)); MAX_BATCH];
-    let mut control = [PktinfoControl([0; 32]); MAX_BATCH];
+    let v4_sizes = cmsg_sizes(size_of::<libc::in_pktinfo>());
+    let v6_sizes = cmsg_sizes(size_of::<libc::in6_pktinfo>());
+    debug_assert!(v4_sizes.0.max(v6_sizes.0) <= size_of::<PktinfoControl>());
+    let mut to4 = [sockaddr_in(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)); MAX_BATCH];
+    let mut to6 = [sockaddr_in6(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, 0, 0, 0)); MAX_BATCH];
+    let mut control = [PktinfoControl([0; 40]); MAX_BATCH];
     // SAFETY: all-zero iovecs and mmsghdrs are valid; the pointers set below outlive the call.
     let mut iov: [libc::iovec; MAX_BATCH] = unsafe { std::mem::zeroed() };
     let mut msgs: [libc::mmsghdr; MAX_BATCH] = unsafe { std::mem::zeroed() };
     for (i, d) in datagrams[..n].iter().enumerate() {
-        to[i] = sockaddr_in(SocketAddrV4::new(d.target, 0));
         iov[i] = libc::iovec {
             iov_base: d.bytes.as_ptr().cast_mut().cast(),
             iov_len: d.bytes.len(),
         };
-        let info = libc::in_pktinfo {
-            ipi_ifindex: 0,
-            ipi_spec_dst: libc::in_addr {
-                s_addr: u32::from(d.source).to_be(),
-            },
-            ipi_addr: libc::in_addr { s_addr: 0 },
-        };
         let hdr = &mut msgs[i].msg_hdr;
-        hdr.msg_name = (&raw mut to[i]).cast();
-        hdr.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
         hdr.msg_iov = &raw mut iov[i];
         hdr.msg_iovlen = 1;
         hdr.msg_control = control[i].0.as_mut_ptr().cast();
+        let ((space, len), level, kind) = match d.target {
+            SocketAddr::V4(target) => {
+                to4[i] = sockaddr_in(SocketAddrV4::new(*target.ip(), 0));
+                hdr.msg_name = (&raw mut to4[i]).cast();
+                hdr.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
+                (v4_sizes, libc::IPPROTO_IP, libc::IP_PKTINFO)
+            }
+            SocketAddr::V6(target) => {
+                let plain = SocketAddrV6::new(*target.ip(), 0, 0, target.scope_id());
+                to6[i] = sockaddr_in6(plain);
+                hdr.msg_name = (&raw mut to6[i]).cast();
+                hdr.msg_namelen = size_of::<libc::sockaddr_in6>() as libc::socklen_t;
+                (v6_sizes, libc::IPPROTO_IPV6, libc::IPV6_PKTINFO)
+            }
+        };
         hdr.msg_controllen = space;
-        // SAFETY: the control buffer holds CMSG_SPACE(in_pktinfo) bytes, so the first header
-        // and its data fit; the data may be unaligned for in_pktinfo, hence write_unaligned.
+        // SAFETY: the control buffer holds CMSG_SPACE of the larger pktinfo, so the first header
+        // and its data fit; the data may be unaligned for the pktinfo, hence write_unaligned.
         unsafe {
             let cmsg = libc::CMSG_FIRSTHDR(hdr);
-            (*cmsg).cmsg_level = libc::IPPROTO_IP;
-            (*cmsg).cmsg_type = libc::IP_PKTINFO;
+            (*cmsg).cmsg_level = level;
+            (*cmsg).cmsg_type = kind;
             (*cmsg).cmsg_len = len;
-            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast(), info);
+            match d.source {
+                IpAddr::V4(source) => {
+                    let info = libc::in_pktinfo {
+                        ipi_ifindex: 0,
+                        ipi_spec_dst: libc::in_addr {
+                            s_addr: u32::from(source).to_be(),
+                        },
+                        ipi_addr: libc::in_addr { s_addr: 0 },
+                    };
+                    std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast(), info);
+                }
+                IpAddr::V6(source) => {
+                    let info = libc::in6_pktinfo {
+                        ipi6_addr: libc::in6_addr {
+                            s6_addr: source.octets(),
+                        },
+                        ipi6_ifindex: 0,
+                    };
+                    std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast(), info);
+                }
+            }
         }
     }
     // SAFETY: `n` headers whose buffers, addresses and control data are alive.
@@ -287,6 +328,95 @@ pub fn recv_many<const L: usize>(
     let got = got as usize;
     for i in 0..got {
         lens[i] = (msgs[i].msg_len as usize).min(L);
+    }
+    Ok(got)
+}
+
+/// What [`recv_many6`] tells of each datagram besides its bytes: the address it came from and
+/// the one it was sent to (an IPv6 raw socket hands over the payload only, without the IP
+/// header).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Addresses6 {
+    pub source: Ipv6Addr,
+    /// `::` if the datagram came without an `IPV6_PKTINFO` (the socket must ask for them with
+    /// `IPV6_RECVPKTINFO`).
+    pub destination: Ipv6Addr,
+}
+
+/// Room for the `IPV6_PKTINFO` control message of one received datagram (and a little more, so a
+/// second message the socket might add is cut rather than overrun).
+#[derive(Clone, Copy)]
+#[repr(C, align(8))]
+struct RecvControl([u8; 64]);
+
+/// As [`recv_many`], on an IPv6 raw socket with `IPV6_RECVPKTINFO` set: also the source and
+/// destination address of each datagram, in `addrs[i]`.
+pub fn recv_many6<const L: usize>(
+    fd: BorrowedFd<'_>,
+    bufs: &mut [[u8; L]],
+    lens: &mut [usize],
+    addrs: &mut [Addresses6],
+) -> io::Result<usize> {
+    let n = bufs.len().min(lens.len()).min(addrs.len()).min(MAX_BATCH);
+    let mut from = [sockaddr_in6(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, 0, 0, 0)); MAX_BATCH];
+    let mut control = [RecvControl([0; 64]); MAX_BATCH];
+    // SAFETY: all-zero iovecs and mmsghdrs are valid; the pointers set below outlive the call.
+    let mut iov: [libc::iovec; MAX_BATCH] = unsafe { std::mem::zeroed() };
+    let mut msgs: [libc::mmsghdr; MAX_BATCH] = unsafe { std::mem::zeroed() };
+    for i in 0..n {
+        iov[i] = libc::iovec {
+            iov_base: bufs[i].as_mut_ptr().cast(),
+            iov_len: L,
+        };
+        let hdr = &mut msgs[i].msg_hdr;
+        hdr.msg_iov = &raw mut iov[i];
+        hdr.msg_iovlen = 1;
+        hdr.msg_name = (&raw mut from[i]).cast();
+        hdr.msg_namelen = size_of::<libc::sockaddr_in6>() as libc::socklen_t;
+        hdr.msg_control = control[i].0.as_mut_ptr().cast();
+        hdr.msg_controllen = size_of::<RecvControl>();
+    }
+    // SAFETY: valid fd; `n` headers, each pointing to a writable buffer, address and control
+    // storage of its length.
+    let got = unsafe {
+        libc::recvmmsg(
+            fd.as_raw_fd(),
+            msgs.as_mut_ptr(),
+            n as libc::c_uint,
+            libc::MSG_DONTWAIT,
+            std::ptr::null_mut(),
+        )
+    };
+    if got < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let got = got as usize;
+    for i in 0..got {
+        lens[i] = (msgs[i].msg_len as usize).min(L);
+        let mut destination = Ipv6Addr::UNSPECIFIED;
+        let hdr = &msgs[i].msg_hdr;
+        // SAFETY: the kernel set msg_controllen to the control data it wrote into the buffer;
+        // CMSG_FIRSTHDR and CMSG_NXTHDR stay within it, and an in6_pktinfo is read unaligned
+        // from a message whose length says it holds one.
+        unsafe {
+            let mut cmsg = libc::CMSG_FIRSTHDR(hdr);
+            while !cmsg.is_null() {
+                let info_len = libc::CMSG_LEN(size_of::<libc::in6_pktinfo>() as u32) as usize;
+                if (*cmsg).cmsg_level == libc::IPPROTO_IPV6
+                    && (*cmsg).cmsg_type == libc::IPV6_PKTINFO
+                    && (*cmsg).cmsg_len as usize >= info_len
+                {
+                    let info: libc::in6_pktinfo =
+                        std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast());
+                    destination = Ipv6Addr::from(info.ipi6_addr.s6_addr);
+                }
+                cmsg = libc::CMSG_NXTHDR(hdr, cmsg);
+            }
+        }
+        addrs[i] = Addresses6 {
+            source: Ipv6Addr::from(from[i].sin6_addr.s6_addr),
+            destination,
+        };
     }
     Ok(got)
 }

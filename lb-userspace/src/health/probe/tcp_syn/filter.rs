@@ -1,4 +1,6 @@
-//! The classic BPF program that keeps the host's ordinary TCP traffic away from the raw socket.
+//! The classic BPF programs that keep the host's ordinary TCP traffic away from the raw sockets:
+//! one for the IPv4 socket, which sees packets from their IP header, and one for the IPv6
+//! socket, which sees them from their TCP header.
 
 use std::{io, os::fd::BorrowedFd};
 
@@ -61,9 +63,58 @@ fn reply_filter() -> [libc::sock_filter; 12] {
     ]
 }
 
+/// The classic BPF program on the IPv6 raw socket: the same test as [`reply_filter`]'s, at
+/// offset 13 of the data. An AF_INET6 raw socket is handed (and its filter sees) the packet from
+/// the transport header on: the kernel has pulled the IPv6 header and any extension headers
+/// before delivering it, so there is no header length to skip, and the addresses come with
+/// `recvmsg` instead.
+///
+/// ```text
+///  0  ldb  [13]                A = TCP flags
+///  1  jset #0x04, 2, 0         RST -> 4
+///  2  and  #0x12               A = SYN and ACK bits
+///  3  jeq  #0x12, 0, 1         both -> 4, else -> 5
+///  4  ret  #0xffffffff         accept, whole segment
+///  5  ret  #0                  drop
+/// ```
+fn reply_filter6() -> [libc::sock_filter; 6] {
+    use libc::{
+        BPF_ABS, BPF_ALU, BPF_AND, BPF_B, BPF_JEQ, BPF_JMP, BPF_JSET, BPF_K, BPF_LD, BPF_RET,
+    };
+    let op = |code: u32, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let jump = |code: u32, k: u32, jt: u8, jf: u8| libc::sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    };
+    let syn_ack = u32::from(SYN | ACK);
+    [
+        op(BPF_LD | BPF_B | BPF_ABS, 13),
+        jump(BPF_JMP | BPF_JSET | BPF_K, u32::from(RST), 2, 0),
+        op(BPF_ALU | BPF_AND | BPF_K, syn_ack),
+        jump(BPF_JMP | BPF_JEQ | BPF_K, syn_ack, 0, 1),
+        op(BPF_RET | BPF_K, u32::MAX),
+        op(BPF_RET | BPF_K, 0),
+    ]
+}
+
 /// Attaches [`reply_filter`] to `fd` (SO_ATTACH_FILTER; the kernel copies the program).
 pub(super) fn attach_filter(fd: BorrowedFd<'_>) -> io::Result<()> {
-    let mut program = reply_filter();
+    attach(fd, &mut reply_filter())
+}
+
+/// Attaches [`reply_filter6`] to `fd`, an IPv6 raw socket.
+pub(super) fn attach_filter6(fd: BorrowedFd<'_>) -> io::Result<()> {
+    attach(fd, &mut reply_filter6())
+}
+
+fn attach(fd: BorrowedFd<'_>, program: &mut [libc::sock_filter]) -> io::Result<()> {
     let fprog = libc::sock_fprog {
         len: program.len() as u16,
         filter: program.as_mut_ptr(),
@@ -75,18 +126,18 @@ pub(super) fn attach_filter(fd: BorrowedFd<'_>) -> io::Result<()> {
 mod tests {
     use std::os::{fd::AsFd as _, unix::net::UnixDatagram};
 
-    use super::super::wire::sample::reply;
+    use super::super::wire::sample::{reply, reply6};
     use super::*;
 
-    /// Runs the filter in the kernel: an AF_UNIX datagram socket applies its socket filter to
-    /// each datagram it receives, and the datagram's bytes start where a raw socket's packet does.
-    /// No privileges needed.
-    #[test]
-    fn filter_passes_only_syn_ack_and_rst() {
+    /// A datagram socket pair whose receiving end has `attach` on it, and a test of whether a
+    /// datagram passes it. An AF_UNIX datagram socket applies its socket filter to each
+    /// datagram it receives, and the datagram's bytes start where a raw socket's packet does: so
+    /// the filter runs in the kernel, without privileges.
+    fn filtered(attach: fn(BorrowedFd<'_>) -> io::Result<()>) -> impl Fn(&[u8]) -> bool {
         let (tx, rx) = UnixDatagram::pair().unwrap();
         rx.set_nonblocking(true).unwrap();
-        attach_filter(rx.as_fd()).unwrap();
-        let passes = |packet: &[u8]| {
+        attach(rx.as_fd()).unwrap();
+        move |packet: &[u8]| {
             tx.send(packet).unwrap();
             let mut buf = [0u8; 128];
             match rx.recv(&mut buf) {
@@ -97,9 +148,15 @@ mod tests {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => false,
                 Err(e) => panic!("{e}"),
             }
-        };
-        const FIN: u8 = 0x01;
-        const PSH: u8 = 0x08;
+        }
+    }
+
+    const FIN: u8 = 0x01;
+    const PSH: u8 = 0x08;
+
+    #[test]
+    fn filter_passes_only_syn_ack_and_rst() {
+        let passes = filtered(attach_filter);
         for options in [0, 4, 40] {
             assert!(
                 passes(&reply(SYN | ACK, 1, options)),
@@ -126,5 +183,27 @@ mod tests {
         let full = reply(SYN | ACK, 1, 0);
         assert!(!passes(&full[..33]), "too short to hold the flags");
         assert!(passes(&full[..34]), "just long enough");
+    }
+
+    /// The IPv6 socket's filter reads the flags at the start of the data, where an IPv6 raw
+    /// socket's segment starts.
+    #[test]
+    fn filter6_passes_only_syn_ack_and_rst() {
+        let passes = filtered(attach_filter6);
+        assert!(passes(&reply6(SYN | ACK, 1)), "SYN+ACK");
+        assert!(passes(&reply6(RST | ACK, 1)), "RST+ACK");
+        assert!(passes(&reply6(RST, 1)), "RST");
+        for flags in [SYN, ACK, PSH | ACK, FIN | ACK] {
+            assert!(!passes(&reply6(flags, 1)), "flags {flags:#x}");
+        }
+        // The flags at offset 13 only: an ACK with SYN+ACK where the IPv4 filter would look
+        // (behind a 20-byte IP header) is an ACK.
+        let mut ack = reply6(ACK, 1);
+        ack.resize(40, 0);
+        ack[33] = SYN | ACK;
+        assert!(!passes(&ack));
+        let full = reply6(SYN | ACK, 1);
+        assert!(!passes(&full[..13]), "too short to hold the flags");
+        assert!(passes(&full[..14]), "just long enough");
     }
 }

@@ -1,16 +1,24 @@
 //! Half-open TCP probes (SPEC §2 `tcp`): send a SYN to `ip:port`; a SYN+ACK within the timeout
 //! is a success, a RST is a `TcpFailure`, silence is a `Timeout`. The connection is never
 //! completed: the local kernel answers the backend's SYN+ACK with a RST by itself, because no
-//! local socket owns the connection, so the backend does not keep a half-open entry.
+//! local socket owns the connection, so the backend does not keep a half-open entry. Targets
+//! are IPv4 or IPv6 (`SocketAddr`), and the same holds for both.
 //!
-//! One raw `IPPROTO_TCP` socket serves every probe of the daemon. A probe registers itself in a
-//! map keyed by the connection and queues its SYN; a sender task sends the queued SYNs, and a
-//! reader task receives the replies, completes the matching probes and also ends the probes
-//! whose deadline has passed. The checker starts probes with [`SynProber::start_many`] and takes
+//! Two raw `IPPROTO_TCP` sockets serve every probe of the daemon: an `AF_INET` one for IPv4
+//! targets and an `AF_INET6` one for IPv6 targets (left out, with a warning, on a host without
+//! IPv6; its IPv6 probes are then `Local` failures). A probe registers itself in one map keyed by
+//! the connection, whatever its family, and queues its SYN; a sender task sends the queued SYNs
+//! on the socket of their family, and a reader task receives the replies of both sockets,
+//! completes the matching probes and also ends the probes whose deadline has passed. The checker starts probes with [`SynProber::start_many`] and takes
 //! their results from [`SynProber::finished`]; [`SynProber::probe`] starts one the same way and
 //! has its result come to the future instead. A raw TCP socket receives a copy of *every* TCP
-//! segment that reaches this host, so a classic BPF filter in the kernel passes only segments
-//! with SYN+ACK or RST set: the reader does not wake for the host's ordinary TCP traffic.
+//! segment of its family that reaches this host, so a classic BPF filter in the kernel passes
+//! only segments with SYN+ACK or RST set: the reader does not wake for the host's ordinary TCP
+//! traffic. The two sockets see different bytes, hence two filters: the IPv4 socket gets each
+//! packet from its IP header (the flags sit behind the header's variable length), the IPv6
+//! socket from its TCP header (the kernel has pulled the IPv6 header and any extension headers;
+//! the addresses come with `recvmsg`: the source as the sender's address, the destination from
+//! `IPV6_PKTINFO`).
 //!
 //! What a probe costs (issue 4: 10,000 targets a second must stay cheap): its share of a
 //! `sendmmsg` and of a `recvmmsg` and a few short lock sections. Everything else is shared or
@@ -27,10 +35,12 @@
 //! - the reader takes up to 64 replies per `recvmmsg`, and when replies come faster
 //!   than one per [`COALESCE`] it pauses that long between reads, so it wakes at most about once
 //!   per `COALESCE` under load rather than once per reply;
-//! - the SYNs carry DF, like a Linux TCP SYN, which also spares the kernel a hashed IP ID each;
-//! - a target whose last probe was answered gets its SYNs through a packet socket on the
+//! - the IPv4 SYNs carry DF, like a Linux TCP SYN, which also spares the kernel a hashed IP ID
+//!   each (IPv6 has no fragmentation on the way);
+//! - an IPv4 target whose last probe was answered gets its SYNs through a packet socket on the
 //!   link layer (see [`super::link`]): the kernel's IP output path was the largest single cost
-//!   of a probe. Its first probe, and every probe after a timeout or a failed send, take the
+//!   of a probe. That path builds IPv4 headers only: IPv6 targets always take the kernel's path
+//!   through the raw socket (README, limitations). Its first probe, and every probe after a timeout or a failed send, take the
 //!   kernel's path through the raw socket, so the kernel resolves the next hop, and a failure
 //!   (unless it is the first timeout) is always seen through the kernel's own routing. On that
 //!   path a SYN skips netfilter's OUTPUT and POSTROUTING hooks and IPsec policies (README,
@@ -48,22 +58,25 @@
 //! - the address is the kernel's own choice towards the target (a connected UDP socket's local
 //!   address), cached per target for [`ROUTE_TTL`] so it follows route changes within that time;
 //!   a timeout or a failed send drops the cached address, so the next probe looks it up again.
-//!   The SYN is sent with that source (`IP_PKTINFO`): the checksum covers it, so it must be the
-//!   address in the IP header, and a source that is no longer local makes the send fail (then
-//!   the probe looks the route up again and resends once);
-//! - the port comes from a pool of [`POOL_PORTS`] ports, each reserved for the prober's lifetime
-//!   by a TCP socket bound to `0.0.0.0:port` that never listens nor connects: no other local
-//!   socket can take the port meanwhile (an ephemeral `connect` or `bind` skips it, whatever the
-//!   address), and since that socket is not listening the kernel still resets the backend's
-//!   SYN+ACK. A pooled port serves many targets at once (the reply is matched by both ends);
+//!   The SYN is sent with that source (`IP_PKTINFO`, `IPV6_PKTINFO`): the checksum covers it,
+//!   so it must be the address in the IP header, and a source that is no longer local makes the
+//!   send fail (then the probe looks the route up again and resends once). An IPv4 SYN's
+//!   checksum is computed here; an IPv6 one's by the kernel (`IPV6_CHECKSUM`), over the
+//!   pseudo-header of the addresses it sends with;
+//! - the port comes from a pool of [`POOL_PORTS`] ports shared by both families, each reserved
+//!   for the prober's lifetime by a dual-stack TCP socket bound to `[::]:port` (`IPV6_V6ONLY`
+//!   off; `0.0.0.0:port` on a host without IPv6) that never listens nor connects: no other local
+//!   socket of either family can take the port meanwhile (an ephemeral `connect` or `bind`
+//!   skips it, whatever the address, `IPV6_V6ONLY` sockets included), and since that socket is
+//!   not listening the kernel still resets the backend's SYN+ACK, over IPv4 and IPv6 alike. A pooled port serves many targets at once (the reply is matched by both ends);
 //!   each target walks through the pool in turn, so it reuses a port only every `POOL_PORTS`
 //!   probes, long after its backend forgot the previous half-open connection even if our RST
 //!   was lost. When every pooled port is busy towards one target, a probe reserves a port of its
 //!   own for its lifetime (a socket bound to `(source, 0)`).
 //!
-//! ICMP errors (e.g. a firewall's port-unreachable) are not matched to probes: an unconnected
-//! raw socket only hears of them with IP_RECVERR, through its error queue, which this prober does
-//! not read. Such a target times out, which is a failure all the same.
+//! ICMP and ICMPv6 errors (e.g. a firewall's port-unreachable) are not matched to probes: an
+//! unconnected raw socket only hears of them with IP_RECVERR (IPV6_RECVERR), through its error
+//! queue, which this prober does not read. Such a target times out, which is a failure all the same.
 //!
 //! Sockets are created in the network namespace of the calling thread: [`SynProber::new`] and
 //! the calls that start probes must run in the same one (the daemon runs in a single
@@ -92,14 +105,13 @@ use tokio::task::JoinHandle;
 use super::ProbeResult;
 use super::link::Links;
 use super::sys::register;
-use crate::health::outcome::Reason;
 use pending::Waiter;
 use shared::Shared;
-use socket::open_raw_socket;
+use socket::{open_raw_socket, open_raw_socket6};
 use targets::Pool;
 use tasks::{read_replies, send_queued};
 
-/// One raw socket serving every half-open probe of the daemon.
+/// The raw sockets (one per family) serving every half-open probe of the daemon.
 pub struct SynProber {
     shared: Arc<Shared>,
     reader: JoinHandle<()>,
@@ -107,12 +119,21 @@ pub struct SynProber {
 }
 
 impl SynProber {
-    /// Opens the raw socket (needs CAP_NET_RAW; the error says so), reserves the pooled source
+    /// Opens the raw sockets (needs CAP_NET_RAW; the error says so), reserves the pooled source
     /// ports and starts the reader and sender tasks on the current tokio runtime (which must
-    /// have IO and time enabled).
+    /// have IO and time enabled). The IPv6 socket is left out, with a warning, where the host
+    /// has no IPv6: its IPv6 probes are then local failures.
     pub fn new() -> io::Result<Self> {
         let runtime = tokio::runtime::Handle::try_current().map_err(io::Error::other)?;
         let socket = register(open_raw_socket()?)?;
+        let socket6 = match open_raw_socket6() {
+            Ok(fd) => Some(register(fd)?),
+            Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) => {
+                tracing::warn!("half-open probes: no IPv6 on this host ({e}); IPv4 targets only");
+                None
+            }
+            Err(e) => return Err(e),
+        };
         let pool = Pool::reserve();
         let links = Links::open()
             .inspect_err(|e| {
@@ -121,7 +142,7 @@ impl SynProber {
                 );
             })
             .ok();
-        let shared = Arc::new(Shared::new(socket, pool, links)?);
+        let shared = Arc::new(Shared::new(socket, socket6, pool, links)?);
         let reader = runtime.spawn(read_replies(Arc::clone(&shared)));
         let sender = runtime.spawn(send_queued(Arc::clone(&shared)));
         Ok(Self {
@@ -138,12 +159,7 @@ impl SynProber {
     /// Local errors are logged; no route or a firewall refusing the send count as `TcpFailure`
     /// (the target cannot be reached either way), a shortage here (ports, descriptors,
     /// buffers) as `Local`.
-    ///
-    /// IPv6 targets are not probed yet: a `Local` failure.
     pub async fn probe(&self, target: SocketAddr, timeout: Duration) -> ProbeResult {
-        let SocketAddr::V4(target) = target else {
-            return ProbeResult::Local(Reason::NoProber);
-        };
         let now = Instant::now();
         let (mut waiting, syn) = self.shared.start_waiting(target, now + timeout, now);
         if let Some(syn) = syn {
@@ -177,16 +193,6 @@ impl SynProber {
     pub fn start_many(&self, probes: &[(u64, SocketAddr, Duration)]) {
         let now = Instant::now();
         let mut queued = Vec::with_capacity(probes.len());
-        // IPv6 targets are not probed yet: `Local` failures.
-        let unsupported: Vec<(u64, ProbeResult)> = probes
-            .iter()
-            .filter(|(_, target, _)| target.is_ipv6())
-            .map(|&(token, _, _)| (token, ProbeResult::Local(Reason::NoProber)))
-            .collect();
-        if !unsupported.is_empty() {
-            self.shared.finished_queue().extend(unsupported);
-            self.shared.finished_ready.notify_one();
-        }
         {
             // The targets' states lie scattered in memory: ask for all of them before using
             // any, so their cache misses overlap instead of coming one by one.
@@ -196,9 +202,6 @@ impl SynProber {
             }
         }
         for &(token, target, timeout) in probes {
-            let SocketAddr::V4(target) = target else {
-                continue;
-            };
             let deadline = now + timeout;
             queued.extend(
                 self.shared

@@ -2,7 +2,7 @@
 
 use std::{
     collections::{BTreeMap, hash_map::Entry},
-    net::SocketAddrV4,
+    net::SocketAddr,
     os::fd::OwnedFd,
     time::{Duration, Instant},
 };
@@ -14,11 +14,11 @@ use super::targets::Home;
 use super::wire::Verdict;
 use crate::health::probe::ProbeResult;
 
-/// A probe's connection, seen from this host.
+/// A probe's connection, seen from this host: both ends of one family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(super) struct Key {
-    pub(super) local: SocketAddrV4,
-    pub(super) remote: SocketAddrV4,
+    pub(super) local: SocketAddr,
+    pub(super) remote: SocketAddr,
 }
 
 /// A probe waiting for its answer.

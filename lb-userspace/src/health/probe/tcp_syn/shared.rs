@@ -4,7 +4,7 @@
 
 use std::{
     io,
-    net::SocketAddrV4,
+    net::{IpAddr, SocketAddr},
     os::fd::OwnedFd,
     sync::{Mutex, MutexGuard, PoisonError, atomic::AtomicU64},
     time::{Duration, Instant},
@@ -25,7 +25,11 @@ use crate::health::probe::link::{Link, Links};
 
 /// What the probes and the reader and sender tasks share.
 pub(super) struct Shared {
+    /// The raw socket of IPv4 probes.
     pub(super) socket: AsyncFd<OwnedFd>,
+    /// The raw socket of IPv6 probes; None on a host without IPv6 (its IPv6 probes then fail
+    /// as local failures).
+    pub(super) socket6: Option<AsyncFd<OwnedFd>>,
     state: Mutex<State>,
     /// Tells the reader that a probe's deadline is earlier than its timer.
     pub(super) rearm: Notify,
@@ -58,7 +62,7 @@ pub(super) struct State {
 
 /// Where a probe's SYN leaves from (see [`Shared::place`]).
 struct Placed {
-    local: SocketAddrV4,
+    local: SocketAddr,
     /// The link-layer path, if the SYN takes it.
     link: Option<Link>,
     /// A port reserved for this probe alone, if the pool had none free towards the target.
@@ -77,11 +81,13 @@ pub(super) struct Queued {
 impl Shared {
     pub(super) fn new(
         socket: AsyncFd<OwnedFd>,
+        socket6: Option<AsyncFd<OwnedFd>>,
         pool: Pool,
         links: Option<Links>,
     ) -> io::Result<Self> {
         Ok(Self {
             socket,
+            socket6,
             state: Mutex::new(State {
                 pending: Registry::default(),
                 targets: Targets::default(),
@@ -112,11 +118,15 @@ impl Shared {
     pub(super) fn start(
         &self,
         waiter: Waiter,
-        target: SocketAddrV4,
+        target: SocketAddr,
         deadline: Instant,
         resend_of: Option<u64>,
         now: Instant,
     ) -> Option<Queued> {
+        if target.is_ipv6() && self.socket6.is_none() {
+            self.finish(waiter, ProbeResult::Local(Reason::NoProber));
+            return None;
+        }
         let seq = initial_sequence();
         let home = waiter.home();
         let (mut state, placed) = match self.place(home, target, now) {
@@ -162,7 +172,7 @@ impl Shared {
     /// Starts a probe for a `probe` future: its hold on the result, and its SYN to queue.
     pub(super) fn start_waiting(
         &self,
-        target: SocketAddrV4,
+        target: SocketAddr,
         deadline: Instant,
         now: Instant,
     ) -> (Waiting<'_>, Option<Queued>) {
@@ -182,14 +192,19 @@ impl Shared {
     ///
     /// The SYN takes the link-layer path when the target's last probe was answered and a
     /// current link to it is known (looked up now if not, at most once per `ROUTE_TTL` when
-    /// there is none); the kernel's path otherwise.
+    /// there is none); the kernel's path otherwise, and always for an IPv6 target (the
+    /// link-layer path builds IPv4 headers only).
     fn place(
         &self,
         home: Home,
-        target: SocketAddrV4,
+        target: SocketAddr,
         mut now: Instant,
     ) -> io::Result<(MutexGuard<'_, State>, Placed)> {
-        let mut own: Option<(OwnedFd, SocketAddrV4)> = None;
+        let mut own: Option<(OwnedFd, SocketAddr)> = None;
+        let target_v4 = match target {
+            SocketAddr::V4(v4) => Some(v4),
+            SocketAddr::V6(_) => None,
+        };
         let mut again = false;
         loop {
             // Another turn follows a lookup or a reservation, which took time.
@@ -210,12 +225,13 @@ impl Shared {
             let path = self
                 .links
                 .as_ref()
-                .map(|links| (links, entry.path(links, now)));
+                .zip(target_v4)
+                .map(|(links, v4)| (links, v4, entry.path(links, now)));
             let link = match path {
-                Some((_, Path::Link(link))) => Some(link),
-                Some((links, Path::LookUp)) => {
+                Some((_, _, Path::Link(link))) => Some(link),
+                Some((links, v4, Path::LookUp)) => {
                     drop(guard);
-                    let found = links.lookup(*target.ip()).unwrap_or_else(|e| {
+                    let found = links.lookup(*v4.ip()).unwrap_or_else(|e| {
                         tracing::debug!(%target, "link-layer path lookup failed: {e}");
                         None
                     });
@@ -225,10 +241,10 @@ impl Shared {
                     }
                     continue;
                 }
-                Some((_, Path::Kernel)) | None => None,
+                Some((_, _, Path::Kernel)) | None => None,
             };
             let source = match (&link, entry.source(now)) {
-                (Some(link), _) => link.source,
+                (Some(link), _) => IpAddr::V4(link.source),
                 (None, Some(source)) => source,
                 (None, None) => {
                     drop(guard);
@@ -240,7 +256,7 @@ impl Shared {
                 }
             };
             let local = match &own {
-                Some((_, addr)) if addr.ip() == &source => Some(*addr),
+                Some((_, addr)) if addr.ip() == source => Some(*addr),
                 _ => self.pool.take(&mut entry.next_port, source, |local| {
                     state.pending.contains(&Key {
                         local,
@@ -309,7 +325,7 @@ impl Shared {
     fn result_of(
         &self,
         home: Home,
-        target: SocketAddrV4,
+        target: SocketAddr,
         answer: Answer,
     ) -> Result<ProbeResult, i32> {
         match answer {
@@ -333,7 +349,7 @@ impl Shared {
     /// A probe that failed here: no route or the send refused by a local firewall is a
     /// `TcpFailure` (the target cannot be reached either way); no port, descriptor or buffer
     /// left is the host's shortage, a `Local` result that counts against nobody.
-    fn local_failure(&self, home: Home, target: SocketAddrV4, e: &io::Error) -> ProbeResult {
+    fn local_failure(&self, home: Home, target: SocketAddr, e: &io::Error) -> ProbeResult {
         tracing::warn!(%target, "half-open probe failed locally: {e}");
         self.forget_route(home, target);
         from_io(e)
@@ -373,27 +389,37 @@ impl Shared {
 
     /// Drops the cached source and link of `target`: its next probe looks the route up again
     /// and takes the kernel's path until it is answered.
-    fn forget_route(&self, home: Home, target: SocketAddrV4) {
+    fn forget_route(&self, home: Home, target: SocketAddr) {
         if let Some(t) = self.state().targets.get_mut(home, target) {
             t.forget_route();
         }
     }
 
-    /// Completes the probes that `packets` answer, if any, with replies read at `at`. `answers`
-    /// is scratch space (empty on return): the answers are delivered after the lock is released.
+    /// Completes the probes that IPv4 `packets` (as the IPv4 raw socket reads them) answer, if
+    /// any, with replies read at `at` (see [`Shared::dispatch_segments`]).
     pub(super) fn dispatch<'p>(
         &self,
         packets: impl IntoIterator<Item = &'p [u8]>,
         at: Instant,
         answers: &mut Vec<Ended>,
     ) {
+        let segments = packets.into_iter().filter_map(Segment::parse);
+        self.dispatch_segments(segments, at, answers);
+    }
+
+    /// Completes the probes that `segments` (of either family) answer, if any, with replies
+    /// read at `at`. `answers` is scratch space (empty on return): the answers are delivered
+    /// after the lock is released.
+    pub(super) fn dispatch_segments(
+        &self,
+        segments: impl IntoIterator<Item = Segment>,
+        at: Instant,
+        answers: &mut Vec<Ended>,
+    ) {
         {
             let mut guard = self.state();
             let state = &mut *guard;
-            for packet in packets {
-                let Some(segment) = Segment::parse(packet) else {
-                    continue;
-                };
+            for segment in segments {
                 let key = Key {
                     local: segment.destination,
                     remote: segment.source,
@@ -484,18 +510,25 @@ mod tests {
 
     use futures_util::FutureExt as _;
 
-    use super::super::wire::sample::{LOCAL, REMOTE, reply};
+    use super::super::wire::sample::{LOCAL, LOCAL6, REMOTE, REMOTE6, reply, reply6};
     use super::super::wire::{ACK, RST, SYN};
     use super::*;
     use crate::health::probe::sys::register;
 
-    /// A prober state on an unrelated socket (nothing arrives on it), with `ports` as its pool,
-    /// and `target` reachable from `source` without a route lookup.
-    fn shared_with(ports: Vec<u16>, source: Ipv4Addr, targets: &[SocketAddrV4]) -> Shared {
+    /// A socket nothing arrives on, standing in for a raw one.
+    fn unrelated_socket() -> AsyncFd<OwnedFd> {
         let (a, b) = UnixDatagram::pair().unwrap();
         drop(b);
+        register(OwnedFd::from(a)).unwrap()
+    }
+
+    /// A prober state on unrelated sockets (nothing arrives on them), with `ports` as its pool,
+    /// and `targets` reachable without a route lookup: the IPv4 ones from `source`, the IPv6
+    /// ones from LOCAL6's address.
+    fn shared_with(ports: Vec<u16>, source: Ipv4Addr, targets: &[SocketAddr]) -> Shared {
         let shared = Shared::new(
-            register(OwnedFd::from(a)).unwrap(),
+            unrelated_socket(),
+            Some(unrelated_socket()),
             Pool::new(ports, Vec::new()),
             None,
         )
@@ -503,6 +536,10 @@ mod tests {
         // Each target known both by address (for `probe`) and at its index as the place (for
         // `start`: tokens `place << 32 | n`).
         for (place, &target) in targets.iter().enumerate() {
+            let source = match target {
+                SocketAddr::V4(_) => IpAddr::V4(source),
+                SocketAddr::V6(_) => IpAddr::V6(*LOCAL6.ip()),
+            };
             let known = || Target {
                 source: Some((source, Instant::now())),
                 answered: false,
@@ -518,6 +555,14 @@ mod tests {
         shared
     }
 
+    /// LOCAL's address.
+    fn local_ip() -> Ipv4Addr {
+        match LOCAL {
+            SocketAddr::V4(local) => *local.ip(),
+            SocketAddr::V6(_) => unreachable!("an IPv4 sample"),
+        }
+    }
+
     fn runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -527,7 +572,7 @@ mod tests {
 
     /// A probe of `target` as `SynProber::probe` starts it (its SYN is not sent): its hold on
     /// the result, and its connection.
-    fn probe(shared: &Shared, target: SocketAddrV4, deadline: Instant) -> (Waiting<'_>, Key) {
+    fn probe(shared: &Shared, target: SocketAddr, deadline: Instant) -> (Waiting<'_>, Key) {
         let (waiting, syn) = shared.start_waiting(target, deadline, Instant::now());
         (waiting, syn.expect("started").key)
     }
@@ -538,7 +583,7 @@ mod tests {
     }
 
     /// A probe of `start_many` (its SYN is not sent): its connection.
-    fn start(shared: &Shared, token: u64, target: SocketAddrV4, deadline: Instant) -> Key {
+    fn start(shared: &Shared, token: u64, target: SocketAddr, deadline: Instant) -> Key {
         let now = Instant::now();
         let syn = shared.start(Waiter::Token(token), target, deadline, None, now);
         syn.expect("started").key
@@ -573,9 +618,9 @@ mod tests {
     fn started_probes_finish_under_their_token() {
         let rt = runtime();
         let _rt = rt.enter();
-        let other = SocketAddrV4::new(*REMOTE.ip(), 81);
-        let third = SocketAddrV4::new(*REMOTE.ip(), 82);
-        let shared = shared_with(vec![LOCAL.port()], *LOCAL.ip(), &[REMOTE, other, third]);
+        let other = SocketAddr::new(REMOTE.ip(), 81);
+        let third = SocketAddr::new(REMOTE.ip(), 82);
+        let shared = shared_with(vec![LOCAL.port()], local_ip(), &[REMOTE, other, third]);
         let t0 = Instant::now();
         let first = start(&shared, 7, REMOTE, t0 + Duration::from_secs(10));
         // Tokens: the target's place (its index in `shared_with`) in the high half.
@@ -619,7 +664,7 @@ mod tests {
     fn probes_due_together_share_one_deadline_entry() {
         let rt = runtime();
         let _rt = rt.enter();
-        let shared = shared_with(vec![40000, 40001, 40002], *LOCAL.ip(), &[REMOTE]);
+        let shared = shared_with(vec![40000, 40001, 40002], local_ip(), &[REMOTE]);
         let deadline = Instant::now() + Duration::from_secs(60);
         // Tokens of place 0 (REMOTE's).
         let probes: Vec<Key> = (0..3)
@@ -659,7 +704,7 @@ mod tests {
     fn dispatch_completes_only_the_matching_probe() {
         let rt = runtime();
         let _rt = rt.enter();
-        let shared = shared_with(vec![LOCAL.port()], *LOCAL.ip(), &[REMOTE]);
+        let shared = shared_with(vec![LOCAL.port()], local_ip(), &[REMOTE]);
         let deadline = Instant::now() + Duration::from_secs(60);
         let (mut waiting, key) = probe(&shared, REMOTE, deadline);
         assert_eq!(
@@ -700,8 +745,8 @@ mod tests {
     fn expired_probes_end_and_the_timer_follows_the_earliest_deadline() {
         let rt = runtime();
         let _rt = rt.enter();
-        let other = SocketAddrV4::new(*REMOTE.ip(), 81);
-        let shared = shared_with(vec![LOCAL.port()], *LOCAL.ip(), &[REMOTE, other]);
+        let other = SocketAddr::new(REMOTE.ip(), 81);
+        let shared = shared_with(vec![LOCAL.port()], local_ip(), &[REMOTE, other]);
         let t0 = Instant::now();
         let (d1, d2) = (t0 + Duration::from_secs(10), t0 + Duration::from_secs(20));
         let (mut late, late_key) = probe(&shared, other, d2);
@@ -744,8 +789,8 @@ mod tests {
         let _rt = rt.enter();
         let local = Ipv4Addr::LOCALHOST;
         let (a, b) = (
-            SocketAddrV4::new(Ipv4Addr::new(10, 0, 9, 2), 80),
-            SocketAddrV4::new(Ipv4Addr::new(10, 0, 9, 3), 80),
+            SocketAddr::from((Ipv4Addr::new(10, 0, 9, 2), 80)),
+            SocketAddr::from((Ipv4Addr::new(10, 0, 9, 3), 80)),
         );
         let shared = shared_with(vec![41000, 41001, 41002], local, &[a, b]);
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -776,7 +821,7 @@ mod tests {
     fn without_a_pool_each_probe_reserves_its_port() {
         let rt = runtime();
         let _rt = rt.enter();
-        let target = SocketAddrV4::new(Ipv4Addr::new(10, 0, 9, 2), 80);
+        let target = SocketAddr::from((Ipv4Addr::new(10, 0, 9, 2), 80));
         let shared = shared_with(Vec::new(), Ipv4Addr::LOCALHOST, &[target]);
         let deadline = Instant::now() + Duration::from_secs(60);
         let a = probe(&shared, target, deadline);
@@ -791,7 +836,7 @@ mod tests {
     fn a_stopped_reader_fails_waiting_and_new_probes() {
         let rt = runtime();
         let _rt = rt.enter();
-        let shared = shared_with(vec![LOCAL.port()], *LOCAL.ip(), &[REMOTE]);
+        let shared = shared_with(vec![LOCAL.port()], local_ip(), &[REMOTE]);
         let deadline = Instant::now() + Duration::from_secs(60);
         let (mut waiting, _) = probe(&shared, REMOTE, deadline);
         drop(Closing(&shared));
@@ -809,8 +854,8 @@ mod tests {
         let rt = runtime();
         let _rt = rt.enter();
         // On loopback, so that the route lookup of the resend finds a source without privileges.
-        let target = SocketAddrV4::new(Ipv4Addr::new(127, 0, 0, 2), 80);
-        let shared = shared_with(vec![LOCAL.port()], *LOCAL.ip(), &[target]);
+        let target = SocketAddr::from((Ipv4Addr::new(127, 0, 0, 2), 80));
+        let shared = shared_with(vec![LOCAL.port()], local_ip(), &[target]);
         let deadline = Instant::now() + Duration::from_secs(60);
         let unsent = |key: Key| {
             let id = shared.state().pending.get(&key).unwrap().id;
@@ -832,7 +877,7 @@ mod tests {
         let again = resent();
         assert_eq!(again.id, id, "the same probe");
         assert_eq!(
-            *again.key.local.ip(),
+            again.key.local.ip(),
             Ipv4Addr::LOCALHOST,
             "from a fresh lookup"
         );
@@ -857,6 +902,110 @@ mod tests {
             probe.end(key, Answer::Unsent(libc::EADDRNOTAVAIL)),
         ]);
         assert!(shared.outbox.lock().unwrap().is_empty());
+        assert!(is_empty(&shared));
+    }
+
+    /// IPv6 and IPv4 probes side by side: each matched by its own connection, on one pool of
+    /// ports (a pooled port serves both families at once).
+    #[test]
+    fn ipv6_and_ipv4_probes_share_the_pool_and_get_their_own_answers() {
+        let rt = runtime();
+        let _rt = rt.enter();
+        let remote6 = SocketAddr::V6(REMOTE6);
+        let shared = shared_with(vec![LOCAL.port()], local_ip(), &[REMOTE, remote6]);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let (mut v4, key4) = probe(&shared, REMOTE, deadline);
+        let (mut v6, key6) = probe(&shared, remote6, deadline);
+        assert_eq!(
+            key6,
+            Key {
+                local: SocketAddr::V6(LOCAL6),
+                remote: remote6
+            }
+        );
+        assert_eq!(
+            key4.local.port(),
+            key6.local.port(),
+            "one pooled port, both families"
+        );
+        let (seq4, seq6) = (seq(&shared, key4), seq(&shared, key6));
+        let mut scratch = Vec::new();
+        let now = Instant::now();
+        let segment6 =
+            |flags, ack| Segment::parse6(&reply6(flags, ack), *REMOTE6.ip(), *LOCAL6.ip()).unwrap();
+        // The IPv4 probe's ack on the IPv6 connection, and an answer from another address (the
+        // IPv4 one's segment with the IPv6 probe's ack): nothing.
+        shared.dispatch_segments(
+            [segment6(SYN | ACK, seq4.wrapping_add(1))],
+            now,
+            &mut scratch,
+        );
+        shared.dispatch(
+            [&reply(SYN | ACK, seq6.wrapping_add(1), 0)[..]],
+            now,
+            &mut scratch,
+        );
+        assert_eq!(result_of(&mut v4), None);
+        assert_eq!(result_of(&mut v6), None);
+        shared.dispatch_segments(
+            [segment6(RST | ACK, seq6.wrapping_add(1))],
+            now,
+            &mut scratch,
+        );
+        assert_eq!(
+            result_of(&mut v6),
+            Some(ProbeResult::TcpFailure(Reason::Refused))
+        );
+        assert_eq!(result_of(&mut v4), None);
+        shared.dispatch(
+            [&reply(SYN | ACK, seq4.wrapping_add(1), 0)[..]],
+            now,
+            &mut scratch,
+        );
+        assert!(matches!(
+            result_of(&mut v4),
+            Some(ProbeResult::Success { .. })
+        ));
+        assert!(is_empty(&shared));
+    }
+
+    /// Without an IPv6 socket (a host without IPv6), an IPv6 probe fails at once as a local
+    /// failure; IPv4 probes are not affected.
+    #[test]
+    fn without_an_ipv6_socket_ipv6_probes_are_local_failures() {
+        let rt = runtime();
+        let _rt = rt.enter();
+        let shared = Shared::new(
+            unrelated_socket(),
+            None,
+            Pool::new(vec![LOCAL.port()], Vec::new()),
+            None,
+        )
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let (mut waiting, syn) =
+            shared.start_waiting(SocketAddr::V6(REMOTE6), deadline, Instant::now());
+        assert!(syn.is_none());
+        assert_eq!(
+            result_of(&mut waiting),
+            Some(ProbeResult::Local(Reason::NoProber))
+        );
+        let now = Instant::now();
+        assert!(
+            shared
+                .start(
+                    Waiter::Token(3),
+                    SocketAddr::V6(REMOTE6),
+                    deadline,
+                    None,
+                    now
+                )
+                .is_none()
+        );
+        assert_eq!(
+            finished(&shared),
+            [(3, ProbeResult::Local(Reason::NoProber))]
+        );
         assert!(is_empty(&shared));
     }
 }

@@ -2,14 +2,14 @@
 //! the port pool), and the pool of source ports.
 
 use std::{
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, SocketAddr},
     os::fd::OwnedFd,
     time::{Duration, Instant},
 };
 
 use foldhash::HashMap;
 
-use super::socket::reserve_port;
+use super::socket::reserve_pooled_port;
 use crate::health::probe::link::{Link, Links};
 
 /// Source ports reserved once per prober. A target reuses a port every `POOL_PORTS` probes:
@@ -45,8 +45,8 @@ impl Home {
 pub(super) struct Targets {
     /// By place: the target's address and state (a place taken over by another address
     /// starts afresh).
-    places: Vec<Option<(SocketAddrV4, Target)>>,
-    map: HashMap<SocketAddrV4, Target>,
+    places: Vec<Option<(SocketAddr, Target)>>,
+    map: HashMap<SocketAddr, Target>,
     /// When the targets of `probe` futures were last swept of those no longer probed.
     swept: Instant,
 }
@@ -66,7 +66,7 @@ impl Targets {
     pub(super) fn entry(
         &mut self,
         home: Home,
-        addr: SocketAddrV4,
+        addr: SocketAddr,
         fresh: impl FnOnce() -> Target,
     ) -> &mut Target {
         match home {
@@ -84,7 +84,7 @@ impl Targets {
         }
     }
 
-    pub(super) fn get_mut(&mut self, home: Home, addr: SocketAddrV4) -> Option<&mut Target> {
+    pub(super) fn get_mut(&mut self, home: Home, addr: SocketAddr) -> Option<&mut Target> {
         match home {
             Home::Map => self.map.get_mut(&addr),
             Home::Place(place) => match self.places.get_mut(place) {
@@ -115,10 +115,11 @@ impl Targets {
 
 /// What the prober keeps per target.
 pub(super) struct Target {
-    /// The cached source address and when it was looked up.
-    pub(super) source: Option<(Ipv4Addr, Instant)>,
+    /// The cached source address (of the target's family) and when it was looked up.
+    pub(super) source: Option<(IpAddr, Instant)>,
     /// Its last probe was answered through the kernel's path (so the kernel knows the next
-    /// hop): its SYNs may take the link-layer path. Cleared by a timeout or a local failure.
+    /// hop): its SYNs may take the link-layer path (IPv4 targets only: the shared state never
+    /// asks for an IPv6 target's path). Cleared by a timeout or a local failure.
     pub(super) answered: bool,
     /// The link-layer path, if the last lookup found one, and when that lookup was.
     pub(super) link: Option<Link>,
@@ -141,7 +142,7 @@ pub(super) enum Path {
 
 impl Target {
     /// A target first probed at `now`.
-    pub(super) fn new(addr: SocketAddrV4, pool: &Pool, now: Instant) -> Self {
+    pub(super) fn new(addr: SocketAddr, pool: &Pool, now: Instant) -> Self {
         Self {
             source: None,
             answered: false,
@@ -177,14 +178,14 @@ impl Target {
     /// What a lookup of the link-layer path at `at` found (its source is the route's too).
     pub(super) fn learn_link(&mut self, found: Option<Link>, at: Instant) {
         if let Some(found) = &found {
-            self.source = Some((found.source, at));
+            self.source = Some((IpAddr::V4(found.source), at));
         }
         self.link = found;
         self.link_at = Some(at);
     }
 
     /// The cached source address, if looked up less than [`ROUTE_TTL`] ago.
-    pub(super) fn source(&self, now: Instant) -> Option<Ipv4Addr> {
+    pub(super) fn source(&self, now: Instant) -> Option<IpAddr> {
         self.source
             .filter(|&(_, at)| now.saturating_duration_since(at) < ROUTE_TTL)
             .map(|(source, _)| source)
@@ -200,7 +201,9 @@ impl Target {
     }
 }
 
-/// The pooled source ports; the sockets that reserve them live as long as this.
+/// The pooled source ports, shared by both families: each is reserved on every address of
+/// both (see [`reserve_pooled_port`]), so a port serves IPv4 and IPv6 targets alike. The
+/// sockets that reserve them live as long as this.
 pub(super) struct Pool {
     ports: Vec<u16>,
     _reservations: Vec<OwnedFd>,
@@ -219,10 +222,10 @@ impl Pool {
     pub(super) fn reserve() -> Self {
         let (mut reservations, mut ports) = (Vec::new(), Vec::new());
         for _ in 0..POOL_PORTS {
-            match reserve_port(Ipv4Addr::UNSPECIFIED) {
-                Ok((fd, addr)) => {
+            match reserve_pooled_port() {
+                Ok((fd, port)) => {
                     reservations.push(fd);
-                    ports.push(addr.port());
+                    ports.push(port);
                 }
                 Err(e) => {
                     tracing::warn!(
@@ -237,9 +240,8 @@ impl Pool {
     }
 
     /// Where a new target starts in the pool: targets start at different places.
-    fn first_for(&self, addr: SocketAddrV4) -> usize {
-        lb_common::fmix64(u64::from(u32::from(*addr.ip())) << 16 | u64::from(addr.port())) as usize
-            % self.ports.len().max(1)
+    fn first_for(&self, addr: SocketAddr) -> usize {
+        lb_common::fmix64(crate::health::address_key(addr)) as usize % self.ports.len().max(1)
     }
 
     /// The first pooled port from `source` that is not `busy`, walking from `*next`, which
@@ -247,16 +249,16 @@ impl Pool {
     pub(super) fn take(
         &self,
         next: &mut usize,
-        source: Ipv4Addr,
-        busy: impl Fn(SocketAddrV4) -> bool,
-    ) -> Option<SocketAddrV4> {
+        source: IpAddr,
+        busy: impl Fn(SocketAddr) -> bool,
+    ) -> Option<SocketAddr> {
         let n = self.ports.len();
         (0..n)
             .map(|i| (*next + i) % n)
-            .find(|&i| !busy(SocketAddrV4::new(source, self.ports[i])))
+            .find(|&i| !busy(SocketAddr::new(source, self.ports[i])))
             .map(|i| {
                 *next = (i + 1) % n;
-                SocketAddrV4::new(source, self.ports[i])
+                SocketAddr::new(source, self.ports[i])
             })
     }
 }
@@ -283,7 +285,7 @@ mod tests {
         assert!(targets.get_mut(Home::Place(2), REMOTE).is_none());
         assert!(targets.get_mut(Home::Map, REMOTE).is_none());
         // Another target at the place starts afresh; the first one is gone from it.
-        let other = SocketAddrV4::new(*REMOTE.ip(), 81);
+        let other = SocketAddr::new(REMOTE.ip(), 81);
         assert!(!targets.entry(Home::Place(3), other, fresh).answered);
         assert!(targets.get_mut(Home::Place(3), REMOTE).is_none());
         assert!(targets.get_mut(Home::Place(9), other).is_none());

@@ -1,18 +1,24 @@
 //! The sender and reader tasks: the sender sends the queued SYNs in batches, through the
-//! link-layer path or the raw socket; the reader reads the replies in batches and expires the
-//! late probes.
+//! link-layer path or the raw socket of their family; the reader reads the replies of both raw
+//! sockets in batches and expires the late probes.
 
 use std::{
     io,
-    os::fd::AsFd as _,
+    net::{Ipv4Addr, SocketAddr},
+    os::fd::{AsFd as _, BorrowedFd, OwnedFd},
     sync::{Arc, PoisonError, atomic::Ordering},
     time::{Duration, Instant},
 };
 
+use tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
+
 use super::pending::{Answer, Ended};
 use super::shared::{Closing, Queued, Shared};
+use super::wire::Segment;
 use crate::health::probe::link::{Frame, Link};
-use crate::health::probe::sys::{MAX_BATCH, Outgoing, recv_many, send_many};
+use crate::health::probe::sys::{
+    Addresses6, MAX_BATCH, Outgoing, recv_many, recv_many6, send_many,
+};
 
 /// Under load, the reader's pause between two reads of the socket. It pauses only when replies
 /// come fast (several in one read, or a read less than this long after the previous one), so a
@@ -20,7 +26,8 @@ use crate::health::probe::sys::{MAX_BATCH, Outgoing, recv_many, send_many};
 pub const COALESCE: Duration = Duration::from_millis(1);
 
 /// Bytes kept of each reply: an IP header with options (60 bytes) and a TCP header (20) are all
-/// a reply needs; recv discards the rest of a longer datagram.
+/// a reply needs (an IPv6 raw socket's, the TCP header alone); recv discards the rest of a
+/// longer datagram.
 const REPLY_BYTES: usize = 128;
 
 /// The sender task: sends the SYNs queued since it last ran together (one `sendmmsg` rather than
@@ -46,8 +53,8 @@ pub(super) async fn send_queued(shared: Arc<Shared>) {
 
 /// Sends `batch` (emptied), [`MAX_BATCH`] SYNs per `sendmmsg`, skipping the probes that
 /// ended meanwhile: on their link-layer path those whose link is still current (after
-/// reading the change notifications), the others through the raw socket. A SYN that cannot
-/// be sent ends its probe with [`Answer::Unsent`].
+/// reading the change notifications), the others through the raw socket of their family. A SYN
+/// that cannot be sent ends its probe with [`Answer::Unsent`].
 async fn send_batch(shared: &Shared, batch: &mut Vec<Queued>) {
     if let Some(links) = &shared.links {
         links.watch();
@@ -58,7 +65,7 @@ async fn send_batch(shared: &Shared, batch: &mut Vec<Queued>) {
         let (chunk, after) = rest.split_at(rest.len().min(MAX_BATCH));
         rest = after;
         // Stamp the probes still waiting; the others need no SYN.
-        let (mut framed, mut plain) = (Vec::new(), Vec::new());
+        let (mut framed, mut plain4, mut plain6) = (Vec::new(), Vec::new(), Vec::new());
         {
             let now = Instant::now();
             let mut state = shared.state();
@@ -69,7 +76,8 @@ async fn send_batch(shared: &Shared, batch: &mut Vec<Queued>) {
                 }
                 match link_of(shared, q) {
                     Some(link) => framed.push((q, link)),
-                    None => plain.push(q),
+                    None if q.key.remote.is_ipv4() => plain4.push(q),
+                    None => plain6.push(q),
                 }
             }
         }
@@ -78,10 +86,10 @@ async fn send_batch(shared: &Shared, batch: &mut Vec<Queued>) {
         {
             let frames: Vec<Frame<'_>> = framed
                 .iter()
-                .map(|&(q, link)| Frame {
+                .map(|&(q, (link, source, destination))| Frame {
                     link,
-                    source: *q.key.local.ip(),
-                    destination: *q.key.remote.ip(),
+                    source,
+                    destination,
                     protocol: libc::IPPROTO_TCP as u8,
                     payload: &q.syn,
                 })
@@ -95,36 +103,57 @@ async fn send_batch(shared: &Shared, batch: &mut Vec<Queued>) {
                 i += sent_or_unsent(shared, framed[i].0, sent, &mut answers);
             }
         }
-        let mut i = 0;
-        while i < plain.len() {
-            let datagrams: Vec<Outgoing<'_>> = plain[i..]
-                .iter()
-                .map(|q| Outgoing {
-                    source: *q.key.local.ip(),
-                    target: *q.key.remote.ip(),
-                    bytes: &q.syn,
-                })
-                .collect();
-            let sent = shared
-                .socket
-                .async_io(tokio::io::Interest::WRITABLE, |fd| {
-                    send_many(fd.as_fd(), &datagrams)
-                })
-                .await;
-            if let Ok(n) = sent {
-                shared.sent_kernel.fetch_add(n as u64, Ordering::Relaxed);
-            }
-            i += sent_or_unsent(shared, plain[i], sent, &mut answers);
-        }
+        send_plain(shared, Some(&shared.socket), &plain4, &mut answers).await;
+        send_plain(shared, shared.socket6.as_ref(), &plain6, &mut answers).await;
     }
     batch.clear();
     shared.deliver(&mut answers);
 }
 
-/// The link-layer path of a queued SYN, if it has one that is still current.
-fn link_of<'q>(shared: &Shared, q: &'q Queued) -> Option<&'q Link> {
+/// Sends `plain` (SYNs of one family) through `socket`, the raw socket of that family; without
+/// one (never: an IPv6 probe does not start without the IPv6 socket) they are unsent.
+async fn send_plain(
+    shared: &Shared,
+    socket: Option<&AsyncFd<OwnedFd>>,
+    plain: &[&Queued],
+    answers: &mut Vec<Ended>,
+) {
+    let mut i = 0;
+    while i < plain.len() {
+        let Some(socket) = socket else {
+            let unsent = Err(io::Error::from_raw_os_error(libc::EAFNOSUPPORT));
+            i += sent_or_unsent(shared, plain[i], unsent, answers);
+            continue;
+        };
+        let datagrams: Vec<Outgoing<'_>> = plain[i..]
+            .iter()
+            .map(|q| Outgoing {
+                source: q.key.local.ip(),
+                target: q.key.remote,
+                bytes: &q.syn,
+            })
+            .collect();
+        let sent = socket
+            .async_io(tokio::io::Interest::WRITABLE, |fd| {
+                send_many(fd.as_fd(), &datagrams)
+            })
+            .await;
+        if let Ok(n) = sent {
+            shared.sent_kernel.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        i += sent_or_unsent(shared, plain[i], sent, answers);
+    }
+}
+
+/// The link-layer path of a queued SYN, if it has one that is still current, with the SYN's
+/// IPv4 source and destination (a link is only ever looked up for an IPv4 target).
+fn link_of<'q>(shared: &Shared, q: &'q Queued) -> Option<(&'q Link, Ipv4Addr, Ipv4Addr)> {
     let links = shared.links.as_ref()?;
-    q.link.as_ref().filter(|link| links.current(link))
+    let link = q.link.as_ref().filter(|link| links.current(link))?;
+    match (q.key.local, q.key.remote) {
+        (SocketAddr::V4(local), SocketAddr::V4(remote)) => Some((link, *local.ip(), *remote.ip())),
+        _ => None,
+    }
 }
 
 /// After a `sendmmsg` of SYNs starting with `q`: how many it took. When it took none, `q`
@@ -148,12 +177,33 @@ fn sent_or_unsent(
     1
 }
 
-/// The reader task: wakes when the filtered socket has replies, or when the earliest deadline
-/// passes; reads the replies (in batches), completes probes, expires the late ones.
+/// Where the reader reads replies into.
+struct Inbox {
+    bufs: [[u8; REPLY_BYTES]; MAX_BATCH],
+    lens: [usize; MAX_BATCH],
+    /// The addresses of the IPv6 socket's replies (which come without their IPv6 header).
+    addrs: [Addresses6; MAX_BATCH],
+}
+
+impl Inbox {
+    fn new() -> Box<Self> {
+        let none = Addresses6 {
+            source: std::net::Ipv6Addr::UNSPECIFIED,
+            destination: std::net::Ipv6Addr::UNSPECIFIED,
+        };
+        Box::new(Self {
+            bufs: [[0; REPLY_BYTES]; MAX_BATCH],
+            lens: [0; MAX_BATCH],
+            addrs: [none; MAX_BATCH],
+        })
+    }
+}
+
+/// The reader task: wakes when either filtered socket has replies, or when the earliest
+/// deadline passes; reads the replies (in batches), completes probes, expires the late ones.
 pub(super) async fn read_replies(shared: Arc<Shared>) {
     let _closing = Closing(&shared);
-    let mut bufs = [[0u8; REPLY_BYTES]; MAX_BATCH];
-    let mut lens = [0usize; MAX_BATCH];
+    let mut inbox = Inbox::new();
     let mut answers = Vec::with_capacity(MAX_BATCH);
     // Far enough never to fire, near enough not to overflow tokio's clock.
     let never = || tokio::time::Instant::now() + Duration::from_secs(86400 * 365);
@@ -173,43 +223,26 @@ pub(super) async fn read_replies(shared: Arc<Shared>) {
         tokio::select! {
             biased;
             ready = shared.socket.readable() => {
-                let mut ready = match ready {
-                    Ok(ready) => ready,
-                    Err(e) => {
-                        tracing::error!("half-open probe reader stopped: {e}");
-                        return;
-                    }
+                let Ok(ready) = ready.inspect_err(|e| {
+                    tracing::error!("half-open probe reader stopped: {e}");
+                }) else {
+                    return;
                 };
-                shared.wakeups.fetch_add(1, Ordering::Relaxed);
-                let mut total = 0;
-                loop {
-                    match ready.try_io(|fd| recv_many(fd.as_fd(), &mut bufs, &mut lens)) {
-                        Ok(Ok(n)) => {
-                            total += n;
-                            let packets = bufs.iter().zip(&lens).take(n).map(|(b, &l)| &b[..l]);
-                            shared.dispatch(packets, Instant::now(), &mut answers);
-                            if n < MAX_BATCH {
-                                // Drained. Clearing is a no-op if the reactor saw new data since.
-                                ready.clear_ready();
-                                break;
-                            }
-                        }
-                        // Not expected on an unconnected raw socket without IP_RECVERR (ICMP
-                        // errors are not reported to it). Readiness stays set: read again.
-                        Ok(Err(e)) => {
-                            tracing::warn!("half-open probe socket: {e}");
-                            break;
-                        }
-                        Err(_would_block) => break,
-                    }
-                }
-                burst = Some(total);
+                burst = Some(read_ready(&shared, ready, false, &mut inbox, &mut answers));
+            }
+            ready = readable6(&shared) => {
+                let Ok(ready) = ready.inspect_err(|e| {
+                    tracing::error!("half-open probe reader stopped (IPv6 socket): {e}");
+                }) else {
+                    return;
+                };
+                burst = Some(read_ready(&shared, ready, true, &mut inbox, &mut answers));
             }
             () = &mut timer => {
                 timer_at = None;
                 // Replies that arrived before the deadline count: read them first (without
                 // touching the reactor's readiness, which the next turn consumes).
-                drain(&shared, &mut bufs, &mut lens, &mut answers);
+                drain(&shared, &mut inbox, &mut answers);
             }
             () = shared.rearm.notified() => {}
         }
@@ -225,18 +258,84 @@ pub(super) async fn read_replies(shared: Arc<Shared>) {
     }
 }
 
-/// Reads what the socket holds now, without waiting nor going through the reactor.
-fn drain(
+/// Waits until the IPv6 socket is readable; forever without one.
+async fn readable6(shared: &Shared) -> io::Result<AsyncFdReadyGuard<'_, OwnedFd>> {
+    match &shared.socket6 {
+        Some(socket) => socket.readable().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Reads a socket the reactor found readable (the IPv6 one if `v6`) until it is drained or a
+/// batch came short; how many replies it read.
+fn read_ready(
     shared: &Shared,
-    bufs: &mut [[u8; REPLY_BYTES]; MAX_BATCH],
-    lens: &mut [usize; MAX_BATCH],
+    mut ready: AsyncFdReadyGuard<'_, OwnedFd>,
+    v6: bool,
+    inbox: &mut Inbox,
     answers: &mut Vec<Ended>,
-) {
-    while let Ok(n) = recv_many(shared.socket.get_ref().as_fd(), bufs, lens) {
+) -> usize {
+    shared.wakeups.fetch_add(1, Ordering::Relaxed);
+    let mut total = 0;
+    loop {
+        match ready.try_io(|fd| read_batch(shared, fd.as_fd(), v6, inbox, answers)) {
+            Ok(Ok(n)) => {
+                total += n;
+                if n < MAX_BATCH {
+                    // Drained. Clearing is a no-op if the reactor saw new data since.
+                    ready.clear_ready();
+                    break;
+                }
+            }
+            // Not expected on an unconnected raw socket without IP_RECVERR / IPV6_RECVERR (ICMP
+            // errors are not reported to it). Readiness stays set: read again.
+            Ok(Err(e)) => {
+                tracing::warn!("half-open probe socket: {e}");
+                break;
+            }
+            Err(_would_block) => break,
+        }
+    }
+    total
+}
+
+/// One `recvmmsg` on `fd` (the IPv6 raw socket if `v6`, else the IPv4 one) and the probes its
+/// replies complete; how many replies it read.
+fn read_batch(
+    shared: &Shared,
+    fd: BorrowedFd<'_>,
+    v6: bool,
+    inbox: &mut Inbox,
+    answers: &mut Vec<Ended>,
+) -> io::Result<usize> {
+    let Inbox { bufs, lens, addrs } = inbox;
+    if v6 {
+        let n = recv_many6(fd, bufs, lens, addrs)?;
+        let segments = (0..n).filter_map(|i| {
+            Segment::parse6(&bufs[i][..lens[i]], addrs[i].source, addrs[i].destination)
+        });
+        shared.dispatch_segments(segments, Instant::now(), answers);
+        Ok(n)
+    } else {
+        let n = recv_many(fd, bufs, lens)?;
         let packets = bufs.iter().zip(lens.iter()).take(n).map(|(b, &l)| &b[..l]);
         shared.dispatch(packets, Instant::now(), answers);
-        if n < MAX_BATCH {
-            break;
+        Ok(n)
+    }
+}
+
+/// Reads what the sockets hold now, without waiting nor going through the reactor.
+fn drain(shared: &Shared, inbox: &mut Inbox, answers: &mut Vec<Ended>) {
+    let sockets = [
+        (Some(&shared.socket), false),
+        (shared.socket6.as_ref(), true),
+    ];
+    for (socket, v6) in sockets {
+        let Some(socket) = socket else { continue };
+        while let Ok(n) = read_batch(shared, socket.get_ref().as_fd(), v6, inbox, answers) {
+            if n < MAX_BATCH {
+                break;
+            }
         }
     }
 }

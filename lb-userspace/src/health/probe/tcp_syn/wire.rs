@@ -1,8 +1,9 @@
-//! The TCP segments of a half-open probe: the SYN it sends, and what a reply says about it.
+//! The TCP segments of a half-open probe: the SYN it sends, and what a reply says about it, over
+//! IPv4 or IPv6.
 
 use std::{
     hash::{BuildHasher as _, RandomState},
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6},
     sync::atomic::{AtomicU64, Ordering},
 };
 
@@ -26,11 +27,11 @@ pub(super) enum Verdict {
     Refused,
 }
 
-/// The TCP fields of a received IPv4 segment that matter for matching.
+/// The TCP fields of a received segment that matter for matching.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Segment {
-    pub(super) source: SocketAddrV4,
-    pub(super) destination: SocketAddrV4,
+    pub(super) source: SocketAddr,
+    pub(super) destination: SocketAddr,
     ack: u32,
     flags: u8,
 }
@@ -48,8 +49,22 @@ impl Segment {
             |at: usize| Ipv4Addr::new(packet[at], packet[at + 1], packet[at + 2], packet[at + 3]);
         let port = |at: usize| u16::from_be_bytes([tcp[at], tcp[at + 1]]);
         Some(Self {
-            source: SocketAddrV4::new(ip(12), port(0)),
-            destination: SocketAddrV4::new(ip(16), port(2)),
+            source: SocketAddr::V4(SocketAddrV4::new(ip(12), port(0))),
+            destination: SocketAddr::V4(SocketAddrV4::new(ip(16), port(2))),
+            ack: u32::from_be_bytes([tcp[8], tcp[9], tcp[10], tcp[11]]),
+            flags: tcp[13],
+        })
+    }
+
+    /// Parses a TCP segment as IPv6 raw sockets deliver it: from its TCP header on (no IPv6
+    /// header), its addresses told apart (the sender's from `recvmsg`, ours from
+    /// `IPV6_PKTINFO`). None unless it holds a whole TCP header.
+    pub(super) fn parse6(tcp: &[u8], source: Ipv6Addr, destination: Ipv6Addr) -> Option<Self> {
+        let tcp = tcp.get(..20)?;
+        let port = |at: usize| u16::from_be_bytes([tcp[at], tcp[at + 1]]);
+        Some(Self {
+            source: SocketAddr::V6(SocketAddrV6::new(source, port(0), 0, 0)),
+            destination: SocketAddr::V6(SocketAddrV6::new(destination, port(2), 0, 0)),
             ack: u32::from_be_bytes([tcp[8], tcp[9], tcp[10], tcp[11]]),
             flags: tcp[13],
         })
@@ -72,8 +87,10 @@ impl Segment {
     }
 }
 
-/// The SYN from `local` to `remote`, checksum included (the kernel adds only the IP header).
-pub(super) fn syn_segment(local: SocketAddrV4, remote: SocketAddrV4, seq: u32) -> [u8; SYN_LEN] {
+/// The SYN from `local` to `remote` (the kernel adds only the IP header). Over IPv4 its checksum
+/// is computed here; over IPv6 it stays zero for the kernel to fill in (the raw socket has
+/// `IPV6_CHECKSUM` set, see `socket::open_raw_socket6`).
+pub(super) fn syn_segment(local: SocketAddr, remote: SocketAddr, seq: u32) -> [u8; SYN_LEN] {
     let mut s = [0u8; SYN_LEN];
     s[0..2].copy_from_slice(&local.port().to_be_bytes());
     s[2..4].copy_from_slice(&remote.port().to_be_bytes());
@@ -86,8 +103,10 @@ pub(super) fn syn_segment(local: SocketAddrV4, remote: SocketAddrV4, seq: u32) -
     s[20] = 2; // option kind: MSS
     s[21] = 4; // option length
     s[22..24].copy_from_slice(&MSS.to_be_bytes());
-    let checksum = tcp_checksum(*local.ip(), *remote.ip(), &s);
-    s[16..18].copy_from_slice(&checksum.to_be_bytes());
+    if let (SocketAddr::V4(local), SocketAddr::V4(remote)) = (local, remote) {
+        let checksum = tcp_checksum(*local.ip(), *remote.ip(), &s);
+        s[16..18].copy_from_slice(&checksum.to_be_bytes());
+    }
     s
 }
 
@@ -112,10 +131,27 @@ pub(super) fn initial_sequence() -> u32 {
 /// Packets for the tests of the prober's modules.
 #[cfg(test)]
 pub(super) mod sample {
-    use std::net::{Ipv4Addr, SocketAddrV4};
+    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
-    pub(crate) const LOCAL: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 9, 1), 40000);
-    pub(crate) const REMOTE: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 9, 2), 80);
+    pub(crate) const LOCAL4: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 9, 1), 40000);
+    pub(crate) const REMOTE4: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 9, 2), 80);
+    pub(crate) const LOCAL: SocketAddr = SocketAddr::V4(LOCAL4);
+    pub(crate) const REMOTE: SocketAddr = SocketAddr::V4(REMOTE4);
+    pub(crate) const LOCAL6: SocketAddrV6 =
+        SocketAddrV6::new(Ipv6Addr::new(0x2001, 0xdb8, 9, 0, 0, 0, 0, 1), 40000, 0, 0);
+    pub(crate) const REMOTE6: SocketAddrV6 =
+        SocketAddrV6::new(Ipv6Addr::new(0x2001, 0xdb8, 9, 0, 0, 0, 0, 2), 80, 0, 0);
+
+    /// A 20-byte TCP header from REMOTE6 to LOCAL6, as an IPv6 raw socket delivers it.
+    pub(crate) fn reply6(flags: u8, ack: u32) -> Vec<u8> {
+        let mut t = vec![0u8; 20];
+        t[0..2].copy_from_slice(&REMOTE6.port().to_be_bytes());
+        t[2..4].copy_from_slice(&LOCAL6.port().to_be_bytes());
+        t[8..12].copy_from_slice(&ack.to_be_bytes());
+        t[12] = 5 << 4;
+        t[13] = flags;
+        t
+    }
 
     /// An IPv4 packet from REMOTE to LOCAL holding a 20-byte TCP header, with `options` bytes of
     /// IP options (a multiple of 4).
@@ -126,8 +162,8 @@ pub(super) mod sample {
         p[2..4].copy_from_slice(&((ihl + 20) as u16).to_be_bytes());
         p[8] = 64;
         p[9] = 6;
-        p[12..16].copy_from_slice(&REMOTE.ip().octets());
-        p[16..20].copy_from_slice(&LOCAL.ip().octets());
+        p[12..16].copy_from_slice(&REMOTE4.ip().octets());
+        p[16..20].copy_from_slice(&LOCAL4.ip().octets());
         let t = &mut p[ihl..];
         t[0..2].copy_from_slice(&REMOTE.port().to_be_bytes());
         t[2..4].copy_from_slice(&LOCAL.port().to_be_bytes());
@@ -140,7 +176,7 @@ pub(super) mod sample {
 
 #[cfg(test)]
 mod tests {
-    use super::sample::{LOCAL, REMOTE, reply};
+    use super::sample::{LOCAL, LOCAL4, LOCAL6, REMOTE, REMOTE4, REMOTE6, reply, reply6};
     use super::*;
 
     #[test]
@@ -167,18 +203,48 @@ mod tests {
         assert_eq!(&s[20..24], &[2, 4, 0x05, 0xb4], "MSS 1460");
         // A receiver sums pseudo-header and segment, checksum included, and must get 0xffff.
         let mut pseudo = [0u8; 12];
-        pseudo[0..4].copy_from_slice(&LOCAL.ip().octets());
-        pseudo[4..8].copy_from_slice(&REMOTE.ip().octets());
+        pseudo[0..4].copy_from_slice(&LOCAL4.ip().octets());
+        pseudo[4..8].copy_from_slice(&REMOTE4.ip().octets());
         pseudo[9] = 6;
         pseudo[11] = SYN_LEN as u8;
         assert_eq!(fold(ones_sum(&pseudo) + ones_sum(&s)), 0xffff);
         // The pseudo-header counts: another source address gives another checksum.
         let other = syn_segment(
-            SocketAddrV4::new(Ipv4Addr::new(10, 0, 9, 3), 40000),
+            SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(10, 0, 9, 3), 40000)),
             REMOTE,
             0xdead_beef,
         );
         assert_ne!(s[16..18], other[16..18]);
+    }
+
+    #[test]
+    fn ipv6_syn_leaves_the_checksum_to_the_kernel() {
+        let (local, remote) = (SocketAddr::V6(LOCAL6), SocketAddr::V6(REMOTE6));
+        let s = syn_segment(local, remote, 0xdead_beef);
+        let v4 = syn_segment(LOCAL, REMOTE, 0xdead_beef);
+        assert_eq!(&s[16..18], &[0, 0]);
+        // Otherwise the same segment.
+        assert_eq!(s[..16], v4[..16]);
+        assert_eq!(s[18..], v4[18..]);
+    }
+
+    #[test]
+    fn parse6_reads_ports_and_flags_from_the_tcp_header() {
+        let (src, dst) = (*REMOTE6.ip(), *LOCAL6.ip());
+        assert_eq!(
+            Segment::parse6(&reply6(SYN | ACK, 7), src, dst),
+            Some(Segment {
+                source: SocketAddr::V6(REMOTE6),
+                destination: SocketAddr::V6(LOCAL6),
+                ack: 7,
+                flags: SYN | ACK
+            })
+        );
+        let full = reply6(RST | ACK, 7);
+        assert_eq!(Segment::parse6(&full[..19], src, dst), None, "truncated");
+        let seq = 6;
+        let seg = Segment::parse6(&full, src, dst).unwrap();
+        assert_eq!(seg.verdict(seq), Some(Verdict::Refused));
     }
 
     #[test]
