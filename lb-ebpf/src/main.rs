@@ -41,7 +41,11 @@ mod prog {
     #[inline(always)]
     pub fn lb_xdp(ctx: XdpContext) -> u32 {
         let (data, data_end) = (ctx.data(), ctx.data_end());
-        let (action, reason) = match parse::link(data, data_end) {
+        let link = parse::link(data, data_end);
+        if let Some((_, l3_off)) = link {
+            parse::tagged(l3_off);
+        }
+        let (action, reason) = match link {
             None => (xdp_action::XDP_PASS, counter::PASS_MALFORMED),
             Some((ETH_P_IP, l3_off)) => {
                 classify::<V4>(&ctx, parse::ipv4(data, data_end, l3_off), ICMP_PROG)

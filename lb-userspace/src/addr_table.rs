@@ -295,12 +295,12 @@ mod tests {
     #[test]
     fn stray_slots_of_an_adopted_map_are_dropped() {
         let a = key(ip(1));
-        let mut bad = AddrSet::default();
+        let mut bad = lb_common::AddrSet::default();
         // Right address in a wrong set, a duplicate, address bits in a free slot.
         bad.addrs[0] = a;
         bad.flags[0] = VIP;
         let wrong = (addr_set(a) + 1) % ADDR_SETS;
-        let mut good = AddrSet::default();
+        let mut good = lb_common::AddrSet::default();
         good.addrs[3] = a;
         good.flags[3] = VIP;
         good.addrs[4] = a;

@@ -832,7 +832,7 @@ mod tests {
 
     fn build(c: &Config) -> (Balancer, MemoryMaps) {
         let mut maps = MemoryMaps::default();
-        let b = Balancer::new(c, |_, _| Ok(Ipv4Addr::new(10, 0, 2, 1)), &mut maps).unwrap();
+        let b = Balancer::new(c, snat, &mut maps).unwrap();
         (b, maps)
     }
 
@@ -851,8 +851,15 @@ mod tests {
         assert_eq!(maps.addrs()[&Ipv4Addr::new(10, 0, 2, 1)], addr_flags::SNAT);
         assert_eq!(maps.rings[&0].len(), 1009);
         assert_eq!(maps.backends.len(), 3);
-        assert!(maps.backends.values().all(|b| b.flags == backend_flags::UP));
-        assert_eq!(maps.backends[&1].port, 8080u16.to_be());
+        assert!(
+            maps.backends
+                .values()
+                .all(|b| b.flags() == backend_flags::UP)
+        );
+        let AnyBackend::V4(one) = maps.backends[&1] else {
+            panic!("an IPv4 backend")
+        };
+        assert_eq!(one.port, 8080u16.to_be());
         assert_eq!(maps.services.values().next().unwrap().flags, 0);
         for id in 0..3 {
             assert!(
@@ -870,7 +877,7 @@ mod tests {
         let before = b.ring(0).to_vec();
         let writes = maps.slot_writes;
         assert!(b.set_up(0, 1, false, &mut maps).unwrap());
-        assert_eq!(maps.backends[&1].flags, 0, "flag written");
+        assert_eq!(maps.backends[&1].flags(), 0, "flag written");
         assert_eq!(share(&maps, 1), 0);
         let moved = maps.slot_writes - writes;
         assert_eq!(
@@ -893,7 +900,7 @@ mod tests {
         let (mut b, mut maps) = build(&config("", 3));
         let slots = maps.slot_writes;
         assert!(b.write_up_flag(0, 2, false, &mut maps).unwrap());
-        assert_eq!(maps.backends[&2].flags, 0, "flag written");
+        assert_eq!(maps.backends[&2].flags(), 0, "flag written");
         assert_eq!(maps.slot_writes, slots, "ring not touched yet");
         assert!(share(&maps, 2) > 0);
         b.sync_service(0, &mut maps).unwrap();
@@ -907,7 +914,7 @@ mod tests {
         b.set_drained(0, 2, true, &mut maps).unwrap();
         assert_eq!(share(&maps, 2), 0);
         assert_eq!(
-            maps.backends[&2].flags,
+            maps.backends[&2].flags(),
             backend_flags::UP | backend_flags::DRAINED
         );
         let c = config::parse(
@@ -917,7 +924,7 @@ mod tests {
         let (_, maps) = build(&c);
         assert_eq!(share(&maps, 0), 0, "weight 0 is drained from the start");
         assert_eq!(
-            maps.backends[&0].flags,
+            maps.backends[&0].flags(),
             backend_flags::UP | backend_flags::DRAINED
         );
     }
@@ -997,8 +1004,11 @@ mod tests {
         .unwrap()
     }
 
-    fn snat(_: usize, _: SocketAddrV4) -> anyhow::Result<Ipv4Addr> {
-        Ok(Ipv4Addr::new(10, 0, 2, 1))
+    fn snat(_: usize, backend: SocketAddr) -> anyhow::Result<IpAddr> {
+        Ok(match backend {
+            SocketAddr::V4(_) => Ipv4Addr::new(10, 0, 2, 1).into(),
+            SocketAddr::V6(_) => "2001:db8:2::1".parse::<Ipv6Addr>()?.into(),
+        })
     }
 
     #[test]
@@ -1041,7 +1051,7 @@ mod tests {
             "the removed backend's id 1 is retired, not reused"
         );
         assert_eq!(
-            maps.backends[&1].flags & backend_flags::DRAINED,
+            maps.backends[&1].flags() & backend_flags::DRAINED,
             backend_flags::DRAINED,
             "removed: drained, its flows continue"
         );
@@ -1077,7 +1087,8 @@ mod tests {
             addr_flags::VIP | addr_flags::PING
         );
         assert_eq!(maps.services.len(), 2);
-        let c = maps.services[&ServiceKey::new([10, 100, 0, 3], 53, 17)];
+        let c =
+            maps.services[&AnyServiceKey::V4(lb_common::ServiceKey::new([10, 100, 0, 3], 53, 17))];
         assert_eq!(c.id, 0, "c reuses a's service slot");
         assert_eq!(b.service_index("b"), Some(0));
         assert!(
@@ -1144,7 +1155,7 @@ mod tests {
         let (mut b, mut maps) = build(&config("", 2));
         assert!(b.write_ejected_flag(0, 1, true, &mut maps).unwrap());
         b.sync_service(0, &mut maps).unwrap();
-        assert_eq!(maps.backends[&1].flags & backend_flags::UP, 0);
+        assert_eq!(maps.backends[&1].flags() & backend_flags::UP, 0);
         assert_eq!(share(&maps, 1), 0);
         assert_eq!(b.backend_by_id(1), Some((0, 1)));
         // Healthy again by probes: still out while ejected.
@@ -1153,5 +1164,44 @@ mod tests {
         b.write_ejected_flag(0, 1, false, &mut maps).unwrap();
         b.sync_service(0, &mut maps).unwrap();
         assert!(share(&maps, 1) > 400);
+    }
+
+    #[test]
+    fn an_ipv6_service_has_its_own_entries_and_addresses() {
+        let c = config::parse(
+            "[lb]\ninterfaces = [\"eth1\"]\nring_size = 1009\n\
+             [[service]]\nname = \"web6\"\nvip = \"[2001:db8:100::1]:80\"\n\
+             backends = [{ address = \"[2001:db8:2::2]:8080\" }, { address = \"[2001:db8:2::3]:8080\" }]\n\
+             [[service]]\nname = \"web\"\nvip = \"10.100.0.1:80\"\nbackends = [{ address = \"10.0.2.2:8080\" }]\n",
+        )
+        .unwrap();
+        let (b, maps) = build(&c);
+        let vip6: Ipv6Addr = "2001:db8:100::1".parse().unwrap();
+        let snat6: Ipv6Addr = "2001:db8:2::1".parse().unwrap();
+        assert_eq!(
+            maps.addrs6(),
+            [
+                (vip6, addr_flags::VIP | addr_flags::PING),
+                (snat6, addr_flags::SNAT)
+            ]
+            .into_iter()
+            .collect()
+        );
+        assert_eq!(
+            maps.addrs().len(),
+            2,
+            "the IPv4 service's VIP and SNAT address"
+        );
+        let key6 = AnyServiceKey::new("[2001:db8:100::1]:80".parse().unwrap(), 6);
+        assert!(matches!(key6, AnyServiceKey::V6(_)));
+        assert_eq!(maps.services[&key6].id, 0);
+        for bid in 0..2 {
+            let id = b.backend_id(0, bid).unwrap();
+            assert!(matches!(maps.backends[&id], AnyBackend::V6(_)), "{id}");
+        }
+        // One id space: the IPv4 backend has the next id, and every ring slot is filled.
+        assert_eq!(b.backend_id(1, 0), Some(2));
+        assert_eq!(maps.rings[&0].len(), 1009);
+        assert!(maps.rings[&0].values().all(|&id| id < 2));
     }
 }

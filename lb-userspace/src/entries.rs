@@ -95,6 +95,9 @@ mod tests {
             panic!("an IPv6 VIP has an IPv6 key")
         };
         assert_eq!(k.port, 8080u16.to_be());
-        assert_eq!(lb_common::addr6_octets(k.addr), [0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
+        assert_eq!(
+            lb_common::addr6_octets(k.addr),
+            [0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]
+        );
     }
 }

@@ -406,7 +406,10 @@ fn fold(mut acc: u32) -> u16 {
 /// TCP/UDP (or ICMPv6) checksum over the pseudo-header and `segment` (whose checksum field
 /// must be 0): IPv4's (RFC 793) or IPv6's (RFC 8200 §8.1), by the addresses' family.
 pub fn l4_checksum(src: IpAddr, dst: IpAddr, proto: u8, segment: &[u8]) -> u16 {
-    !fold(sum(sum(0, &pseudo_header(src, dst, proto, segment.len())), segment))
+    !fold(sum(
+        sum(0, &pseudo_header(src, dst, proto, segment.len())),
+        segment,
+    ))
 }
 
 fn pseudo_header(src: IpAddr, dst: IpAddr, proto: u8, len: usize) -> Vec<u8> {
@@ -450,9 +453,8 @@ fn datagram(ip: &[u8]) -> Option<Datagram<'_>> {
             return None;
         }
         let tot = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
-        let whole = tot >= ihl
-            && ip.len() >= tot
-            && u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff == 0;
+        let whole =
+            tot >= ihl && ip.len() >= tot && u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff == 0;
         let src: [u8; 4] = ip[12..16].try_into().ok()?;
         let dst: [u8; 4] = ip[16..20].try_into().ok()?;
         return Some(Datagram {
@@ -470,7 +472,10 @@ fn datagram(ip: &[u8]) -> Option<Datagram<'_>> {
     let src: [u8; 16] = ip[8..24].try_into().ok()?;
     let dst: [u8; 16] = ip[24..40].try_into().ok()?;
     let (mut next, mut off, mut whole) = (ip[6], 40, ip.len() >= end);
-    while matches!(next, EXT_HOP_BY_HOP | EXT_ROUTING | EXT_DEST_OPTS | EXT_FRAGMENT) {
+    while matches!(
+        next,
+        EXT_HOP_BY_HOP | EXT_ROUTING | EXT_DEST_OPTS | EXT_FRAGMENT
+    ) {
         let Some(h) = ip.get(off..off + 2) else {
             whole = false;
             break;
@@ -526,7 +531,10 @@ fn segment_ok(d: &Datagram, seg: &[u8]) -> Option<bool> {
 /// Whether an ICMP message of `d` is an error that quotes a packet.
 fn is_error(d: &Datagram, ty: u8) -> bool {
     if d.src.is_ipv6() {
-        matches!(ty, ICMP6_DEST_UNREACH | ICMP6_PACKET_TOO_BIG | ICMP6_TIME_EXCEEDED)
+        matches!(
+            ty,
+            ICMP6_DEST_UNREACH | ICMP6_PACKET_TOO_BIG | ICMP6_TIME_EXCEEDED
+        )
     } else {
         matches!(ty, ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED)
     }
@@ -605,8 +613,8 @@ pub fn checksums(frame: &[u8]) -> Checksums {
         1 | 58 => {
             out.icmp = segment_ok(&d, seg);
             if seg.len() >= 8 && is_error(&d, seg[0]) {
-                out.quoted_ip = datagram(&seg[8..])
-                    .and_then(|q| q.header.map(|h| fold(sum(0, h)) == 0xffff));
+                out.quoted_ip =
+                    datagram(&seg[8..]).and_then(|q| q.header.map(|h| fold(sum(0, h)) == 0xffff));
             }
         }
         _ => {}

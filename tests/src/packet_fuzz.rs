@@ -12,22 +12,28 @@
 //!   incrementally, as IPVS and netfilter NAT do: it neither checks nor launders them), to a
 //!   backend or to a client lb has seen.
 //!
-//! Frames start from seeds covering every path (new and live flows both ways, UDP, echo, ICMP
-//! errors about flows from either side, fragments, options, VLAN tags, other protocols and
-//! addresses). Each is first cut at every length, then they are mutated: random frames, flipped
+//! Frames start from seeds covering every path of both families (new and live flows both ways,
+//! UDP, echo, ICMP / ICMPv6 errors about flows from either side, fragments, IPv4 options, IPv6
+//! extension headers, neighbour discovery, VLAN tags, other protocols and addresses). Each is first cut at every length, then they are mutated: random frames, flipped
 //! bytes, header fields set to edge values, truncations at any offset, garbage appended, VLAN
 //! tags added, destinations pointed at lb's addresses. A failure names the seed and shows both
 //! frames in hex.
 
-use std::{collections::HashSet, fmt::Write as _, net::Ipv4Addr};
+use std::{
+    collections::HashSet,
+    fmt::Write as _,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+};
 
 use anyhow::Context as _;
 
 use crate::{
     fixture::{XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX, hex_diff, run_once, verdict_name},
     packet::{
-        Checksums, ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED, ICMP_PORT_UNREACH, ICMP_TIME_EXCEEDED,
-        Packet, TCP_ACK, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN, checksums,
+        Checksums, EXT_DEST_OPTS, EXT_HOP_BY_HOP, EXT_ROUTING, ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED,
+        ICMP_PORT_UNREACH, ICMP_TIME_EXCEEDED, ICMP6_DEST_UNREACH, ICMP6_NEIGHBOR_SOLICIT,
+        ICMP6_PACKET_TOO_BIG, ICMP6_PORT_UNREACH, ICMP6_TIME_EXCEEDED, Packet, TCP_ACK, TCP_FIN,
+        TCP_PSH, TCP_RST, TCP_SYN, checksums,
     },
     rng::Rng,
     testnet::{BACKEND_MAC, TestNet},
@@ -67,6 +73,24 @@ name = "quiet"
 vip = "10.100.0.3:80"
 answer_ping = false
 backends = [{ address = "10.0.2.4:8080" }]
+
+[[service]]
+name = "web6"
+vip = "[2001:db8:100::1]:80"
+backends = [{ address = "[2001:db8:2::2]:8080" }, { address = "[2001:db8:2::3]:8080" }]
+[service.passive]
+no_data_timeout = "100ms"
+
+[[service]]
+name = "dns6"
+vip = "[2001:db8:100::1]:53"
+protocol = "udp"
+backends = [{ address = "[2001:db8:2::2]:5353" }]
+
+[[service]]
+name = "one-arm6"
+vip = "[2001:db8:100::2]:80"
+backends = [{ address = "[2001:db8:1::20]:8080" }]
 "#;
 
 /// Addresses a mutated destination is pointed at: VIPs, SNAT addresses, others.
@@ -77,6 +101,15 @@ const TARGETS: [[u8; 4]; 6] = [
     [10, 0, 2, 1],
     [10, 0, 1, 1],
     [10, 0, 1, 9],
+];
+
+/// IPv6 addresses a mutated destination is pointed at: VIPs, SNAT addresses, others.
+const TARGETS6: [[u8; 16]; 5] = [
+    [0x20, 1, 0xd, 0xb8, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+    [0x20, 1, 0xd, 0xb8, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
+    [0x20, 1, 0xd, 0xb8, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+    [0x20, 1, 0xd, 0xb8, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+    [0x20, 1, 0xd, 0xb8, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9],
 ];
 
 /// What a run found.
@@ -116,17 +149,25 @@ struct Seed {
 pub struct Bed {
     net: TestNet,
     seeds: Vec<Seed>,
-    backends: HashSet<Ipv4Addr>,
+    backends: HashSet<IpAddr>,
 }
 
-/// (source, destination) of what lb sent: a frame's IPv4 addresses and ports as strings.
+/// (source, destination) of what lb sent (no VLAN tag, no options or extension headers): a
+/// frame's addresses and ports as strings, `a.b.c.d:port` or `[v6]:port`.
 fn addressing(frame: &[u8]) -> (String, String) {
-    let ip = |o: usize| Ipv4Addr::new(frame[o], frame[o + 1], frame[o + 2], frame[o + 3]);
     let port = |o: usize| u16::from_be_bytes([frame[o], frame[o + 1]]);
-    (
-        format!("{}:{}", ip(26), port(34)),
-        format!("{}:{}", ip(30), port(36)),
-    )
+    let (src, dst, l4) = (
+        source(frame),
+        destination(frame),
+        if is_v6(frame) { 54 } else { 34 },
+    );
+    let at = |ip: Option<IpAddr>, o| SocketAddr::new(ip.expect("an address"), port(o)).to_string();
+    (at(src, l4), at(dst, l4 + 2))
+}
+
+fn is_v6(frame: &[u8]) -> bool {
+    let l3 = l3(frame);
+    frame.get(l3 - 2..l3) == Some(&[0x86, 0xdd])
 }
 
 impl Bed {
@@ -143,12 +184,22 @@ impl Bed {
         let mut seeds = Vec::new();
         let mut seed = |frame: Vec<u8>, ingress| seeds.push(Seed { frame, ingress });
         // Live TCP flows: SYN, the backend's SYN+ACK, the client's ACK, data both ways.
-        for (i, vip) in ["10.100.0.1:80", "10.100.0.2:80", "10.100.0.3:80"]
-            .iter()
-            .enumerate()
-        {
+        let vips = [
+            "10.100.0.1:80",
+            "10.100.0.2:80",
+            "10.100.0.3:80",
+            "[2001:db8:100::1]:80",
+            "[2001:db8:100::2]:80",
+        ];
+        for (i, vip) in vips.iter().enumerate() {
+            let v6 = vip.starts_with('[');
             for n in 0..3u16 {
-                let client = format!("10.0.1.{}:{}", 2 + n, 47000 + i as u16 * 10 + n);
+                let port = 47000 + i as u16 * 10 + n;
+                let client = if v6 {
+                    format!("[2001:db8:1::{}]:{port}", 2 + n)
+                } else {
+                    format!("10.0.1.{}:{port}", 2 + n)
+                };
                 let syn = Packet::tcp(&client, vip, TCP_SYN);
                 let out = run(&syn.build(), vc)?;
                 if out.verdict != XDP_REDIRECT && out.verdict != XDP_TX {
@@ -180,16 +231,32 @@ impl Bed {
                 let to_client = Packet::tcp(vip, &client, TCP_ACK | TCP_PSH)
                     .payload(&[0x41; 600])
                     .ttl(63);
-                for (ty, code) in [
-                    (ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED),
-                    (ICMP_DEST_UNREACH, 1),
-                    (ICMP_TIME_EXCEEDED, 0),
-                ] {
+                let vip_ip = &vip[..vip.rfind(':').unwrap_or(0)];
+                let (router, errors) = if v6 {
+                    (
+                        "[2001:db8:1::99]:0",
+                        [
+                            (ICMP6_PACKET_TOO_BIG, 0),
+                            (ICMP6_DEST_UNREACH, 1),
+                            (ICMP6_TIME_EXCEEDED, 0),
+                        ],
+                    )
+                } else {
+                    (
+                        "10.0.1.99:0",
+                        [
+                            (ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED),
+                            (ICMP_DEST_UNREACH, 1),
+                            (ICMP_TIME_EXCEEDED, 0),
+                        ],
+                    )
+                };
+                for (ty, code) in errors {
                     for len in [28, 48, 700] {
                         seed(
                             Packet::icmp_error(
-                                "10.0.1.99:0",
-                                &format!("{}:0", &vip[..vip.find(':').unwrap_or(0)]),
+                                router,
+                                &format!("{vip_ip}:0"),
                                 ty,
                                 code,
                                 1400,
@@ -205,13 +272,22 @@ impl Bed {
                 let sent = Packet::tcp(&snat, &backend, TCP_ACK | TCP_PSH)
                     .payload(b"GET / HTTP/1.1\r\n\r\n")
                     .ttl(63);
-                let snat_ip = &snat[..snat.find(':').unwrap_or(0)];
-                let backend_ip = &backend[..backend.find(':').unwrap_or(0)];
-                for (ty, code) in [
-                    (ICMP_DEST_UNREACH, ICMP_PORT_UNREACH),
-                    (ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED),
-                    (ICMP_TIME_EXCEEDED, 0),
-                ] {
+                let snat_ip = &snat[..snat.rfind(':').unwrap_or(0)];
+                let backend_ip = &backend[..backend.rfind(':').unwrap_or(0)];
+                let errors = if v6 {
+                    [
+                        (ICMP6_DEST_UNREACH, ICMP6_PORT_UNREACH),
+                        (ICMP6_PACKET_TOO_BIG, 0),
+                        (ICMP6_TIME_EXCEEDED, 0),
+                    ]
+                } else {
+                    [
+                        (ICMP_DEST_UNREACH, ICMP_PORT_UNREACH),
+                        (ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED),
+                        (ICMP_TIME_EXCEEDED, 0),
+                    ]
+                };
+                for (ty, code) in errors {
                     seed(
                         Packet::icmp_error(
                             &format!("{backend_ip}:0"),
@@ -230,30 +306,87 @@ impl Bed {
             }
         }
         // UDP both ways.
-        let query = Packet::udp("10.0.1.2:47100", "10.100.0.1:53").payload(b"query");
-        let out = run(&query.build(), vc)?;
-        if out.verdict == XDP_REDIRECT {
-            let (snat, backend) = addressing(&out.output);
-            seed(
-                Packet::udp(&backend, &snat)
-                    .payload(b"answer")
-                    .macs(BACKEND_MAC, net.vb_mac)
-                    .build(),
-                vb,
-            );
+        for (client, vip) in [
+            ("10.0.1.2:47100", "10.100.0.1:53"),
+            ("[2001:db8:1::2]:47100", "[2001:db8:100::1]:53"),
+        ] {
+            let query = Packet::udp(client, vip).payload(b"query");
+            let out = run(&query.build(), vc)?;
+            if out.verdict == XDP_REDIRECT {
+                let (snat, backend) = addressing(&out.output);
+                seed(
+                    Packet::udp(&backend, &snat)
+                        .payload(b"answer")
+                        .macs(BACKEND_MAC, net.vb_mac)
+                        .build(),
+                    vb,
+                );
+            }
+            seed(query.build(), vc);
+            seed(query.clone().udp_zero_checksum().build(), vc);
         }
-        seed(query.build(), vc);
-        seed(query.clone().udp_zero_checksum().build(), vc);
         // ICMP to lb's addresses and others, other traffic.
-        for dst in ["10.100.0.1:0", "10.100.0.3:0", "10.0.2.1:0", "10.0.1.9:0"] {
+        for (client, dst) in [
+            ("10.0.1.2:0", "10.100.0.1:0"),
+            ("10.0.1.2:0", "10.100.0.3:0"),
+            ("10.0.1.2:0", "10.0.2.1:0"),
+            ("10.0.1.2:0", "10.0.1.9:0"),
+            ("[2001:db8:1::2]:0", "[2001:db8:100::1]:0"),
+            ("[2001:db8:1::2]:0", "[2001:db8:2::1]:0"),
+            ("[2001:db8:1::2]:0", "[2001:db8:1::9]:0"),
+        ] {
             seed(
-                Packet::icmp_echo("10.0.1.2:0", dst, false, 7, 1)
+                Packet::icmp_echo(client, dst, false, 7, 1)
                     .payload(b"ping")
                     .build(),
                 vc,
             );
-            seed(Packet::icmp_echo("10.0.1.2:0", dst, true, 7, 1).build(), vc);
+            seed(Packet::icmp_echo(client, dst, true, 7, 1).build(), vc);
         }
+        // IPv6 only: neighbour discovery, extension headers, fragments.
+        for dst in [
+            "[2001:db8:100::1]:0",
+            "[ff02::1:ff00:1]:0",
+            "[2001:db8:1::1]:0",
+        ] {
+            seed(
+                Packet::icmp_other("[2001:db8:1::2]:0", dst, ICMP6_NEIGHBOR_SOLICIT, 0, [0; 4])
+                    .payload(&[0x20, 1, 0xd, 0xb8, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1])
+                    .ttl(255)
+                    .build(),
+                vc,
+            );
+        }
+        let syn6 = Packet::tcp("[2001:db8:1::7]:48000", "[2001:db8:100::1]:80", TCP_SYN);
+        seed(syn6.clone().vlan(5).build(), vc);
+        seed(syn6.clone().ext_header(EXT_HOP_BY_HOP, 0).build(), vc);
+        seed(
+            syn6.clone()
+                .ext_header(EXT_ROUTING, 1)
+                .ext_header(EXT_DEST_OPTS, 2)
+                .build(),
+            vc,
+        );
+        seed(
+            (0..5)
+                .fold(syn6.clone(), |p, _| p.ext_header(EXT_DEST_OPTS, 0))
+                .build(),
+            vc,
+        );
+        seed(syn6.clone().fragment(true, 0).build(), vc);
+        seed(
+            syn6.clone()
+                .ext_header(EXT_HOP_BY_HOP, 0)
+                .fragment(false, 9)
+                .build(),
+            vc,
+        );
+        seed(
+            Packet::ip_proto("[2001:db8:1::7]:0", "[2001:db8:100::1]:0", 47)
+                .payload(&[0; 12])
+                .build(),
+            vc,
+        );
         let syn = Packet::tcp("10.0.1.7:48000", "10.100.0.1:80", TCP_SYN);
         seed(syn.clone().vlan(5).build(), vc);
         seed(syn.clone().ip_options(&[1, 1, 7, 3, 4, 0]).build(), vc);
@@ -301,7 +434,7 @@ impl Bed {
         let mut rng = Rng::new(seed);
         let mut report = Report::default();
         // The clients lb knows: those of the flows set up, and every source sent since.
-        let mut sources: HashSet<Ipv4Addr> =
+        let mut sources: HashSet<IpAddr> =
             self.seeds.iter().filter_map(|s| source(&s.frame)).collect();
         let start = self.net.dp.stats()?.counters;
         let mut batch_start = start.clone();
@@ -399,11 +532,15 @@ impl Bed {
             self.net.vb
         };
         if rng.chance(12) {
-            // Random bytes, now and then behind a valid Ethernet+IPv4 start.
+            // Random bytes, now and then behind a valid Ethernet+IPv4 or IPv6 start.
             let most = if rng.chance(3) { 1600 } else { 120 };
             let len = MIN_FRAME + rng.below(most);
             let mut f = rng.bytes(len);
-            if f.len() >= 34 && rng.chance(2) {
+            if f.len() >= 54 && rng.chance(3) {
+                f[12..14].copy_from_slice(&[0x86, 0xdd]);
+                f[14] = 0x60;
+                f[38..54].copy_from_slice(rng.pick(&TARGETS6));
+            } else if f.len() >= 34 && rng.chance(2) {
                 f[12..14].copy_from_slice(&[0x08, 0x00]);
                 f[14] = 0x45;
                 f[30..34].copy_from_slice(rng.pick(&TARGETS));
@@ -430,7 +567,7 @@ impl Bed {
 fn class(c: u32) -> u32 {
     use counter::*;
     match c {
-        PASS_NOT_IP | PASS_NOT_VIP | PASS_MALFORMED | PASS_FRAGMENT => XDP_PASS,
+        PASS_NOT_IP | PASS_NOT_VIP | PASS_MALFORMED | PASS_FRAGMENT | PASS_EXT_HEADERS => XDP_PASS,
         FWD_TX | ICMP_ECHO_REPLY => XDP_TX,
         FWD_REDIRECT => XDP_REDIRECT,
         _ => XDP_DROP,
@@ -450,16 +587,25 @@ fn l3(frame: &[u8]) -> usize {
     }
 }
 
-fn source(frame: &[u8]) -> Option<Ipv4Addr> {
-    let o = l3(frame) + 12;
-    let b = frame.get(o..o + 4)?;
-    Some(Ipv4Addr::new(b[0], b[1], b[2], b[3]))
+/// The frame's IP source address (IPv4 or IPv6 by its EtherType).
+fn source(frame: &[u8]) -> Option<IpAddr> {
+    address(frame, 12, 8)
 }
 
-fn destination(frame: &[u8]) -> Option<Ipv4Addr> {
-    let o = l3(frame) + 16;
-    let b = frame.get(o..o + 4)?;
-    Some(Ipv4Addr::new(b[0], b[1], b[2], b[3]))
+/// The frame's IP destination address.
+fn destination(frame: &[u8]) -> Option<IpAddr> {
+    address(frame, 16, 24)
+}
+
+/// The address at `v4` (IPv4) or `v6` (IPv6) bytes into the IP header.
+fn address(frame: &[u8], v4: usize, v6: usize) -> Option<IpAddr> {
+    let l3 = l3(frame);
+    if is_v6(frame) {
+        let b: [u8; 16] = frame.get(l3 + v6..l3 + v6 + 16)?.try_into().ok()?;
+        return Some(Ipv6Addr::from(b).into());
+    }
+    let b: [u8; 4] = frame.get(l3 + v4..l3 + v4 + 4)?.try_into().ok()?;
+    Some(Ipv4Addr::from(b).into())
 }
 
 /// One mutation of `f`.
@@ -468,6 +614,9 @@ fn mutate(rng: &mut Rng, f: &mut Vec<u8>) {
         return;
     }
     let l3 = l3(f);
+    if is_v6(f) {
+        return mutate6(rng, f, l3);
+    }
     let ihl = f.get(l3).map_or(20, |v| usize::from(v & 0x0f) * 4).max(20);
     let l4 = l3 + ihl;
     // Offsets of the fields that steer the program: Ethernet type, IPv4 header, TCP/UDP/ICMP
@@ -496,6 +645,58 @@ fn mutate(rng: &mut Rng, f: &mut Vec<u8>) {
         l4 + 17,
         l4 + 8 + 20,
     ];
+    mutate_at(rng, f, &fields, l3 + 16, &|rng, f, o| {
+        if f.len() >= o + 4 {
+            f[o..o + 4].copy_from_slice(rng.pick(&TARGETS));
+        }
+    });
+}
+
+/// One mutation of an IPv6 frame `f` whose header is at `l3`.
+fn mutate6(rng: &mut Rng, f: &mut Vec<u8>, l3: usize) {
+    // The transport (or first extension) header, when there are no extension headers.
+    let l4 = l3 + 40;
+    // Version, payload length, next header, hop limit, the destination's last bytes, the
+    // first 8 bytes after the header (an extension header's next/length, ports, ICMPv6 type and
+    // code), TCP flags, the quoted IPv6 header's next header and its ports.
+    let fields: [usize; 20] = [
+        12,
+        l3,
+        l3 + 4,
+        l3 + 5,
+        l3 + 6,
+        l3 + 7,
+        l3 + 38,
+        l3 + 39,
+        l4,
+        l4 + 1,
+        l4 + 2,
+        l4 + 3,
+        l4 + 4,
+        l4 + 6,
+        l4 + 7,
+        l4 + 13,
+        l4 + 8,
+        l4 + 8 + 6,
+        l4 + 8 + 40,
+        l4 + 8 + 43,
+    ];
+    mutate_at(rng, f, &fields, l3 + 24, &|rng, f, o| {
+        if f.len() >= o + 16 {
+            f[o..o + 16].copy_from_slice(rng.pick(&TARGETS6));
+        }
+    });
+}
+
+/// One mutation of `f`: random bytes, one of `fields` set to an edge value, a cut, garbage
+/// appended, a VLAN tag, or the destination (at `dst`) pointed at an address by `retarget`.
+fn mutate_at(
+    rng: &mut Rng,
+    f: &mut Vec<u8>,
+    fields: &[usize],
+    dst: usize,
+    retarget: &dyn Fn(&mut Rng, &mut Vec<u8>, usize),
+) {
     match rng.below(10) {
         0 | 1 => {
             for _ in 0..=rng.below(4) {
@@ -504,10 +705,13 @@ fn mutate(rng: &mut Rng, f: &mut Vec<u8>) {
             }
         }
         2..=4 => {
-            let at = *rng.pick(&fields);
+            let at = *rng.pick(fields);
             let random = rng.byte();
+            // IPv4's and IPv6's: versions, header lengths, protocols and extension header
+            // types, ICMPv6 types.
             let edge = [
-                0, 1, 2, 4, 5, 6, 0x0f, 0x10, 0x11, 0x40, 0x45, 0x4f, 0x7f, 0x80, 0xff, random,
+                0, 1, 2, 4, 5, 6, 0x0f, 0x10, 0x11, 0x40, 0x45, 0x4f, 0x7f, 0x80, 0xff, 0x60, 43,
+                44, 58, 60, 129, 135, random,
             ];
             if at < f.len() {
                 f[at] = *rng.pick(&edge);
@@ -529,11 +733,6 @@ fn mutate(rng: &mut Rng, f: &mut Vec<u8>) {
                 f.splice(12..12, tag);
             }
         }
-        _ => {
-            let o = l3 + 16;
-            if f.len() >= o + 4 {
-                f[o..o + 4].copy_from_slice(rng.pick(&TARGETS));
-            }
-        }
+        _ => retarget(rng, f, dst),
     }
 }

@@ -220,8 +220,11 @@ impl Sandbox {
     }
 
     fn services_toml(&self, v6: bool, vip_port: u16, backends: &str, extra: &str) -> String {
-        let (vip, suffix): (std::net::IpAddr, &str) =
-            if v6 { (VIP6.into(), "6") } else { (VIP.into(), "") };
+        let (vip, suffix): (std::net::IpAddr, &str) = if v6 {
+            (VIP6.into(), "6")
+        } else {
+            (VIP.into(), "")
+        };
         let vip = SocketAddr::new(vip, vip_port);
         format!(
             "[[service]]\nname = \"tcp{suffix}\"\nvip = \"{vip}\"\nprotocol = \"tcp\"\n{extra}\nbackends = [{backends}]\n\n\

@@ -88,7 +88,9 @@ pub fn unspecified_for(to: SocketAddr) -> SocketAddr {
 pub fn udp_echo(client: &Netns, vip: SocketAddr, n: usize) -> HashMap<String, usize> {
     let mut seen = HashMap::new();
     for i in 0..n {
-        let socket = client.enter(|| UdpSocket::bind(unspecified_for(vip))).unwrap();
+        let socket = client
+            .enter(|| UdpSocket::bind(unspecified_for(vip)))
+            .unwrap();
         socket.connect(vip).unwrap();
         socket
             .set_read_timeout(Some(Duration::from_secs(2)))

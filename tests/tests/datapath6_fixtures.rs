@@ -80,7 +80,11 @@ fn forwarding_and_return_paths() {
             FWD_REDIRECT,
         )
         .ingress(e.vc)
-        .output(to_backend(Packet::tcp(&snat, "[2001:db8:2::2]:8080", TCP_SYN)))
+        .output(to_backend(Packet::tcp(
+            &snat,
+            "[2001:db8:2::2]:8080",
+            TCP_SYN,
+        )))
         .also(CT_NEW),
         Fixture::new(
             "established packet with data: same backend and SNAT port",
@@ -117,9 +121,13 @@ fn forwarding_and_return_paths() {
         .also(REPLY),
         Fixture::new(
             "reply to a SNAT port no flow holds: the host's own traffic, passed",
-            Packet::tcp("[2001:db8:2::2]:8080", "[2001:db8:2::1]:12345", TCP_SYN | TCP_ACK)
-                .macs(BACKEND_MAC, e.vb_mac)
-                .build(),
+            Packet::tcp(
+                "[2001:db8:2::2]:8080",
+                "[2001:db8:2::1]:12345",
+                TCP_SYN | TCP_ACK,
+            )
+            .macs(BACKEND_MAC, e.vb_mac)
+            .build(),
             XDP_PASS,
             PASS_NOT_VIP,
         )
@@ -195,10 +203,14 @@ fn forwarding_and_return_paths() {
         )
         .ingress(e.vc)
         .output(
-            Packet::tcp(&format!("[2001:db8:1::1]:{p1}"), "[2001:db8:1::20]:8080", TCP_SYN)
-                .ttl(63)
-                .macs(e.vc_mac, ONE_ARM_MAC)
-                .build(),
+            Packet::tcp(
+                &format!("[2001:db8:1::1]:{p1}"),
+                "[2001:db8:1::20]:8080",
+                TCP_SYN,
+            )
+            .ttl(63)
+            .macs(e.vc_mac, ONE_ARM_MAC)
+            .build(),
         )
         .also(CT_NEW),
         Fixture::new(
@@ -211,8 +223,12 @@ fn forwarding_and_return_paths() {
         )
         .ingress(e.vc)
         .output(to_backend(
-            Packet::tcp(&format!("[2001:db8:2::1]:{pm}"), "[2001:db8:2::2]:8080", TCP_ACK)
-                .seq(7, 7),
+            Packet::tcp(
+                &format!("[2001:db8:2::1]:{pm}"),
+                "[2001:db8:2::2]:8080",
+                TCP_ACK,
+            )
+            .seq(7, 7),
         ))
         .also(CT_MISS_MIDSTREAM)
         .also(CT_NEW),
@@ -271,7 +287,9 @@ fn extension_headers_fragments_and_truncation() {
     let snat = |port: u16| format!("[2001:db8:2::1]:{}", e.snat_port(CLIENT, port, VIP, 80, 6));
     let forwarded = |port: u16, p: Packet| {
         Fixture::new(
-            format!("SYN from port {port} with extension headers: skipped to TCP, forwarded with them"),
+            format!(
+                "SYN from port {port} with extension headers: skipped to TCP, forwarded with them"
+            ),
             p.clone().build(),
             XDP_REDIRECT,
             FWD_REDIRECT,
@@ -387,14 +405,14 @@ fn extension_headers_fragments_and_truncation() {
         )
         .ingress(e.vc),
         Fixture::new(
-            "version 4 in an IPv6 header: malformed, passed",
+            "version 4 in an IPv6 header to the VIP: malformed, dropped",
             {
                 let mut f = frame.clone();
                 f[14] = 0x40;
                 f
             },
-            XDP_PASS,
-            PASS_MALFORMED,
+            XDP_DROP,
+            DROP_MALFORMED,
         )
         .ingress(e.vc),
         Fixture::new(
@@ -431,8 +449,8 @@ fn icmpv6_to_lb_addresses() {
     let client = |port: u16| format!("[{CLIENT}]:{port}");
     let p = e.snat_port(CLIENT, 40200, VIP, 80, 6);
     let snat = format!("[2001:db8:2::1]:{p}");
-    let echo = Packet::icmp_echo(&client(0), "[2001:db8:100::1]:0", false, 0x77, 3)
-        .payload(b"abcdefgh");
+    let echo =
+        Packet::icmp_echo(&client(0), "[2001:db8:100::1]:0", false, 0x77, 3).payload(b"abcdefgh");
     // A reply lb forwarded to the client, as the router on the way received it.
     let reply = Packet::tcp("[2001:db8:100::1]:80", &client(40200), TCP_ACK)
         .seq(5001, 1001)
@@ -501,31 +519,49 @@ fn icmpv6_to_lb_addresses() {
         .ingress(e.vc),
         Fixture::new(
             "neighbour solicitation to the VIP: the kernel's, passed untouched",
-            Packet::icmp_other(&client(0), "[2001:db8:100::1]:0", ICMP6_NEIGHBOR_SOLICIT, 0, [0; 4])
-                .payload(&[0x20, 1, 0xd, 0xb8, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1])
-                .ttl(255)
-                .build(),
+            Packet::icmp_other(
+                &client(0),
+                "[2001:db8:100::1]:0",
+                ICMP6_NEIGHBOR_SOLICIT,
+                0,
+                [0; 4],
+            )
+            .payload(&[0x20, 1, 0xd, 0xb8, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1])
+            .ttl(255)
+            .build(),
             XDP_PASS,
             PASS_NOT_VIP,
         )
         .ingress(e.vc),
         Fixture::new(
             "neighbour solicitation to a solicited-node group: passed",
-            Packet::icmp_other(&client(0), "[ff02::1:ff00:1]:0", ICMP6_NEIGHBOR_SOLICIT, 0, [0; 4])
-                .payload(&[0x20, 1, 0xd, 0xb8, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1])
-                .ttl(255)
-                .build(),
+            Packet::icmp_other(
+                &client(0),
+                "[ff02::1:ff00:1]:0",
+                ICMP6_NEIGHBOR_SOLICIT,
+                0,
+                [0; 4],
+            )
+            .payload(&[0x20, 1, 0xd, 0xb8, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1])
+            .ttl(255)
+            .build(),
             XDP_PASS,
             PASS_NOT_VIP,
         )
         .ingress(e.vc),
         Fixture::new(
             "neighbour solicitation to a SNAT address: the host's, passed",
-            Packet::icmp_other("[2001:db8:2::2]:0", "[2001:db8:2::1]:0", ICMP6_NEIGHBOR_SOLICIT, 0, [0; 4])
-                .payload(&[0x20, 1, 0xd, 0xb8, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1])
-                .ttl(255)
-                .macs(BACKEND_MAC, e.vb_mac)
-                .build(),
+            Packet::icmp_other(
+                "[2001:db8:2::2]:0",
+                "[2001:db8:2::1]:0",
+                ICMP6_NEIGHBOR_SOLICIT,
+                0,
+                [0; 4],
+            )
+            .payload(&[0x20, 1, 0xd, 0xb8, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1])
+            .ttl(255)
+            .macs(BACKEND_MAC, e.vb_mac)
+            .build(),
             XDP_PASS,
             PASS_NOT_VIP,
         )

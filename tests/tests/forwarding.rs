@@ -135,7 +135,8 @@ fn flags_take_effect_before_the_ring_is_rewritten() {
         flags: 0,
         ..read_backend(&lb, id)
     };
-    lb::balancer::MapWriter::set_backend(&mut lb.dp, id, info).unwrap();
+    lb::balancer::MapWriter::set_backend(&mut lb.dp, id, lb::entries::AnyBackend::V4(info))
+        .unwrap();
     assert_eq!(lb.balancer.ring(0), &ring_before[..], "ring untouched");
     let seen = spread(&sb.client.ns, 300);
     assert!(!seen.contains_key("backend-2"), "{seen:?}");

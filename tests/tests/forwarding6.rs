@@ -30,9 +30,10 @@ fn vip6() -> SocketAddr {
 fn sandbox(arms: Arms, weights: &[u32]) -> (Sandbox, InProcess) {
     require_root();
     let sb = Sandbox::build(arms, 3, PORT).unwrap();
-    let config = sb
-        .config6(80, weights, "", true)
-        .replace("[lb]\n", "[lb]\nconntrack = { size = 65536, ipv6_size = 65536 }\n");
+    let config = sb.config6(80, weights, "", true).replace(
+        "[lb]\n",
+        "[lb]\nconntrack = { size = 65536, ipv6_size = 65536 }\n",
+    );
     let lb = InProcess::start(&sb, &config).unwrap();
     (sb, lb)
 }
@@ -79,7 +80,12 @@ fn check(arms: Arms, flows: usize, transfers: usize) {
         counter::DROP_NO_ROUTE,
         counter::DROP_MALFORMED,
     ] {
-        assert_eq!(stats.counter(c), 0, "{}: {stats:?}", counter::NAMES[c as usize]);
+        assert_eq!(
+            stats.counter(c),
+            0,
+            "{}: {stats:?}",
+            counter::NAMES[c as usize]
+        );
     }
     // The IPv6 TCP service's backends took every IPv6 flow.
     let ids: Vec<u32> = (0..3)

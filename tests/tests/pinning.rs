@@ -139,9 +139,9 @@ fn released_datapath_stays_attached_and_is_adopted() {
         let mut dp = Dataplane::load(&lb, Some(pins.path()))?;
         assert!(!dp.adopted(), "nothing was pinned yet");
         assert_eq!(dp.attach(iface, config::XdpMode::Native)?, XdpMode::Driver);
-        dp.set_backend(BACKEND_ID, backend())?;
+        dp.set_backend(BACKEND_ID, lb::entries::AnyBackend::V4(backend()))?;
         let (key, info) = service();
-        dp.set_service(key, info)?;
+        dp.set_service(lb::entries::AnyServiceKey::V4(key), info)?;
         let vip = ne("10.100.0.1");
         let mut set = AddrSet::default();
         (set.addrs[2], set.flags[2]) = (vip, addr_flags::VIP);
@@ -433,7 +433,7 @@ fn echo(conn: &mut TcpStream, msg: &[u8]) -> anyhow::Result<()> {
 /// Loads the datapath for `config` pinned at `dir` in the balancer namespace, writes its state
 /// and attaches it, like `lb run`.
 fn start(sb: &Sandbox, config: &Config, dir: &Path) -> Dataplane {
-    let backends = sb.backends.iter().map(|b| b.addr).collect();
+    let backends = sb.backends.iter().map(|b| b.addr.into()).collect();
     let dp = sb
         .lb
         .enter(|| -> anyhow::Result<_> {

@@ -129,6 +129,11 @@ impl<'a> Fields<'a> {
         out
     }
 
+    /// The raw value of `key`, of whatever type (the caller reports a wrong one).
+    pub fn value(&self, key: &'static str) -> Option<&'a Value> {
+        self.get(key)
+    }
+
     pub fn str(&self, key: &'static str) -> Option<&'a str> {
         self.typed(key, "a string", Value::as_str)
     }

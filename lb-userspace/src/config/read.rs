@@ -331,10 +331,8 @@ fn parse_ip(text: &str) -> Result<IpAddr, String> {
 /// An optional IP address: `Some(None)` when absent, `None` when invalid (reported).
 fn read_ip(f: &Fields, key: &'static str) -> Option<Option<IpAddr>> {
     match f.str(key) {
-        None if f.has(key) => {
-            f.problem(key, "expected an IP address as a string");
-            None
-        }
+        // Not a string: reported.
+        None if f.has(key) => None,
         None => Some(None),
         Some(text) => match parse_ip(text) {
             Ok(ip) => Some(Some(ip)),
@@ -349,21 +347,20 @@ fn read_ip(f: &Fields, key: &'static str) -> Option<Option<IpAddr>> {
 /// `[lb] snat_address`: one address, or a list of one per family.
 fn read_snat_addresses(f: &Fields) -> Option<SnatAddresses> {
     const KEY: &str = "snat_address";
-    let texts: Vec<&str> = match (f.str(KEY), f.array(KEY)) {
-        (Some(text), _) => vec![text],
-        (None, Some(list)) => {
-            let texts: Option<Vec<&str>> = list.iter().map(|v| v.as_str()).collect();
-            let Some(texts) = texts else {
-                f.problem(KEY, "expected an IP address or a list of IP addresses (strings)");
-                return None;
-            };
-            texts
-        }
-        (None, None) if f.has(KEY) => {
-            f.problem(KEY, "expected an IP address or a list of IP addresses (strings)");
-            return None;
-        }
-        (None, None) => Vec::new(),
+    let texts: Option<Vec<&str>> = match f.value(KEY) {
+        None => Some(Vec::new()),
+        Some(v) => match (v.as_str(), v.as_array()) {
+            (Some(text), _) => Some(vec![text]),
+            (None, Some(list)) => list.iter().map(|v| v.as_str()).collect(),
+            (None, None) => None,
+        },
+    };
+    let Some(texts) = texts else {
+        f.problem(
+            KEY,
+            "expected an IP address or a list of IP addresses (strings)",
+        );
+        return None;
     };
     let mut out = SnatAddresses::default();
     for text in texts {
@@ -379,13 +376,15 @@ fn read_snat_addresses(f: &Fields) -> Option<SnatAddresses> {
             IpAddr::V6(v6) => out.v6.replace(v6).is_some(),
         };
         if taken {
-            f.problem(KEY, format!("{ip}: one address per family (IPv4, IPv6) at most"));
+            f.problem(
+                KEY,
+                format!("{ip}: one address per family (IPv4, IPv6) at most"),
+            );
             return None;
         }
     }
     Some(out)
 }
-
 
 fn check_ifname(name: &str) -> Result<(), String> {
     // Linux: at most IFNAMSIZ - 1 bytes, no '/', ':', whitespace or NUL, not "." or "..".
@@ -706,7 +705,10 @@ pub(crate) fn parse_addr(s: &str) -> Result<SocketAddr, String> {
         (IpAddr::V6(ip), port)
     } else {
         let Some((ip, port)) = s.rsplit_once(':') else {
-            return Err(format!("expected IPv4:PORT or [IPv6]:PORT, got {:?}", Shown(s)));
+            return Err(format!(
+                "expected IPv4:PORT or [IPv6]:PORT, got {:?}",
+                Shown(s)
+            ));
         };
         if ip.contains(':') {
             return Err(format!(
@@ -793,7 +795,7 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
             (
                 "address = \"10.0.3.2:8080\"",
                 "address = \"10.0.3.2\"",
-                "service[0].backends[1].address: expected IPv4:PORT, got \"10.0.3.2\"",
+                "service[0].backends[1].address: expected IPv4:PORT or [IPv6]:PORT, got \"10.0.3.2\"",
             ),
             (
                 "address = \"10.0.3.2:8080\"",
@@ -803,7 +805,57 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
             (
                 "address = \"10.0.3.2:8080\"",
                 "address = \"[fd00::1]:80\"",
-                "service[0].backends[1].address: \"[fd00::1]:80\": IPv6 is not supported yet",
+                "service[0].backends[1].address: [fd00::1]:80 is IPv6, the VIP 10.100.0.1:80 is IPv4: a service balances one family (make an IPv6 service for it)",
+            ),
+            (
+                "address = \"10.0.3.2:8080\"",
+                "address = \"fd00::1:80\"",
+                "service[0].backends[1].address: \"fd00::1:80\": an IPv6 address with a port is written in brackets, [IPv6]:PORT",
+            ),
+            (
+                "address = \"10.0.3.2:8080\"",
+                "address = \"[fd00::1:80\"",
+                "service[0].backends[1].address: expected [IPv6]:PORT, got \"[fd00::1:80\"",
+            ),
+            (
+                "address = \"10.0.3.2:8080\"",
+                "address = \"[fd00::zz]:80\"",
+                "service[0].backends[1].address: invalid IPv6 address \"fd00::zz\"",
+            ),
+            (
+                "vip = \"10.100.0.1:80\"",
+                "vip = \"[fe80::1]:80\"",
+                "service[0].vip: fe80::1 is link-local (fe80::/10): it needs a zone, and lb balances routed addresses",
+            ),
+            (
+                "vip = \"10.100.0.1:80\"",
+                "vip = \"[::ffff:10.100.0.1]:80\"",
+                "service[0].vip: ::ffff:10.100.0.1 is an IPv4-mapped address: write the IPv4 address itself",
+            ),
+            (
+                "vip = \"10.100.0.1:80\"",
+                "vip = \"[::1]:80\"",
+                "service[0].vip: ::1 is a loopback address: the datapath never sees its traffic",
+            ),
+            (
+                "vip = \"10.100.0.1:80\"",
+                "vip = \"[ff02::1]:80\"",
+                "service[0].vip: ff02::1 is a multicast address",
+            ),
+            (
+                "[lb]",
+                "[lb]\nsnat_address = [\"10.0.0.1\", \"10.0.0.2\"]",
+                "lb.snat_address: 10.0.0.2: one address per family (IPv4, IPv6) at most",
+            ),
+            (
+                "[lb]",
+                "[lb]\nsnat_address = [\"10.0.0.1\", 7]",
+                "lb.snat_address: expected an IP address or a list of IP addresses (strings)",
+            ),
+            (
+                "[lb]",
+                "[lb]\nconntrack = { ipv6_size = 3000 }",
+                "lb.conntrack.ipv6_size: 3000 is not a power of two (e.g. 4096)",
             ),
             (
                 "address = \"10.0.3.2:8080\"",
@@ -933,7 +985,7 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
             (
                 "[lb]",
                 "[lb]\nsnat_address = \"10.0.0\"",
-                "lb.snat_address: invalid IPv4 address \"10.0.0\"",
+                "lb.snat_address: invalid IP address \"10.0.0\"",
             ),
             (
                 "[lb]",

@@ -102,9 +102,7 @@ fn load(
                 .backend_id(sid, bid)
                 .and_then(|id| flags.get(&id))
                 .is_some_and(|up| !up);
-            if let Some(key) =
-                health::checker::ProbeKey::of(s, b.address.into()).filter(|_| was_down)
-            {
+            if let Some(key) = health::checker::ProbeKey::of(s, b.address).filter(|_| was_down) {
                 info!(
                     service = %s.name,
                     backend = %b.address,

@@ -367,7 +367,7 @@ impl Shared {
                 |sid, backend| super::snat_address(&new, sid, backend),
                 |sid, backend, _| {
                     // A backend joining a probe that already runs takes its verdict.
-                    ProbeKey::of(&new.services[sid], backend.into())
+                    ProbeKey::of(&new.services[sid], backend)
                         .and_then(|k| checker.status(&k))
                         .is_none_or(|s| s.state.is_available())
                 },
@@ -450,13 +450,7 @@ impl Shared {
         Ok((changes, probes))
     }
 
-    fn reload_event(
-        &self,
-        service: &str,
-        backend: SocketAddr,
-        from: HealthState,
-        to: HealthState,
-    ) {
+    fn reload_event(&self, service: &str, backend: SocketAddr, from: HealthState, to: HealthState) {
         self.events.push(Event {
             seq: 0,
             time: 0.0,
@@ -499,8 +493,7 @@ impl Inner {
             .admin_since
             .get(&(service.name.clone(), backend.address))
             .copied();
-        let probe =
-            ProbeKey::of(service, backend.address.into()).and_then(|k| self.checker.status(&k));
+        let probe = ProbeKey::of(service, backend.address).and_then(|k| self.checker.status(&k));
         let last_failure = probe
             .and_then(|p| p.last_failure)
             .and_then(|r| r.failure(service.check.window.timeout));

@@ -23,9 +23,10 @@ use aya::{
     sys::SyscallError,
 };
 use lb_common::{
-    ADDR_SETS, AddrSet, AddrSet6, BackendInfo, BackendInfo6, CtSlot, FlowKey, ICMP_PROG, ICMP_PROGRAM_NAME, ICMP6_PROG,
-    ICMP6_PROGRAM_NAME, NatSlot, PARAMS_GLOBAL, PASS_PROGRAM_NAME, PROGRAM_NAME, Params,
-    ServiceInfo, ServiceKey, ServiceKey6, XDP6_PROG, XDP6_PROGRAM_NAME, map_name, ways,
+    ADDR_SETS, AddrSet, AddrSet6, BackendInfo, BackendInfo6, CtSlot, FlowKey, ICMP_PROG,
+    ICMP_PROGRAM_NAME, ICMP6_PROG, ICMP6_PROGRAM_NAME, NatSlot, PARAMS_GLOBAL, PASS_PROGRAM_NAME,
+    PROGRAM_NAME, Params, ServiceInfo, ServiceKey, ServiceKey6, XDP6_PROG, XDP6_PROGRAM_NAME,
+    map_name, ways,
 };
 use tracing::{info, warn};
 
