@@ -28,4 +28,14 @@ fn no_packet_crashes_or_corrupts_the_datapath() {
         "{}",
         report.summary()
     );
+    // IPv6's own paths too (extension headers, UDP without checksum).
+    let moved = |name: &str| report.counters.iter().any(|(n, v)| n == name && *v > 0);
+    for name in [
+        "ipv6_ext_headers",
+        "drop_ext_headers",
+        "pass_ext_headers",
+        "drop_udp_no_checksum",
+    ] {
+        assert!(moved(name), "{name}: {}", report.summary());
+    }
 }
