@@ -872,3 +872,119 @@ fn the_service_state_follows_its_backends() {
     daemon.wait_state("tcp", addr(0), "healthy", Duration::from_secs(5));
     assert_eq!(state(), (ServiceState::Degraded, None));
 }
+
+/// IPv6 services in every face of the daemon: canonical addresses in JSON, `lb status`, the page
+/// and the metrics; admin actions through the CLI and through URLs with the address written
+/// raw, percent-encoded or not canonical; the API listening on an IPv6 address.
+#[test]
+fn ipv6_services_through_the_api_and_cli() {
+    require_root();
+    let sb = Sandbox::build(Arms::Two, 3, 8080).unwrap();
+    let config = sb
+        .config6(80, &[], "", true)
+        .replacen(
+            "\n[[service]]\nname = \"udp6\"",
+            &format!("\n{CHECK}\n[[service]]\nname = \"udp6\""),
+            1,
+        )
+        .replacen("[lb]\n", "[lb]\napi = \"[::1]:9090\"\n", 1);
+    let daemon = Daemon::start(&sb.lb, &config).unwrap();
+    assert_eq!(daemon.api, "[::1]:9090");
+    let api = "http://[::1]:9090";
+    let addr = |i: usize| format!("[{}]:8080", sb.backends[i].addr6);
+    for i in 0..3 {
+        daemon.wait_state("tcp6", &addr(i), "healthy", Duration::from_secs(5));
+    }
+
+    let (status, body) = daemon.http("GET", &format!("{api}/v1/healthcheck"), &[]);
+    assert_eq!(status, 200, "{body}");
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let tcp6 = &json["services"][0];
+    assert_eq!(tcp6["name"], "tcp6");
+    assert_eq!(tcp6["vip"], "[2001:db8:100::1]:80");
+    assert_eq!(tcp6["backends"][0]["address"], addr(0));
+    assert_eq!(tcp6["backends"][0]["ip"], sb.backends[0].addr6.to_string());
+
+    let text = String::from_utf8_lossy(&daemon.lb(&["status"]).stdout).into_owned();
+    assert!(
+        text.contains("[2001:db8:100::1]:80") && text.contains(&addr(1)),
+        "{text}"
+    );
+    let (_, page) = daemon.http(
+        "GET",
+        &format!("{api}/v1/healthcheck"),
+        &["Accept: text/html"],
+    );
+    assert!(page.contains(&addr(2)), "{page}");
+    let (_, metrics) = daemon.http("GET", &format!("{api}/metrics"), &[]);
+    assert!(
+        metrics.contains(&format!("service=\"tcp6\",backend=\"{}\"", addr(0))),
+        "{metrics}"
+    );
+
+    // The CLI encodes the address itself.
+    let out = daemon.lb(&["backend", "drain", "tcp6", &addr(0)]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    daemon.wait_state("tcp6", &addr(0), "drained", Duration::from_secs(1));
+    // Raw brackets (curl -g), percent-encoded, and a longer spelling of the same address.
+    let raw = format!("{api}/v1/services/tcp6/backends/{}/drain", addr(1));
+    let out = sb
+        .lb
+        .command("curl")
+        .args([
+            "-s",
+            "-g",
+            "-m",
+            "10",
+            "-X",
+            "POST",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+        ])
+        .arg(&raw)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "200", "{raw}");
+    daemon.wait_state("tcp6", &addr(1), "drained", Duration::from_secs(1));
+    let encoded = addr(2).replace('[', "%5B").replace(']', "%5D");
+    let (status, body) = daemon.http(
+        "POST",
+        &format!("{api}/v1/services/tcp6/backends/{encoded}/disable"),
+        &[],
+    );
+    assert_eq!(status, 200, "{body}");
+    let long = format!("[2001:0db8:0002:0000::{:x}]:8080", 0x12);
+    assert_eq!(addr(2), "[2001:db8:2::12]:8080");
+    let (status, body) = daemon.http(
+        "POST",
+        &format!(
+            "{api}/v1/services/tcp6/backends/{}/enable",
+            long.replace('[', "%5B").replace(']', "%5D")
+        ),
+        &[],
+    );
+    assert_eq!(status, 200, "{body}");
+    let reply: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(reply["backend"], addr(2), "answered in canonical form");
+    // An IPv4 address is no backend of the IPv6 service.
+    let (status, _) = daemon.http(
+        "POST",
+        &format!(
+            "{api}/v1/services/tcp6/backends/{}:8080/drain",
+            sb.backends[0].addr
+        ),
+        &[],
+    );
+    assert_eq!(status, 404);
+    // Only backend-2 takes new IPv6 flows now; the IPv4 service is untouched.
+    let seen = servers::spread(
+        &sb.client.ns,
+        SocketAddr::from((lb_tests::topology::VIP6, 80)),
+        60,
+    );
+    assert_eq!(seen.keys().collect::<Vec<_>>(), ["backend-2"], "{seen:?}");
+    let seen = servers::spread(&sb.client.ns, vip(), 60);
+    assert_eq!(seen.len(), 3, "{seen:?}");
+}

@@ -26,9 +26,14 @@ impl api::Control for Shared {
         admin: Admin,
     ) -> Result<AdminReply, RequestError> {
         let view = Shared::set_admin(self, service, backend, admin)?;
+        // Named as the status names it: canonical, whatever spelling the request used (it
+        // parsed, or set_admin had refused it).
+        let backend = backend
+            .parse::<std::net::SocketAddr>()
+            .map_or_else(|_| backend.to_owned(), |a| a.to_string());
         Ok(AdminReply {
             service: service.to_owned(),
-            backend: backend.to_owned(),
+            backend,
             admin: view.admin,
             state: view.state,
         })
