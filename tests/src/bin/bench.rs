@@ -1,5 +1,6 @@
 //! `cargo xtask bench`: datapath cost per packet through BPF_PROG_TEST_RUN, as ns/packet and as
-//! a ratio to an empty XDP program measured in the same run. Each sample is one run with
+//! a ratio to an empty XDP program measured in the same run; each IPv6 case also as a ratio to
+//! its IPv4 counterpart (the goal: 1.2× at most). Each sample is one run with
 //! repeat = 1 (the kernel does not restore the frame between repeats, so repeat > 1 would time a
 //! rewriting program on its own output); cases are interleaved so drift hits all alike.
 
@@ -30,6 +31,11 @@ const SERVICES: &str = r#"
 name = "web"
 vip = "10.100.0.1:80"
 backends = [{ address = "10.0.2.2:8080" }, { address = "10.0.2.3:8080" }, { address = "10.0.2.4:8080" }, { address = "10.0.2.5:8080" }]
+
+[[service]]
+name = "web6"
+vip = "[2001:db8:100::1]:80"
+backends = [{ address = "[2001:db8:2::2]:8080" }, { address = "[2001:db8:2::3]:8080" }, { address = "[2001:db8:2::4]:8080" }, { address = "[2001:db8:2::5]:8080" }]
 "#;
 
 struct Case {
@@ -40,6 +46,8 @@ struct Case {
     verdict: u32,
     /// Forget this flow before each sample (untimed), so the frame creates it anew.
     forget: Option<FlowKey>,
+    /// The IPv4 case this IPv6 one is compared with (its index).
+    ipv4: Option<usize>,
     samples: Vec<u64>,
 }
 
@@ -52,7 +60,7 @@ fn main() -> anyhow::Result<()> {
     let net = TestNet::new(
         // The per-source SYN limit at its highest: the new-flow cases send up to 60,000 SYNs
         // within a second from one address, all to be forwarded, and still pay for the limit.
-        "snat_ports = \"1024-65535\"\nsyn_rate_per_source = 1000000\nconntrack = { size = 262144 }",
+        "snat_ports = \"1024-65535\"\nsyn_rate_per_source = 1000000\nconntrack = { size = 262144, ipv6_size = 262144 }",
         SERVICES,
     )?;
     let mut net = net;
@@ -77,36 +85,58 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn measure(net: &mut TestNet, n: usize) -> anyhow::Result<String> {
-    // An established flow and its return direction.
-    let syn = Packet::tcp("10.0.1.2:40000", "10.100.0.1:80", TCP_SYN).build();
+/// An established flow from `client` to `vip` (ADDR:PORT each, one family): its data packet
+/// and the backend's reply to it.
+fn established(net: &TestNet, client: &str, vip: &str) -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
+    let syn = Packet::tcp(client, vip, TCP_SYN).build();
     let out = run_once(net.dp.program(), &syn, net.vc)?;
     if out.verdict != XDP_REDIRECT {
-        bail!("setup SYN: {}", verdict_name(out.verdict));
+        bail!("setup SYN to {vip}: {}", verdict_name(out.verdict));
     }
-    let backend = format!(
-        "{}.{}.{}.{}",
-        out.output[30], out.output[31], out.output[32], out.output[33]
-    );
-    let snat_port = u16::from_be_bytes([out.output[34], out.output[35]]);
-    let data = Packet::tcp("10.0.1.2:40000", "10.100.0.1:80", TCP_ACK | TCP_PSH)
+    let o = &out.output;
+    let (backend, snat) = if vip.starts_with('[') {
+        let ip = |at: usize| {
+            let b: [u8; 16] = o[at..at + 16].try_into().expect("16 bytes");
+            std::net::Ipv6Addr::from(b)
+        };
+        let port = |at: usize| u16::from_be_bytes([o[at], o[at + 1]]);
+        (format!("[{}]:8080", ip(38)), format!("[{}]:{}", ip(22), port(54)))
+    } else {
+        let snat_port = u16::from_be_bytes([o[34], o[35]]);
+        (
+            format!("{}.{}.{}.{}:8080", o[30], o[31], o[32], o[33]),
+            format!("10.0.2.1:{snat_port}"),
+        )
+    };
+    let data = Packet::tcp(client, vip, TCP_ACK | TCP_PSH)
         .payload(&[0x55; 64])
         .build();
-    let reply = Packet::tcp(
-        &format!("{backend}:8080"),
-        &format!("10.0.2.1:{snat_port}"),
-        TCP_ACK | TCP_PSH,
-    )
-    .payload(&[0x66; 64])
-    .macs(BACKEND_MAC, net.vb_mac)
-    .build();
+    let reply = Packet::tcp(&backend, &snat, TCP_ACK | TCP_PSH)
+        .payload(&[0x66; 64])
+        .macs(BACKEND_MAC, net.vb_mac)
+        .build();
+    Ok((data, reply))
+}
+
+fn measure(net: &mut TestNet, n: usize) -> anyhow::Result<String> {
+    let (data, reply) = established(net, "10.0.1.2:40000", "10.100.0.1:80")?;
+    let (data6, reply6) = established(net, "[2001:db8:1::2]:40000", "[2001:db8:100::1]:80")?;
     let new_flows = (0..n)
         .map(|i| {
             let client = format!("10.0.1.{}:{}", 2 + (i / 50000) as u8, 1024 + (i % 50000));
             Packet::tcp(&client, "10.100.0.1:80", TCP_SYN).build()
         })
         .collect();
+    let new_flows6 = (0..n)
+        .map(|i| {
+            let client = format!("[2001:db8:1::{:x}]:{}", 2 + i / 50000, 1024 + (i % 50000));
+            Packet::tcp(&client, "[2001:db8:100::1]:80", TCP_SYN).build()
+        })
+        .collect();
     let other = Packet::tcp("10.0.1.2:40000", "10.0.1.9:22", TCP_ACK)
+        .payload(&[0x77; 64])
+        .build();
+    let other6 = Packet::tcp("[2001:db8:1::2]:40000", "[2001:db8:1::9]:22", TCP_ACK)
         .payload(&[0x77; 64])
         .build();
     let recreated = Packet::tcp("10.0.1.3:40000", "10.100.0.1:80", TCP_SYN).build();
@@ -145,6 +175,22 @@ fn measure(net: &mut TestNet, n: usize) -> anyhow::Result<String> {
             net.vb,
             XDP_REDIRECT,
         ),
+        Case::new("IPv6: not for a VIP: pass", vec![other6], net.vc, XDP_PASS).ipv4(1),
+        Case::new(
+            "IPv6: new flow (SYN), each a different flow: cold table memory",
+            new_flows6,
+            net.vc,
+            XDP_REDIRECT,
+        )
+        .ipv4(2),
+        Case::new("IPv6: established flow", vec![data6], net.vc, XDP_REDIRECT).ipv4(4),
+        Case::new(
+            "IPv6: return path (backend → client)",
+            vec![reply6],
+            net.vb,
+            XDP_REDIRECT,
+        )
+        .ipv4(5),
     ];
     // Warm up, then sample the cases round-robin.
     for _ in 0..200 {
@@ -167,8 +213,14 @@ impl Case {
             ingress,
             verdict,
             forget: None,
+            ipv4: None,
             samples: Vec::new(),
         }
+    }
+
+    fn ipv4(mut self, case: usize) -> Self {
+        self.ipv4 = Some(case);
+        self
     }
 
     fn forget(mut self, key: FlowKey) -> Self {
@@ -214,14 +266,21 @@ fn report(cases: &mut [Case], n: usize) -> String {
     );
     let _ = writeln!(
         out,
-        "| case | mean ns | median ns | mean / empty | median / empty |"
+        "| case | mean ns | median ns | mean / empty | median / empty | median / IPv4's |"
     );
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|");
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|");
+    let medians: Vec<f64> = cases
+        .iter_mut()
+        .map(|c| stats(&mut c.samples).1)
+        .collect();
     for case in cases.iter_mut() {
         let (mean, median) = stats(&mut case.samples);
+        let versus = case
+            .ipv4
+            .map_or(String::new(), |i| format!("{:.2}×", median / medians[i]));
         let _ = writeln!(
             out,
-            "| {} | {mean:.1} | {median:.0} | {:.2}× | {:.2}× |",
+            "| {} | {mean:.1} | {median:.0} | {:.2}× | {:.2}× | {versus} |",
             case.name,
             mean / base_mean,
             median / base_median
