@@ -18,7 +18,14 @@ fn the_demo_runs_through() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "{text}");
-    for step in ["-> unhealthy", "-> healthy", "cleaning up"] {
+    // The IPv6 service too: answered, and its backend's verdicts shown.
+    for step in [
+        "-> unhealthy",
+        "-> healthy",
+        "cleaning up",
+        "web6 backend-1 unhealthy",
+        "[2001:db8:100::1]:80",
+    ] {
         assert!(text.contains(step), "{step}:\n{text}");
     }
 }

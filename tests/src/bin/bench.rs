@@ -100,7 +100,10 @@ fn established(net: &TestNet, client: &str, vip: &str) -> anyhow::Result<(Vec<u8
             std::net::Ipv6Addr::from(b)
         };
         let port = |at: usize| u16::from_be_bytes([o[at], o[at + 1]]);
-        (format!("[{}]:8080", ip(38)), format!("[{}]:{}", ip(22), port(54)))
+        (
+            format!("[{}]:8080", ip(38)),
+            format!("[{}]:{}", ip(22), port(54)),
+        )
     } else {
         let snat_port = u16::from_be_bytes([o[34], o[35]]);
         (
@@ -269,10 +272,7 @@ fn report(cases: &mut [Case], n: usize) -> String {
         "| case | mean ns | median ns | mean / empty | median / empty | median / IPv4's |"
     );
     let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|");
-    let medians: Vec<f64> = cases
-        .iter_mut()
-        .map(|c| stats(&mut c.samples).1)
-        .collect();
+    let medians: Vec<f64> = cases.iter_mut().map(|c| stats(&mut c.samples).1).collect();
     for case in cases.iter_mut() {
         let (mean, median) = stats(&mut case.samples);
         let versus = case

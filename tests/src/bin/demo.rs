@@ -23,7 +23,7 @@ use lb_tests::{
     daemon::{self, Daemon},
     lb_bin,
     netns::Netns,
-    topology::{Arms, HTTP_PORT, Sandbox, VIP},
+    topology::{Arms, HTTP_PORT, Sandbox, VIP, VIP6},
 };
 
 #[derive(Parser)]
@@ -36,6 +36,8 @@ struct Args {
 /// The two services: HTTP on VIP:80 (backends' port 8000, checked with HTTP GETs) and UDP echo
 /// on VIP:7 (backends' port 8080, checked with a datagram that must be echoed).
 const WEB: &str = "web";
+/// The same HTTP service over IPv6: VIP6:80 → the backends' IPv6 addresses, port 8000.
+const WEB6: &str = "web6";
 const ECHO: &str = "udp-echo";
 const ECHO_VIP_PORT: u16 = 7;
 /// The sandbox's echo servers (TCP and UDP) listen here.
@@ -107,6 +109,10 @@ fn demo(args: &Args) -> anyhow::Result<()> {
     println!(
         "   VIP {VIP}: tcp/80 → backends:{HTTP_PORT} (HTTP), udp/{ECHO_VIP_PORT} → backends:{ECHO_PORT} (UDP echo)"
     );
+    println!(
+        "   and IPv6 on the same links: client 2001:db8:1::2 ── ::1 [lb] 2001:db8:2::1 ── backends ::10, ::11, ::12"
+    );
+    println!("   VIP [{VIP6}]: tcp/80 → backends:{HTTP_PORT} (HTTP)");
     let mut sb = Sandbox::build(Arms::Two, 3, ECHO_PORT)?;
     let names: Vec<String> = sb.backends.iter().map(|b| b.name.clone()).collect();
     let victim = names[VICTIM].clone();
@@ -120,7 +126,13 @@ fn demo(args: &Args) -> anyhow::Result<()> {
         .iter()
         .map(|b| format!("{}:{ECHO_PORT}", b.addr))
         .collect();
+    let web6_addrs: Vec<String> = sb
+        .backends
+        .iter()
+        .map(|b| format!("[{}]:{HTTP_PORT}", b.addr6))
+        .collect();
     let web_addr = |i: usize| web_addrs[i].as_str();
+    let web6_addr = |i: usize| web6_addrs[i].as_str();
     let echo_addr = |i: usize| echo_addrs[i].as_str();
     println!(
         "   namespaces: {} (lb), {} (client), backends {}",
@@ -165,6 +177,14 @@ fn demo(args: &Args) -> anyhow::Result<()> {
             Duration::from_secs(15),
             || Ok(()),
         )?;
+        events.wait_for(
+            WEB6,
+            web6_addr(i),
+            "healthy",
+            0,
+            Duration::from_secs(15),
+            || Ok(()),
+        )?;
     }
     events.pump(Duration::from_millis(100))?;
     let status = daemon.status()?;
@@ -182,13 +202,14 @@ fn demo(args: &Args) -> anyhow::Result<()> {
     checkpoint()?;
 
     say(&format!(
-        "3. curl http://{VIP}/ from the client, three times"
+        "3. curl http://{VIP}/ and http://[{VIP6}]/ from the client, three times each"
     ));
-    for _ in 0..3 {
-        let out =
-            sb.client
-                .ns
-                .exec(&["curl", "-sS", "--max-time", "5", &format!("http://{VIP}/")])?;
+    let urls = [format!("http://{VIP}/"), format!("http://[{VIP6}]/")];
+    for url in urls.iter().flat_map(|u| [u, u, u]) {
+        let out = sb
+            .client
+            .ns
+            .exec(&["curl", "-sS", "-g", "--max-time", "5", url])?;
         if !out.status.success() {
             bail!(
                 "curl failed: {}\nlb log:\n{}",
@@ -229,10 +250,13 @@ fn demo(args: &Args) -> anyhow::Result<()> {
     detection.lb = Counts::read(&daemon, &sb)?.minus(&before);
     let echo_down =
         events.wait_for(ECHO, echo_addr(VICTIM), "unhealthy", mark, limit, || Ok(()))?;
+    let web6_down =
+        events.wait_for(WEB6, web6_addr(VICTIM), "unhealthy", mark, limit, || Ok(()))?;
     events.pump(Duration::from_millis(100))?;
     let detected = [
         Timing::new(WEB, &event(&daemon, web_down)?, killed, web_windows.0),
         Timing::new(ECHO, &event(&daemon, echo_down)?, killed, echo_windows.0),
+        Timing::new(WEB6, &event(&daemon, web6_down)?, killed, web_windows.0),
     ];
     for t in &detected {
         println!(
@@ -283,10 +307,12 @@ fn demo(args: &Args) -> anyhow::Result<()> {
     let limit = Duration::from_secs_f64(web_windows.1) + Duration::from_secs(10);
     let web_up = events.wait_for(WEB, web_addr(VICTIM), "healthy", mark, limit, || Ok(()))?;
     let echo_up = events.wait_for(ECHO, echo_addr(VICTIM), "healthy", mark, limit, || Ok(()))?;
+    let web6_up = events.wait_for(WEB6, web6_addr(VICTIM), "healthy", mark, limit, || Ok(()))?;
     events.pump(Duration::from_millis(100))?;
     let recovered = [
         Timing::new(WEB, &event(&daemon, web_up)?, restarted, web_windows.1),
         Timing::new(ECHO, &event(&daemon, echo_up)?, restarted, echo_windows.1),
+        Timing::new(WEB6, &event(&daemon, web6_up)?, restarted, web_windows.1),
     ];
     for t in &recovered {
         println!(
@@ -388,7 +414,7 @@ fn demo(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The demo's config: both services over all backends, each with a fast check.
+/// The demo's config: the services over all backends, each with a fast check.
 fn config(sb: &Sandbox) -> String {
     let list = |port: u16| {
         sb.backends
@@ -397,6 +423,12 @@ fn config(sb: &Sandbox) -> String {
             .collect::<Vec<_>>()
             .join(", ")
     };
+    let list6 = sb
+        .backends
+        .iter()
+        .map(|b| format!("{{ address = \"[{}]:{HTTP_PORT}\" }}", b.addr6))
+        .collect::<Vec<_>>()
+        .join(", ");
     let timing = format!(
         "timeout = \"{CHECK_TIMEOUT_MS}ms\"\ninterval = \"{CHECK_INTERVAL_S}s\"\n\
          healthy_threshold = {CHECK_THRESHOLD}\nunhealthy_threshold = {CHECK_THRESHOLD}\n"
@@ -406,7 +438,9 @@ fn config(sb: &Sandbox) -> String {
          [[service]]\nname = \"{WEB}\"\nvip = \"{VIP}:80\"\nprotocol = \"tcp\"\nbackends = [{}]\n\
          [service.check]\nkind = \"http\"\npath = \"/\"\n{timing}\n\
          [[service]]\nname = \"{ECHO}\"\nvip = \"{VIP}:{ECHO_VIP_PORT}\"\nprotocol = \"udp\"\nbackends = [{}]\n\
-         [service.check]\nkind = \"udp\"\nsend = \"ping\"\nexpect = \"backend-\"\n{timing}",
+         [service.check]\nkind = \"udp\"\nsend = \"ping\"\nexpect = \"backend-\"\n{timing}\n\
+         [[service]]\nname = \"{WEB6}\"\nvip = \"[{VIP6}]:80\"\nprotocol = \"tcp\"\nbackends = [{list6}]\n\
+         [service.check]\nkind = \"http\"\npath = \"/\"\n{timing}",
         sb.interfaces_toml(),
         list(HTTP_PORT),
         list(ECHO_PORT),
