@@ -57,6 +57,9 @@ pub mod map_name {
     pub const SNAT_SEARCH6: &str = "LB_SNAT_SEARCH6";
     /// `PerCpuArray` of one entry: an ICMPv6 translation's working values. Never pinned.
     pub const ICMP6_WORK: &str = "LB_ICMP6_WORK";
+    /// `PerCpuArray<u64>` of one entry: a value the IPv6 parser makes the verifier forget.
+    /// Never pinned.
+    pub const PARSE_SCRATCH: &str = "LB_PARSE_SCRATCH";
 }
 
 /// Slots of [`map_name::PROGS`].

@@ -24,7 +24,7 @@ use crate::{
     maps::params,
     parse::{self, ETH_P_IPV6, PROTO_ICMPV6, Parsed},
     passive,
-    ptr::{ptr_at, ptr_at_mut, ptr_at_mut_checked, read_at},
+    ptr::{ptr_at, ptr_at_mut, ptr_at_mut_checked, read_at, read_at_checked},
     stats,
     table::{ct_find, ct_live, nat_find},
 };
@@ -152,7 +152,7 @@ fn quote(data: usize, data_end: usize, pkt: &Icmp, q: &mut Quote) -> bool {
     if l4_off + 8 > pkt.end.min(data_end - data) {
         return false;
     }
-    let Some(ports) = read_at::<[u8; 4]>(data, data_end, l4_off) else {
+    let Some(ports) = read_at_checked::<[u8; 4]>(data, data_end, l4_off) else {
         return false;
     };
     q.proto = ip.next_hdr;

@@ -139,3 +139,8 @@ pub static SEARCH: PerCpuArray<SnatSearch<u32>> = PerCpuArray::with_max_entries(
 
 #[map(name = "LB_SNAT_SEARCH6")] // lb_common::map_name::SNAT_SEARCH6
 pub static SEARCH6: PerCpuArray<SnatSearch<lb_common::Addr6>> = PerCpuArray::with_max_entries(1, 0);
+
+/// One value per CPU that the IPv6 parser passes through to make the verifier forget what it
+/// knew of it (see `parse::forget`).
+#[map(name = "LB_PARSE_SCRATCH")] // lb_common::map_name::PARSE_SCRATCH
+pub static PARSE_SCRATCH: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);

@@ -47,3 +47,12 @@ pub fn opaque<T>(r: &T) -> &T {
     // SAFETY: a read of a local variable holding a valid pointer, which stays valid.
     unsafe { &*core::ptr::read_volatile(&p) }
 }
+
+/// As [`read_at`], with the bounds check of [`ptr_at_mut_checked`] (one the compiler cannot
+/// drop in favour of an earlier comparison the verifier does not follow).
+#[inline(always)]
+pub fn read_at_checked<T: Copy>(data: usize, data_end: usize, offset: usize) -> Option<T> {
+    let p = ptr_at_mut_checked::<T>(data, data_end, offset)?;
+    // SAFETY: `p` is in bounds (checked above); unaligned read since headers are packed.
+    Some(unsafe { core::ptr::read_unaligned(p) })
+}

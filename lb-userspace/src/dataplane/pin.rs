@@ -49,10 +49,11 @@ pub const MAPS: [&str; 20] = [
 ];
 
 /// Maps that hold nothing from one packet to the next: never pinned.
-pub const SCRATCH: [&str; 3] = [
+pub const SCRATCH: [&str; 4] = [
     map_name::SNAT_SEARCH,
     map_name::SNAT_SEARCH6,
     map_name::ICMP6_WORK,
+    map_name::PARSE_SCRATCH,
 ];
 
 const LINK_PREFIX: &str = "link-";

@@ -24,6 +24,9 @@ struct Args {
     /// Also write the table (markdown) to this file.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// The IPv4 cases only (the set of cases before IPv6, to compare with an older build's run).
+    #[arg(long)]
+    ipv4_only: bool,
 }
 
 const SERVICES: &str = r#"
@@ -66,7 +69,7 @@ fn main() -> anyhow::Result<()> {
     let mut net = net;
     let table = {
         let ns = net.ns.clone();
-        ns.enter(|| measure(&mut net, args.iterations))?
+        ns.enter(|| measure(&mut net, args.iterations, args.ipv4_only))?
     };
     print!("{table}");
     let verified: Vec<String> = net
@@ -121,7 +124,7 @@ fn established(net: &TestNet, client: &str, vip: &str) -> anyhow::Result<(Vec<u8
     Ok((data, reply))
 }
 
-fn measure(net: &mut TestNet, n: usize) -> anyhow::Result<String> {
+fn measure(net: &mut TestNet, n: usize, ipv4_only: bool) -> anyhow::Result<String> {
     let (data, reply) = established(net, "10.0.1.2:40000", "10.100.0.1:80")?;
     let (data6, reply6) = established(net, "[2001:db8:1::2]:40000", "[2001:db8:100::1]:80")?;
     let new_flows = (0..n)
@@ -195,6 +198,9 @@ fn measure(net: &mut TestNet, n: usize) -> anyhow::Result<String> {
         )
         .ipv4(5),
     ];
+    if ipv4_only {
+        cases.truncate(6);
+    }
     // Warm up, then sample the cases round-robin.
     for _ in 0..200 {
         run(net, 0, &cases[0], 0)?;
