@@ -20,7 +20,7 @@ use crate::{
         ADDRS, ADDRS6, BACKENDS, BACKENDS6, CONNTRACK, CONNTRACK6, NAT, NAT6, SEARCH, SEARCH6,
         SERVICES, SERVICES6, SnatSearch,
     },
-    ptr::ptr_at_mut,
+    ptr::{ptr_at_mut, store_addr6},
 };
 
 const AF_INET: u8 = 2;
@@ -196,11 +196,11 @@ impl Family for V6 {
         new: (&Addr6, &Addr6),
     ) -> Option<u32> {
         let ip = ptr_at_mut::<Ipv6Hdr>(data, data_end, l3_off)?;
-        // SAFETY: bounds-checked; network-types headers are byte arrays.
+        // SAFETY: bounds-checked; the addresses are 2-aligned (see `store_addr6`).
         unsafe {
             (*ip).hop_limit -= 1;
-            (*ip).src_addr = octets6(*new.0);
-            (*ip).dst_addr = octets6(*new.1);
+            store_addr6((*ip).src_addr.as_mut_ptr(), new.0);
+            store_addr6((*ip).dst_addr.as_mut_ptr(), new.1);
         }
         Some(diff128(*old.0, *new.0) + diff128(*old.1, *new.1))
     }

@@ -3,7 +3,7 @@
 //! are kept in network byte order, as the maps store them.
 #![cfg_attr(not(target_arch = "bpf"), allow(dead_code))]
 
-use lb_common::{Addr6, PROTO_ICMP, PROTO_TCP, PROTO_UDP, addr6, counter};
+use lb_common::{Addr6, PROTO_ICMP, PROTO_TCP, PROTO_UDP, counter};
 use network_types::{
     eth::EthHdr,
     ip::{Ipv4Hdr, Ipv6Hdr},
@@ -14,7 +14,7 @@ use network_types::{
 
 use crate::{
     maps::PARSE_SCRATCH,
-    ptr::{ptr_at, read_at},
+    ptr::{load_addr6, ptr_at, read_at},
     stats,
 };
 
@@ -244,7 +244,8 @@ pub fn ipv6(data: usize, data_end: usize, l3_off: usize) -> Parsed<Addr6> {
     };
     // SAFETY: bounds-checked; read in place (a copy would be 40 bytes of stack).
     let ip = unsafe { &*ip };
-    let daddr = addr6(ip.dst_addr);
+    // SAFETY: the header is in bounds; its addresses are 2-aligned (see `load_addr6`).
+    let daddr = unsafe { load_addr6(ip.dst_addr.as_ptr()) };
     let malformed = Parsed::Malformed { daddr: Some(daddr) };
     let payload = u16::from_be_bytes(ip.payload_len) as usize;
     // Padding may follow the packet; a payload longer than the frame means it was cut. A
@@ -296,7 +297,8 @@ pub fn ipv6(data: usize, data_end: usize, l3_off: usize) -> Parsed<Addr6> {
     if l4_off != l3_off + Ipv6Hdr::LEN {
         stats::count(counter::IPV6_EXT_HEADERS);
     }
-    let saddr = addr6(ip.src_addr);
+    // SAFETY: as for `daddr`.
+    let saddr = unsafe { load_addr6(ip.src_addr.as_ptr()) };
     match next {
         PROTO_TCP | PROTO_UDP => {}
         PROTO_ICMPV6 => {
