@@ -433,7 +433,11 @@ fn echo(conn: &mut TcpStream, msg: &[u8]) -> anyhow::Result<()> {
 /// Loads the datapath for `config` pinned at `dir` in the balancer namespace, writes its state
 /// and attaches it, like `lb run`.
 fn start(sb: &Sandbox, config: &Config, dir: &Path) -> Dataplane {
-    let backends = sb.backends.iter().map(|b| b.addr.into()).collect();
+    let backends = config
+        .services
+        .iter()
+        .flat_map(|s| s.backends.iter().map(|b| b.address.ip()))
+        .collect();
     let dp = sb
         .lb
         .enter(|| -> anyhow::Result<_> {
@@ -455,27 +459,33 @@ fn start(sb: &Sandbox, config: &Config, dir: &Path) -> Dataplane {
     dp
 }
 
+/// Both families' connections: the IPv6 tables are pinned and adopted as the IPv4 ones are.
 #[test]
 fn open_connection_survives_a_restart() {
     require_root();
     let pins = PinDir::new();
     let sb = Sandbox::build(Arms::Two, 2, 8080).unwrap();
-    let text = sb
-        .config(80, &[], "")
-        .replace("[lb]\n", "[lb]\nconntrack = { size = 4096 }\n");
+    let text = sb.config6(80, &[], "", true).replace(
+        "[lb]\n",
+        "[lb]\nconntrack = { size = 4096, ipv6_size = 4096 }\n",
+    );
     let config = config::parse(&text)
         .map_err(|e| anyhow::anyhow!("{e}"))
         .unwrap();
     let vip = SocketAddr::from((VIP, 80));
+    let vip6 = SocketAddr::from((lb_tests::topology::VIP6, 80));
 
     let dp = start(&sb, &config, pins.path());
     assert!(!dp.adopted());
     let (mut conn, backend) = connect(&sb.client.ns, vip).unwrap();
     echo(&mut conn, b"before\n").unwrap();
+    let (mut conn6, backend6) = connect(&sb.client.ns, vip6).unwrap();
+    echo(&mut conn6, b"before, over IPv6\n").unwrap();
 
     // The daemon dies: the pinned program keeps forwarding the open connection.
     drop(dp);
     echo(&mut conn, b"while down\n").unwrap();
+    echo(&mut conn6, b"while down, over IPv6\n").unwrap();
 
     // A new run adopts the connection table: the connection stays on its backend.
     let dp = sb
@@ -488,9 +498,12 @@ fn open_connection_survives_a_restart() {
     let mut dp = start(&sb, &config, pins.path());
     assert!(dp.adopted());
     echo(&mut conn, b"after restart\n").unwrap();
+    echo(&mut conn6, b"after restart, over IPv6\n").unwrap();
     let (mut other, _) = connect(&sb.client.ns, vip).unwrap();
     echo(&mut other, b"new connection\n").unwrap();
-    eprintln!("connection to {backend} kept across the restart");
+    let (mut other6, _) = connect(&sb.client.ns, vip6).unwrap();
+    echo(&mut other6, b"new connection, over IPv6\n").unwrap();
+    eprintln!("connections to {backend} and {backend6} kept across the restart");
 
     dp.detach_all();
     assert!(!pins.path().exists());
