@@ -6,10 +6,54 @@ use std::{
     io::{Read as _, Write as _},
     net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket},
     sync::atomic::{AtomicUsize, Ordering},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
-use crate::netns::Netns;
+use crate::{netns::Netns, servers::connect};
+
+/// Connects to `vip` from `client` until a connection lands on backend `name`.
+pub fn connect_to(client: &Netns, vip: SocketAddr, name: &str) -> TcpStream {
+    for _ in 0..200 {
+        let (conn, got) = connect(client, vip).unwrap();
+        if got == name {
+            return conn;
+        }
+    }
+    panic!("no connection reached {name}");
+}
+
+/// Sends `data` through an echo connection and reads it back.
+pub fn echo_once(conn: &mut TcpStream, data: &[u8]) {
+    conn.write_all(data).unwrap();
+    let mut back = vec![0u8; data.len()];
+    conn.read_exact(&mut back).unwrap();
+    assert_eq!(back, data);
+}
+
+/// Downloads from `to` (a server that sends and closes) for at most `limit`: the bytes
+/// received, up to `expect` preallocated.
+pub fn download(client: &Netns, to: SocketAddr, expect: usize, limit: Duration) -> Vec<u8> {
+    let mut conn = client
+        .enter(|| TcpStream::connect_timeout(&to, Duration::from_secs(5)))
+        .unwrap();
+    let deadline = Instant::now() + limit;
+    let mut got = Vec::with_capacity(expect);
+    let mut buf = vec![0u8; 65536];
+    while Instant::now() < deadline {
+        conn.set_read_timeout(Some(
+            deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1)),
+        ))
+        .unwrap();
+        match conn.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(_) => break,
+        }
+    }
+    got
+}
 
 /// Asserts each backend's share of `n` flows is within 5 points of the wanted one.
 pub fn assert_shares(seen: &HashMap<String, usize>, n: usize, want: &[(&str, f64)]) {

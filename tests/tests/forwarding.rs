@@ -4,7 +4,6 @@
 
 use std::{
     collections::HashMap,
-    io::{Read as _, Write as _},
     net::{SocketAddr, TcpStream, UdpSocket},
     sync::{
         Arc,
@@ -20,7 +19,7 @@ use lb_tests::{
     require_root,
     servers::{self, connect},
     topology::{Arms, Sandbox, VIP},
-    traffic::{assert_shares, echo_transfer, echo_transfer_counted},
+    traffic::{assert_shares, echo_once, echo_transfer, echo_transfer_counted},
 };
 
 const PORT: u16 = 8080;
@@ -157,22 +156,8 @@ fn read_backend(lb: &InProcess, id: u32) -> lb_common::BackendInfo {
     }
 }
 
-/// Connects until a connection lands on `name`.
 fn connect_to(client: &Netns, name: &str) -> TcpStream {
-    for _ in 0..200 {
-        let (conn, got) = connect(client, vip()).unwrap();
-        if got == name {
-            return conn;
-        }
-    }
-    panic!("no connection reached {name}");
-}
-
-fn echo_once(conn: &mut TcpStream, data: &[u8]) {
-    conn.write_all(data).unwrap();
-    let mut back = vec![0u8; data.len()];
-    conn.read_exact(&mut back).unwrap();
-    assert_eq!(back, data);
+    lb_tests::traffic::connect_to(client, vip(), name)
 }
 
 #[test]

@@ -3,10 +3,7 @@
 //! by digest, weights, drain and a cleared health flag; the same backends' IPv4 services in the
 //! same datapath at once. The datapath runs in-process, as in forwarding.rs.
 
-use std::{
-    io::{Read as _, Write as _},
-    net::{SocketAddr, TcpStream},
-};
+use std::net::{SocketAddr, TcpStream};
 
 use lb_common::counter;
 use lb_tests::{
@@ -15,7 +12,7 @@ use lb_tests::{
     require_root,
     servers::{self, connect},
     topology::{Arms, Sandbox, VIP, VIP6},
-    traffic::{assert_shares, echo_transfer, udp_echo},
+    traffic::{assert_shares, echo_once, echo_transfer, udp_echo},
 };
 
 const PORT: u16 = 8080;
@@ -123,22 +120,8 @@ fn ipv6_weights_1_2_3_shape_the_spread() {
     );
 }
 
-/// Connects until a connection lands on `name`.
 fn connect_to(client: &Netns, name: &str) -> TcpStream {
-    for _ in 0..200 {
-        let (conn, got) = connect(client, vip6()).unwrap();
-        if got == name {
-            return conn;
-        }
-    }
-    panic!("no connection reached {name}");
-}
-
-fn echo_once(conn: &mut TcpStream, data: &[u8]) {
-    conn.write_all(data).unwrap();
-    let mut back = vec![0u8; data.len()];
-    conn.read_exact(&mut back).unwrap();
-    assert_eq!(back, data);
+    lb_tests::traffic::connect_to(client, vip6(), name)
 }
 
 #[test]

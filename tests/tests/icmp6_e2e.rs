@@ -11,7 +11,6 @@
 //! lb translates that error to the backend does the backend lower its path MTU.
 
 use std::{
-    io::Read as _,
     net::SocketAddr,
     time::{Duration, Instant},
 };
@@ -82,29 +81,9 @@ fn config(bed: &Bed, lb_extra: &str) -> String {
     )
 }
 
-/// Downloads from the IPv6 VIP for at most `limit`: the bytes received.
+/// Downloads from the VIP for at most `limit`: the bytes received.
 fn download(client: &Netns, limit: Duration) -> Vec<u8> {
-    let to = SocketAddr::from((VIP6, BLOB_PORT));
-    let mut conn = client
-        .enter(|| std::net::TcpStream::connect_timeout(&to, Duration::from_secs(5)))
-        .unwrap();
-    let deadline = Instant::now() + limit;
-    let mut got = Vec::with_capacity(SIZE);
-    let mut buf = vec![0u8; 65536];
-    while Instant::now() < deadline {
-        conn.set_read_timeout(Some(
-            deadline
-                .saturating_duration_since(Instant::now())
-                .max(Duration::from_millis(1)),
-        ))
-        .unwrap();
-        match conn.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => got.extend_from_slice(&buf[..n]),
-            Err(_) => break,
-        }
-    }
-    got
+    lb_tests::traffic::download(client, SocketAddr::from((VIP6, BLOB_PORT)), SIZE, limit)
 }
 
 #[test]
