@@ -93,7 +93,7 @@ fn quote(data: usize, data_end: usize, pkt: &Icmp) -> Option<Quote> {
 #[inline(always)]
 pub fn handle(ctx: &XdpContext) -> Verdict {
     let (data, data_end) = (ctx.data(), ctx.data_end());
-    let pkt = match parse::link(data, data_end) {
+    let pkt = match parse::link(data, data_end, false) {
         Some((ETH_P_IP, l3_off)) => parse::ipv4(data, data_end, l3_off),
         _ => return (xdp_action::XDP_PASS, counter::PASS_NOT_VIP),
     };

@@ -109,7 +109,7 @@ const REPLY_HOP_LIMIT: u8 = 64;
 #[inline(always)]
 pub fn handle(ctx: &XdpContext) -> Verdict {
     let (data, data_end) = (ctx.data(), ctx.data_end());
-    let pkt = match parse::link(data, data_end) {
+    let pkt = match parse::link(data, data_end, false) {
         Some((ETH_P_IPV6, l3_off)) => parse::ipv6(data, data_end, l3_off),
         _ => return (xdp_action::XDP_PASS, counter::PASS_NOT_VIP),
     };

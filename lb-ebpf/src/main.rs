@@ -41,11 +41,7 @@ mod prog {
     #[inline(always)]
     pub fn lb_xdp(ctx: XdpContext) -> u32 {
         let (data, data_end) = (ctx.data(), ctx.data_end());
-        let link = parse::link(data, data_end);
-        if let Some((_, l3_off)) = link {
-            parse::tagged(l3_off);
-        }
-        let (action, reason) = match link {
+        let (action, reason) = match parse::link(data, data_end, true) {
             None => (xdp_action::XDP_PASS, counter::PASS_MALFORMED),
             Some((ETH_P_IP, l3_off)) => {
                 classify::<V4>(&ctx, parse::ipv4(data, data_end, l3_off), ICMP_PROG)
@@ -69,7 +65,7 @@ mod prog {
     #[xdp]
     pub fn lb_xdp6(ctx: XdpContext) -> u32 {
         let (data, data_end) = (ctx.data(), ctx.data_end());
-        let (action, reason) = match parse::link(data, data_end) {
+        let (action, reason) = match parse::link(data, data_end, false) {
             Some((ETH_P_IPV6, l3_off)) => {
                 classify::<V6>(&ctx, parse::ipv6(data, data_end, l3_off), ICMP6_PROG)
             }

@@ -109,25 +109,20 @@ pub enum Parsed<A> {
 }
 
 /// The frame's EtherType past one optional 802.1Q tag, and where its IP header starts; `None`
-/// for a frame too short for its link headers. The balancer counts a tag ([`counter::VLAN`],
-/// see [`tagged`]); the programs it hands a frame to read the link headers again but do not.
+/// for a frame too short for its link headers. `count`: count a tag ([`counter::VLAN`]); the
+/// balancer does, the programs it hands a frame to read the link headers again and do not.
 #[inline(always)]
-pub fn link(data: usize, data_end: usize) -> Option<(u16, usize)> {
+pub fn link(data: usize, data_end: usize, count: bool) -> Option<(u16, usize)> {
     let eth = read_at::<EthHdr>(data, data_end, 0)?;
     let ether_type = u16::from_be(eth.ether_type);
     if ether_type != ETH_P_8021Q {
         return Some((ether_type, EthHdr::LEN));
     }
     let vlan = read_at::<VlanHdr>(data, data_end, EthHdr::LEN)?;
-    Some((u16::from_be(vlan.ether_type), EthHdr::LEN + VlanHdr::LEN))
-}
-
-/// Counts a frame whose IP header is at `l3_off` as tagged if it is.
-#[inline(always)]
-pub fn tagged(l3_off: usize) {
-    if l3_off != EthHdr::LEN {
+    if count {
         stats::count(counter::VLAN);
     }
+    Some((u16::from_be(vlan.ether_type), EthHdr::LEN + VlanHdr::LEN))
 }
 
 /// The ports of a TCP or UDP header at `l4_off` with `l4_len` bytes to the datagram's end:

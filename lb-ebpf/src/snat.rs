@@ -117,8 +117,17 @@ extern "C" fn claim_port<F: Family>(i: u32, _: *mut c_void) -> i64 {
     let Some(s) = search::<F>() else { return 1 };
     let p = params();
     let port = snat_port_candidate(s.hash, i, p).to_be();
-    candidate_key(s, port);
-    match nat_claim::<F>(&s.key, s.key.hash(), &s.reply, s.now, p, &mut s.scratch) {
+    // IPv4's keys fit the stack (cheaper than the map); IPv6's do not (see SnatSearch).
+    let claim = if core::mem::size_of::<F::A>() == 4 {
+        let b = &s.backend;
+        let k = lb_common::FlowKeyOf::new(b.addr, b.snat_addr, b.port, port, s.proto);
+        let mut scratch = k;
+        nat_claim::<F>(&k, k.hash(), &s.reply, s.now, p, &mut scratch)
+    } else {
+        candidate_key(s, port);
+        nat_claim::<F>(&s.key, s.key.hash(), &s.reply, s.now, p, &mut s.scratch)
+    };
+    match claim {
         Claim::Claimed => {
             s.port = port;
             return 1;
