@@ -128,8 +128,8 @@ pub struct SnatSearch<A> {
     pub port: u16,
     /// Why the last candidate was refused: the drop counter if none is taken.
     pub why: u32,
-    /// The candidate's NAT key, and a key to look up its holder's flow with: here, not on the
-    /// callbacks' stack.
+    /// IPv6: the candidate's NAT key, and a key to look up its holder's flow with: here, not
+    /// on the callbacks' stack, which adds to the program's (IPv4's fit there, and are faster).
     pub key: FlowKeyOf<A>,
     pub scratch: FlowKeyOf<A>,
 }
