@@ -110,7 +110,11 @@ pub struct NatEntryOf<A> {
     pub last_seen: u64,
     /// [`nat_flags`] bits.
     pub flags: u8,
-    pub _pad: [u8; 7],
+    pub _pad: [u8; 3],
+    /// The checksum change (unfolded one's-complement sum, see the datapath's `csum`) of turning
+    /// the backend's reply addressing (backend → SNAT address) into the client's (VIP →
+    /// client): computed once with the entry, so a reply pays for its ports only.
+    pub reply_csum: u32,
 }
 
 /// Flag bits of [`NatEntry::flags`].

@@ -37,15 +37,19 @@ pub trait Family {
     /// The connection table's and the NAT table's size - 1.
     fn table_mask(p: &Params) -> u32;
     fn nat_mask(p: &Params) -> u32;
+    /// The checksum change of an address from `old` to `new` (see [`crate::csum`]).
+    fn addr_diff(old: &Self::A, new: &Self::A) -> u32;
     /// Rewrites the IP header at `l3_off` to `src → dst` and lowers its TTL / hop limit by one
     /// (callers drop 0 and 1 first). Returns the addresses' change, which the transport
-    /// pseudo-header shares. `None` if the header is out of bounds.
+    /// pseudo-header shares: `diff` when the caller knows it (a NAT entry keeps its reply's),
+    /// else computed. `None` if the header is out of bounds.
     fn rewrite_ip(
         data: usize,
         data_end: usize,
         l3_off: usize,
         old: (&Self::A, &Self::A),
         new: (&Self::A, &Self::A),
+        diff: Option<u32>,
     ) -> Option<u32>;
     /// Fills a route lookup's family and addresses.
     fn fib_addrs(p: &mut FibParams, src: Self::A, dst: Self::A);
@@ -74,6 +78,10 @@ pub struct V6;
 
 impl Family for V4 {
     type A = u32;
+    #[inline(always)]
+    fn addr_diff(old: &u32, new: &u32) -> u32 {
+        diff32(*old, *new)
+    }
     #[inline(always)]
     fn addrs() -> &'static Array<AddrSetOf<u32>> {
         &ADDRS
@@ -113,9 +121,10 @@ impl Family for V4 {
         l3_off: usize,
         old: (&u32, &u32),
         new: (&u32, &u32),
+        diff: Option<u32>,
     ) -> Option<u32> {
         let ip = ptr_at_mut::<Ipv4Hdr>(data, data_end, l3_off)?;
-        let addrs = diff32(*old.0, *new.0) + diff32(*old.1, *new.1);
+        let addrs = diff.unwrap_or_else(|| diff32(*old.0, *new.0) + diff32(*old.1, *new.1));
         // SAFETY: bounds-checked; network-types headers are byte arrays.
         unsafe {
             let old_ttl_word = u16::from_ne_bytes([(*ip).ttl, (*ip).proto]);
@@ -154,6 +163,10 @@ pub fn octets6(a: Addr6) -> [u8; 16] {
 
 impl Family for V6 {
     type A = Addr6;
+    #[inline(always)]
+    fn addr_diff(old: &Addr6, new: &Addr6) -> u32 {
+        diff128(*old, *new)
+    }
     #[inline(always)]
     fn addrs() -> &'static Array<AddrSetOf<Addr6>> {
         &ADDRS6
@@ -194,6 +207,7 @@ impl Family for V6 {
         l3_off: usize,
         old: (&Addr6, &Addr6),
         new: (&Addr6, &Addr6),
+        diff: Option<u32>,
     ) -> Option<u32> {
         let ip = ptr_at_mut::<Ipv6Hdr>(data, data_end, l3_off)?;
         // SAFETY: bounds-checked; the addresses are 2-aligned (see `store_addr6`).
@@ -202,7 +216,7 @@ impl Family for V6 {
             store_addr6((*ip).src_addr.as_mut_ptr(), new.0);
             store_addr6((*ip).dst_addr.as_mut_ptr(), new.1);
         }
-        Some(diff128(*old.0, *new.0) + diff128(*old.1, *new.1))
+        Some(diff.unwrap_or_else(|| diff128(*old.0, *new.0) + diff128(*old.1, *new.1)))
     }
     #[inline(always)]
     fn fib_addrs(p: &mut FibParams, src: Addr6, dst: Addr6) {

@@ -121,6 +121,7 @@ fn established<F: Family>(
     let rw = Rewrite {
         src: &backend.snat_addr,
         dst: &backend.addr,
+        addr_csum: None,
         sport: e.snat_port,
         dport: backend.port,
         smac: &nh.smac,
@@ -185,7 +186,7 @@ fn new_flow<F: Family>(
         r.lb_mac = eth.dst_addr;
         r.last_seen = 0;
         r.flags = 0;
-        r._pad = [0; 7];
+        r._pad = [0; 3];
     };
     let snat_port = match snat::reserve::<F>(backend, flow.proto, hash, reply, midstream, now) {
         Ok(port) => port,
@@ -218,6 +219,7 @@ fn new_flow<F: Family>(
     let rw = Rewrite {
         src: &backend.snat_addr,
         dst: &backend.addr,
+        addr_csum: None,
         sport: snat_port,
         dport: backend.port,
         smac: &nh.smac,
@@ -327,6 +329,7 @@ pub fn reply<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> Option<Verdict> 
     let rw = Rewrite {
         src: &nat.vip_addr,
         dst: &nat.client_addr,
+        addr_csum: Some(nat.reply_csum),
         sport: nat.vip_port,
         dport: nat.client_port,
         smac: &nat.lb_mac,

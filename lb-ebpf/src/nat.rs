@@ -18,6 +18,9 @@ use crate::{
 pub struct Rewrite<'a, A> {
     pub src: &'a A,
     pub dst: &'a A,
+    /// The addresses' checksum change, when known beforehand (a reply's, kept in its NAT
+    /// entry); `None`: computed here.
+    pub addr_csum: Option<u32>,
     pub sport: u16,
     pub dport: u16,
     pub smac: &'a [u8; 6],
@@ -47,6 +50,7 @@ pub fn apply<F: Family>(
         flow.l3_off,
         (&flow.saddr, &flow.daddr),
         (rw.src, rw.dst),
+        rw.addr_csum,
     )?;
     let l4 = addrs + diff16(flow.sport, rw.sport) + diff16(flow.dport, rw.dport);
     match flow.proto {

@@ -49,6 +49,7 @@ pub fn reserve<F: Family>(
     // Field by field, in place: a whole value built first would be a copy on the stack.
     s.backend = *backend;
     reply(&mut s.reply);
+    reply_csum::<F>(s);
     s.hash = hash;
     s.now = now;
     s.proto = proto;
@@ -65,6 +66,17 @@ pub fn reserve<F: Family>(
     // SAFETY: as above.
     unsafe { bpf_loop(SNAT_PORT_TRIES, claim_port::<F> as *mut c_void, none, 0) };
     if s.port != 0 { Ok(s.port) } else { Err(s.why) }
+}
+
+/// Fills the return entry's [`NatEntryOf::reply_csum`]: how the reply's addresses (backend →
+/// SNAT address) change into the client's (VIP → client).
+// Not inlined: an IPv6 entry's sum keeps more values live than the registers hold, and their
+// spills in the caller's frame went beyond the stack BPF allows with the search's callback.
+#[inline(never)]
+fn reply_csum<F: Family>(s: &mut SnatSearch<F::A>) {
+    let (b, r) = (&s.backend, &s.reply);
+    let sum = F::addr_diff(&b.addr, &r.vip_addr) + F::addr_diff(&b.snat_addr, &r.client_addr);
+    s.reply.reply_csum = sum;
 }
 
 /// This CPU's search (see SnatSearch), for a callback.
