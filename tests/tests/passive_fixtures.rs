@@ -486,3 +486,81 @@ fn a_connection_without_data_back_is_reported_once() {
         [signal(&e, "quiet", backend, signal_kind::NO_DATA, 0)]
     );
 }
+
+/// The same signals from IPv6 flows: a refused SYN, a retransmitted SYN without answer, an
+/// ICMPv6 port unreachable (reported with ICMP's code for it, 3, as the daemon names codes).
+#[test]
+fn ipv6_flows_report_refusals_timeouts_and_unreachables() {
+    use lb_tests::packet::{ICMP6_DEST_UNREACH, ICMP6_PORT_UNREACH};
+    require_root();
+    let mut e = TestNet::new(
+        "ring_size = 1009",
+        "[[service]]\nname = \"web6\"\nvip = \"[2001:db8:100::1]:80\"\nbackends = [{ address = \"[2001:db8:2::3]:8080\" }]\n",
+    )
+    .unwrap();
+    let vip = "[2001:db8:100::1]:80";
+    let backend_addr = "[2001:db8:2::3]:8080";
+    let client6 = |desc: &str, cport: u16, flags: u8| {
+        Fixture::new(
+            desc,
+            Packet::tcp(&format!("[2001:db8:1::2]:{cport}"), vip, flags).build(),
+            XDP_REDIRECT,
+            FWD_REDIRECT,
+        )
+        .ingress(e.vc)
+        .any_output()
+    };
+    let snat = |cport: u16| {
+        let p = e.snat_port("2001:db8:1::2", cport, "2001:db8:100::1", 80, 6);
+        format!("[2001:db8:2::1]:{p}")
+    };
+    let backend6 =
+        |desc: &str, cport: u16, flags: u8| e.from_backend(desc, backend_addr, &snat(cport), flags);
+    let sent = Packet::tcp(&snat(45320), backend_addr, TCP_SYN).ttl(63);
+    let unreachable = Packet::icmp_error(
+        "[2001:db8:2::3]:0",
+        "[2001:db8:2::1]:0",
+        ICMP6_DEST_UNREACH,
+        ICMP6_PORT_UNREACH,
+        0,
+        &sent.datagram(),
+        48,
+    )
+    .macs(BACKEND_MAC, e.vb_mac)
+    .build();
+    e.run(&[
+        client6("SYN", 45300, TCP_SYN).also(CT_NEW),
+        backend6(
+            "RST+ACK from the backend: refused",
+            45300,
+            TCP_RST | TCP_ACK,
+        )
+        .also(SIGNAL_SENT),
+        client6("another flow's SYN", 45310, TCP_SYN).also(CT_NEW),
+        client6("a third flow's SYN", 45320, TCP_SYN).also(CT_NEW),
+        Fixture::new(
+            "port unreachable about the third: reported and translated",
+            unreachable,
+            XDP_REDIRECT,
+            FWD_REDIRECT,
+        )
+        .ingress(e.vb)
+        .any_output()
+        .also(ICMP_TRANSLATED_OUT)
+        .also(SIGNAL_SENT),
+    ]);
+    sleep(RETRANSMIT_GAP);
+    e.run(&[client6(
+        "the second's SYN retransmitted: connect timeout",
+        45310,
+        TCP_SYN,
+    )
+    .also(SIGNAL_SENT)]);
+    let sig = |kind, detail| signal(&e, "web6", backend_addr, kind, detail);
+    let want = [
+        sig(signal_kind::REFUSED, 0),
+        sig(signal_kind::UNREACHABLE, 3),
+        sig(signal_kind::CONNECT_TIMEOUT, 0),
+    ];
+    assert_eq!(e.dp.take_signals().unwrap(), want);
+}
