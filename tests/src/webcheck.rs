@@ -175,6 +175,245 @@ fn chromium(ns: Option<&Netns>, args: &[String]) -> anyhow::Result<String> {
     Ok(out.stdout)
 }
 
+/// A headless Chromium kept running on one page, driven over the DevTools protocol on a pipe
+/// (`--remote-debugging-pipe`: JSON messages ending in NUL, commands on its fd 3, replies and
+/// events on its fd 4). For pages that change after load: evaluate in them, poll them, take
+/// screenshots, without reloading them. Killed (with its helpers) when dropped.
+pub struct Browser {
+    child: std::process::Child,
+    to: std::fs::File,
+    from: mpsc::Receiver<serde_json::Value>,
+    next_id: u64,
+    session: String,
+    _profile: TempDir,
+}
+
+impl Browser {
+    /// Chromium from `ns` (or the host) with a `width × height` viewport, showing `url` once
+    /// loaded.
+    pub fn open(ns: Option<&Netns>, url: &str, width: u32, height: u32) -> anyhow::Result<Self> {
+        use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+        let program = find_program("chromium", "chromium")?;
+        let profile = TempDir::new("chromium-live")?;
+        let pipe = || -> anyhow::Result<(OwnedFd, OwnedFd)> {
+            let mut fds = [0; 2];
+            // SAFETY: fds is two ints; on success both are fresh descriptors we own.
+            if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+                bail!("pipe2: {}", std::io::Error::last_os_error());
+            }
+            // SAFETY: as above.
+            Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+        };
+        let (cmd_read, cmd_write) = pipe()?;
+        let (out_read, out_write) = pipe()?;
+        let mut cmd = match ns {
+            Some(ns) => ns.command(&program),
+            None => Command::new(&program),
+        };
+        let log = std::fs::File::create(profile.0.join("stderr.log"))?;
+        cmd.args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--force-color-profile=srgb",
+            "--hide-scrollbars",
+            "--remote-debugging-pipe",
+        ])
+        .arg(format!("--user-data-dir={}", profile.0.display()))
+        .arg(format!("--window-size={width},{height}"))
+        .arg("about:blank")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .process_group(0);
+        let (r, w) = (cmd_read.as_raw_fd(), out_write.as_raw_fd());
+        // SAFETY: only async-signal-safe calls between fork and exec. Copied above 10 first so
+        // that neither lands on 3 or 4 before both are placed; dup2 clears close-on-exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let (r, w) = (
+                    libc::fcntl(r, libc::F_DUPFD, 10),
+                    libc::fcntl(w, libc::F_DUPFD, 10),
+                );
+                if r < 0 || w < 0 || libc::dup2(r, 3) < 0 || libc::dup2(w, 4) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start {cmd:?}"))?;
+        drop((cmd_read, out_write));
+        let (tx, from) = mpsc::channel();
+        let mut replies = std::fs::File::from(out_read);
+        std::thread::spawn(move || {
+            let mut pending = Vec::new();
+            let mut buf = [0; 65536];
+            while let Ok(n @ 1..) = replies.read(&mut buf) {
+                pending.extend_from_slice(&buf[..n]);
+                while let Some(end) = pending.iter().position(|&b| b == 0) {
+                    let msg: Vec<u8> = pending.drain(..=end).collect();
+                    if let Ok(v) = serde_json::from_slice(&msg[..end])
+                        && tx.send(v).is_err()
+                    {
+                        return;
+                    }
+                }
+            }
+        });
+        let mut browser = Self {
+            child,
+            to: std::fs::File::from(cmd_write),
+            from,
+            next_id: 0,
+            session: String::new(),
+            _profile: profile,
+        };
+        let target = browser.call(
+            "Target.createTarget",
+            serde_json::json!({ "url": "about:blank" }),
+        )?;
+        let target = target["targetId"]
+            .as_str()
+            .context("no targetId")?
+            .to_owned();
+        let attached = browser.call(
+            "Target.attachToTarget",
+            serde_json::json!({ "targetId": target, "flatten": true }),
+        )?;
+        browser.session = attached["sessionId"]
+            .as_str()
+            .context("no sessionId")?
+            .to_owned();
+        browser.call(
+            "Emulation.setDeviceMetricsOverride",
+            serde_json::json!({ "width": width, "height": height, "deviceScaleFactor": 1, "mobile": false }),
+        )?;
+        browser.call("Page.navigate", serde_json::json!({ "url": url }))?;
+        browser.wait_for(
+            &format!(
+                "location.href === {} && document.readyState === 'complete'",
+                serde_json::json!(url)
+            ),
+            CHROMIUM_TIMEOUT,
+        )?;
+        Ok(browser)
+    }
+
+    /// One DevTools command (to the page once attached); its `result`.
+    pub fn call(
+        &mut self,
+        method: &str,
+        params: serde_json::Value,
+    ) -> anyhow::Result<serde_json::Value> {
+        self.next_id += 1;
+        let id = self.next_id;
+        let mut msg = serde_json::json!({ "id": id, "method": method, "params": params });
+        if !self.session.is_empty() {
+            msg["sessionId"] = self.session.clone().into();
+        }
+        let mut bytes = serde_json::to_vec(&msg)?;
+        bytes.push(0);
+        self.to
+            .write_all(&bytes)
+            .with_context(|| format!("sending {method} to chromium"))?;
+        let deadline = Instant::now() + CHROMIUM_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let reply = self
+                .from
+                .recv_timeout(left)
+                .with_context(|| format!("no reply to {method} from chromium"))?;
+            if reply["id"].as_u64() != Some(id) {
+                continue; // an event, or a reply to an earlier call given up on
+            }
+            if let Some(e) = reply.get("error") {
+                bail!("{method}: {e}");
+            }
+            return Ok(reply["result"].clone());
+        }
+    }
+
+    /// The value of the JavaScript expression `expr` in the page (promises awaited).
+    pub fn eval(&mut self, expr: &str) -> anyhow::Result<serde_json::Value> {
+        let r = self.call(
+            "Runtime.evaluate",
+            serde_json::json!({ "expression": expr, "returnByValue": true, "awaitPromise": true }),
+        )?;
+        if let Some(e) = r.get("exceptionDetails") {
+            bail!("{expr}: {e}");
+        }
+        Ok(r["result"]["value"].clone())
+    }
+
+    /// Polls `expr` (every 50 ms) until it is truthy; its value then, or an error naming the
+    /// last value after `timeout`.
+    pub fn wait_for(&mut self, expr: &str, timeout: Duration) -> anyhow::Result<serde_json::Value> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let v = self.eval(expr)?;
+            let truthy = match &v {
+                serde_json::Value::Null => false,
+                serde_json::Value::Bool(b) => *b,
+                serde_json::Value::Number(n) => n.as_f64() != Some(0.0),
+                serde_json::Value::String(s) => !s.is_empty(),
+                _ => true,
+            };
+            if truthy {
+                return Ok(v);
+            }
+            if Instant::now() > deadline {
+                bail!("{expr}: still {v} after {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// A screenshot of the viewport as it is now: the PNG, and decoded.
+    pub fn screenshot(&mut self) -> anyhow::Result<(Vec<u8>, RgbImage)> {
+        let r = self.call(
+            "Page.captureScreenshot",
+            serde_json::json!({ "format": "png" }),
+        )?;
+        let png = base64_decode(r["data"].as_str().context("no screenshot data")?)?;
+        let img = decode_png(&png)?;
+        Ok((png, img))
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        // SAFETY: signals only our child's process group (Chromium and its helpers).
+        unsafe { libc::kill(-(self.child.id() as libc::pid_t), libc::SIGKILL) };
+        let _ = self.child.wait();
+    }
+}
+
+/// Standard base64 (DevTools' binary results).
+fn base64_decode(text: &str) -> anyhow::Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(text.len() * 3 / 4);
+    let (mut acc, mut bits) = (0u32, 0);
+    for c in text.bytes().filter(|&c| c != b'=') {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => bail!("not base64: {:?}", c as char),
+        };
+        acc = (acc << 6) | u32::from(v);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    Ok(out)
+}
+
 fn decode_png(bytes: &[u8]) -> anyhow::Result<RgbImage> {
     let mut decoder = png::Decoder::new(std::io::Cursor::new(bytes));
     // Palette and low bit depths expanded, 16-bit stripped: 8 bits per channel from here on.
@@ -388,6 +627,13 @@ mod tests {
     fn missing_program_names_the_package() {
         let e = find_program("no-such-program-lb", "some-package").expect_err("found");
         assert!(format!("{e}").contains("apt-get install -y some-package"));
+    }
+
+    #[test]
+    fn decodes_base64() {
+        assert_eq!(base64_decode("aGVsbG8/Pz4+").unwrap(), b"hello???>>");
+        assert_eq!(base64_decode("YQ==").unwrap(), b"a");
+        assert!(base64_decode("a*").is_err());
     }
 
     #[test]

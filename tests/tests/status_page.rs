@@ -1,11 +1,13 @@
 //! The status page and the metrics as their users see them, from a `Status` built here (no
 //! daemon): the page served over HTTP/1.0 by a tiny server and loaded in headless Chromium (its
 //! DOM and a screenshot: healthy rows green, unhealthy rows red), and the metrics through
-//! `promtool check metrics`. Also checks that these checks can fail.
+//! `promtool check metrics`. Also checks that these checks can fail. And the live page of a
+//! running daemon, kept open in Chromium while a backend fails: updated in place, no reload.
 
 use std::{
     io::{Read as _, Write as _},
     net::TcpListener,
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use lb::{
@@ -19,9 +21,13 @@ use lb::{
     },
 };
 use lb_tests::{
+    daemon::Daemon,
     netns::Netns,
     require_root,
-    webcheck::{chromium_dump_dom, chromium_screenshot, count_colour_pixels, promtool_check},
+    topology::{Arms, Sandbox},
+    webcheck::{
+        Browser, chromium_dump_dom, chromium_screenshot, count_colour_pixels, promtool_check,
+    },
 };
 
 const WIDTH: u32 = 1280;
@@ -240,4 +246,152 @@ fn promtool_rejects_broken_text() {
     for text in broken {
         assert!(promtool_check(&text).is_err(), "promtool accepted:\n{text}");
     }
+}
+
+/// Fast checks on the TCP service, so that a stopped backend is unhealthy within a second.
+const CHECK: &str = "[service.check]\ntimeout = \"200ms\"\ninterval = \"300ms\"\nhealthy_threshold = 2\nunhealthy_threshold = 2\n";
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs_f64()
+}
+
+/// The daemon's page, open in Chromium while backend 1 is stopped: within 2 s of the daemon's
+/// verdict the row is unhealthy (class, colour) with the reason, the service banner degraded,
+/// and the page was not reloaded (its load stamp, a mark left in its JavaScript heap, and its
+/// update counter all carry on). A screenshot goes to `target/status-page.png`.
+#[test]
+fn live_page_shows_a_failing_backend_without_reload() {
+    require_root();
+    let mut sb = Sandbox::build(Arms::Two, 2, 8080).expect("sandbox");
+    let config = sb.config(80, &[], "").replacen(
+        "\n[[service]]\nname = \"udp\"",
+        &format!("\n{CHECK}\n[[service]]\nname = \"udp\""),
+        1,
+    );
+    let daemon = Daemon::start(&sb.lb, &config).expect("daemon");
+    let addrs: Vec<String> = sb
+        .backends
+        .iter()
+        .map(|b| format!("{}:8080", b.addr))
+        .collect();
+    let addr = |i: usize| addrs[i].clone();
+    for i in 0..2 {
+        daemon.wait_state("tcp", &addr(i), "healthy", Duration::from_secs(10));
+    }
+
+    let url = "http://127.0.0.1:9090/v1/healthcheck";
+    let mut page = Browser::open(Some(&sb.lb), url, WIDTH, HEIGHT).expect("chromium");
+    let row = |i: usize| format!("document.querySelector('tr[data-backend=\"{}\"]')", addr(i));
+    // Live: a few updates applied, and the rates computed from successive counters.
+    page.wait_for(
+        "Number(document.body.dataset.updates) >= 3",
+        Duration::from_secs(20),
+    )
+    .expect("the script updates the page");
+    let pps = page
+        .eval(&format!(
+            "{}.querySelector('[data-f=pps]').textContent",
+            row(0)
+        ))
+        .unwrap();
+    assert_ne!(pps, "–", "no rate after three updates");
+    let loaded_at = page.eval("document.body.dataset.loadedAt").unwrap();
+    page.eval("window.lbTestMark = 42").unwrap();
+    let updates_before = page.eval("Number(document.body.dataset.updates)").unwrap();
+    assert_eq!(
+        page.eval(&format!("{}.dataset.state", row(1))).unwrap(),
+        "healthy"
+    );
+
+    sb.stop_backend(1);
+    daemon.wait_state("tcp", &addr(1), "unhealthy", Duration::from_secs(10));
+    let moved = daemon
+        .moved_at("tcp", &addr(1), "unhealthy")
+        .expect("an event of the move");
+    let shown = page
+        .wait_for(
+            &format!(
+                "(() => {{ const r = {}; return r.dataset.state === 'unhealthy' && \
+                 r.querySelector('[data-f=reason]').textContent !== '–' && \
+                 r.querySelector('[data-f=reason]').textContent; }})()",
+                row(1)
+            ),
+            Duration::from_secs(10),
+        )
+        .expect("the page shows the backend unhealthy");
+    let lag = unix_now() - moved;
+    eprintln!("shown {lag:.2} s after the daemon's verdict: {shown}");
+    assert!(
+        lag <= 2.0,
+        "the page showed it {lag:.2} s after the verdict"
+    );
+    let json = daemon.status().unwrap();
+    let reason = json.service("tcp").unwrap().backend(&addr(1)).unwrap();
+    assert_eq!(
+        shown.as_str(),
+        reason.last_failure.as_deref(),
+        "the reason of the JSON"
+    );
+    assert_eq!(shown, "connection refused");
+
+    // No reload: the same document, still counting updates.
+    assert_eq!(
+        page.eval("document.body.dataset.loadedAt").unwrap(),
+        loaded_at
+    );
+    assert_eq!(page.eval("window.lbTestMark").unwrap(), 42);
+    let updates = page.eval("Number(document.body.dataset.updates)").unwrap();
+    assert!(
+        updates.as_u64() > updates_before.as_u64(),
+        "{updates} after {updates_before}"
+    );
+
+    // Rows, classes and colours per state; the banner and counters.
+    let colour = |i: usize| format!("getComputedStyle({}.cells[0]).backgroundColor", row(i));
+    let rgb = |[r, g, b]: [u8; 3]| format!("rgb({r}, {g}, {b})");
+    assert_eq!(page.eval(&colour(0)).unwrap(), rgb(HEALTHY_COLOUR));
+    assert_eq!(page.eval(&colour(1)).unwrap(), rgb(UNHEALTHY_COLOUR));
+    assert_eq!(
+        page.eval(&format!("{}.className", row(1))).unwrap(),
+        "state-unhealthy"
+    );
+    assert_eq!(
+        page.eval("document.querySelectorAll('tr[data-backend]').length")
+            .unwrap(),
+        4,
+        "two backends in each of the two services"
+    );
+    let banner = page
+        .eval(
+            "document.querySelector('table[data-service=tcp]').closest('section')\
+             .querySelector('.banner').textContent",
+        )
+        .unwrap();
+    assert_eq!(
+        banner, "tcp — degraded — 1/2 backends available",
+        "the banner"
+    );
+    let failures = page
+        .eval(&format!(
+            "{}.querySelector('[data-f=tcp_failure]').textContent",
+            row(1)
+        ))
+        .unwrap();
+    assert!(
+        failures.as_str().and_then(|f| f.parse::<u32>().ok()) >= Some(2),
+        "consecutive tcp failures {failures}"
+    );
+
+    let (png, img) = page.screenshot().expect("screenshot");
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/status-page.png");
+    std::fs::write(&path, &png).expect("writing the screenshot");
+    println!("screenshot: {}", path.display());
+    eprintln!("screenshot: {}", path.display());
+    let green = count_colour_pixels(&img, HEALTHY_COLOUR, TOLERANCE);
+    let red = count_colour_pixels(&img, UNHEALTHY_COLOUR, TOLERANCE);
+    eprintln!("green pixels {green}, red pixels {red}");
+    assert!(green >= MANY && red >= MANY / 2, "green {green}, red {red}");
 }

@@ -1,7 +1,10 @@
-//! The status page (`Accept: text/html`): one table per service. Pure: a function of the model.
+//! The status page (`Accept: text/html`): a banner and a table per service. Pure: a function of
+//! the model.
 //!
-//! Self-contained (inline CSS, no script) and reloading itself with `<meta http-equiv=refresh>`,
-//! so a browser left open on it keeps showing the current state.
+//! Complete without JavaScript (inline CSS; a `<noscript>` meta refresh reloads it). With
+//! JavaScript, the inline [`SCRIPT`] polls the same URL's JSON every second and updates the page
+//! in place: states, reasons, counters, and the traffic rates with their sparklines, which only
+//! the browser computes (from successive counters, kept in the page's memory).
 
 use std::fmt::Write as _;
 
@@ -17,21 +20,33 @@ const PENDING_COLOUR: [u8; 3] = [0xfa, 0xf0, 0xc0];
 /// `disabled`, `unused` and anything unknown.
 const NEUTRAL_COLOUR: [u8; 3] = [0xe4, 0xe4, 0xe4];
 
-/// The whole page; `refresh_seconds` is the reload period.
+/// How often the script polls the JSON, milliseconds.
+pub const POLL_MS: u32 = 1000;
+
+/// The whole page; `refresh_seconds` is the reload period without JavaScript.
 pub fn page(status: &Status, refresh_seconds: u32) -> String {
     let mut out = String::new();
     let css = format!(
         "body {{ font-family: sans-serif; margin: 1em; }}\n\
          table {{ border-collapse: collapse; width: 100%; margin-bottom: 1.5em; }}\n\
-         caption {{ text-align: left; font-weight: bold; padding: 0.3em 0; }}\n\
+         .wrap {{ overflow-x: auto; }}\n\
+         caption {{ text-align: left; padding: 0.3em 0; }}\n\
          th, td {{ border: 1px solid #999; padding: 0.3em 0.6em; text-align: left; }}\n\
-         th {{ background: #fff; }}\n\
-         td.n {{ text-align: right; }}\n\
+         th {{ background: #fff; font-weight: normal; font-size: 90%; }}\n\
+         td.n {{ text-align: right; white-space: nowrap; }}\n\
          tr.state-healthy td, tr.state-mostly_healthy td {{ background: {ok}; }}\n\
          tr.state-unhealthy td, tr.state-mostly_unhealthy td {{ background: {bad}; }}\n\
          tr.state-initializing td {{ background: {pending}; }}\n\
          tr.state-disabled td, tr.state-drained td, tr.state-unused td {{ background: {neutral}; }}\n\
-         tr.ejected td {{ background: {bad}; }}\n",
+         tr.ejected td {{ background: {bad}; }}\n\
+         .banner {{ padding: 0.4em 0.8em; color: #fff; font-weight: bold; margin-top: 1em; }}\n\
+         .svc-healthy {{ background: #1b7f3a; }}\n\
+         .svc-degraded {{ background: #a86b00; }}\n\
+         .svc-down {{ background: #b71c1c; }}\n\
+         .svc-unchecked, .svc-empty {{ background: #666; }}\n\
+         svg.spark {{ width: 120px; height: 20px; vertical-align: middle; }}\n\
+         svg.spark polyline {{ fill: none; stroke-width: 1.5; }}\n\
+         .stale {{ color: #b71c1c; font-weight: bold; }}\n",
         ok = hex(HEALTHY_COLOUR),
         bad = hex(UNHEALTHY_COLOUR),
         pending = hex(PENDING_COLOUR),
@@ -40,19 +55,36 @@ pub fn page(status: &Status, refresh_seconds: u32) -> String {
     let _ = write!(
         out,
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
-         <meta http-equiv=\"refresh\" content=\"{refresh_seconds}\">\n\
-         <title>lb status</title>\n<style>\n{css}</style>\n</head>\n<body>\n\
-         <h1>lb status</h1>\n<p>As of {}; this page reloads every {refresh_seconds} s.</p>\n",
-        utc(status.time)
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n\
+         <noscript><meta http-equiv=\"refresh\" content=\"{refresh_seconds}\"></noscript>\n\
+         <title>lb status</title>\n<style>\n{css}</style>\n</head>\n\
+         <body data-loaded-at=\"{time}\" data-updates=\"0\">\n\
+         <h1>lb status</h1>\n<p>As of <span id=\"as-of\">{}</span>; \
+         <span id=\"mode\">this page reloads every {refresh_seconds} s</span>. \
+         <a href=\"/v1/healthcheck\">JSON</a> · <a href=\"/metrics\">metrics</a> · \
+         <a href=\"/v1/events\">events</a></p>\n<main id=\"services\">\n",
+        utc(status.time),
+        time = status.time,
     );
     for service in &status.services {
-        table(&mut out, service);
+        section(&mut out, service);
     }
-    out.push_str("</body>\n</html>\n");
+    let _ = write!(
+        out,
+        "</main>\n<script>\nconst POLL_MS = {POLL_MS};\n{SCRIPT}</script>\n</body>\n</html>\n"
+    );
     out
 }
 
-fn table(out: &mut String, s: &ServiceStatus) {
+/// The banner's words: the state, and the all-unhealthy policy when it is in force.
+fn service_state(s: &ServiceStatus) -> String {
+    match &s.policy_in_force {
+        Some(p) => format!("{} (on_all_unhealthy = {p} in force)", s.state.as_str()),
+        None => s.state.as_str().to_owned(),
+    }
+}
+
+fn section(out: &mut String, s: &ServiceStatus) {
     let windows = match (s.failure_window_s, s.success_window_s) {
         (Some(f), Some(ok)) => format!(
             "failure window {} s, success window {} s",
@@ -70,55 +102,56 @@ fn table(out: &mut String, s: &ServiceStatus) {
         Some(per_kind) => format!("{windows}, unhealthy after {per_kind} failures"),
         None => windows,
     };
-    let state = match &s.policy_in_force {
-        Some(p) => format!("{} (on_all_unhealthy = {p} in force)", s.state.as_str()),
-        None => s.state.as_str().to_owned(),
-    };
-    let caption = format!(
-        "{} — {} {} — {state} — check {}, {} — {}/{} backends available — \
-         {} packets, {} bytes, {} new flows",
-        s.name,
-        s.vip,
-        s.protocol,
-        s.check,
-        windows,
-        s.available_backends,
-        s.backends.len(),
-        s.packets,
-        s.bytes,
-        s.new_flows
-    );
+    let state = s.state.as_str();
     let _ = write!(
         out,
-        "<table data-service=\"{}\">\n<caption>{}</caption>\n<thead><tr>\
-         <th>backend</th><th>weight</th><th>state</th><th>admin</th>\
-         <th>success</th><th>tcp failure</th><th>tls failure</th><th>http failure</th>\
-         <th>payload failure</th><th>timeout failure</th><th>last failure</th>\
-         <th>last probe</th><th>packets</th><th>bytes</th><th>new flows</th>\
-         </tr></thead>\n<tbody>\n",
-        escape(&s.name),
-        escape(&caption)
+        "<section class=\"service\">\n\
+         <div class=\"banner svc-{state}\" data-service-state=\"{state}\">{name} — \
+         <span data-f=\"state\">{}</span> — <span data-f=\"avail\">{}/{} backends available</span></div>\n\
+         <div class=\"wrap\"><table data-service=\"{name}\">\n<caption>{name} — {} {} — check {}, {} — \
+         <span data-f=\"traffic\">{} packets, {} bytes, {} new flows</span></caption>\n<thead>\
+         <tr><th rowspan=\"2\">backend</th><th rowspan=\"2\">weight</th><th rowspan=\"2\">state</th>\
+         <th rowspan=\"2\">admin</th><th rowspan=\"2\">in state for</th><th rowspan=\"2\">last failure</th>\
+         <th rowspan=\"2\">last probe</th><th colspan=\"6\">consecutive probe results</th>\
+         <th rowspan=\"2\">packets/s</th><th rowspan=\"2\">new flows/s</th>\
+         <th rowspan=\"2\">traffic, last 5 min</th><th rowspan=\"2\">packets</th>\
+         <th rowspan=\"2\">bytes</th><th rowspan=\"2\">new flows</th></tr>\n\
+         <tr><th>successes</th><th>tcp failures</th><th>tls failures</th><th>http failures</th>\
+         <th>payload failures</th><th>timeouts</th></tr></thead>\n<tbody>\n",
+        escape(&service_state(s)),
+        s.available_backends,
+        s.backends.len(),
+        escape(&s.vip),
+        escape(&s.protocol),
+        escape(&s.check),
+        escape(&windows),
+        s.packets,
+        s.bytes,
+        s.new_flows,
+        name = escape(&s.name),
     );
     for b in &s.backends {
         row(out, b);
     }
-    out.push_str("</tbody>\n</table>\n");
+    out.push_str("</tbody>\n</table></div>\n</section>\n");
+}
+
+/// The state cell's words: the state, and a passive ejection with its time left.
+fn state_words(b: &BackendStatus) -> String {
+    let state = b.state.as_str().replace('_', " ");
+    match &b.ejected {
+        Some(why) => format!(
+            "{state}, ejected ({why}, {:.0} s left)",
+            b.ejected_for_s.unwrap_or(0.0)
+        ),
+        None => state,
+    }
 }
 
 fn row(out: &mut String, b: &BackendStatus) {
     let state = b.state.as_str();
     // Ejected by passive checks: out whatever its probes say, so red too.
-    let (ejected_class, ejected_words) = match &b.ejected {
-        Some(why) => (
-            " ejected",
-            format!(
-                ", ejected ({}, {:.0} s left)",
-                escape(why),
-                b.ejected_for_s.unwrap_or(0.0)
-            ),
-        ),
-        None => ("", String::new()),
-    };
+    let ejected_class = if b.ejected.is_some() { " ejected" } else { "" };
     let latency = b
         .last_probe_latency_ms
         .map_or_else(|| "–".to_owned(), |ms| format!("{ms:.1} ms"));
@@ -126,27 +159,159 @@ fn row(out: &mut String, b: &BackendStatus) {
     let _ = writeln!(
         out,
         "<tr class=\"state-{state}{ejected_class}\" data-state=\"{state}\" data-backend=\"{addr}\">\
-         <td>{addr}</td><td class=\"n\">{}</td><td>{}{ejected_words}</td><td>{}</td>\
-         <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
-         <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"reason\">{}</td><td class=\"n\">{latency}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+         <td>{addr}</td><td class=\"n\" data-f=\"weight\">{}</td><td data-f=\"state\">{}</td>\
+         <td data-f=\"admin\">{}</td><td class=\"n\" data-f=\"since\">{}</td>\
+         <td class=\"reason\" data-f=\"reason\">{}</td><td class=\"n\" data-f=\"latency\">{latency}</td>\
+         <td class=\"n\" data-f=\"success\">{}</td><td class=\"n\" data-f=\"tcp_failure\">{}</td>\
+         <td class=\"n\" data-f=\"tls_failure\">{}</td><td class=\"n\" data-f=\"http_failure\">{}</td>\
+         <td class=\"n\" data-f=\"payload_failure\">{}</td><td class=\"n\" data-f=\"timeout_failure\">{}</td>\
+         <td class=\"n\" data-f=\"pps\">–</td><td class=\"n\" data-f=\"fps\">–</td>\
+         <td data-f=\"spark\"><svg class=\"spark\" viewBox=\"0 0 120 20\" preserveAspectRatio=\"none\">\
+         <polyline stroke=\"#1565c0\" points=\"\"/><polyline stroke=\"#ef6c00\" points=\"\"/></svg></td>\
+         <td class=\"n\" data-f=\"packets\">{}</td><td class=\"n\" data-f=\"bytes\">{}</td>\
+         <td class=\"n\" data-f=\"new_flows\">{}</td></tr>",
         b.weight,
-        b.state.as_str().replace('_', " "),
+        escape(&state_words(b)),
         b.admin.as_str(),
+        duration(b.state_for_s),
+        b.last_failure
+            .as_deref()
+            .map_or_else(|| "–".to_owned(), escape),
         c.success,
         c.tcp_failure,
         c.tls_failure,
         c.http_failure,
         c.payload_failure,
         c.timeout_failure,
-        b.last_failure
-            .as_deref()
-            .map_or_else(|| "–".to_owned(), escape),
         b.packets,
         b.bytes,
         b.new_flows,
         addr = escape(&b.address),
     );
 }
+
+/// "42 s", "3 min 4 s", "2 h 5 min", "3 d 4 h" (the script's `duration` says the same).
+fn duration(s: f64) -> String {
+    let s = s.max(0.0) as u64;
+    match s {
+        0..60 => format!("{s} s"),
+        60..3600 => format!("{} min {} s", s / 60, s % 60),
+        3600..86_400 => format!("{} h {} min", s / 3600, s % 3600 / 60),
+        _ => format!("{} d {} h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
+/// The live updates, inline (no CDN, no build step). It rewrites text and classes only; when the
+/// services or backends change (a reload), it fetches this page as HTML and swaps its `<main>`.
+/// `POLL_MS` is defined before it.
+pub const SCRIPT: &str = r#"(() => {
+  'use strict';
+  const SPAN_S = 300; // sparkline history kept, seconds
+  const hist = new Map(); // "service\nbackend" -> [{t, p, f}], oldest first
+  const body = document.body;
+  const url = location.pathname + location.search;
+  const mode = document.getElementById('mode');
+  const utc = (t) => new Date(t * 1000).toISOString().slice(0, 19).replace('T', ' ') + ' UTC';
+  const duration = (s) => {
+    s = Math.max(0, Math.floor(s));
+    if (s < 60) return s + ' s';
+    if (s < 3600) return Math.floor(s / 60) + ' min ' + (s % 60) + ' s';
+    if (s < 86400) return Math.floor(s / 3600) + ' h ' + Math.floor(s % 3600 / 60) + ' min';
+    return Math.floor(s / 86400) + ' d ' + Math.floor(s % 86400 / 3600) + ' h';
+  };
+  const rate = (x) => x < 10 ? x.toFixed(1) : Math.round(x).toString();
+  const set = (root, f, text) => {
+    const el = root.querySelector('[data-f="' + f + '"]');
+    if (el && el.textContent !== String(text)) el.textContent = text;
+  };
+  // Whether the DOM has exactly the JSON's services and backends, in order.
+  const sameShape = (st) => {
+    const tables = [...document.querySelectorAll('table[data-service]')];
+    return tables.length === st.services.length && st.services.every((s, i) =>
+      tables[i].dataset.service === s.name &&
+      [...tables[i].querySelectorAll('tr[data-backend]')].map((r) => r.dataset.backend).join('\n') ===
+        s.backends.map((b) => b.address).join('\n'));
+  };
+  // Successive counters -> rates; the history feeds the sparkline.
+  const track = (key, t, b) => {
+    const h = hist.get(key) || [];
+    const last = h[h.length - 1];
+    if (!last || t > last.t) h.push({ t, p: b.packets, f: b.new_flows });
+    while (h.length > 2 && h[0].t < t - SPAN_S) h.shift();
+    hist.set(key, h);
+    const rates = [];
+    for (let i = 1; i < h.length; i++) {
+      const dt = h[i].t - h[i - 1].t;
+      rates.push({ t: h[i].t, p: Math.max(0, h[i].p - h[i - 1].p) / dt, f: Math.max(0, h[i].f - h[i - 1].f) / dt });
+    }
+    return rates;
+  };
+  const spark = (svg, rates, t) => {
+    const lines = svg.querySelectorAll('polyline');
+    const max = Math.max(1, ...rates.map((r) => Math.max(r.p, r.f)));
+    ['p', 'f'].forEach((k, i) => lines[i].setAttribute('points', rates.map((r) =>
+      (120 - (t - r.t) * 120 / SPAN_S).toFixed(1) + ',' + (19 - r[k] * 18 / max).toFixed(1)).join(' ')));
+  };
+  const apply = (st) => {
+    document.getElementById('as-of').textContent = utc(st.time);
+    for (const s of st.services) {
+      const table = [...document.querySelectorAll('table[data-service]')].find((x) => x.dataset.service === s.name);
+      const section = table.closest('section');
+      const banner = section.querySelector('.banner');
+      banner.className = 'banner svc-' + s.state;
+      banner.dataset.serviceState = s.state;
+      set(banner, 'state', s.state + (s.policy_in_force ? ' (on_all_unhealthy = ' + s.policy_in_force + ' in force)' : ''));
+      set(banner, 'avail', s.available_backends + '/' + s.backends.length + ' backends available');
+      set(table, 'traffic', s.packets + ' packets, ' + s.bytes + ' bytes, ' + s.new_flows + ' new flows');
+      for (const b of s.backends) {
+        const tr = [...table.querySelectorAll('tr[data-backend]')].find((x) => x.dataset.backend === b.address);
+        const cls = 'state-' + b.state + (b.ejected ? ' ejected' : '');
+        if (tr.className !== cls) tr.className = cls;
+        if (tr.dataset.state !== b.state) tr.dataset.state = b.state;
+        set(tr, 'weight', b.weight);
+        set(tr, 'state', b.state.replace(/_/g, ' ') +
+          (b.ejected ? ', ejected (' + b.ejected + ', ' + Math.round(b.ejected_for_s || 0) + ' s left)' : ''));
+        set(tr, 'admin', b.admin);
+        set(tr, 'since', duration(b.state_for_s));
+        set(tr, 'reason', b.last_failure || '–');
+        set(tr, 'latency', b.last_probe_latency_ms == null ? '–' : b.last_probe_latency_ms.toFixed(1) + ' ms');
+        for (const k of ['success', 'tcp_failure', 'tls_failure', 'http_failure', 'payload_failure', 'timeout_failure']) {
+          set(tr, k, b.counters[k] || 0);
+        }
+        for (const k of ['packets', 'bytes', 'new_flows']) set(tr, k, b[k]);
+        const rates = track(s.name + '\n' + b.address, st.time, b);
+        const now = rates[rates.length - 1];
+        set(tr, 'pps', now ? rate(now.p) : '–');
+        set(tr, 'fps', now ? rate(now.f) : '–');
+        spark(tr.querySelector('svg.spark'), rates, st.time);
+      }
+    }
+  };
+  const poll = async () => {
+    try {
+      const reply = await fetch(url, { cache: 'no-store', headers: { Accept: 'application/json' } });
+      if (!reply.ok) throw new Error('HTTP ' + reply.status);
+      const st = await reply.json();
+      if (!sameShape(st)) {
+        // Services or backends changed: this page's new HTML, swapped in (no reload).
+        const html = await (await fetch(url, { cache: 'no-store', headers: { Accept: 'text/html' } })).text();
+        const fresh = new DOMParser().parseFromString(html, 'text/html').getElementById('services');
+        document.getElementById('services').innerHTML = fresh.innerHTML;
+        if (!sameShape(st)) throw new Error('the page and the JSON disagree');
+      }
+      apply(st);
+      body.dataset.updates = Number(body.dataset.updates) + 1;
+      mode.className = '';
+      mode.textContent = 'live, updated every ' + POLL_MS / 1000 + ' s';
+    } catch (e) {
+      mode.className = 'stale';
+      mode.textContent = 'stale: ' + e.message + ' (retrying)';
+    }
+    setTimeout(poll, POLL_MS);
+  };
+  poll();
+})();
+"#;
 
 /// Text and attribute values alike: the five characters that can end either.
 fn escape(s: &str) -> String {
@@ -271,7 +436,9 @@ mod tests {
         let mut b = backend("10.0.0.2:80", "healthy");
         b.address = evil.to_owned();
         let html = page(&status(vec![service(evil, vec![b])]), 5);
-        assert!(!html.contains("<script"), "{html}");
+        // The one script is ours; the evil one is text.
+        assert_eq!(html.matches("<script").count(), 1, "{html}");
+        assert!(!html.contains(evil), "{html}");
         assert!(html.contains("&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;"));
     }
 
@@ -303,29 +470,52 @@ mod tests {
             "{html}"
         );
         assert!(html.contains("<title>lb status</title>"));
-        assert!(html.contains("As of 2023-11-14 22:13:20 UTC"));
+        assert!(html.contains("As of <span id=\"as-of\">2023-11-14 22:13:20 UTC</span>"));
     }
 
     #[test]
     fn rows_carry_state_class_and_words() {
         let mut quiet = backend("10.0.0.4:80", "mostly_unhealthy");
         quiet.last_probe_latency_ms = None;
+        quiet.last_failure = Some("connection <refused>".to_owned());
+        quiet.state_for_s = 125.7;
+        quiet.counters.tcp_failure = 2;
+        let mut out = backend("10.0.0.5:80", "healthy");
+        out.ejected = Some("service: refused".to_owned());
+        out.ejected_for_s = Some(4.2);
         let s = status(vec![service(
             "web",
-            vec![backend("10.0.0.2:80", "healthy"), quiet],
+            vec![backend("10.0.0.2:80", "healthy"), quiet, out],
         )]);
         let html = page(&s, 5);
         assert!(html.contains(
             "<tr class=\"state-healthy\" data-state=\"healthy\" data-backend=\"10.0.0.2:80\">\
-             <td>10.0.0.2:80</td><td class=\"n\">1</td><td>healthy</td><td>enabled</td>"
-        ));
+             <td>10.0.0.2:80</td><td class=\"n\" data-f=\"weight\">1</td>\
+             <td data-f=\"state\">healthy</td><td data-f=\"admin\">enabled</td>\
+             <td class=\"n\" data-f=\"since\">3 s</td><td class=\"reason\" data-f=\"reason\">–</td>\
+             <td class=\"n\" data-f=\"latency\">1.5 ms</td><td class=\"n\" data-f=\"success\">4</td>"
+        ), "{html}");
         assert!(html.contains(
             "<tr class=\"state-mostly_unhealthy\" data-state=\"mostly_unhealthy\" \
-             data-backend=\"10.0.0.4:80\"><td>10.0.0.4:80</td><td class=\"n\">1</td>\
-             <td>mostly unhealthy</td>"
+             data-backend=\"10.0.0.4:80\"><td>10.0.0.4:80</td><td class=\"n\" data-f=\"weight\">1</td>\
+             <td data-f=\"state\">mostly unhealthy</td><td data-f=\"admin\">enabled</td>\
+             <td class=\"n\" data-f=\"since\">2 min 5 s</td>\
+             <td class=\"reason\" data-f=\"reason\">connection &lt;refused&gt;</td>\
+             <td class=\"n\" data-f=\"latency\">–</td><td class=\"n\" data-f=\"success\">4</td>\
+             <td class=\"n\" data-f=\"tcp_failure\">2</td>"
+        ), "{html}");
+        assert!(html.contains(
+            "<tr class=\"state-healthy ejected\" data-state=\"healthy\" data-backend=\"10.0.0.5:80\">"
         ));
-        assert!(html.contains("<td class=\"n\">1.5 ms</td>"));
-        assert!(html.contains("<td class=\"n\">–</td>"));
+        assert!(html.contains("healthy, ejected (service: refused, 4 s left)"));
+        // Consecutive counters are labelled as such; rates wait for the script.
+        assert!(html.contains("<th colspan=\"6\">consecutive probe results</th>"));
+        assert_eq!(
+            html.matches("<td class=\"n\" data-f=\"pps\">–</td>")
+                .count(),
+            3
+        );
+        assert_eq!(html.matches("<svg class=\"spark\"").count(), 3);
         // The colours the end-to-end test looks for are the ones in the CSS.
         assert!(
             html.contains(
@@ -338,11 +528,54 @@ mod tests {
     }
 
     #[test]
-    fn refreshes_itself() {
+    fn banner_per_service() {
+        let mut down = service("web", vec![backend("10.0.0.2:80", "unhealthy")]);
+        down.state = crate::model::ServiceState::Down;
+        down.available_backends = 0;
+        down.policy_in_force = Some("drop".to_owned());
+        let html = page(&status(vec![down, service("dns", vec![])]), 5);
+        assert!(
+            html.contains(
+                "<div class=\"banner svc-down\" data-service-state=\"down\">web — \
+             <span data-f=\"state\">down (on_all_unhealthy = drop in force)</span> — \
+             <span data-f=\"avail\">0/1 backends available</span></div>"
+            ),
+            "{html}"
+        );
+        assert!(html.contains(
+            "<div class=\"banner svc-empty\" data-service-state=\"empty\">dns — \
+             <span data-f=\"state\">empty</span>"
+        ));
+        assert_eq!(html.matches("<section class=\"service\">").count(), 2);
+    }
+
+    #[test]
+    fn refreshes_itself_without_script_and_in_place_with_it() {
         let html = page(&status(vec![]), 7);
         assert!(html.starts_with("<!DOCTYPE html>"));
-        assert!(html.contains("<meta http-equiv=\"refresh\" content=\"7\">"));
+        assert!(html.contains("<noscript><meta http-equiv=\"refresh\" content=\"7\"></noscript>"));
+        assert_eq!(html.matches("http-equiv=\"refresh\"").count(), 1);
+        assert!(html.contains("<body data-loaded-at=\"1700000000.5\" data-updates=\"0\">"));
+        assert!(html.contains("<meta name=\"viewport\""));
+        // Inline, nothing fetched but the status itself.
+        assert!(html.contains("<script>\nconst POLL_MS = 1000;\n(() => {"));
+        assert!(!html.contains("<script src"));
+        assert!(!SCRIPT.contains("</script"));
+        assert!(!SCRIPT.contains("http://") && !SCRIPT.contains("https://"));
+        assert!(SCRIPT.contains("location.pathname + location.search"));
+        for link in ["/v1/healthcheck", "/metrics", "/v1/events"] {
+            assert!(html.contains(&format!("<a href=\"{link}\">")), "{link}");
+        }
         assert!(html.trim_end().ends_with("</html>"));
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(duration(-1.0), "0 s");
+        assert_eq!(duration(59.9), "59 s");
+        assert_eq!(duration(60.0), "1 min 0 s");
+        assert_eq!(duration(3.0 * 3600.0 + 61.0), "3 h 1 min");
+        assert_eq!(duration(2.0 * 86_400.0 + 7200.0), "2 d 2 h");
     }
 
     #[test]
