@@ -394,4 +394,49 @@ fn live_page_shows_a_failing_backend_without_reload() {
     let red = count_colour_pixels(&img, UNHEALTHY_COLOUR, TOLERANCE);
     eprintln!("green pixels {green}, red pixels {red}");
     assert!(green >= MANY && red >= MANY / 2, "green {green}, red {red}");
+
+    // The timeline: backend-1's bar turns red (down) at the kill, then green again after it
+    // comes back; the last events list the moves.
+    let bands = |i: usize| {
+        format!(
+            "[...document.querySelectorAll('.tl[data-backend=\"tcp {}\"] .band')].map((b) => b.className.split(' ')[1]).join(',')",
+            addr(i)
+        )
+    };
+    page.wait_for(
+        &format!("{}.endsWith('band-down')", bands(1)),
+        Duration::from_secs(5),
+    )
+    .expect("the timeline shows the backend down");
+    sb.start_backend(1).expect("restart");
+    daemon.wait_state("tcp", &addr(1), "healthy", Duration::from_secs(10));
+    let shown = page
+        .wait_for(
+            &format!(
+                "(() => {{ const b = {}; return /band-down.*band-up$/.test(b) && b; }})()",
+                bands(1)
+            ),
+            Duration::from_secs(5),
+        )
+        .expect("the timeline shows the recovery after the failure");
+    eprintln!("backend-1's timeline: {shown}");
+    assert_eq!(
+        page.eval(&format!("{}.endsWith('band-up')", bands(0)))
+            .unwrap(),
+        true,
+        "the healthy backend's bar is up now"
+    );
+    let events = page
+        .eval("document.getElementById('events').textContent")
+        .unwrap();
+    let events = events.as_str().unwrap_or_default();
+    assert!(
+        events.contains(&format!("tcp {} ", addr(1))) && events.contains("→ unhealthy"),
+        "{events}"
+    );
+    let (png, _) = page.screenshot().expect("screenshot");
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/status-page-recovered.png");
+    std::fs::write(&path, &png).expect("writing the screenshot");
+    eprintln!("screenshot after the recovery: {}", path.display());
 }

@@ -22,6 +22,8 @@ const NEUTRAL_COLOUR: [u8; 3] = [0xe4, 0xe4, 0xe4];
 
 /// How often the script polls the JSON, milliseconds.
 pub const POLL_MS: u32 = 1000;
+/// The health timelines' span, minutes.
+pub const TIMELINE_MIN: u32 = 10;
 
 /// The whole page; `refresh_seconds` is the reload period without JavaScript.
 pub fn page(status: &Status, refresh_seconds: u32) -> String {
@@ -46,7 +48,16 @@ pub fn page(status: &Status, refresh_seconds: u32) -> String {
          .svc-unchecked, .svc-empty {{ background: #666; }}\n\
          svg.spark {{ width: 120px; height: 20px; vertical-align: middle; }}\n\
          svg.spark polyline {{ fill: none; stroke-width: 1.5; }}\n\
-         .stale {{ color: #b71c1c; font-weight: bold; }}\n",
+         .stale {{ color: #b71c1c; font-weight: bold; }}\n\
+         .tl {{ display: flex; align-items: center; margin: 0.2em 0; }}\n\
+         .tl-label {{ width: 18em; font-size: 90%; }}\n\
+         .bar {{ position: relative; flex: 1; height: 1.1em; background: #f4f4f4; border: 1px solid #999; }}\n\
+         .band {{ position: absolute; top: 0; bottom: 0; }}\n\
+         .band-up {{ background: {ok}; }}\n\
+         .band-down {{ background: {bad}; }}\n\
+         .band-pending {{ background: {pending}; }}\n\
+         .band-off {{ background: {neutral}; }}\n\
+         #events {{ font-size: 90%; }}\n",
         ok = hex(HEALTHY_COLOUR),
         bad = hex(UNHEALTHY_COLOUR),
         pending = hex(PENDING_COLOUR),
@@ -69,9 +80,16 @@ pub fn page(status: &Status, refresh_seconds: u32) -> String {
     for service in &status.services {
         section(&mut out, service);
     }
+    // The timelines and the last events come from the event log, drawn by the script.
     let _ = write!(
         out,
-        "</main>\n<script>\nconst POLL_MS = {POLL_MS};\n{SCRIPT}</script>\n</body>\n</html>\n"
+        "</main>\n<section id=\"history\">\n\
+         <h2>Health timelines (the last {TIMELINE_MIN} minutes at most)</h2>\n<div id=\"timelines\"></div>\n\
+         <h2>Last events</h2>\n<ol id=\"events\" reversed></ol>\n\
+         <noscript><p>The timelines and the last events need JavaScript; the events are at \
+         <a href=\"/v1/events\">/v1/events</a>.</p></noscript>\n</section>\n\
+         <script>\nconst POLL_MS = {POLL_MS};\nconst TIMELINE_S = {};\n{SCRIPT}</script>\n</body>\n</html>\n",
+        TIMELINE_MIN * 60
     );
     out
 }
@@ -252,6 +270,58 @@ pub const SCRIPT: &str = r#"(() => {
     ['p', 'f'].forEach((k, i) => lines[i].setAttribute('points', rates.map((r) =>
       (120 - (t - r.t) * 120 / SPAN_S).toFixed(1) + ',' + (19 - r[k] * 18 / max).toFixed(1)).join(' ')));
   };
+  // The event log, as far as this page has read it: the timelines' and the list's source.
+  const events = [];
+  let lastSeq = 0;
+  const readEvents = async () => {
+    const reply = await fetch('/v1/events?after=' + lastSeq + '&limit=1024', { cache: 'no-store' });
+    if (!reply.ok) throw new Error('events: HTTP ' + reply.status);
+    for (const e of (await reply.json()).events) {
+      events.push(e);
+      lastSeq = Math.max(lastSeq, e.seq);
+    }
+    if (events.length > 2048) events.splice(0, events.length - 2048);
+  };
+  // A state's band colour: up (takes flows), down, pending, off (drained, disabled, other).
+  const band = (state) => /^(healthy|mostly_healthy)$/.test(state) ? 'up'
+    : /^(unhealthy|mostly_unhealthy|ejected)$/.test(state) ? 'down'
+    : state === 'initializing' ? 'pending' : 'off';
+  // One bar per backend over the last TIMELINE_S: the states its events moved it through, and
+  // its state now (ejected when a passive check holds it out).
+  const timelines = (st) => {
+    const root = document.getElementById('timelines');
+    // From TIMELINE_S ago, or from the first event this daemon logged if that is later (before
+    // it there is nothing to draw).
+    const start = Math.max(st.time - TIMELINE_S, events.length ? events[0].time : st.time - 1);
+    const span = Math.max(1, st.time - start);
+    const html = [];
+    for (const s of st.services) {
+      for (const b of s.backends) {
+        const mine = events.filter((e) => e.service === s.name && e.backend === b.address);
+        const bands = [];
+        let from = start;
+        let state = mine.length ? mine[0].from : b.state;
+        for (const e of mine) {
+          if (e.time > start) bands.push({ from, to: e.time, state });
+          from = Math.max(start, e.time);
+          state = e.to;
+        }
+        bands.push({ from, to: st.time, state: b.ejected ? 'ejected' : b.state });
+        const spans = bands.filter((x) => x.to > x.from).map((x) =>
+          '<span class="band band-' + band(x.state) + '" data-state="' + esc(x.state) + '" style="left:' +
+          ((x.from - start) * 100 / span).toFixed(2) + '%;width:' +
+          ((x.to - x.from) * 100 / span).toFixed(2) + '%" title="' + esc(x.state + ' from ' + utc(x.from)) + '"></span>');
+        const key = s.name + ' ' + b.address;
+        html.push('<div class="tl" data-backend="' + esc(key) + '"><span class="tl-label">' + esc(key) +
+          '</span><div class="bar">' + spans.join('') + '</div></div>');
+      }
+    }
+    root.innerHTML = html.join('');
+    const list = document.getElementById('events');
+    list.innerHTML = events.slice(-20).reverse().map((e) => '<li>' + esc(utc(e.time) + ' ' + e.service + ' ' +
+      e.backend + ' ' + e.from + ' → ' + e.to + ' (' + e.source + (e.reason ? ': ' + e.reason : '') + ')') + '</li>').join('');
+  };
+  const esc = (t) => String(t).replace(/[&<>"']/g, (c) => '&#' + c.charCodeAt(0) + ';');
   const apply = (st) => {
     document.getElementById('as-of').textContent = utc(st.time);
     for (const s of st.services) {
@@ -300,6 +370,8 @@ pub const SCRIPT: &str = r#"(() => {
         if (!sameShape(st)) throw new Error('the page and the JSON disagree');
       }
       apply(st);
+      await readEvents();
+      timelines(st);
       body.dataset.updates = Number(body.dataset.updates) + 1;
       mode.className = '';
       mode.textContent = 'live, updated every ' + POLL_MS / 1000 + ' s';
@@ -557,8 +629,13 @@ mod tests {
         assert_eq!(html.matches("http-equiv=\"refresh\"").count(), 1);
         assert!(html.contains("<body data-loaded-at=\"1700000000.5\" data-updates=\"0\">"));
         assert!(html.contains("<meta name=\"viewport\""));
-        // Inline, nothing fetched but the status itself.
-        assert!(html.contains("<script>\nconst POLL_MS = 1000;\n(() => {"));
+        // Inline, nothing fetched but the status itself and the event log.
+        assert!(
+            html.contains("<script>\nconst POLL_MS = 1000;\nconst TIMELINE_S = 600;\n(() => {")
+        );
+        assert!(
+            html.contains("<div id=\"timelines\"></div>") && html.contains("<ol id=\"events\"")
+        );
         assert!(!html.contains("<script src"));
         assert!(!SCRIPT.contains("</script"));
         assert!(!SCRIPT.contains("http://") && !SCRIPT.contains("https://"));
