@@ -40,17 +40,15 @@ pub trait Family {
     /// The checksum change of an address from `old` to `new` (see [`crate::csum`]).
     fn addr_diff(old: &Self::A, new: &Self::A) -> u32;
     /// Rewrites the IP header at `l3_off` to `src → dst` and lowers its TTL / hop limit by one
-    /// (callers drop 0 and 1 first). Returns the addresses' change, which the transport
-    /// pseudo-header shares: `diff` when the caller knows it (a NAT entry keeps its reply's),
-    /// else computed. `None` if the header is out of bounds.
+    /// (callers drop 0 and 1 first); `addrs` is the addresses' checksum change (IPv4's header
+    /// checksum covers them). `None` if the header is out of bounds.
     fn rewrite_ip(
         data: usize,
         data_end: usize,
         l3_off: usize,
-        old: (&Self::A, &Self::A),
         new: (&Self::A, &Self::A),
-        diff: Option<u32>,
-    ) -> Option<u32>;
+        addrs: u32,
+    ) -> Option<()>;
     /// Fills a route lookup's family and addresses.
     fn fib_addrs(p: &mut FibParams, src: Self::A, dst: Self::A);
 }
@@ -119,12 +117,10 @@ impl Family for V4 {
         data: usize,
         data_end: usize,
         l3_off: usize,
-        old: (&u32, &u32),
         new: (&u32, &u32),
-        diff: Option<u32>,
-    ) -> Option<u32> {
+        addrs: u32,
+    ) -> Option<()> {
         let ip = ptr_at_mut::<Ipv4Hdr>(data, data_end, l3_off)?;
-        let addrs = diff.unwrap_or_else(|| diff32(*old.0, *new.0) + diff32(*old.1, *new.1));
         // SAFETY: bounds-checked; network-types headers are byte arrays.
         unsafe {
             let old_ttl_word = u16::from_ne_bytes([(*ip).ttl, (*ip).proto]);
@@ -136,7 +132,7 @@ impl Family for V4 {
             (*ip).src_addr = new.0.to_ne_bytes();
             (*ip).dst_addr = new.1.to_ne_bytes();
         }
-        Some(addrs)
+        Some(())
     }
     #[inline(always)]
     fn fib_addrs(p: &mut FibParams, src: u32, dst: u32) {
@@ -153,12 +149,6 @@ pub fn diff128(old: Addr6, new: Addr6) -> u32 {
         + diff32(old[1], new[1])
         + diff32(old[2], new[2])
         + diff32(old[3], new[3])
-}
-
-/// An IPv6 address's words as the header's bytes.
-#[inline(always)]
-pub fn octets6(a: Addr6) -> [u8; 16] {
-    lb_common::addr6_octets(a)
 }
 
 impl Family for V6 {
@@ -205,10 +195,9 @@ impl Family for V6 {
         data: usize,
         data_end: usize,
         l3_off: usize,
-        old: (&Addr6, &Addr6),
         new: (&Addr6, &Addr6),
-        diff: Option<u32>,
-    ) -> Option<u32> {
+        _addrs: u32,
+    ) -> Option<()> {
         let ip = ptr_at_mut::<Ipv6Hdr>(data, data_end, l3_off)?;
         // SAFETY: bounds-checked; the addresses are 2-aligned (see `store_addr6`).
         unsafe {
@@ -216,7 +205,7 @@ impl Family for V6 {
             store_addr6((*ip).src_addr.as_mut_ptr(), new.0);
             store_addr6((*ip).dst_addr.as_mut_ptr(), new.1);
         }
-        Some(diff.unwrap_or_else(|| diff128(*old.0, *new.0) + diff128(*old.1, *new.1)))
+        Some(())
     }
     #[inline(always)]
     fn fib_addrs(p: &mut FibParams, src: Addr6, dst: Addr6) {

@@ -11,13 +11,15 @@
 #![cfg_attr(not(target_arch = "bpf"), allow(dead_code))]
 
 use aya_ebpf::{bindings::xdp_action, macros::map, maps::PerCpuArray, programs::XdpContext};
-use lb_common::{Addr6, FlowKey6, PROTO_TCP, PROTO_UDP, addr_flags, addr6, counter, param_flags};
+use lb_common::{
+    Addr6, FlowKey6, PROTO_TCP, PROTO_UDP, addr_flags, addr6, addr6_octets, counter, param_flags,
+};
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 
 use crate::{
     clock,
     csum::{diff_words, diff16, update},
-    family::{Family, V6, lookup_addr, octets6},
+    family::{Family, V6, lookup_addr},
     fib,
     flow::{Verdict, send_out},
     icmp::{field, take_token},
@@ -203,8 +205,8 @@ fn echo(ctx: &XdpContext, pkt: &Icmp) -> Verdict {
         core::mem::swap(&mut (*eth).src_addr, &mut (*eth).dst_addr);
         (*ip).hop_limit = REPLY_HOP_LIMIT;
         // Swapped addresses leave the pseudo-header's sum as it is; the type changes it.
-        (*ip).src_addr = octets6(pkt.daddr);
-        (*ip).dst_addr = octets6(pkt.saddr);
+        (*ip).src_addr = addr6_octets(pkt.daddr);
+        (*ip).dst_addr = addr6_octets(pkt.saddr);
         let old_type = u16::from_ne_bytes([(*icmp)[0], (*icmp)[1]]);
         (*icmp)[0] = ECHO_REPLY;
         let new_type = u16::from_ne_bytes([(*icmp)[0], (*icmp)[1]]);
@@ -358,8 +360,8 @@ fn translate(data: usize, data_end: usize, pkt: &Icmp, w: &Work) -> Option<()> {
         let addrs = diff_words(&q.addrs, &rw.addrs);
         let dst = [rw.addrs[4], rw.addrs[5], rw.addrs[6], rw.addrs[7]];
         let ports_diff = diff16(q.sport, rw.sport) + diff16(q.dport, rw.dport);
-        (*qip).src_addr = octets6([rw.addrs[0], rw.addrs[1], rw.addrs[2], rw.addrs[3]]);
-        (*qip).dst_addr = octets6(dst);
+        (*qip).src_addr = addr6_octets([rw.addrs[0], rw.addrs[1], rw.addrs[2], rw.addrs[3]]);
+        (*qip).dst_addr = addr6_octets(dst);
         let (sport, dport) = (rw.sport.to_ne_bytes(), rw.dport.to_ne_bytes());
         *ports = [sport[0], sport[1], dport[0], dport[1]];
         // Everything changed that the ICMPv6 checksum covers: its pseudo-header's (outer)
@@ -378,8 +380,8 @@ fn translate(data: usize, data_end: usize, pkt: &Icmp, w: &Work) -> Option<()> {
         }
         *icmp_check = update(u16::from_ne_bytes(*icmp_check), sum).to_ne_bytes();
         (*ip).hop_limit -= 1;
-        (*ip).src_addr = octets6([rw.outer[0], rw.outer[1], rw.outer[2], rw.outer[3]]);
-        (*ip).dst_addr = octets6([rw.outer[4], rw.outer[5], rw.outer[6], rw.outer[7]]);
+        (*ip).src_addr = addr6_octets([rw.outer[0], rw.outer[1], rw.outer[2], rw.outer[3]]);
+        (*ip).dst_addr = addr6_octets([rw.outer[4], rw.outer[5], rw.outer[6], rw.outer[7]]);
         (*eth).src_addr = rw.smac;
         (*eth).dst_addr = rw.dmac;
     }

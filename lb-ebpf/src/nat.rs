@@ -44,14 +44,10 @@ pub fn apply<F: Family>(
         (*eth).src_addr = *rw.smac;
     }
     // The address change, in both the IP header and the TCP/UDP pseudo-header.
-    let addrs = F::rewrite_ip(
-        data,
-        data_end,
-        flow.l3_off,
-        (&flow.saddr, &flow.daddr),
-        (rw.src, rw.dst),
-        rw.addr_csum,
-    )?;
+    let addrs = rw
+        .addr_csum
+        .unwrap_or_else(|| F::addr_diff(&flow.saddr, rw.src) + F::addr_diff(&flow.daddr, rw.dst));
+    F::rewrite_ip(data, data_end, flow.l3_off, (rw.src, rw.dst), addrs)?;
     let l4 = addrs + diff16(flow.sport, rw.sport) + diff16(flow.dport, rw.dport);
     match flow.proto {
         PROTO_TCP => {

@@ -4,7 +4,7 @@
 use std::{
     collections::HashMap,
     io::{Read as _, Write as _},
-    net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket},
+    net::{SocketAddr, TcpStream, UdpSocket},
     sync::atomic::{AtomicUsize, Ordering},
     time::{Duration, Instant},
 };
@@ -118,22 +118,13 @@ pub fn echo_transfer_counted(mut conn: TcpStream, len: usize, seed: u8, received
     );
 }
 
-/// The wildcard address of `to`'s family, any port.
-pub fn unspecified_for(to: SocketAddr) -> SocketAddr {
-    if to.is_ipv6() {
-        (Ipv6Addr::UNSPECIFIED, 0).into()
-    } else {
-        (Ipv4Addr::UNSPECIFIED, 0).into()
-    }
-}
-
 /// `n` UDP datagrams to `vip`, each from a new socket: every reply comes from the VIP and names
 /// a backend; counts them by backend.
 pub fn udp_echo(client: &Netns, vip: SocketAddr, n: usize) -> HashMap<String, usize> {
     let mut seen = HashMap::new();
     for i in 0..n {
         let socket = client
-            .enter(|| UdpSocket::bind(unspecified_for(vip)))
+            .enter(|| UdpSocket::bind(lb::health::probe::wildcard(vip.ip())))
             .unwrap();
         socket.connect(vip).unwrap();
         socket

@@ -16,9 +16,8 @@ use lb_tests::{
 };
 
 const PORT: u16 = 8080;
-/// Services of the dual config: tcp6, udp6, tcp, udp.
+/// The first service of the dual config (tcp6, udp6, tcp, udp).
 const TCP6: usize = 0;
-const UDP6: usize = 1;
 
 fn vip6() -> SocketAddr {
     SocketAddr::from((VIP6, 80))
@@ -143,7 +142,6 @@ fn ipv6_drain_keeps_connections_and_a_cleared_flag_stops_new_flows() {
     // The UDP service's backends were not touched.
     let udp = udp_echo(&sb.client.ns, SocketAddr::from((VIP6, 80)), 30);
     assert!(udp.len() >= 2, "{udp:?}");
-    let _ = UDP6;
 }
 
 #[test]

@@ -366,19 +366,11 @@ pub fn snat_address(config: &Config, sid: usize, backend: SocketAddr) -> anyhow:
     if let Some(a) = configured {
         return Ok(a);
     }
-    let socket = UdpSocket::bind(unbound(backend.ip()))?;
+    let socket = UdpSocket::bind(crate::health::probe::wildcard(backend.ip()))?;
     socket
         .connect(SocketAddr::new(backend.ip(), 9))
         .with_context(|| format!("no route to backend {}", backend.ip()))?;
     Ok(socket.local_addr()?.ip())
-}
-
-/// The wildcard address of `ip`'s family, any port.
-fn unbound(ip: IpAddr) -> SocketAddr {
-    match ip {
-        IpAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, 0).into(),
-        IpAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
-    }
 }
 
 /// The datapath needs each backend's MAC in the kernel's neighbour table (bpf_fib_lookup reads
@@ -390,7 +382,7 @@ pub fn resolve_neighbours(backends: &BTreeSet<IpAddr>) {
     for v6 in [false, true] {
         let mut ips = backends.iter().filter(|ip| ip.is_ipv6() == v6).peekable();
         let Some(first) = ips.peek() else { continue };
-        let socket = match UdpSocket::bind(unbound(**first)) {
+        let socket = match UdpSocket::bind(crate::health::probe::wildcard(**first)) {
             Ok(s) => s,
             Err(e) => {
                 debug!(error = %e, "neighbour refresh socket");

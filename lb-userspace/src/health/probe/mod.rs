@@ -11,3 +11,11 @@ mod link;
 mod sys;
 
 pub use super::window::ProbeResult;
+
+/// The wildcard address of `ip`'s family, any port: where a socket towards `ip` binds.
+pub fn wildcard(ip: std::net::IpAddr) -> std::net::SocketAddr {
+    match ip {
+        std::net::IpAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, 0).into(),
+        std::net::IpAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+    }
+}

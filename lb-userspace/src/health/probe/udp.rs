@@ -25,11 +25,7 @@
 //! anything listens. Consecutive-failure thresholds still catch a closed port (most probes of it
 //! fail), but configure `send`/`expect` wherever the service can answer.
 
-use std::{
-    io,
-    net::{Ipv4Addr, Ipv6Addr, SocketAddr},
-    time::Duration,
-};
+use std::{io, net::SocketAddr, time::Duration};
 
 use tokio::{net::UdpSocket, time::Instant};
 
@@ -106,11 +102,7 @@ async fn unanswered(icmp: &IcmpProber, target: SocketAddr, timeout: Duration) ->
 /// A UDP socket connected to `target`, so that ICMP errors about its datagrams are reported to
 /// it.
 async fn connected(target: SocketAddr) -> io::Result<UdpSocket> {
-    let any = match target {
-        SocketAddr::V4(_) => SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
-        SocketAddr::V6(_) => SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0)),
-    };
-    let socket = UdpSocket::bind(any).await?;
+    let socket = UdpSocket::bind(super::wildcard(target.ip())).await?;
     socket.connect(target).await?;
     Ok(socket)
 }
