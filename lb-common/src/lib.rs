@@ -11,6 +11,7 @@
 
 mod addrs;
 mod counters;
+mod encap;
 mod flow;
 mod maps;
 mod params;
@@ -20,6 +21,7 @@ mod tables;
 
 pub use addrs::*;
 pub use counters::*;
+pub use encap::*;
 pub use flow::*;
 pub use maps::*;
 pub use params::*;

@@ -383,6 +383,121 @@ impl Packet {
     }
 }
 
+/// How [`encapsulate`] wraps a frame (direct server return; see `lb_common::encap` for the
+/// fields of the outer header).
+#[derive(Clone, Debug)]
+pub struct Encap {
+    /// `None`: IP in IP; `Some(port)`: GUE to that UDP port.
+    pub gue_port: Option<u16>,
+    /// Outer source and destination (the family of the inner packet).
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    /// The flow's hash (`FlowKey::hash` of the client's direction): GUE's source port and the
+    /// IPv6 flow label come from it.
+    pub hash: u64,
+    pub smac: [u8; 6],
+    pub dmac: [u8; 6],
+}
+
+/// `frame` (Ethernet, an optional VLAN tag, IPv4 or IPv6) with an outer IP header (and a UDP
+/// header for GUE) inserted after its link headers, and its MACs replaced, as lb's datapath
+/// encapsulates a packet for direct server return. The inner datagram is unchanged.
+pub fn encapsulate(frame: &[u8], e: &Encap) -> Vec<u8> {
+    let l3 = l3_of(frame);
+    let inner = &frame[l3..];
+    let inner_len = match inner[0] >> 4 {
+        4 => usize::from(u16::from_be_bytes([inner[2], inner[3]])),
+        _ => 40 + usize::from(u16::from_be_bytes([inner[4], inner[5]])),
+    };
+    let inner = &inner[..inner_len];
+    let mut body = Vec::new();
+    let proto = match (e.gue_port, e.src) {
+        (Some(port), _) => {
+            let mut udp = vec![0u8; 8];
+            udp[0..2].copy_from_slice(&lb_common::gue_source_port(e.hash).to_be_bytes());
+            udp[2..4].copy_from_slice(&port.to_be_bytes());
+            udp[4..6].copy_from_slice(&((8 + inner.len()) as u16).to_be_bytes());
+            udp.extend_from_slice(inner);
+            if e.src.is_ipv6() {
+                let c = match l4_checksum(e.src, e.dst, 17, &udp) {
+                    0 => 0xffff,
+                    c => c,
+                };
+                udp[6..8].copy_from_slice(&c.to_be_bytes());
+            }
+            body = udp;
+            17
+        }
+        (None, IpAddr::V4(_)) => lb_common::PROTO_IPIP,
+        (None, IpAddr::V6(_)) => lb_common::PROTO_IPV6_IN_IP,
+    };
+    if body.is_empty() {
+        body.extend_from_slice(inner);
+    }
+    let outer = match (e.src, e.dst) {
+        (IpAddr::V4(src), IpAddr::V4(dst)) => {
+            let mut ip = vec![0u8; 20];
+            ip[0] = 0x45;
+            ip[1] = inner[1];
+            ip[2..4].copy_from_slice(&((20 + body.len()) as u16).to_be_bytes());
+            ip[6] = 0x40; // DF
+            ip[8] = lb_common::ENCAP_TTL;
+            ip[9] = proto;
+            ip[12..16].copy_from_slice(&src.octets());
+            ip[16..20].copy_from_slice(&dst.octets());
+            let c = checksum(&ip);
+            ip[10..12].copy_from_slice(&c.to_be_bytes());
+            ip
+        }
+        (IpAddr::V6(src), IpAddr::V6(dst)) => {
+            let mut ip = vec![0u8; 40];
+            let label = lb_common::encap_flow_label(e.hash);
+            // Version 6, the inner traffic class, the flow label.
+            ip[0] = 0x60 | (inner[0] & 0x0f);
+            ip[1] = (inner[1] & 0xf0) | (label >> 16) as u8;
+            ip[2..4].copy_from_slice(&(label as u16).to_be_bytes());
+            ip[4..6].copy_from_slice(&(body.len() as u16).to_be_bytes());
+            ip[6] = proto;
+            ip[7] = lb_common::ENCAP_TTL;
+            ip[8..24].copy_from_slice(&src.octets());
+            ip[24..40].copy_from_slice(&dst.octets());
+            ip
+        }
+        _ => panic!("outer source and destination of different families"),
+    };
+    let mut out = frame[..l3].to_vec();
+    out[0..6].copy_from_slice(&e.dmac);
+    out[6..12].copy_from_slice(&e.smac);
+    out.extend_from_slice(&outer);
+    out.extend_from_slice(&body);
+    out
+}
+
+/// The frame inside an encapsulated `frame` ([`encapsulate`]'s inverse): the link headers
+/// followed by the inner datagram; `None` if `frame` is not IP in IP or GUE to `gue_port`.
+pub fn decapsulate(frame: &[u8], gue_port: u16) -> Option<Vec<u8>> {
+    let l3 = l3_of(frame);
+    let ip = frame.get(l3..)?;
+    let (proto, hdr) = match ip.first()? >> 4 {
+        4 => (*ip.get(9)?, usize::from(ip[0] & 0x0f) * 4),
+        6 => (*ip.get(6)?, 40),
+        _ => return None,
+    };
+    let inner_at = match proto {
+        4 | 41 => l3 + hdr,
+        17 if u16::from_be_bytes([*ip.get(hdr + 2)?, *ip.get(hdr + 3)?]) == gue_port => {
+            l3 + hdr + 8
+        }
+        _ => return None,
+    };
+    let inner = frame.get(inner_at..)?;
+    let mut out = frame[..l3].to_vec();
+    let ether_type: u16 = if inner.first()? >> 4 == 6 { 0x86dd } else { 0x0800 };
+    out[l3 - 2..l3].copy_from_slice(&ether_type.to_be_bytes());
+    out.extend_from_slice(inner);
+    Some(out)
+}
+
 /// Internet checksum (RFC 1071) of `data`.
 pub fn checksum(data: &[u8]) -> u16 {
     !fold(sum(0, data))
@@ -696,6 +811,41 @@ mod tests {
         *bad.last_mut().unwrap() ^= 1;
         assert!(verify_checksums(&bad).is_err());
         assert_eq!(checksums(&bad).icmp, Some(false));
+    }
+
+    #[test]
+    fn encapsulation_round_trips_with_valid_outer_checksums() {
+        let hash = 0x0123_4567_89ab_cdef;
+        let mac = [2, 0, 0, 0, 0, 9];
+        for (inner, src, dst) in [
+            (
+                Packet::tcp("10.0.1.2:4000", "10.100.0.1:80", TCP_SYN).payload(b"x"),
+                "10.0.2.1",
+                "10.0.2.10",
+            ),
+            (
+                Packet::udp("[2001:db8:1::2]:4000", "[2001:db8:100::1]:53").payload(b"q"),
+                "2001:db8:2::1",
+                "2001:db8:2::10",
+            ),
+        ] {
+            let frame = inner.build();
+            for gue_port in [None, Some(6080)] {
+                let e = Encap {
+                    gue_port,
+                    src: src.parse().unwrap(),
+                    dst: dst.parse().unwrap(),
+                    hash,
+                    smac: mac,
+                    dmac: mac,
+                };
+                let out = encapsulate(&frame, &e);
+                verify_checksums(&out).unwrap();
+                let back = decapsulate(&out, 6080).unwrap();
+                assert_eq!(back[12..], frame[12..]);
+                verify_checksums(&back).unwrap();
+            }
+        }
     }
 
     #[test]
