@@ -94,6 +94,17 @@ pub mod counter {
             /// UDP over IPv6 with a checksum of 0, which RFC 8200 forbids, to an lb address:
             /// dropped (not for one: counted as `pass_malformed`).
             DROP_UDP_NO_CHECKSUM = "drop_udp_no_checksum",
+            /// Too big for the path to its backend (its MTU, less the encapsulation's overhead
+            /// with direct server return): answered with ICMP fragmentation needed / ICMPv6
+            /// packet too big naming the MTU that fits, sent back to the client (XDP_TX).
+            ICMP_TOO_BIG = "icmp_too_big",
+            /// Too big for the path to its backend and not answered: IPv4 without DF (lb does
+            /// not fragment), beyond the ICMP rate (`icmp_reply_rate`), or too short to quote.
+            /// Dropped.
+            DROP_TOO_BIG = "drop_too_big",
+            /// No room in front of the frame for the outer header of direct server return
+            /// (drivers give XDP 256 bytes; not seen in practice): dropped.
+            DROP_NO_HEADROOM = "drop_no_headroom",
         }
         informational {
             /// IPv4 header with options (IHL > 5); parsed past them.
@@ -132,6 +143,9 @@ pub mod counter {
             /// NAT table entries of half-open or closed flows given up for a new flow in a full
             /// set (a SYN flood's flows make room for new ones).
             NAT_EVICTED = "nat_evicted",
+            /// ICMP errors about a direct-server-return flow (sent to its VIP by a router on
+            /// the path of the backend's replies), encapsulated to the flow's backend.
+            ICMP_ENCAPSULATED = "icmp_encapsulated",
         }
     }
 }

@@ -60,13 +60,18 @@ pub mod map_name {
     /// `PerCpuArray<u64>` of one entry: a value the IPv6 parser makes the verifier forget.
     /// Never pinned.
     pub const PARSE_SCRATCH: &str = "LB_PARSE_SCRATCH";
+    /// `PerCpuArray<u32>` of one entry: the MTU a packet too big for its path is answered with,
+    /// handed to the program that answers ([`crate::TOO_BIG_PROG`]). Never pinned.
+    pub const TOO_BIG: &str = "LB_TOO_BIG";
 }
 
 /// Slots of [`map_name::PROGS`].
 pub const ICMP_PROG: u32 = 0;
 pub const ICMP6_PROG: u32 = 1;
 pub const XDP6_PROG: u32 = 2;
-pub const PROG_SLOTS: u32 = 3;
+/// Answers a packet too big for its path with ICMP fragmentation needed / packet too big.
+pub const TOO_BIG_PROG: u32 = 3;
+pub const PROG_SLOTS: u32 = 4;
 
 /// Name of the global [`Params`](crate::Params) in the object, set by userspace at load time.
 pub const PARAMS_GLOBAL: &str = "LB_PARAMS";
@@ -82,6 +87,8 @@ pub const XDP6_PROGRAM_NAME: &str = "lb_xdp6";
 /// The balancer's handler of ICMPv6 for lb's IPv6 addresses ([`map_name::PROGS`] slot
 /// [`ICMP6_PROG`]).
 pub const ICMP6_PROGRAM_NAME: &str = "lb_icmp6";
+/// The answer to a packet too big for its path ([`map_name::PROGS`] slot [`TOO_BIG_PROG`]).
+pub const TOO_BIG_PROGRAM_NAME: &str = "lb_too_big";
 /// A program that only returns XDP_PASS: the baseline for benchmarks, and the peer program that
 /// native XDP on veth needs to receive XDP_TX / redirected frames.
 pub const PASS_PROGRAM_NAME: &str = "lb_pass";

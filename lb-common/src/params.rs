@@ -40,7 +40,9 @@ pub struct Params {
     /// The IPv6 connection table's size - 1 and its NAT table's (twice as large), as above.
     pub table6_mask: u32,
     pub nat6_mask: u32,
-    pub _pad: u32,
+    /// UDP destination port of GUE encapsulation (`gue_port`), network byte order.
+    pub gue_port: u16,
+    pub _pad: u16,
 }
 
 /// Token buckets of the per-source SYN limit, per CPU (a power of two): a source shares its
@@ -83,6 +85,7 @@ impl Params {
         syn_rate_scaled: Self::per_2_32_ns(10_000),
         table6_mask: DEFAULT_CONNTRACK6_SIZE - 1,
         nat6_mask: 2 * DEFAULT_CONNTRACK6_SIZE - 1,
+        gue_port: crate::DEFAULT_GUE_PORT.to_be(),
         _pad: 0,
     };
 

@@ -71,6 +71,13 @@ pub mod backend_flags {
     pub const UP: u32 = 1;
     /// Weight 0 / drained: no new flows, existing flows continue.
     pub const DRAINED: u32 = 2;
+    /// Direct server return (the service's `forwarding`): the client's packet goes to the
+    /// backend unchanged inside an outer IP header (`ipip`) ...
+    pub const ENCAP_IPIP: u32 = 4;
+    /// ... or an outer IP and UDP header (`gue`); see [`crate::encap`](crate::PROTO_IPIP).
+    pub const ENCAP_GUE: u32 = 8;
+    /// Either of the two: no NAT, no return path.
+    pub const ENCAP: u32 = ENCAP_IPIP | ENCAP_GUE;
 }
 
 /// A backend of one service (a host:port used by two services is two backends), of the
@@ -80,7 +87,8 @@ pub mod backend_flags {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BackendInfoOf<A> {
     pub addr: A,
-    /// Source address of forwarded flows (its replies come back here).
+    /// Source address of forwarded flows (its replies come back here); with direct server
+    /// return, the outer source of the encapsulated packets.
     pub snat_addr: A,
     pub port: u16,
     /// "No data back" passive check of its service: a TCP connection whose client sent data and
@@ -101,8 +109,12 @@ pub struct NextHop {
     /// When it was looked up, coarse monotonic nanoseconds; 0 = never.
     pub updated: u64,
     pub ifindex: u32,
+    /// The path's MTU towards the backend (the route's, or its interface's): the largest IP
+    /// packet lb may send there, encapsulation included.
+    pub mtu: u32,
     pub smac: [u8; 6],
     pub dmac: [u8; 6],
+    pub _pad: [u8; 4],
 }
 
 // The layouts both sides rely on, checked wherever this crate builds (the BPF object too).
@@ -113,7 +125,7 @@ const _: () = {
     assert!(size_of::<BackendInfo>() == 16);
     assert!(size_of::<ServiceKey6>() == 20);
     assert!(size_of::<BackendInfo6>() == 40);
-    assert!(size_of::<NextHop>() == 24);
+    assert!(size_of::<NextHop>() == 32);
 };
 
 #[cfg(feature = "user")]

@@ -16,6 +16,7 @@ use network_types::{ip::Ipv4Hdr, ip::Ipv6Hdr};
 
 use crate::{
     csum::{diff16, diff32, update},
+    encap,
     maps::{
         ADDRS, ADDRS6, BACKENDS, BACKENDS6, CONNTRACK, CONNTRACK6, NAT, NAT6, SEARCH, SEARCH6,
         SERVICES, SERVICES6, SnatSearch,
@@ -28,6 +29,10 @@ const AF_INET6: u8 = 10;
 
 pub trait Family {
     type A: FlowAddr;
+    /// Its IP header's length (without options or extension headers).
+    const HDR_LEN: u32;
+    /// The outer header's protocol of `ipip` for this family.
+    const ENCAP_PROTO: u8;
     fn addrs() -> &'static Array<AddrSetOf<Self::A>>;
     fn services() -> &'static HashMap<ServiceKeyOf<Self::A>, ServiceInfo>;
     fn backends() -> &'static Array<BackendInfoOf<Self::A>>;
@@ -51,6 +56,26 @@ pub trait Family {
     ) -> Option<()>;
     /// Fills a route lookup's family and addresses.
     fn fib_addrs(p: &mut FibParams, src: Self::A, dst: Self::A);
+    /// Writes the outer header of direct server return at `offs.0` for the packet at `offs.1`
+    /// (see [`crate::encap`]); the inner packet's length, `None` if out of bounds.
+    fn write_outer(
+        data: usize,
+        data_end: usize,
+        offs: (usize, usize),
+        addrs: (&Self::A, &Self::A),
+        proto: u8,
+        hash: u64,
+    ) -> Option<u16>;
+    /// GUE's UDP checksum (with the UDP header's fields as written, network order), or `None`
+    /// to leave it 0.
+    fn gue_checksum(
+        data: usize,
+        data_end: usize,
+        offs: (usize, usize),
+        sport: u16,
+        dport: u16,
+        udp_len: u16,
+    ) -> Option<u16>;
 }
 
 /// The [`lb_common::addr_flags`] of `addr` (network byte order); 0 when it is not one of lb's.
@@ -76,6 +101,8 @@ pub struct V6;
 
 impl Family for V4 {
     type A = u32;
+    const HDR_LEN: u32 = lb_common::IPV4_HDR_LEN;
+    const ENCAP_PROTO: u8 = lb_common::PROTO_IPIP;
     #[inline(always)]
     fn addr_diff(old: &u32, new: &u32) -> u32 {
         diff32(*old, *new)
@@ -140,6 +167,29 @@ impl Family for V4 {
         p.__bindgen_anon_3.ipv4_src = src;
         p.__bindgen_anon_4.ipv4_dst = dst;
     }
+    #[inline(always)]
+    fn write_outer(
+        data: usize,
+        data_end: usize,
+        offs: (usize, usize),
+        addrs: (&u32, &u32),
+        proto: u8,
+        _hash: u64,
+    ) -> Option<u16> {
+        encap::outer_v4(data, data_end, offs.0, offs.1, *addrs.0, *addrs.1, proto)
+    }
+    /// IPv4's UDP checksum may be 0 (none), which spares reading anything.
+    #[inline(always)]
+    fn gue_checksum(
+        _data: usize,
+        _data_end: usize,
+        _offs: (usize, usize),
+        _sport: u16,
+        _dport: u16,
+        _udp_len: u16,
+    ) -> Option<u16> {
+        None
+    }
 }
 
 /// The checksum change of an IPv6 address: its eight 16-bit words.
@@ -153,6 +203,8 @@ pub fn diff128(old: Addr6, new: Addr6) -> u32 {
 
 impl Family for V6 {
     type A = Addr6;
+    const HDR_LEN: u32 = lb_common::IPV6_HDR_LEN;
+    const ENCAP_PROTO: u8 = lb_common::PROTO_IPV6_IN_IP;
     #[inline(always)]
     fn addr_diff(old: &Addr6, new: &Addr6) -> u32 {
         diff128(*old, *new)
@@ -212,5 +264,27 @@ impl Family for V6 {
         p.family = AF_INET6;
         p.__bindgen_anon_3.ipv6_src = src;
         p.__bindgen_anon_4.ipv6_dst = dst;
+    }
+    #[inline(always)]
+    fn write_outer(
+        data: usize,
+        data_end: usize,
+        offs: (usize, usize),
+        addrs: (&Addr6, &Addr6),
+        proto: u8,
+        hash: u64,
+    ) -> Option<u16> {
+        encap::outer_v6(data, data_end, offs.0, offs.1, addrs, proto, hash)
+    }
+    #[inline(always)]
+    fn gue_checksum(
+        data: usize,
+        data_end: usize,
+        offs: (usize, usize),
+        sport: u16,
+        dport: u16,
+        udp_len: u16,
+    ) -> Option<u16> {
+        encap::gue_checksum_v6(data, data_end, offs.0, offs.1, sport, dport, udp_len)
     }
 }

@@ -3,7 +3,10 @@
 #![cfg_attr(not(target_arch = "bpf"), allow(dead_code))]
 
 use aya_ebpf::{
-    bindings::{BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup as FibParams},
+    bindings::{
+        BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS,
+        bpf_fib_lookup as FibParams,
+    },
     helpers::bpf_fib_lookup,
     programs::XdpContext,
 };
@@ -26,7 +29,6 @@ pub fn to_backend<F: Family>(
     id: u32,
     b: &BackendInfoOf<F::A>,
     proto: u8,
-    tot_len: u16,
     now: u64,
 ) -> Result<NextHop, u32> {
     let Some(cached) = NEXTHOPS.get_ptr_mut(id) else {
@@ -37,7 +39,7 @@ pub fn to_backend<F: Family>(
     if cached.updated != 0 && now.saturating_sub(cached.updated) <= REFRESH_NS {
         return Ok(*cached);
     }
-    match lookup::<F>(ctx, b, u32::from(proto) << 16 | u32::from(tot_len), cached) {
+    match lookup::<F>(ctx, b, proto, cached) {
         0 => {
             cached.updated = now;
             Ok(*cached)
@@ -47,35 +49,39 @@ pub fn to_backend<F: Family>(
 }
 
 /// Routes `b.snat_addr → b.addr` as the kernel would forward it into `out` (its `updated` left
-/// as it is); 0, or the drop counter if it cannot be used.
+/// as it is): the interface, the MACs and the path's MTU; 0, or the drop counter if it cannot
+/// be used.
 // Not inlined: a lookup runs once a second per backend and CPU, and its 64-byte parameters
 // then take no room in the caller's stack frame (the IPv6 program has little to spare).
-// A BPF-to-BPF call passes at most five arguments: the protocol and length go as one, and the
-// pointers are opaque (see `ptr::opaque`).
+// A BPF-to-BPF call passes at most five arguments, and the pointers are opaque (see
+// `ptr::opaque`).
 #[inline(never)]
 fn lookup<F: Family>(
     ctx: &XdpContext,
     b: &BackendInfoOf<F::A>,
-    proto_len: u32,
+    proto: u8,
     out: &mut NextHop,
 ) -> u32 {
     let (ctx, b) = (opaque(ctx), opaque(b));
     // SAFETY: all-zero is a valid bpf_fib_lookup (plain integers and unions of them).
     let mut p: FibParams = unsafe { core::mem::zeroed() };
+    // The MTU first: a length no path takes makes the kernel answer "fragmentation needed"
+    // with the route's MTU (its own, a learned path MTU's, or its interface's), before it
+    // looks at neighbours; the lookup after it, of length 0, fills in the MACs.
     F::fib_addrs(&mut p, b.snat_addr, b.addr);
-    p.l4_protocol = (proto_len >> 16) as u8;
-    p.__bindgen_anon_1.tot_len = proto_len as u16;
+    p.l4_protocol = proto;
+    p.__bindgen_anon_1.tot_len = u16::MAX;
     p.ifindex = ctx.ingress_ifindex() as u32;
-    // SAFETY: valid context and parameter pointers of the right size.
-    let rc = unsafe {
-        bpf_fib_lookup(
-            ctx.ctx as *mut _,
-            &mut p,
-            core::mem::size_of::<FibParams>() as i32,
-            0,
-        )
+    let mtu = match fib(ctx, &mut p) {
+        // SAFETY: on "fragmentation needed" the kernel wrote the MTU into the union.
+        BPF_FIB_LKUP_RET_FRAG_NEEDED => u32::from(unsafe { p.__bindgen_anon_1.mtu_result }),
+        BPF_FIB_LKUP_RET_SUCCESS | BPF_FIB_LKUP_RET_NO_NEIGH => u32::from(u16::MAX),
+        _ => return counter::DROP_NO_ROUTE,
     };
-    match rc as u32 {
+    F::fib_addrs(&mut p, b.snat_addr, b.addr);
+    p.__bindgen_anon_1.tot_len = 0;
+    p.ifindex = ctx.ingress_ifindex() as u32;
+    match fib(ctx, &mut p) {
         BPF_FIB_LKUP_RET_SUCCESS => {}
         BPF_FIB_LKUP_RET_NO_NEIGH => return counter::DROP_NO_NEIGH,
         _ => return counter::DROP_NO_ROUTE,
@@ -86,7 +92,23 @@ fn lookup<F: Family>(
     // SAFETY: on success the kernel filled the MAC variant of the union.
     let macs = unsafe { p.__bindgen_anon_6.__bindgen_anon_2 };
     out.ifindex = p.ifindex;
+    out.mtu = mtu;
     out.smac = macs.smac;
     out.dmac = macs.dmac;
     0
+}
+
+/// One route lookup with `p`: the kernel's return code.
+#[inline(always)]
+fn fib(ctx: &XdpContext, p: &mut FibParams) -> u32 {
+    // SAFETY: valid context and parameter pointers of the right size.
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx.ctx as *mut _,
+            p,
+            core::mem::size_of::<FibParams>() as i32,
+            0,
+        )
+    };
+    rc as u32
 }

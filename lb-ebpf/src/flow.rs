@@ -1,21 +1,23 @@
 //! The two directions of a balanced flow. Forward (client → VIP): connection table, or Maglev
-//! selection + SNAT port reservation for a new flow, then full NAT to the backend. Return
-//! (backend → SNAT address): the NAT entry turns the reply back into the VIP's.
+//! selection + SNAT port reservation for a new flow, then full NAT to the backend, or, with
+//! direct server return, the packet unchanged inside an outer header (encap.rs; no port, no
+//! return path: the backend answers the client itself). Return (backend → SNAT address): the
+//! NAT entry turns the reply back into the VIP's.
 #![cfg_attr(not(target_arch = "bpf"), allow(dead_code))]
 
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use lb_common::{
-    BackendInfoOf, CtEntry, FlowKeyOf, NO_BACKEND, NatEntryOf, PROTO_TCP, Params, SELECT_TRIES,
-    ServiceKeyOf, backend_flags, counter, ct_flags, ct_state, fmix64, nat_flags, service_flags,
-    syn_bucket,
+    BackendInfoOf, CtEntry, FlowKeyOf, NO_BACKEND, NatEntryOf, NextHop, PROTO_TCP, Params,
+    SELECT_TRIES, ServiceKeyOf, TOO_BIG_PROG, backend_flags, counter, ct_flags, ct_state, fmix64,
+    nat_flags, service_flags, syn_bucket,
 };
 use network_types::eth::EthHdr;
 
 use crate::{
-    clock,
+    clock, encap,
     family::Family,
     fib,
-    maps::{RINGS, SYN_RATE, TX_PORTS, params},
+    maps::{PROGS, RINGS, SYN_RATE, TOO_BIG, TX_PORTS, params},
     nat::{self, Rewrite},
     parse::{Flow, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     passive,
@@ -51,7 +53,7 @@ pub fn forward<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> Verdict {
         // A SYN on a closing flow is the client reusing its port: a new connection.
         let reused = e.state == ct_state::TCP_CLOSING && is_new_syn(flow.tcp_flags);
         if ct_live(e, now, p) && !reused {
-            if let Some(v) = established::<F>(ctx, flow, e, now) {
+            if let Some(v) = established::<F>(ctx, flow, e, hash, now) {
                 return v;
             }
             stats::count(counter::CT_RESCHEDULED);
@@ -81,6 +83,7 @@ fn established<F: Family>(
     ctx: &XdpContext,
     flow: &Flow<F::A>,
     e: &mut CtEntry,
+    hash: u64,
     now: u64,
 ) -> Option<Verdict> {
     // A reference, not a copy: an IPv6 backend is 40 bytes of stack the program cannot spare.
@@ -107,27 +110,74 @@ fn established<F: Family>(
     if now.saturating_sub(e.last_seen) > REFRESH_NS {
         e.last_seen = now;
     }
-    let len = (ctx.data_end() - ctx.data() - flow.l3_off) as u16;
-    let nh = match fib::to_backend::<F>(ctx, e.backend_id, backend, flow.proto, len, now) {
+    let nh = match fib::to_backend::<F>(ctx, e.backend_id, backend, flow.proto, now) {
         Ok(nh) => nh,
         Err(reason) => return Some((xdp_action::XDP_DROP, reason)),
     };
+    if let Some(v) = too_big::<F>(ctx, flow, backend, &nh) {
+        return Some(v);
+    }
     stats::count_traffic(
         e.service_id,
         e.backend_id,
         ctx.data_end() - ctx.data(),
         false,
     );
+    Some(deliver::<F>(ctx, flow, backend, &nh, e.snat_port, hash))
+}
+
+/// `Some(verdict)` when the packet of `flow` does not fit the path to backend `b` (the path's
+/// MTU less the outer header of direct server return): the answer program says so to the
+/// client (see toobig.rs).
+#[inline(always)]
+fn too_big<F: Family>(
+    ctx: &XdpContext,
+    flow: &Flow<F::A>,
+    b: &BackendInfoOf<F::A>,
+    nh: &NextHop,
+) -> Option<Verdict> {
+    let len = (ctx.data_end() - ctx.data() - flow.l3_off) as u32;
+    let overhead = encap::overhead::<F>(b.flags);
+    if len + overhead <= nh.mtu {
+        return None;
+    }
+    if let Some(slot) = TOO_BIG.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot, read by the program called next on this CPU.
+        unsafe { *slot = nh.mtu.saturating_sub(overhead) };
+    }
+    // SAFETY: the program array holds XDP programs of this object. A tail call returns only
+    // when the slot is empty, for a moment while lb loads.
+    let _ = unsafe { PROGS.tail_call(ctx, TOO_BIG_PROG) };
+    Some((xdp_action::XDP_DROP, counter::DROP_TOO_BIG))
+}
+
+/// Sends the packet of `flow` to backend `b` through `nh`: with full NAT from SNAT port
+/// `snat_port`, or encapsulated (direct server return; `hash` is the flow's).
+#[inline(always)]
+fn deliver<F: Family>(
+    ctx: &XdpContext,
+    flow: &Flow<F::A>,
+    b: &BackendInfoOf<F::A>,
+    nh: &NextHop,
+    snat_port: u16,
+    hash: u64,
+) -> Verdict {
+    if b.flags & backend_flags::ENCAP != 0 {
+        return match encap::push::<F>(ctx, flow.l3_off, b, (&nh.smac, &nh.dmac), hash) {
+            Ok(()) => send_out(ctx, nh.ifindex),
+            Err(reason) => (xdp_action::XDP_DROP, reason),
+        };
+    }
     let rw = Rewrite {
-        src: &backend.snat_addr,
-        dst: &backend.addr,
+        src: &b.snat_addr,
+        dst: &b.addr,
         addr_csum: None,
-        sport: e.snat_port,
-        dport: backend.port,
+        sport: snat_port,
+        dport: b.port,
         smac: &nh.smac,
         dmac: &nh.dmac,
     };
-    Some(transmit::<F>(ctx, flow, &rw, nh.ifindex))
+    transmit::<F>(ctx, flow, &rw, nh.ifindex)
 }
 
 #[inline(always)]
@@ -162,35 +212,22 @@ fn new_flow<F: Family>(
     let Some((backend_id, backend)) = select::<F>(svc.id, svc.flags, hash, p.ring_size) else {
         return (xdp_action::XDP_DROP, counter::DROP_NO_BACKEND);
     };
-    let len = (ctx.data_end() - ctx.data() - flow.l3_off) as u16;
-    let nh = match fib::to_backend::<F>(ctx, backend_id, backend, flow.proto, len, now) {
+    let nh = match fib::to_backend::<F>(ctx, backend_id, backend, flow.proto, now) {
         Ok(nh) => nh,
         Err(reason) => return (xdp_action::XDP_DROP, reason),
     };
-    let Some(eth) = ptr_at::<EthHdr>(ctx.data(), ctx.data_end(), 0) else {
-        return (xdp_action::XDP_DROP, counter::DROP_MALFORMED);
-    };
-    // SAFETY: bounds-checked; read in place, not copied to the stack.
-    let eth = unsafe { &*eth };
+    if let Some(v) = too_big::<F>(ctx, flow, backend, &nh) {
+        return v;
+    }
     let midstream = flow.proto == PROTO_TCP && !is_new_syn(flow.tcp_flags);
-    // The return entry is written where the port search keeps it (built here it would cost
-    // stack the search's callbacks need).
-    let reply = |r: &mut NatEntryOf<F::A>| {
-        r.client_addr = flow.saddr;
-        r.vip_addr = flow.daddr;
-        r.client_port = flow.sport;
-        r.vip_port = flow.dport;
-        r.ifindex = ctx.ingress_ifindex() as u32;
-        r.backend_id = backend_id;
-        r.client_mac = eth.src_addr;
-        r.lb_mac = eth.dst_addr;
-        r.last_seen = 0;
-        r.flags = 0;
-        r._pad = [0; 3];
-    };
-    let snat_port = match snat::reserve::<F>(backend, flow.proto, hash, reply, midstream, now) {
-        Ok(port) => port,
-        Err(reason) => return (xdp_action::XDP_DROP, reason),
+    // Direct server return has no return path: no SNAT port to take.
+    let snat_port = if backend.flags & backend_flags::ENCAP != 0 {
+        0
+    } else {
+        match nat_port::<F>(ctx, flow, backend, backend_id, hash, midstream, now) {
+            Ok(port) => port,
+            Err(reason) => return (xdp_action::XDP_DROP, reason),
+        }
     };
     let state = if flow.proto != PROTO_TCP {
         ct_state::UDP
@@ -216,16 +253,41 @@ fn new_flow<F: Family>(
     ct_store::<F>(k, hash, &entry, now, p);
     stats::count(counter::CT_NEW);
     stats::count_traffic(svc.id, backend_id, ctx.data_end() - ctx.data(), true);
-    let rw = Rewrite {
-        src: &backend.snat_addr,
-        dst: &backend.addr,
-        addr_csum: None,
-        sport: snat_port,
-        dport: backend.port,
-        smac: &nh.smac,
-        dmac: &nh.dmac,
+    deliver::<F>(ctx, flow, backend, &nh, snat_port, hash)
+}
+
+/// Reserves the SNAT port of a new full-NAT flow to `backend` and writes its return entry.
+#[inline(always)]
+fn nat_port<F: Family>(
+    ctx: &XdpContext,
+    flow: &Flow<F::A>,
+    backend: &BackendInfoOf<F::A>,
+    backend_id: u32,
+    hash: u64,
+    midstream: bool,
+    now: u64,
+) -> Result<u16, u32> {
+    let Some(eth) = ptr_at::<EthHdr>(ctx.data(), ctx.data_end(), 0) else {
+        return Err(counter::DROP_MALFORMED);
     };
-    transmit::<F>(ctx, flow, &rw, nh.ifindex)
+    // SAFETY: bounds-checked; read in place, not copied to the stack.
+    let eth = unsafe { &*eth };
+    // The return entry is written where the port search keeps it (built here it would cost
+    // stack the search's callbacks need).
+    let reply = |r: &mut NatEntryOf<F::A>| {
+        r.client_addr = flow.saddr;
+        r.vip_addr = flow.daddr;
+        r.client_port = flow.sport;
+        r.vip_port = flow.dport;
+        r.ifindex = ctx.ingress_ifindex() as u32;
+        r.backend_id = backend_id;
+        r.client_mac = eth.src_addr;
+        r.lb_mac = eth.dst_addr;
+        r.last_seen = 0;
+        r.flags = 0;
+        r._pad = [0; 3];
+    };
+    snat::reserve::<F>(backend, flow.proto, hash, reply, midstream, now)
 }
 
 /// Whether a SYN of a new connection from `saddr` is within its source's rate (this CPU's bucket

@@ -4,7 +4,9 @@
 //! itself is, so path MTU discovery and unreachables work through the full NAT:
 //!
 //! - from the client side (to the VIP, quoting VIP:port → client:port): to the flow's backend,
-//!   from its SNAT address, quoting what the backend sent (backend:port → SNAT:port);
+//!   from its SNAT address, quoting what the backend sent (backend:port → SNAT:port); with
+//!   direct server return, where the backend holds the VIP and sent what is quoted itself, the
+//!   message is encapsulated to it unchanged;
 //! - from the backend side (to a SNAT address, quoting SNAT:port → backend:port): to the client,
 //!   from the VIP, quoting VIP:port → client:port. It also feeds the passive checks
 //!   ([`crate::passive::unreachable`]).
@@ -15,12 +17,15 @@
 #![cfg_attr(not(target_arch = "bpf"), allow(dead_code))]
 
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
-use lb_common::{FlowKey, PROTO_ICMP, PROTO_TCP, PROTO_UDP, addr_flags, counter, param_flags};
+use lb_common::{
+    FlowKey, PROTO_ICMP, PROTO_TCP, PROTO_UDP, addr_flags, backend_flags, counter, param_flags,
+};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
 use crate::{
     clock,
     csum::{diff16, diff32, update},
+    encap,
     family::{V4, lookup_addr},
     fib,
     flow::{Verdict, send_out},
@@ -210,11 +215,13 @@ fn from_client(ctx: &XdpContext, pkt: &Icmp) -> Verdict {
     if pkt.ttl <= 1 {
         return (xdp_action::XDP_DROP, counter::DROP_TTL);
     }
-    let len = (pkt.end - pkt.l3_off) as u16;
-    let nh = match fib::to_backend::<V4>(ctx, e.backend_id, &backend, PROTO_ICMP, len, now) {
+    let nh = match fib::to_backend::<V4>(ctx, e.backend_id, &backend, PROTO_ICMP, now) {
         Ok(nh) => nh,
         Err(reason) => return (xdp_action::XDP_DROP, reason),
     };
+    if backend.flags & backend_flags::ENCAP != 0 {
+        return encap::error_to_backend::<V4>(ctx, pkt, &backend, &nh, k.hash());
+    }
     let rw = Translation {
         outer_src: backend.snat_addr,
         outer_dst: backend.addr,

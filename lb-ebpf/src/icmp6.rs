@@ -12,13 +12,15 @@
 
 use aya_ebpf::{bindings::xdp_action, macros::map, maps::PerCpuArray, programs::XdpContext};
 use lb_common::{
-    Addr6, FlowKey6, PROTO_TCP, PROTO_UDP, addr_flags, addr6, addr6_octets, counter, param_flags,
+    Addr6, FlowKey6, PROTO_TCP, PROTO_UDP, addr_flags, addr6, addr6_octets, backend_flags,
+    counter, param_flags,
 };
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 
 use crate::{
     clock,
     csum::{diff_words, diff16, update},
+    encap,
     family::{Family, V6, lookup_addr},
     fib,
     flow::{Verdict, send_out},
@@ -245,11 +247,13 @@ fn from_client(ctx: &XdpContext, pkt: &Icmp) -> Verdict {
     if pkt.ttl <= 1 {
         return (xdp_action::XDP_DROP, counter::DROP_TTL);
     }
-    let len = (pkt.end - pkt.l3_off) as u16;
-    let nh = match fib::to_backend::<V6>(ctx, e.backend_id, backend, PROTO_ICMPV6, len, now) {
+    let nh = match fib::to_backend::<V6>(ctx, e.backend_id, backend, PROTO_ICMPV6, now) {
         Ok(nh) => nh,
         Err(reason) => return (xdp_action::XDP_DROP, reason),
     };
+    if backend.flags & backend_flags::ENCAP != 0 {
+        return encap::error_to_backend::<V6>(ctx, pkt, backend, &nh, w.key.hash());
+    }
     w.rw = Translation {
         outer: pair(&backend.snat_addr, &backend.addr),
         addrs: pair(&backend.addr, &backend.snat_addr),

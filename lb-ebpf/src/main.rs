@@ -7,6 +7,7 @@
 
 mod clock;
 mod csum;
+mod encap;
 mod family;
 mod fib;
 mod flow;
@@ -21,6 +22,7 @@ mod ratelimit;
 mod snat;
 mod stats;
 mod table;
+mod toobig;
 
 #[cfg(target_arch = "bpf")]
 mod prog {
@@ -29,7 +31,7 @@ mod prog {
 
     use crate::{
         family::{Family, V4, V6, lookup_addr},
-        flow, icmp, icmp6,
+        flow, icmp, icmp6, toobig,
         maps::PROGS,
         parse::{self, ETH_P_IP, ETH_P_IPV6, Parsed},
         stats,
@@ -89,6 +91,15 @@ mod prog {
     #[xdp]
     pub fn lb_icmp6(ctx: XdpContext) -> u32 {
         let (action, reason) = icmp6::handle(&ctx);
+        stats::count(reason);
+        action
+    }
+
+    /// The answer to a packet too big for the path to its backend, tail-called by the balancer
+    /// (see toobig.rs).
+    #[xdp]
+    pub fn lb_too_big(ctx: XdpContext) -> u32 {
+        let (action, reason) = toobig::handle(&ctx);
         stats::count(reason);
         action
     }

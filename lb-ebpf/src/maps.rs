@@ -144,3 +144,8 @@ pub static SEARCH6: PerCpuArray<SnatSearch<lb_common::Addr6>> = PerCpuArray::wit
 /// knew of it (see `parse::forget`).
 #[map(name = "LB_PARSE_SCRATCH")] // lb_common::map_name::PARSE_SCRATCH
 pub static PARSE_SCRATCH: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// The MTU a packet too big for its path is answered with, from the balancer to `lb_too_big`
+/// (see toobig.rs), per CPU: XDP runs a packet to its end on one CPU.
+#[map(name = "LB_TOO_BIG")] // lb_common::map_name::TOO_BIG
+pub static TOO_BIG: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);

@@ -18,7 +18,7 @@ use lb_common::{
 pub use crate::model::Admin;
 use crate::{
     addr_table::{AddrTable, AddrTable6},
-    config::{AllUnhealthy, Config, ExistingFlows},
+    config::{AllUnhealthy, Config, ExistingFlows, Forwarding},
     entries::{AnyBackend, AnyServiceKey},
     maglev::{self, Member},
 };
@@ -94,6 +94,7 @@ struct ServiceState {
     info: ServiceInfo,
     keep_flows: bool,
     on_all_unhealthy: AllUnhealthy,
+    forwarding: Forwarding,
     /// Its VIP answers pings (`answer_ping`).
     answer_ping: bool,
     backends: Vec<BackendState>,
@@ -128,6 +129,8 @@ struct BackendState {
     /// Ejected by passive checks (either scope).
     ejected: bool,
     admin: Admin,
+    /// Its service's forwarding mode as the datapath's flag (0: full NAT).
+    encap: u32,
     info: AnyBackend,
 }
 
@@ -135,7 +138,9 @@ impl BackendState {
     fn flags(&self) -> u32 {
         let up = self.healthy && !self.ejected && self.admin != Admin::Disabled;
         let drained = self.weight == 0 || self.admin == Admin::Drained;
-        (if up { backend_flags::UP } else { 0 }) | if drained { backend_flags::DRAINED } else { 0 }
+        (if up { backend_flags::UP } else { 0 })
+            | (if drained { backend_flags::DRAINED } else { 0 })
+            | self.encap
     }
 
     fn takes_new_flows(&self) -> bool {
@@ -354,6 +359,7 @@ impl Balancer {
                         .and_then(|p| p.2)
                         .is_some_and(|b| b.ejected),
                     admin,
+                    encap: s.forwarding.backend_flag(),
                     info: AnyBackend::new(b.address, snat_addr, no_data_ticks(&s.passive))
                         .with_context(|| format!("backend {} of {}", b.address, s.name))?,
                 };
@@ -386,6 +392,7 @@ impl Balancer {
                     if o.key != key
                         || o.keep_flows != (s.existing_flows == ExistingFlows::Keep)
                         || o.on_all_unhealthy != s.on_all_unhealthy
+                        || o.forwarding != s.forwarding
                         || o.base != base =>
                 {
                     changes.services_changed.push(s.name.clone())
@@ -401,6 +408,7 @@ impl Balancer {
                 },
                 keep_flows: s.existing_flows == ExistingFlows::Keep,
                 on_all_unhealthy: s.on_all_unhealthy,
+                forwarding: s.forwarding,
                 answer_ping: s.answer_ping,
                 backends,
                 members,

@@ -191,10 +191,11 @@ pub async fn status(api: ApiArgs, service: Option<String>) -> anyhow::Result<()>
     }
     for s in &status.services {
         println!(
-            "{}  {} {}  {}  check {}  {}/{} backends available{}",
+            "{}  {} {} {}  {}  check {}  {}/{} backends available{}",
             s.name,
             s.vip,
             s.protocol,
+            s.forwarding,
             s.state.as_str(),
             s.check,
             s.available_backends,
@@ -215,6 +216,9 @@ pub async fn status(api: ApiArgs, service: Option<String>) -> anyhow::Result<()>
             {
                 println!("  unhealthy after {per_kind} failures in a row");
             }
+        }
+        if !s.passive_signals.is_empty() {
+            println!("  passive checks see: {}", s.passive_signals.join(", "));
         }
         println!(
             "  traffic: {} new flows, {} packets, {} bytes",

@@ -63,6 +63,15 @@ pub struct ServiceStatus {
     pub vip: String,
     /// "tcp" or "udp".
     pub protocol: String,
+    /// How packets reach the backends: "nat" (full NAT), "ipip" or "gue" (direct server
+    /// return).
+    #[serde(default = "nat")]
+    pub forwarding: String,
+    /// The failures lb's passive checks can see in this service's traffic ("refused",
+    /// "connect_timeout", "unreachable", "no_data"): fewer with direct server return, whose
+    /// replies bypass lb. Empty while the service's passive checks are off.
+    #[serde(default)]
+    pub passive_signals: Vec<String>,
     /// Check kind ("tcp", "http", ..., "none").
     pub check: String,
     /// SPEC §2 windows in seconds; None when checks are off.
@@ -89,6 +98,10 @@ pub struct ServiceStatus {
     #[serde(default)]
     pub policy_in_force: Option<String>,
     pub backends: Vec<BackendStatus>,
+}
+
+fn nat() -> String {
+    "nat".to_owned()
 }
 
 /// A service's state (seed 004), from its backends.

@@ -126,7 +126,7 @@ fn section(out: &mut String, s: &ServiceStatus) {
         "<section class=\"service\">\n\
          <div class=\"banner svc-{state}\" data-service-state=\"{state}\">{name} — \
          <span data-f=\"state\">{}</span> — <span data-f=\"avail\">{}/{} backends available</span></div>\n\
-         <div class=\"wrap\"><table data-service=\"{name}\">\n<caption>{name} — {} {} — check {}, {} — \
+         <div class=\"wrap\"><table data-service=\"{name}\">\n<caption>{name} — {} {} {} — check {}, {} — \
          <span data-f=\"traffic\">{} packets, {} bytes, {} new flows</span></caption>\n<thead>\
          <tr><th rowspan=\"2\">backend</th><th rowspan=\"2\">weight</th><th rowspan=\"2\">state</th>\
          <th rowspan=\"2\">admin</th><th rowspan=\"2\">in state for</th><th rowspan=\"2\">last failure</th>\
@@ -141,6 +141,7 @@ fn section(out: &mut String, s: &ServiceStatus) {
         s.backends.len(),
         escape(&s.vip),
         escape(&s.protocol),
+        escape(&s.forwarding),
         escape(&s.check),
         escape(&windows),
         s.packets,
@@ -470,6 +471,8 @@ mod tests {
             name: name.to_owned(),
             vip: "10.1.0.1:80".to_owned(),
             protocol: "tcp".to_owned(),
+            forwarding: "nat".to_owned(),
+            passive_signals: Vec::new(),
             check: "http".to_owned(),
             failure_window_s: Some(7.0),
             success_window_s: Some(0.35),

@@ -64,6 +64,21 @@ pub fn render(status: &Status) -> String {
         "State of the service (healthy, degraded, down, unchecked, empty): 1 for the current one.",
         service_states,
     );
+    let forwarding = status
+        .services
+        .iter()
+        .map(|s| {
+            let l = [("service", s.name.as_str()), ("mode", s.forwarding.as_str())];
+            format!("{} 1", labels(&l))
+        })
+        .collect();
+    family(
+        &mut out,
+        "lb_service_forwarding",
+        "gauge",
+        "How the service's packets reach its backends (mode: nat, ipip, gue); always 1.",
+        forwarding,
+    );
     family(
         &mut out,
         "lb_service_failure_window_seconds",
@@ -393,6 +408,8 @@ mod tests {
                 name: "web".to_owned(),
                 vip: "10.1.0.1:80".to_owned(),
                 protocol: "tcp".to_owned(),
+                forwarding: "nat".to_owned(),
+                passive_signals: Vec::new(),
                 check: "http".to_owned(),
                 failure_window_s: Some(7.0),
                 success_window_s: Some(0.35),
@@ -478,6 +495,9 @@ lb_service_state{service="web",state="degraded"} 0
 lb_service_state{service="web",state="down"} 0
 lb_service_state{service="web",state="unchecked"} 0
 lb_service_state{service="web",state="empty"} 0
+# HELP lb_service_forwarding How the service's packets reach its backends (mode: nat, ipip, gue); always 1.
+# TYPE lb_service_forwarding gauge
+lb_service_forwarding{service="web",mode="nat"} 1
 # HELP lb_service_failure_window_seconds Longest time a dead backend keeps receiving new flows (checks on only).
 # TYPE lb_service_failure_window_seconds gauge
 lb_service_failure_window_seconds{service="web"} 7

@@ -54,6 +54,7 @@ impl Lb {
             "icmp_reply_rate",
             self.icmp_reply_rate == other.icmp_reply_rate,
         );
+        check("gue_port", self.gue_port == other.gue_port);
         out
     }
 }
@@ -97,6 +98,8 @@ pub struct Lb {
     pub icmp_reply_rate: u32,
     /// New TCP connections per second one source address may open (per CPU); 0: no limit.
     pub syn_rate_per_source: u32,
+    /// UDP destination port of `gue` encapsulation (the backends decapsulate there).
+    pub gue_port: u16,
 }
 
 pub const RING_SIZE_RANGE: RangeInclusive<i64> = 7..=1_048_573;
@@ -159,6 +162,44 @@ pub enum ExistingFlows {
     Reschedule,
     /// Keep it where it is.
     Keep,
+}
+
+/// How a service's packets reach its backends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forwarding {
+    /// Full NAT: destination to the backend, source to lb's SNAT address; replies come back
+    /// through lb (the default).
+    Nat,
+    /// Direct server return: the packet unchanged inside an outer IP header (IPv4-in-IPv4,
+    /// IPv6-in-IPv6); the backend holds the VIP and answers the client directly.
+    Ipip,
+    /// Direct server return in outer IP and UDP headers (GUE variant 1) to `lb.gue_port`.
+    Gue,
+}
+
+impl Forwarding {
+    /// As written in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Nat => "nat",
+            Self::Ipip => "ipip",
+            Self::Gue => "gue",
+        }
+    }
+
+    /// Direct server return: no return path through lb.
+    pub fn is_dsr(self) -> bool {
+        self != Self::Nat
+    }
+
+    /// The datapath's backend flag of this mode.
+    pub fn backend_flag(self) -> u32 {
+        match self {
+            Self::Nat => 0,
+            Self::Ipip => lb_common::backend_flags::ENCAP_IPIP,
+            Self::Gue => lb_common::backend_flags::ENCAP_GUE,
+        }
+    }
 }
 
 /// New flows when no backend is available.
@@ -230,7 +271,10 @@ pub struct Service {
     pub vip: SocketAddr,
     pub protocol: Protocol,
     pub backends: Vec<Backend>,
-    /// Overrides `lb.snat_address` for this service (of the VIP's family).
+    /// Full NAT or direct server return.
+    pub forwarding: Forwarding,
+    /// Overrides `lb.snat_address` for this service (of the VIP's family); with direct server
+    /// return, the outer source of the encapsulated packets.
     pub snat_address: Option<IpAddr>,
     pub existing_flows: ExistingFlows,
     pub on_all_unhealthy: AllUnhealthy,

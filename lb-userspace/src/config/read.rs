@@ -9,7 +9,7 @@ use std::{
 
 use super::{
     AllUnhealthy, Backend, Config, ConfigErrors, Conntrack, DEFAULT_API, DEFAULT_PIN_PATH,
-    ExistingFlows, Lb, MAX_RING_ENTRIES, MAX_WEIGHT, Passive, Problem, Protocol, RING_SIZE_RANGE,
+    ExistingFlows, Forwarding, Lb, MAX_RING_ENTRIES, MAX_WEIGHT, Passive, Problem, Protocol, RING_SIZE_RANGE,
     Service, SnatAddresses, XdpMode,
     fields::{Fields, Problems, Shown},
 };
@@ -194,6 +194,9 @@ fn read_lb(f: &Fields) -> Option<Lb> {
             i64::from(lb_common::Params::DEFAULT.syn_rate_per_source),
         )
         .map(|n| n as u32);
+    let gue_port = f
+        .int_in("gue_port", 1..=65535, i64::from(lb_common::DEFAULT_GUE_PORT))
+        .map(|n| n as u16);
     f.finish();
     Some(Lb {
         interfaces: interfaces?,
@@ -210,6 +213,7 @@ fn read_lb(f: &Fields) -> Option<Lb> {
         translate_icmp: translate_icmp?,
         icmp_reply_rate: icmp_reply_rate?,
         syn_rate_per_source: syn_rate_per_source?,
+        gue_port: gue_port?,
     })
 }
 
@@ -471,6 +475,15 @@ fn read_service(f: &Fields) -> Option<Service> {
         &[("tcp", Protocol::Tcp), ("udp", Protocol::Udp)],
         Protocol::Tcp,
     );
+    let forwarding = f.choice(
+        "forwarding",
+        &[
+            ("nat", Forwarding::Nat),
+            ("ipip", Forwarding::Ipip),
+            ("gue", Forwarding::Gue),
+        ],
+        Forwarding::Nat,
+    );
     let snat_address = read_ip(f, "snat_address");
     let existing_flows = f.choice(
         "existing_flows",
@@ -525,6 +538,7 @@ fn read_service(f: &Fields) -> Option<Service> {
         vip: vip?,
         protocol: protocol?,
         backends,
+        forwarding: forwarding?,
         snat_address: snat_address?,
         existing_flows: existing_flows?,
         on_all_unhealthy: on_all_unhealthy?,
@@ -536,6 +550,17 @@ fn read_service(f: &Fields) -> Option<Service> {
         f.problems().push(
             f.path("passive.no_data_timeout"),
             "only for TCP services: UDP has no connection whose answer is awaited",
+        );
+    }
+    if service.forwarding.is_dsr() && service.passive.no_data_timeout.is_some() {
+        f.problems().push(
+            f.path("passive.no_data_timeout"),
+            format!(
+                "not with forwarding = \"{}\": the backend answers the client directly, so lb \
+                 never sees data come back (direct server return's passive signal is the \
+                 connect timeout)",
+                service.forwarding.as_str()
+            ),
         );
     }
     // A service is one family, its VIP's: the datapath rewrites addresses in place.
@@ -573,6 +598,19 @@ fn read_service(f: &Fields) -> Option<Service> {
         } else if b.address == service.vip {
             f.problems()
                 .push(path, "a backend cannot be the VIP itself");
+        } else if service.forwarding.is_dsr() && b.address.port() != service.vip.port() {
+            f.problems().push(
+                path,
+                format!(
+                    "port {} differs from the VIP's {}: with forwarding = \"{}\" the packet \
+                     reaches the backend unchanged, on the VIP's port (write {}; probe another \
+                     port with check.port)",
+                    b.address.port(),
+                    service.vip.port(),
+                    service.forwarding.as_str(),
+                    SocketAddr::new(b.address.ip(), service.vip.port())
+                ),
+            );
         }
     }
     Some(service)

@@ -9,6 +9,7 @@ use crate::{
     api::RequestError,
     config::CheckKind,
     dataplane::TrafficCounters,
+    health::passive::Signal,
     model::{BackendStatus, NamedCounter, ServiceState, ServiceStatus, Status},
 };
 
@@ -110,6 +111,11 @@ fn build(inner: &Inner) -> anyhow::Result<Status> {
                 name: s.name.clone(),
                 vip: s.vip.to_string(),
                 protocol: s.protocol.as_str().to_owned(),
+                forwarding: s.forwarding.as_str().to_owned(),
+                passive_signals: passive_signals(s)
+                    .iter()
+                    .map(|s| s.as_str().to_owned())
+                    .collect(),
                 check: s.check.kind.as_str().to_owned(),
                 failure_window_s: windows.map(|w| w.0),
                 success_window_s: windows.map(|w| w.1),
@@ -138,4 +144,28 @@ fn build(inner: &Inner) -> anyhow::Result<Status> {
         events_total: 0,
         resources: Default::default(),
     })
+}
+
+/// The failures the datapath can report for service `s` while its passive checks are on. With
+/// direct server return the backend's replies go to the client without lb, so of a TCP
+/// connection lb sees only the client's side: a retransmitted SYN (connect timeout); no RST,
+/// no unreachable, no data back. UDP has only the backend's ICMP unreachable, which under
+/// direct server return goes to the client too.
+pub fn passive_signals(s: &crate::config::Service) -> Vec<Signal> {
+    use crate::config::Protocol;
+    if !s.passive.enabled {
+        return Vec::new();
+    }
+    match (s.protocol, s.forwarding.is_dsr()) {
+        (Protocol::Tcp, true) => vec![Signal::ConnectTimeout],
+        (Protocol::Udp, true) => Vec::new(),
+        (Protocol::Udp, false) => vec![Signal::Unreachable],
+        (Protocol::Tcp, false) => {
+            let mut v = vec![Signal::Refused, Signal::ConnectTimeout, Signal::Unreachable];
+            if s.passive.no_data_timeout.is_some() {
+                v.push(Signal::NoData);
+            }
+            v
+        }
+    }
 }

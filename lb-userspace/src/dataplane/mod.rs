@@ -25,7 +25,8 @@ use aya::{
 use lb_common::{
     ADDR_SETS, AddrSet, AddrSet6, BackendInfo, BackendInfo6, CtSlot, FlowKey, ICMP_PROG,
     ICMP_PROGRAM_NAME, ICMP6_PROG, ICMP6_PROGRAM_NAME, NatSlot, PARAMS_GLOBAL, PASS_PROGRAM_NAME,
-    PROGRAM_NAME, Params, ServiceInfo, ServiceKey, ServiceKey6, XDP6_PROG, XDP6_PROGRAM_NAME,
+    PROGRAM_NAME, Params, ServiceInfo, ServiceKey, ServiceKey6, TOO_BIG_PROG, TOO_BIG_PROGRAM_NAME,
+    XDP6_PROG, XDP6_PROGRAM_NAME,
     map_name, ways,
 };
 use tracing::{info, warn};
@@ -72,6 +73,7 @@ pub fn params(lb: &config::Lb) -> Params {
         syn_rate_scaled: Params::per_2_32_ns(lb.syn_rate_per_source),
         table6_mask: lb.conntrack.ipv6_size - 1,
         nat6_mask: 2 * lb.conntrack.ipv6_size - 1,
+        gue_port: lb.gue_port.to_be(),
         _pad: 0,
     }
 }
@@ -211,6 +213,7 @@ impl Dataplane {
             XDP6_PROGRAM_NAME,
             ICMP_PROGRAM_NAME,
             ICMP6_PROGRAM_NAME,
+            TOO_BIG_PROGRAM_NAME,
         ]
         .into_iter()
         .map(|name| {
@@ -653,6 +656,7 @@ fn verify(mut ebpf: Ebpf) -> anyhow::Result<Ebpf> {
         XDP6_PROGRAM_NAME,
         ICMP_PROGRAM_NAME,
         ICMP6_PROGRAM_NAME,
+        TOO_BIG_PROGRAM_NAME,
         PASS_PROGRAM_NAME,
     ] {
         let prog: &mut Xdp = ebpf
@@ -662,12 +666,14 @@ fn verify(mut ebpf: Ebpf) -> anyhow::Result<Ebpf> {
         prog.load()
             .with_context(|| format!("the kernel rejected XDP program {name}"))?;
     }
-    // The balancer hands IPv6 and ICMP for its addresses to these programs (tail calls). Set
-    // before the balancer is attached; on adoption they replace the old ones at once, in place.
+    // The balancer hands IPv6, ICMP for its addresses and packets too big for their path to
+    // these programs (tail calls). Set before the balancer is attached; on adoption they
+    // replace the old ones at once, in place.
     for (slot, name) in [
         (XDP6_PROG, XDP6_PROGRAM_NAME),
         (ICMP_PROG, ICMP_PROGRAM_NAME),
         (ICMP6_PROG, ICMP6_PROGRAM_NAME),
+        (TOO_BIG_PROG, TOO_BIG_PROGRAM_NAME),
     ] {
         let fd = ebpf
             .program(name)

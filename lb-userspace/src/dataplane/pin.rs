@@ -49,11 +49,12 @@ pub const MAPS: [&str; 20] = [
 ];
 
 /// Maps that hold nothing from one packet to the next: never pinned.
-pub const SCRATCH: [&str; 4] = [
+pub const SCRATCH: [&str; 5] = [
     map_name::SNAT_SEARCH,
     map_name::SNAT_SEARCH6,
     map_name::ICMP6_WORK,
     map_name::PARSE_SCRATCH,
+    map_name::TOO_BIG,
 ];
 
 const LINK_PREFIX: &str = "link-";
