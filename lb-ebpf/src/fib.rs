@@ -66,8 +66,9 @@ fn lookup<F: Family>(
     // SAFETY: all-zero is a valid bpf_fib_lookup (plain integers and unions of them).
     let mut p: FibParams = unsafe { core::mem::zeroed() };
     // The MTU first: a length no path takes makes the kernel answer "fragmentation needed"
-    // with the route's MTU (its own, a learned path MTU's, or its interface's), before it
-    // looks at neighbours; the lookup after it, of length 0, fills in the MACs.
+    // with the MTU it forwards with (the interface's; a route's own when locked, or a learned
+    // path MTU), before it looks at neighbours; the lookup after it, of length 0, fills in the
+    // MACs.
     F::fib_addrs(&mut p, b.snat_addr, b.addr);
     p.l4_protocol = proto;
     p.__bindgen_anon_1.tot_len = u16::MAX;

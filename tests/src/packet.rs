@@ -68,6 +68,10 @@ pub struct Packet {
     src: SocketAddr,
     dst: SocketAddr,
     ttl: u8,
+    /// IPv4's TOS, IPv6's traffic class.
+    tos: u8,
+    /// IPv4's identification.
+    ip_id: u16,
     ip_options: Vec<u8>,
     frag: u16,
     /// IPv6 extension headers before the transport header: (type, whole header bytes without
@@ -91,6 +95,8 @@ impl Packet {
             src: addr(src),
             dst: addr(dst),
             ttl: 64,
+            tos: 0,
+            ip_id: 0x1234,
             ip_options: Vec::new(),
             frag: 0,
             ext: Vec::new(),
@@ -196,6 +202,24 @@ impl Packet {
 
     pub fn ttl(mut self, ttl: u8) -> Self {
         self.ttl = ttl;
+        self
+    }
+
+    /// IPv4's TOS or IPv6's traffic class.
+    pub fn tos(mut self, tos: u8) -> Self {
+        self.tos = tos;
+        self
+    }
+
+    /// IPv4's identification (0x1234 unless set).
+    pub fn ip_id(mut self, id: u16) -> Self {
+        self.ip_id = id;
+        self
+    }
+
+    /// IPv4's "don't fragment" flag.
+    pub fn dont_fragment(mut self) -> Self {
+        self.frag |= 0x4000;
         self
     }
 
@@ -335,8 +359,9 @@ impl Packet {
                 let ihl = 20 + self.ip_options.len();
                 let mut ip = vec![0u8; 20];
                 ip[0] = 0x40 | (ihl / 4) as u8;
+                ip[1] = self.tos;
                 ip[2..4].copy_from_slice(&((ihl + l4.len()) as u16).to_be_bytes());
-                ip[4..6].copy_from_slice(&0x1234u16.to_be_bytes());
+                ip[4..6].copy_from_slice(&self.ip_id.to_be_bytes());
                 ip[6..8].copy_from_slice(&self.frag.to_be_bytes());
                 ip[8] = self.ttl;
                 ip[9] = proto;
@@ -357,7 +382,8 @@ impl Packet {
                 }
                 let first = self.ext.first().map_or(proto, |e| e.0);
                 let mut ip = vec![0u8; 40];
-                ip[0] = 0x60;
+                ip[0] = 0x60 | (self.tos >> 4);
+                ip[1] = self.tos << 4;
                 ip[4..6].copy_from_slice(&((ext.len() + l4.len()) as u16).to_be_bytes());
                 ip[6] = first;
                 ip[7] = self.ttl;

@@ -41,6 +41,9 @@ pub struct TestNet {
     pub vb: u32,
     pub vc_mac: [u8; 6],
     pub vb_mac: [u8; 6],
+    /// Their names.
+    pub vc_name: String,
+    pub vb_name: String,
 }
 
 impl TestNet {
@@ -122,6 +125,8 @@ impl TestNet {
             vb: ns.ifindex(&vb.ifname)?,
             vc_mac: ns.mac(&vc.ifname)?,
             vb_mac: ns.mac(&vb.ifname)?,
+            vc_name: vc.ifname.clone(),
+            vb_name: vb.ifname.clone(),
             ns,
             _peer: peer,
             dp,
@@ -153,14 +158,18 @@ impl TestNet {
     }
 
     pub fn snat_port(&self, client: &str, cport: u16, vip: &str, vport: u16, proto: u8) -> u16 {
-        let (c, v) = (cport.to_be(), vport.to_be());
-        let hash = match (client.parse::<IpAddr>(), vip.parse::<IpAddr>()) {
-            (Ok(IpAddr::V6(a)), Ok(IpAddr::V6(b))) => {
-                FlowKey6::new(addr6(a.octets()), addr6(b.octets()), c, v, proto).hash()
-            }
-            _ => FlowKey::new(ne(client), ne(vip), c, v, proto).hash(),
-        };
-        snat_port_candidate(hash, 0, &self.params)
+        snat_port_candidate(flow_hash(client, cport, vip, vport, proto), 0, &self.params)
+    }
+}
+
+/// The datapath's hash of the flow `client:cport → vip:vport` (either family).
+pub fn flow_hash(client: &str, cport: u16, vip: &str, vport: u16, proto: u8) -> u64 {
+    let (c, v) = (cport.to_be(), vport.to_be());
+    match (client.parse::<IpAddr>(), vip.parse::<IpAddr>()) {
+        (Ok(IpAddr::V6(a)), Ok(IpAddr::V6(b))) => {
+            FlowKey6::new(addr6(a.octets()), addr6(b.octets()), c, v, proto).hash()
+        }
+        _ => FlowKey::new(ne(client), ne(vip), c, v, proto).hash(),
     }
 }
 
