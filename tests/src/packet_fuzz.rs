@@ -10,7 +10,9 @@
 //! - TX and REDIRECT send a frame whose checksums (IPv4, TCP/UDP, ICMP, the quoted IPv4 header)
 //!   are right where the input's were and wrong where the input's were (lb updates checksums
 //!   incrementally, as IPVS and netfilter NAT do: it neither checks nor launders them), to a
-//!   backend or to a client lb has seen.
+//!   backend or to a client lb has seen. An encapsulated frame (direct server return) carries
+//!   the input's datagram unchanged behind a right outer IPv4 checksum; lb's own answer to a
+//!   packet too big has right checksums and quotes the input as it came.
 //!
 //! Frames start from seeds covering every path of both families (new and live flows both ways,
 //! UDP, echo, ICMP / ICMPv6 errors about flows from either side, fragments, IPv4 options, IPv6
@@ -30,7 +32,7 @@ use anyhow::Context as _;
 use crate::{
     fixture::{XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX, hex_diff, run_once, verdict_name},
     packet::{
-        Checksums, EXT_DEST_OPTS, EXT_HOP_BY_HOP, EXT_ROUTING, ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED,
+        Checksums, EXT_DEST_OPTS, decapsulate, EXT_HOP_BY_HOP, EXT_ROUTING, ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED,
         ICMP_PORT_UNREACH, ICMP_TIME_EXCEEDED, ICMP6_DEST_UNREACH, ICMP6_NEIGHBOR_SOLICIT,
         ICMP6_PACKET_TOO_BIG, ICMP6_PORT_UNREACH, ICMP6_TIME_EXCEEDED, Packet, TCP_ACK, TCP_FIN,
         TCP_PSH, TCP_RST, TCP_SYN, checksums,
@@ -91,22 +93,49 @@ backends = [{ address = "[2001:db8:2::2]:5353" }]
 name = "one-arm6"
 vip = "[2001:db8:100::2]:80"
 backends = [{ address = "[2001:db8:1::20]:8080" }]
+
+[[service]]
+name = "dsr"
+vip = "10.100.0.4:80"
+forwarding = "ipip"
+backends = [{ address = "10.0.2.5:80" }, { address = "10.0.2.6:80" }]
+
+[[service]]
+name = "dsr-udp"
+vip = "10.100.0.4:53"
+protocol = "udp"
+forwarding = "gue"
+backends = [{ address = "10.0.2.5:53" }]
+
+[[service]]
+name = "dsr6"
+vip = "[2001:db8:100::4]:80"
+forwarding = "gue"
+backends = [{ address = "[2001:db8:2::5]:80" }]
+
+[[service]]
+name = "dsr6-ipip"
+vip = "[2001:db8:100::4]:443"
+forwarding = "ipip"
+backends = [{ address = "[2001:db8:2::5]:443" }]
 "#;
 
 /// Addresses a mutated destination is pointed at: VIPs, SNAT addresses, others.
-const TARGETS: [[u8; 4]; 6] = [
+const TARGETS: [[u8; 4]; 7] = [
     [10, 100, 0, 1],
     [10, 100, 0, 2],
     [10, 100, 0, 3],
+    [10, 100, 0, 4],
     [10, 0, 2, 1],
     [10, 0, 1, 1],
     [10, 0, 1, 9],
 ];
 
 /// IPv6 addresses a mutated destination is pointed at: VIPs, SNAT addresses, others.
-const TARGETS6: [[u8; 16]; 5] = [
+const TARGETS6: [[u8; 16]; 6] = [
     [0x20, 1, 0xd, 0xb8, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
     [0x20, 1, 0xd, 0xb8, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
+    [0x20, 1, 0xd, 0xb8, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4],
     [0x20, 1, 0xd, 0xb8, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
     [0x20, 1, 0xd, 0xb8, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
     [0x20, 1, 0xd, 0xb8, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9],
@@ -168,6 +197,53 @@ fn addressing(frame: &[u8]) -> (String, String) {
 fn is_v6(frame: &[u8]) -> bool {
     let l3 = l3(frame);
     frame.get(l3 - 2..l3) == Some(&[0x86, 0xdd])
+}
+
+/// Frames of the direct-server-return services: a connection's packets (whose replies never
+/// come through lb), UDP, packets too big for the encapsulation (with and without DF), and
+/// errors from a router on the replies' way, to the VIP.
+/// All arrive on the client side, `vc`.
+fn dsr_seeds(vc: u32, seed: &mut dyn FnMut(Vec<u8>, u32)) {
+    for (client, vip, router) in [
+        ("10.0.1.5:49000", "10.100.0.4:80", "10.0.1.99:0"),
+        ("[2001:db8:1::5]:49000", "[2001:db8:100::4]:80", "[2001:db8:1::99]:0"),
+        ("[2001:db8:1::5]:49001", "[2001:db8:100::4]:443", "[2001:db8:1::99]:0"),
+    ] {
+        let v6 = vip.starts_with('[');
+        let syn = Packet::tcp(client, vip, TCP_SYN);
+        let data = Packet::tcp(client, vip, TCP_ACK | TCP_PSH)
+            .seq(1001, 5001)
+            .payload(b"GET / HTTP/1.1\r\n\r\n");
+        seed(syn.build(), vc);
+        seed(syn.clone().vlan(9).build(), vc);
+        seed(data.build(), vc);
+        seed(Packet::tcp(client, vip, TCP_FIN | TCP_ACK).build(), vc);
+        let big = Packet::tcp(client, vip, TCP_ACK)
+            .seq(1, 1)
+            .payload(&[0x5a; 1460 - 20]);
+        seed(big.clone().dont_fragment().build(), vc);
+        seed(big.build(), vc);
+        // The backend's reply, as a router on its way to the client quotes it.
+        let reply = Packet::tcp(vip, client, TCP_ACK | TCP_PSH)
+            .payload(&[0x41; 600])
+            .datagram();
+        let vip_ip = &vip[..vip.rfind(':').unwrap_or(0)];
+        let (ty, code) = if v6 {
+            (ICMP6_PACKET_TOO_BIG, 0)
+        } else {
+            (ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED)
+        };
+        for len in [28, 48, 600] {
+            let to = format!("{vip_ip}:0");
+            seed(
+                Packet::icmp_error(router, &to, ty, code, 1280, &reply, len).build(),
+                vc,
+            );
+        }
+    }
+    let udp = Packet::udp("10.0.1.5:49100", "10.100.0.4:53").payload(b"query");
+    seed(udp.build(), vc);
+    seed(udp.udp_zero_checksum().build(), vc);
 }
 
 impl Bed {
@@ -412,6 +488,7 @@ impl Bed {
         );
         seed(syn.clone().ether_type(0x86dd).build(), vc);
         seed(syn.clone().ether_type(0x0806).build(), vc);
+        dsr_seeds(vc, &mut seed);
         let backends = net
             .balancer
             .backend_addresses()
@@ -462,9 +539,36 @@ impl Bed {
                     wrong.push(format!("{} changed the frame", verdict_name(out.verdict)));
                 }
                 XDP_TX | XDP_REDIRECT => {
-                    let (was, now) = (checksums(&frame), checksums(&out.output));
-                    if !preserved(&was, &now) {
-                        wrong.push(format!("checksums in {was:?}, out {now:?}"));
+                    let was = checksums(&frame);
+                    if let Some(inner) = decapsulate(&out.output, lb_common::DEFAULT_GUE_PORT) {
+                        // Direct server return: the input's datagram unchanged inside.
+                        let outer = checksums(&out.output);
+                        if inner[l3(&inner)..] != frame[l3(&frame)..] {
+                            wrong.push("encapsulated datagram differs from the input's".into());
+                        }
+                        if is_v6(&out.output) != (outer.ip.is_none()) {
+                            wrong.push(format!("outer header checksum: {outer:?}"));
+                        } else if outer.ip == Some(false) {
+                            wrong.push("wrong outer IPv4 checksum".into());
+                        }
+                    } else if let Some(quote) =
+                        too_big_quote(&out.output).filter(|_| !is_icmp(&frame))
+                    {
+                        // lb's own answer to a packet too big: right checksums, the input
+                        // quoted as it came.
+                        let now = checksums(&out.output);
+                        if !frame[l3(&frame)..].starts_with(quote) {
+                            wrong.push("the answer's quote differs from the input".into());
+                        }
+                        if now.ip == Some(false) || now.icmp != Some(true) || now.quoted_ip != was.ip
+                        {
+                            wrong.push(format!("answer's checksums {now:?}, input's {was:?}"));
+                        }
+                    } else {
+                        let now = checksums(&out.output);
+                        if !preserved(&was, &now) {
+                            wrong.push(format!("checksums in {was:?}, out {now:?}"));
+                        }
                     }
                     match destination(&out.output) {
                         Some(dst) if self.backends.contains(&dst) || sources.contains(&dst) => {}
@@ -568,7 +672,7 @@ fn class(c: u32) -> u32 {
     use counter::*;
     match c {
         PASS_NOT_IP | PASS_NOT_VIP | PASS_MALFORMED | PASS_FRAGMENT | PASS_EXT_HEADERS => XDP_PASS,
-        FWD_TX | ICMP_ECHO_REPLY => XDP_TX,
+        FWD_TX | ICMP_ECHO_REPLY | ICMP_TOO_BIG => XDP_TX,
         FWD_REDIRECT => XDP_REDIRECT,
         _ => XDP_DROP,
     }
@@ -577,6 +681,26 @@ fn class(c: u32) -> u32 {
 /// A right checksum stays right and a wrong one wrong; a layer may not appear or vanish.
 fn preserved(was: &Checksums, now: &Checksums) -> bool {
     was.ip == now.ip && was.l4 == now.l4 && was.icmp == now.icmp && was.quoted_ip == now.quoted_ip
+}
+
+/// The quote of `frame` if it is ICMP fragmentation needed or ICMPv6 packet too big (what lb
+/// answers a packet too big for its path with).
+fn too_big_quote(frame: &[u8]) -> Option<&[u8]> {
+    let l3 = l3(frame);
+    let (proto, hdr, ty) = if is_v6(frame) {
+        (58, 40, [ICMP6_PACKET_TOO_BIG, 0])
+    } else {
+        (1, 20, [ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED])
+    };
+    let ip_proto = *frame.get(l3 + if is_v6(frame) { 6 } else { 9 })?;
+    let icmp = frame.get(l3 + hdr..)?;
+    (ip_proto == proto && icmp.get(0..2)? == ty).then(|| icmp.get(8..))?
+}
+
+/// Whether `frame` is ICMP or ICMPv6 (by its IP header's protocol / next header).
+fn is_icmp(frame: &[u8]) -> bool {
+    let at = l3(frame) + if is_v6(frame) { 6 } else { 9 };
+    matches!(frame.get(at), Some(1 | 58))
 }
 
 fn l3(frame: &[u8]) -> usize {

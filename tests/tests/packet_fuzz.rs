@@ -28,13 +28,17 @@ fn no_packet_crashes_or_corrupts_the_datapath() {
         "{}",
         report.summary()
     );
-    // IPv6's own paths too (extension headers, UDP without checksum).
+    // IPv6's own paths too (extension headers, UDP without checksum), and direct server
+    // return's (packets too big for the encapsulation, errors encapsulated to a backend).
     let moved = |name: &str| report.counters.iter().any(|(n, v)| n == name && *v > 0);
     for name in [
         "ipv6_ext_headers",
         "drop_ext_headers",
         "pass_ext_headers",
         "drop_udp_no_checksum",
+        "icmp_too_big",
+        "drop_too_big",
+        "icmp_encapsulated",
     ] {
         assert!(moved(name), "{name}: {}", report.summary());
     }
