@@ -15,9 +15,9 @@ use crate::{
     family::Family,
     flow::{Verdict, send_out},
     maps::params,
-    stats,
     parse::{Icmp, PROTO_ICMPV6},
     ptr::{opaque, ptr_at_mut_checked, store_addr6},
+    stats,
 };
 
 /// IPv4's "don't fragment" flag, in the `frags` field's first byte.

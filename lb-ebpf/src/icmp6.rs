@@ -12,8 +12,8 @@
 
 use aya_ebpf::{bindings::xdp_action, macros::map, maps::PerCpuArray, programs::XdpContext};
 use lb_common::{
-    Addr6, FlowKey6, PROTO_TCP, PROTO_UDP, addr_flags, addr6, addr6_octets, backend_flags,
-    counter, param_flags,
+    Addr6, FlowKey6, PROTO_TCP, PROTO_UDP, addr_flags, addr6, addr6_octets, backend_flags, counter,
+    param_flags,
 };
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 

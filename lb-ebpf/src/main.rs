@@ -31,10 +31,10 @@ mod prog {
 
     use crate::{
         family::{Family, V4, V6, lookup_addr},
-        flow, icmp, icmp6, toobig,
+        flow, icmp, icmp6,
         maps::PROGS,
         parse::{self, ETH_P_IP, ETH_P_IPV6, Parsed},
-        stats,
+        stats, toobig,
     };
 
     /// The balancer. Every packet ends in exactly one verdict counter.

@@ -143,7 +143,16 @@ fn v4(ctx: &XdpContext, l3_off: usize, mtu: u32) -> Option<()> {
         (*ip).check = [0, 0];
         (*ip).src_addr = dst;
         (*ip).dst_addr = src;
-        *icmp = [ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED, 0, 0, 0, 0, mtu[0], mtu[1]];
+        *icmp = [
+            ICMP_DEST_UNREACH,
+            ICMP_FRAG_NEEDED,
+            0,
+            0,
+            0,
+            0,
+            mtu[0],
+            mtu[1],
+        ];
     }
     let ip_sum = sum::<{ Ipv4Hdr::LEN }>(ctx, l3_off, 0)?;
     // The message: its header and the quote, in two pieces (the helper sums 512 bytes at most).

@@ -1159,6 +1159,43 @@ mod tests {
     }
 
     #[test]
+    fn direct_server_return_marks_the_backends_and_survives_verdicts_and_reloads() {
+        let list = "{ address = \"10.0.2.2:80\" }, { address = \"10.0.2.3:80\" }";
+        let c = |mode: &str| {
+            config::parse(&format!(
+                "[lb]\ninterfaces = [\"eth1\"]\nring_size = 1009\n[[service]]\nname = \"web\"\n\
+                 vip = \"10.100.0.1:80\"\nforwarding = \"{mode}\"\nbackends = [{list}]\n"
+            ))
+            .unwrap()
+        };
+        let (mut b, mut maps) = build(&c("ipip"));
+        for id in 0..2 {
+            assert_eq!(
+                maps.backends[&id].flags(),
+                backend_flags::UP | backend_flags::ENCAP_IPIP
+            );
+        }
+        // The outer source is an address of lb's, as a SNAT address is.
+        assert_eq!(maps.addrs()[&Ipv4Addr::new(10, 0, 2, 1)], addr_flags::SNAT);
+        b.set_up(0, 1, false, &mut maps).unwrap();
+        assert_eq!(maps.backends[&1].flags(), backend_flags::ENCAP_IPIP);
+        b.set_drained(0, 0, true, &mut maps).unwrap();
+        assert_eq!(
+            maps.backends[&0].flags(),
+            backend_flags::UP | backend_flags::DRAINED | backend_flags::ENCAP_IPIP
+        );
+        let changes = b.apply(&c("gue"), snat, |_, _, _| true, &mut maps).unwrap();
+        assert_eq!(changes.services_changed, ["web"]);
+        assert_eq!(
+            maps.backends[&1].flags() & backend_flags::ENCAP,
+            backend_flags::ENCAP_GUE
+        );
+        let changes = b.apply(&c("nat"), snat, |_, _, _| true, &mut maps).unwrap();
+        assert_eq!(changes.services_changed, ["web"]);
+        assert_eq!(maps.backends[&1].flags() & backend_flags::ENCAP, 0);
+    }
+
+    #[test]
     fn ejection_and_health_both_gate_new_flows() {
         let (mut b, mut maps) = build(&config("", 2));
         assert!(b.write_ejected_flag(0, 1, true, &mut maps).unwrap());

@@ -32,10 +32,10 @@ use anyhow::Context as _;
 use crate::{
     fixture::{XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX, hex_diff, run_once, verdict_name},
     packet::{
-        Checksums, EXT_DEST_OPTS, decapsulate, EXT_HOP_BY_HOP, EXT_ROUTING, ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED,
+        Checksums, EXT_DEST_OPTS, EXT_HOP_BY_HOP, EXT_ROUTING, ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED,
         ICMP_PORT_UNREACH, ICMP_TIME_EXCEEDED, ICMP6_DEST_UNREACH, ICMP6_NEIGHBOR_SOLICIT,
         ICMP6_PACKET_TOO_BIG, ICMP6_PORT_UNREACH, ICMP6_TIME_EXCEEDED, Packet, TCP_ACK, TCP_FIN,
-        TCP_PSH, TCP_RST, TCP_SYN, checksums,
+        TCP_PSH, TCP_RST, TCP_SYN, checksums, decapsulate,
     },
     rng::Rng,
     testnet::{BACKEND_MAC, TestNet},
@@ -206,8 +206,16 @@ fn is_v6(frame: &[u8]) -> bool {
 fn dsr_seeds(vc: u32, seed: &mut dyn FnMut(Vec<u8>, u32)) {
     for (client, vip, router) in [
         ("10.0.1.5:49000", "10.100.0.4:80", "10.0.1.99:0"),
-        ("[2001:db8:1::5]:49000", "[2001:db8:100::4]:80", "[2001:db8:1::99]:0"),
-        ("[2001:db8:1::5]:49001", "[2001:db8:100::4]:443", "[2001:db8:1::99]:0"),
+        (
+            "[2001:db8:1::5]:49000",
+            "[2001:db8:100::4]:80",
+            "[2001:db8:1::99]:0",
+        ),
+        (
+            "[2001:db8:1::5]:49001",
+            "[2001:db8:100::4]:443",
+            "[2001:db8:1::99]:0",
+        ),
     ] {
         let v6 = vip.starts_with('[');
         let syn = Packet::tcp(client, vip, TCP_SYN);
@@ -560,7 +568,9 @@ impl Bed {
                         if !frame[l3(&frame)..].starts_with(quote) {
                             wrong.push("the answer's quote differs from the input".into());
                         }
-                        if now.ip == Some(false) || now.icmp != Some(true) || now.quoted_ip != was.ip
+                        if now.ip == Some(false)
+                            || now.icmp != Some(true)
+                            || now.quoted_ip != was.ip
                         {
                             wrong.push(format!("answer's checksums {now:?}, input's {was:?}"));
                         }

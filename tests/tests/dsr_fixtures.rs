@@ -68,8 +68,17 @@ fn env() -> TestNet {
     // A path with a smaller MTU than the link's, for the full-NAT service's backend. Locked:
     // forwarding (the kernel's, and lb's through its route lookups) honours a route's MTU only
     // then, or with net.ipv4.ip_forward_use_pmtu.
-    e.ns.ip(&["route", "add", "10.0.2.9/32", "dev", &e.vb_name, "mtu", "lock", "1400"])
-        .unwrap();
+    e.ns.ip(&[
+        "route",
+        "add",
+        "10.0.2.9/32",
+        "dev",
+        &e.vb_name,
+        "mtu",
+        "lock",
+        "1400",
+    ])
+    .unwrap();
     e
 }
 
@@ -291,7 +300,9 @@ fn packets_too_big_for_the_path_are_answered_with_the_mtu_that_fits() {
         let pkt = full("10.0.1.2:44000", &at(vip, 80), 20).dont_fragment();
         fixtures.push(
             Fixture::new(
-                format!("IPv4 {mode}: 1500 bytes with DF → fragmentation needed, MTU 1500 - {overhead}"),
+                format!(
+                    "IPv4 {mode}: 1500 bytes with DF → fragmentation needed, MTU 1500 - {overhead}"
+                ),
                 pkt.build(),
                 XDP_TX,
                 ICMP_TOO_BIG,
@@ -300,7 +311,10 @@ fn packets_too_big_for_the_path_are_answered_with_the_mtu_that_fits() {
             .output(too_big_answer(&pkt, "10.0.1.2", vip, 1500 - overhead)),
         );
     }
-    for (vip, overhead, mode) in [("2001:db8:100::1", 40, "ipip"), ("2001:db8:100::2", 48, "gue")] {
+    for (vip, overhead, mode) in [
+        ("2001:db8:100::1", 40, "ipip"),
+        ("2001:db8:100::2", 48, "gue"),
+    ] {
         let pkt = full("[2001:db8:1::2]:44000", &at(vip, 80), 40);
         fixtures.push(
             Fixture::new(
@@ -369,7 +383,13 @@ fn icmp_errors_about_a_dsr_flow_go_to_its_backend_unchanged() {
     let e = env();
     let mut fixtures = Vec::new();
     for (client, vip, router, backend, outer_src) in [
-        ("10.0.1.2", "10.100.0.1", "10.0.1.254", "10.0.2.2", "10.0.2.1"),
+        (
+            "10.0.1.2",
+            "10.100.0.1",
+            "10.0.1.254",
+            "10.0.2.2",
+            "10.0.2.1",
+        ),
         (
             "2001:db8:1::2",
             "2001:db8:100::1",
@@ -407,7 +427,10 @@ fn icmp_errors_about_a_dsr_flow_go_to_its_backend_unchanged() {
         };
         fixtures.push(
             Fixture::new(
-                format!("{} error about the flow: encapsulated to its backend", if v6 { "ICMPv6" } else { "ICMP" }),
+                format!(
+                    "{} error about the flow: encapsulated to its backend",
+                    if v6 { "ICMPv6" } else { "ICMP" }
+                ),
                 err.build(),
                 XDP_REDIRECT,
                 FWD_REDIRECT,

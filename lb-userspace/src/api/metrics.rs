@@ -68,7 +68,10 @@ pub fn render(status: &Status) -> String {
         .services
         .iter()
         .map(|s| {
-            let l = [("service", s.name.as_str()), ("mode", s.forwarding.as_str())];
+            let l = [
+                ("service", s.name.as_str()),
+                ("mode", s.forwarding.as_str()),
+            ];
             format!("{} 1", labels(&l))
         })
         .collect();

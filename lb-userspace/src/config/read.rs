@@ -9,8 +9,8 @@ use std::{
 
 use super::{
     AllUnhealthy, Backend, Config, ConfigErrors, Conntrack, DEFAULT_API, DEFAULT_PIN_PATH,
-    ExistingFlows, Forwarding, Lb, MAX_RING_ENTRIES, MAX_WEIGHT, Passive, Problem, Protocol, RING_SIZE_RANGE,
-    Service, SnatAddresses, XdpMode,
+    ExistingFlows, Forwarding, Lb, MAX_RING_ENTRIES, MAX_WEIGHT, Passive, Problem, Protocol,
+    RING_SIZE_RANGE, Service, SnatAddresses, XdpMode,
     fields::{Fields, Problems, Shown},
 };
 
@@ -195,7 +195,11 @@ fn read_lb(f: &Fields) -> Option<Lb> {
         )
         .map(|n| n as u32);
     let gue_port = f
-        .int_in("gue_port", 1..=65535, i64::from(lb_common::DEFAULT_GUE_PORT))
+        .int_in(
+            "gue_port",
+            1..=65535,
+            i64::from(lb_common::DEFAULT_GUE_PORT),
+        )
         .map(|n| n as u16);
     f.finish();
     Some(Lb {
@@ -1179,6 +1183,55 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
 
     fn with_check(check: &str) -> String {
         format!("{GOOD}\n[service.check]\n{check}\n")
+    }
+
+    #[test]
+    fn forwarding_modes_and_their_rules() {
+        let c = parse(GOOD).unwrap();
+        assert_eq!(c.services[0].forwarding, Forwarding::Nat);
+        assert_eq!(c.lb.gue_port, lb_common::DEFAULT_GUE_PORT);
+        let dsr = GOOD
+            .replace(":8080", ":80")
+            .replace(
+                "protocol = \"tcp\"",
+                "protocol = \"tcp\"\nforwarding = \"gue\"",
+            )
+            .replace("[lb]", "[lb]\ngue_port = 5555");
+        let c = parse(&dsr).unwrap();
+        assert_eq!(c.services[0].forwarding, Forwarding::Gue);
+        assert_eq!(c.lb.gue_port, 5555);
+        let ipip = parse(&dsr.replace("\"gue\"", "\"ipip\"")).unwrap();
+        assert_eq!(ipip.services[0].forwarding, Forwarding::Ipip);
+        assert_eq!(
+            problems(&dsr.replace("\"gue\"", "\"dsr\"")),
+            ["service[0].forwarding: expected one of nat, ipip, gue, got \"dsr\""]
+        );
+        assert_eq!(
+            problems(&dsr.replace("gue_port = 5555", "gue_port = 0")),
+            ["lb.gue_port: 0 is out of range 1-65535"]
+        );
+        // The packet arrives unchanged: on the VIP's port.
+        assert_eq!(
+            problems(&dsr.replace("10.0.3.2:80", "10.0.3.2:8080")),
+            [
+                "service[0].backends[1].address: port 8080 differs from the VIP's 80: with \
+                 forwarding = \"gue\" the packet reaches the backend unchanged, on the VIP's \
+                 port (write 10.0.3.2:80; probe another port with check.port)"
+            ]
+        );
+        // No replies through lb: no "no data back".
+        let no_data = format!("{dsr}[service.passive]\nno_data_timeout = \"1s\"\n");
+        assert_eq!(
+            problems(&no_data),
+            [
+                "service[0].passive.no_data_timeout: not with forwarding = \"gue\": the backend \
+                 answers the client directly, so lb never sees data come back (direct server \
+                 return's passive signal is the connect timeout)"
+            ]
+        );
+        let mut fixed = parse(&dsr).unwrap().lb;
+        fixed.gue_port = 6080;
+        assert_eq!(c.lb.fixed_differences(&fixed), ["gue_port"]);
     }
 
     #[test]

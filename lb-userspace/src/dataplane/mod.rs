@@ -26,8 +26,7 @@ use lb_common::{
     ADDR_SETS, AddrSet, AddrSet6, BackendInfo, BackendInfo6, CtSlot, FlowKey, ICMP_PROG,
     ICMP_PROGRAM_NAME, ICMP6_PROG, ICMP6_PROGRAM_NAME, NatSlot, PARAMS_GLOBAL, PASS_PROGRAM_NAME,
     PROGRAM_NAME, Params, ServiceInfo, ServiceKey, ServiceKey6, TOO_BIG_PROG, TOO_BIG_PROGRAM_NAME,
-    XDP6_PROG, XDP6_PROGRAM_NAME,
-    map_name, ways,
+    XDP6_PROG, XDP6_PROGRAM_NAME, map_name, ways,
 };
 use tracing::{info, warn};
 
