@@ -44,6 +44,7 @@ fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
 // Opcodes: class | size | mode (see the kernel's Documentation/bpf/standardization).
 const LDX_W: u8 = 0x61;
 const LDX_H: u8 = 0x69;
+const LDX_B: u8 = 0x71;
 const STX_W: u8 = 0x63;
 const STX_H: u8 = 0x6b;
 const ST_W: u8 = 0x62;
@@ -53,7 +54,13 @@ const MOV64_X: u8 = 0xbf;
 const MOV64_K: u8 = 0xb7;
 const ADD64_K: u8 = 0x07;
 const JGT_X: u8 = 0x2d;
+const JNE_K: u8 = 0x55;
+const CALL: u8 = 0x85;
 const EXIT: u8 = 0x95;
+/// Helper number of `bpf_xdp_adjust_head`.
+const XDP_ADJUST_HEAD: i32 = 44;
+/// IP in IP: what lb puts in front of a frame for direct server return (`ipip`), 20 bytes.
+const IPIP_OUTER: i32 = 20;
 
 /// `r2 = ctx->data; r3 = ctx->data_end; if r2 + len > r3 goto +skip`.
 fn bounds(len: i32, skip: i16) -> [Insn; 5] {
@@ -97,7 +104,9 @@ pub fn just(action: i32) -> Vec<Insn> {
 /// Writes `frame` over the start of every frame it sees (when the frame is at least that long),
 /// then XDP_DROP. Attached to the veth peers that receive the benchmark's output: live-frames
 /// mode recycles its pages without rewriting them, so a program that rewrites the frame (lb)
-/// would otherwise see its own output the next time the page comes round.
+/// would otherwise see its own output the next time the page comes round. An IPv4-in-IPv4 frame
+/// (lb's direct server return) loses its outer header first, so the page's frame starts where
+/// the generator put it.
 pub fn restore_and_drop(frame: &[u8]) -> Vec<Insn> {
     let mut stores = Vec::new();
     let mut i = 0;
@@ -117,7 +126,20 @@ pub fn restore_and_drop(frame: &[u8]) -> Vec<Insn> {
         stores.push(insn(code, 2, 0, i as i16, imm));
         i += n;
     }
-    let mut p = bounds(frame.len() as i32, stores.len() as i16).to_vec();
+    // IPv4's protocol byte (14 + 9) read when the frame holds it; 4: strip 20 bytes.
+    let strip = [
+        insn(LDX_B, 4, 2, 23, 0),
+        insn(JNE_K, 4, 0, 4, 4),
+        insn(MOV64_X, 6, 1, 0, 0),
+        insn(MOV64_K, 2, 0, 0, IPIP_OUTER),
+        insn(CALL, 0, 0, 0, XDP_ADJUST_HEAD),
+        insn(MOV64_X, 1, 6, 0, 0),
+    ];
+    let restore = bounds(frame.len() as i32, stores.len() as i16);
+    let skip_all = (strip.len() + restore.len() + stores.len()) as i16;
+    let mut p = bounds(24, skip_all).to_vec();
+    p.extend(strip);
+    p.extend(restore);
     p.extend(stores);
     p.extend(ret(XDP_DROP));
     p
@@ -288,12 +310,14 @@ mod tests {
     #[test]
     fn restore_covers_the_frame_and_jumps_past_the_stores() {
         let p = restore_and_drop(&[1, 2, 3, 4, 5, 6, 7]);
-        // 5 bounds + W, H, B stores + 2 return.
-        assert_eq!(p.len(), 10);
-        assert_eq!(p[4].off, 3, "skip the three stores");
-        assert_eq!((p[5].code, p[5].off, p[5].imm), (ST_W, 0, 0x0403_0201));
-        assert_eq!((p[6].code, p[6].off, p[6].imm), (ST_H, 4, 0x0605));
-        assert_eq!((p[7].code, p[7].off, p[7].imm), (ST_B, 6, 7));
+        // 5 bounds, 6 to strip an outer header, 5 bounds + W, H, B stores + 2 return.
+        assert_eq!(p.len(), 21);
+        assert_eq!(4 + 1 + p[4].off as usize, 19, "too short: to the return");
+        assert_eq!(6 + 1 + p[6].off as usize, 11, "not IP in IP: to the restore");
+        assert_eq!(p[15].off, 3, "skip the three stores");
+        assert_eq!((p[16].code, p[16].off, p[16].imm), (ST_W, 0, 0x0403_0201));
+        assert_eq!((p[17].code, p[17].off, p[17].imm), (ST_H, 4, 0x0605));
+        assert_eq!((p[18].code, p[18].off, p[18].imm), (ST_B, 6, 7));
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //! ```text
 //!  [sink] sc ── vc [lb ns] vb ── sb [sink]      frames injected "on vc"
 //!  bounce: vc ──XDP_TX──▶ sc          lb: vc ──XDP_REDIRECT──▶ vb ──▶ sb
+//!  [sink] sa ── va [lb ns]                      frames injected "on va"
+//!  lb, one-arm direct server return: va ──IP in IP, XDP_TX──▶ sa
 //! ```
 //! Both sink ends run the same program: write the original frame back over the page, then
 //! XDP_DROP. So every case pays the same downstream cost (one veth transmit, one XDP run, a
@@ -22,7 +24,7 @@ use crate::{
         bpf::{self, Program},
         checkpoint, median,
     },
-    fixture::{XDP_REDIRECT, run_once, verdict_name},
+    fixture::{XDP_REDIRECT, XDP_TX, run_once, verdict_name},
     netns::{Netns, sh, veth},
     packet::{Packet, TCP_ACK, TCP_SYN},
 };
@@ -54,6 +56,7 @@ impl Rate {
 pub const DROP: &str = "XDP_DROP in lb's place (generator ceiling)";
 pub const BOUNCE: &str = "bounce: swap MACs, XDP_TX (baseline)";
 pub const LB: &str = "lb, established TCP flow (XDP_REDIRECT)";
+pub const LB_DSR: &str = "lb, one-arm direct server return (ipip), established flow (XDP_TX)";
 
 /// Sum of the `xdp_drops` counters of a veth (`ethtool -S`).
 fn xdp_drops(ns: &Netns, ifname: &str) -> anyhow::Result<u64> {
@@ -77,7 +80,10 @@ pub fn run(rounds: usize, frames: u32) -> anyhow::Result<Rate> {
     lbns.sysctl("net/ipv4/ip_forward", "1")?;
     let (vc, sc) = veth(&lbns, "10.0.1.1/24", &sink, "10.0.1.2/24")?;
     let (vb, sb) = veth(&lbns, "10.0.2.1/24", &sink, "10.0.2.2/24")?;
+    // One-arm direct server return: client and backend behind the same interface.
+    let (va, sa) = veth(&lbns, "10.0.3.1/24", &sink, "10.0.3.2/24")?;
     let (sc_mac, sb_mac) = (sink.mac(&sc.ifname)?, sink.mac(&sb.ifname)?);
+    let sa_mac = sink.mac(&sa.ifname)?;
     let fmt_mac = |m: [u8; 6]| {
         m.iter()
             .map(|b| format!("{b:02x}"))
@@ -87,6 +93,7 @@ pub fn run(rounds: usize, frames: u32) -> anyhow::Result<Rate> {
     for (ip, mac, dev) in [
         ("10.0.1.2", sc_mac, &vc.ifname),
         ("10.0.2.2", sb_mac, &vb.ifname),
+        ("10.0.3.3", sa_mac, &va.ifname),
     ] {
         lbns.ip(&[
             "neigh",
@@ -101,19 +108,22 @@ pub fn run(rounds: usize, frames: u32) -> anyhow::Result<Rate> {
         ])?;
     }
     let text = format!(
-        "[lb]\ninterfaces = [\"{}\", \"{}\"]\n\n[[service]]\nname = \"rate\"\nvip = \"10.100.0.1:80\"\n\
-         backends = [{{ address = \"10.0.2.2:8080\" }}]\n",
-        vc.ifname, vb.ifname
+        "[lb]\ninterfaces = [\"{}\", \"{}\", \"{}\"]\n\n[[service]]\nname = \"rate\"\nvip = \"10.100.0.1:80\"\n\
+         backends = [{{ address = \"10.0.2.2:8080\" }}]\n\n[[service]]\nname = \"dsr\"\n\
+         vip = \"10.100.0.2:80\"\nforwarding = \"ipip\"\nbackends = [{{ address = \"10.0.3.3:80\" }}]\n",
+        vc.ifname, vb.ifname, va.ifname
     );
     let config = lb::config::parse(&text).map_err(|e| anyhow::anyhow!("rate config: {e}"))?;
     let (dp, _balancer) = lbns.enter(|| -> anyhow::Result<_> {
         let (mut dp, b) = lb::daemon::prepare(&config)?;
-        dp.add_redirect_target(&vc.ifname)?;
-        dp.add_redirect_target(&vb.ifname)?;
+        for iface in [&vc.ifname, &vb.ifname, &va.ifname] {
+            dp.add_redirect_target(iface)?;
+        }
         Ok((dp, b))
     })?;
     let vc_idx = lbns.ifindex(&vc.ifname)?;
     let vc_mac = lbns.mac(&vc.ifname)?;
+    let (va_idx, va_mac) = (lbns.ifindex(&va.ifname)?, lbns.mac(&va.ifname)?);
 
     // An established flow: its SYN creates the connection (a plain test run has no side effects
     // but the maps), then the data frame that the generator repeats. 64 bytes on the wire
@@ -126,21 +136,36 @@ pub fn run(rounds: usize, frames: u32) -> anyhow::Result<Rate> {
         .payload(&[0x55; 10])
         .macs(sc_mac, vc_mac)
         .build();
+    let dsr_syn = Packet::tcp("10.0.3.2:40000", "10.100.0.2:80", TCP_SYN)
+        .macs(sa_mac, va_mac)
+        .build();
+    let dsr_frame = Packet::tcp("10.0.3.2:40000", "10.100.0.2:80", TCP_ACK)
+        .seq(1001, 1)
+        .payload(&[0x55; 10])
+        .macs(sa_mac, va_mac)
+        .build();
     lbns.enter(|| -> anyhow::Result<()> {
-        for f in [&syn, &frame] {
-            let r = run_once(dp.program(), f, vc_idx)?;
-            if r.verdict != XDP_REDIRECT {
-                bail!("lb: {} for the setup frame", verdict_name(r.verdict));
+        for (f, ingress, want) in [
+            (&syn, vc_idx, XDP_REDIRECT),
+            (&frame, vc_idx, XDP_REDIRECT),
+            (&dsr_syn, va_idx, XDP_TX),
+            (&dsr_frame, va_idx, XDP_TX),
+        ] {
+            let r = run_once(dp.program(), f, ingress)?;
+            if r.verdict != want {
+                bail!("lb: {} for a setup frame", verdict_name(r.verdict));
             }
         }
         Ok(())
     })?;
 
     let sink_prog = Program::load("bench_sink", &bpf::restore_and_drop(&frame))?;
+    let dsr_sink = Program::load("bench_sink_dsr", &bpf::restore_and_drop(&dsr_frame))?;
     let _links = sink.enter(|| -> anyhow::Result<_> {
         Ok([
             bpf::attach(sink_prog.fd(), sink.ifindex(&sc.ifname)?)?,
             bpf::attach(sink_prog.fd(), sink.ifindex(&sb.ifname)?)?,
+            bpf::attach(dsr_sink.fd(), sink.ifindex(&sa.ifname)?)?,
         ])
     })?;
     let drop = Program::load("bench_drop", &bpf::just(bpf::XDP_DROP))?;
@@ -151,15 +176,17 @@ pub fn run(rounds: usize, frames: u32) -> anyhow::Result<Rate> {
         .context("lb program fd")?
         .as_fd()
         .as_raw_fd();
-    // (name, program, where its frames come out: None = nowhere, dropped in place)
+    // (name, program, the frame and where it is injected, where its frames come out: None =
+    // nowhere, dropped in place)
     let programs = [
-        (DROP, drop.fd(), None),
-        (BOUNCE, bounce.fd(), Some(&sc.ifname)),
-        (LB, lb_fd, Some(&sb.ifname)),
+        (DROP, drop.fd(), (&frame, vc_idx), None),
+        (BOUNCE, bounce.fd(), (&frame, vc_idx), Some(&sc.ifname)),
+        (LB, lb_fd, (&frame, vc_idx), Some(&sb.ifname)),
+        (LB_DSR, lb_fd, (&dsr_frame, va_idx), Some(&sa.ifname)),
     ];
     let mut cases: Vec<Case> = programs
         .iter()
-        .map(|(name, _, _)| Case {
+        .map(|(name, _, _, _)| Case {
             name,
             mpps: Vec::new(),
             delivered: 0.0,
@@ -171,14 +198,14 @@ pub fn run(rounds: usize, frames: u32) -> anyhow::Result<Rate> {
     let mut lb_frames = 0u64;
     // A warm-up run of each (not counted), then the rounds: all cases in turn, each round.
     for round in 0..=rounds {
-        for (c, (_, fd, out)) in programs.iter().enumerate() {
+        for (c, (_, fd, (frame, ingress), out)) in programs.iter().enumerate() {
             checkpoint()?;
             let n = if round == 0 { frames / 10 } else { frames };
             let before = match out {
                 Some(ifname) => xdp_drops(&sink, ifname)?,
                 None => 0,
             };
-            let took = lbns.enter(|| bpf::live_frames(*fd, &frame, vc_idx, n, 64))?;
+            let took = lbns.enter(|| bpf::live_frames(*fd, frame, *ingress, n, 64))?;
             let got = match out {
                 Some(ifname) => xdp_drops(&sink, ifname)? - before,
                 None => u64::from(n),

@@ -257,6 +257,7 @@ fn draw_charts(dir: &Path, res: &Results) -> anyhow::Result<Vec<String>> {
             .map(|c| match c.name {
                 rate::DROP => "XDP_DROP (ceiling)".into(),
                 rate::BOUNCE => "bounce (XDP_TX)".into(),
+                rate::LB_DSR => "lb one-arm DSR (XDP_TX)".into(),
                 _ => "lb (redirect)".into(),
             })
             .collect();
@@ -634,6 +635,15 @@ fn goals(s: &mut String, res: &Results) {
                 s,
                 "| packet rate ≥ 0.75× the XDP bounce | {x:.2}× ({lb:.2} vs {b:.2} Mpps) | {} |",
                 verdict(x >= 0.75)
+            );
+        }
+        let dsr = r.case(rate::LB_DSR).map(|c| median(&c.mpps));
+        if let (Some(dsr), Some(b)) = (dsr, b) {
+            let x = dsr / b;
+            let _ = writeln!(
+                s,
+                "| one-arm direct server return ≥ 0.9× the XDP bounce | {x:.2}× ({dsr:.2} vs {b:.2} Mpps) | {} |",
+                verdict(x >= 0.9)
             );
         }
     }
