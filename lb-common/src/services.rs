@@ -114,7 +114,9 @@ pub struct NextHop {
     pub mtu: u32,
     pub smac: [u8; 6],
     pub dmac: [u8; 6],
-    pub _pad: [u8; 4],
+    /// The unfolded checksum sum of the backend's address and its SNAT address (the outer
+    /// addresses of direct server return), computed with the lookup rather than per packet.
+    pub addr_sum: u32,
 }
 
 // The layouts both sides rely on, checked wherever this crate builds (the BPF object too).

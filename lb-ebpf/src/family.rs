@@ -44,6 +44,8 @@ pub trait Family {
     fn nat_mask(p: &Params) -> u32;
     /// The checksum change of an address from `old` to `new` (see [`crate::csum`]).
     fn addr_diff(old: &Self::A, new: &Self::A) -> u32;
+    /// The unfolded checksum sum of two addresses' 16-bit words.
+    fn addr_sum(a: &Self::A, b: &Self::A) -> u32;
     /// Rewrites the IP header at `l3_off` to `src → dst` and lowers its TTL / hop limit by one
     /// (callers drop 0 and 1 first); `addrs` is the addresses' checksum change (IPv4's header
     /// checksum covers them). `None` if the header is out of bounds.
@@ -62,16 +64,18 @@ pub trait Family {
         data: usize,
         data_end: usize,
         offs: (usize, usize),
-        addrs: (&Self::A, &Self::A),
+        addrs: (&Self::A, &Self::A, u32),
         proto: u8,
         hash: u64,
     ) -> Option<u16>;
-    /// GUE's UDP checksum (with the UDP header's fields as written, network order), or `None`
-    /// to leave it 0.
+    /// GUE's UDP checksum for the inner packet at `inner_off` from the outer addresses' sum
+    /// `addr_sum`, with the UDP header's fields as written (network order), or `None` to leave
+    /// it 0.
     fn gue_checksum(
         data: usize,
         data_end: usize,
-        offs: (usize, usize),
+        inner_off: usize,
+        addr_sum: u32,
         sport: u16,
         dport: u16,
         udp_len: u16,
@@ -103,6 +107,10 @@ impl Family for V4 {
     type A = u32;
     const HDR_LEN: u32 = lb_common::IPV4_HDR_LEN;
     const ENCAP_PROTO: u8 = lb_common::PROTO_IPIP;
+    #[inline(always)]
+    fn addr_sum(a: &u32, b: &u32) -> u32 {
+        (a & 0xffff) + (a >> 16) + (b & 0xffff) + (b >> 16)
+    }
     #[inline(always)]
     fn addr_diff(old: &u32, new: &u32) -> u32 {
         diff32(*old, *new)
@@ -172,18 +180,19 @@ impl Family for V4 {
         data: usize,
         data_end: usize,
         offs: (usize, usize),
-        addrs: (&u32, &u32),
+        addrs: (&u32, &u32, u32),
         proto: u8,
         _hash: u64,
     ) -> Option<u16> {
-        encap::outer_v4(data, data_end, offs.0, offs.1, *addrs.0, *addrs.1, proto)
+        encap::outer_v4(data, data_end, offs, addrs, proto)
     }
     /// IPv4's UDP checksum may be 0 (none), which spares reading anything.
     #[inline(always)]
     fn gue_checksum(
         _data: usize,
         _data_end: usize,
-        _offs: (usize, usize),
+        _inner_off: usize,
+        _addr_sum: u32,
         _sport: u16,
         _dport: u16,
         _udp_len: u16,
@@ -205,6 +214,11 @@ impl Family for V6 {
     type A = Addr6;
     const HDR_LEN: u32 = lb_common::IPV6_HDR_LEN;
     const ENCAP_PROTO: u8 = lb_common::PROTO_IPV6_IN_IP;
+    #[inline(always)]
+    fn addr_sum(a: &Addr6, b: &Addr6) -> u32 {
+        let w = |v: u32| (v & 0xffff) + (v >> 16);
+        w(a[0]) + w(a[1]) + w(a[2]) + w(a[3]) + w(b[0]) + w(b[1]) + w(b[2]) + w(b[3])
+    }
     #[inline(always)]
     fn addr_diff(old: &Addr6, new: &Addr6) -> u32 {
         diff128(*old, *new)
@@ -270,21 +284,30 @@ impl Family for V6 {
         data: usize,
         data_end: usize,
         offs: (usize, usize),
-        addrs: (&Addr6, &Addr6),
+        addrs: (&Addr6, &Addr6, u32),
         proto: u8,
         hash: u64,
     ) -> Option<u16> {
-        encap::outer_v6(data, data_end, offs.0, offs.1, addrs, proto, hash)
+        encap::outer_v6(
+            data,
+            data_end,
+            offs.0,
+            offs.1,
+            (addrs.0, addrs.1),
+            proto,
+            hash,
+        )
     }
     #[inline(always)]
     fn gue_checksum(
         data: usize,
         data_end: usize,
-        offs: (usize, usize),
+        inner_off: usize,
+        addr_sum: u32,
         sport: u16,
         dport: u16,
         udp_len: u16,
     ) -> Option<u16> {
-        encap::gue_checksum_v6(data, data_end, offs.0, offs.1, sport, dport, udp_len)
+        encap::gue_checksum_v6(data, data_end, inner_off, addr_sum, sport, dport, udp_len)
     }
 }

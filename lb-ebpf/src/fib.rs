@@ -94,6 +94,7 @@ fn lookup<F: Family>(
     let macs = unsafe { p.__bindgen_anon_6.__bindgen_anon_2 };
     out.ifindex = p.ifindex;
     out.mtu = mtu;
+    out.addr_sum = F::addr_sum(&b.snat_addr, &b.addr);
     out.smac = macs.smac;
     out.dmac = macs.dmac;
     0

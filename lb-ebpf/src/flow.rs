@@ -163,7 +163,7 @@ fn deliver<F: Family>(
     hash: u64,
 ) -> Verdict {
     if b.flags & backend_flags::ENCAP != 0 {
-        return match encap::push::<F>(ctx, flow.l3_off, b, (&nh.smac, &nh.dmac), hash) {
+        return match encap::push::<F>(ctx, flow.l3_off, b, nh, hash) {
             Ok(()) => send_out(ctx, nh.ifindex),
             Err(reason) => (xdp_action::XDP_DROP, reason),
         };

@@ -313,7 +313,11 @@ mod tests {
         // 5 bounds, 6 to strip an outer header, 5 bounds + W, H, B stores + 2 return.
         assert_eq!(p.len(), 21);
         assert_eq!(4 + 1 + p[4].off as usize, 19, "too short: to the return");
-        assert_eq!(6 + 1 + p[6].off as usize, 11, "not IP in IP: to the restore");
+        assert_eq!(
+            6 + 1 + p[6].off as usize,
+            11,
+            "not IP in IP: to the restore"
+        );
         assert_eq!(p[15].off, 3, "skip the three stores");
         assert_eq!((p[16].code, p[16].off, p[16].imm), (ST_W, 0, 0x0403_0201));
         assert_eq!((p[17].code, p[17].off, p[17].imm), (ST_H, 4, 0x0605));

@@ -1,6 +1,7 @@
 //! `cargo xtask bench`: datapath cost per packet through BPF_PROG_TEST_RUN, as ns/packet and as
 //! a ratio to an empty XDP program measured in the same run; each IPv6 case also as a ratio to
-//! its IPv4 counterpart (the goal: 1.2× at most). Each sample is one run with
+//! its IPv4 counterpart (the goal: 1.2× at most), each direct-server-return case as a ratio to
+//! the full-NAT case of its family (the goal: 1× at most). Each sample is one run with
 //! repeat = 1 (the kernel does not restore the frame between repeats, so repeat > 1 would time a
 //! rewriting program on its own output); cases are interleaved so drift hits all alike.
 
@@ -39,6 +40,30 @@ backends = [{ address = "10.0.2.2:8080" }, { address = "10.0.2.3:8080" }, { addr
 name = "web6"
 vip = "[2001:db8:100::1]:80"
 backends = [{ address = "[2001:db8:2::2]:8080" }, { address = "[2001:db8:2::3]:8080" }, { address = "[2001:db8:2::4]:8080" }, { address = "[2001:db8:2::5]:8080" }]
+
+[[service]]
+name = "ipip"
+vip = "10.100.0.2:80"
+forwarding = "ipip"
+backends = [{ address = "10.0.2.2:80" }, { address = "10.0.2.3:80" }, { address = "10.0.2.4:80" }, { address = "10.0.2.5:80" }]
+
+[[service]]
+name = "gue"
+vip = "10.100.0.3:80"
+forwarding = "gue"
+backends = [{ address = "10.0.2.2:80" }, { address = "10.0.2.3:80" }, { address = "10.0.2.4:80" }, { address = "10.0.2.5:80" }]
+
+[[service]]
+name = "ipip6"
+vip = "[2001:db8:100::2]:80"
+forwarding = "ipip"
+backends = [{ address = "[2001:db8:2::2]:80" }, { address = "[2001:db8:2::3]:80" }, { address = "[2001:db8:2::4]:80" }, { address = "[2001:db8:2::5]:80" }]
+
+[[service]]
+name = "gue6"
+vip = "[2001:db8:100::3]:80"
+forwarding = "gue"
+backends = [{ address = "[2001:db8:2::2]:80" }, { address = "[2001:db8:2::3]:80" }, { address = "[2001:db8:2::4]:80" }, { address = "[2001:db8:2::5]:80" }]
 "#;
 
 struct Case {
@@ -51,6 +76,8 @@ struct Case {
     forget: Option<FlowKey>,
     /// The IPv4 case this IPv6 one is compared with (its index).
     ipv4: Option<usize>,
+    /// The full-NAT case this direct-server-return one is compared with (its index).
+    nat: Option<usize>,
     samples: Vec<u64>,
 }
 
@@ -200,6 +227,8 @@ fn measure(net: &mut TestNet, n: usize, ipv4_only: bool) -> anyhow::Result<Strin
     ];
     if ipv4_only {
         cases.truncate(6);
+    } else {
+        cases.extend(dsr_cases(net, n)?);
     }
     // Warm up, then sample the cases round-robin.
     for _ in 0..200 {
@@ -214,6 +243,67 @@ fn measure(net: &mut TestNet, n: usize, ipv4_only: bool) -> anyhow::Result<Strin
     Ok(report(&mut cases, n))
 }
 
+/// Direct server return: a new flow (each a different one) and an established flow per mode
+/// and family, each compared with full NAT's case of its family (IPv4's at 2 and 4, IPv6's at
+/// 7 and 8).
+fn dsr_cases(net: &TestNet, n: usize) -> anyhow::Result<Vec<Case>> {
+    let mut out = Vec::new();
+    for (name_new, name_est, vip, client, v6) in [
+        (
+            "DSR ipip: new flow (SYN), each a different flow",
+            "DSR ipip: established flow",
+            "10.100.0.2:80",
+            "10.0.1.2:40001",
+            false,
+        ),
+        (
+            "DSR gue: new flow (SYN), each a different flow",
+            "DSR gue: established flow",
+            "10.100.0.3:80",
+            "10.0.1.2:40002",
+            false,
+        ),
+        (
+            "IPv6 DSR ipip: new flow (SYN), each a different flow",
+            "IPv6 DSR ipip: established flow",
+            "[2001:db8:100::2]:80",
+            "[2001:db8:1::2]:40001",
+            true,
+        ),
+        (
+            "IPv6 DSR gue: new flow (SYN), each a different flow",
+            "IPv6 DSR gue: established flow",
+            "[2001:db8:100::3]:80",
+            "[2001:db8:1::2]:40002",
+            true,
+        ),
+    ] {
+        let syn = Packet::tcp(client, vip, TCP_SYN).build();
+        let r = run_once(net.dp.program(), &syn, net.vc)?;
+        if r.verdict != XDP_REDIRECT {
+            bail!("setup SYN to {vip}: {}", verdict_name(r.verdict));
+        }
+        let data = Packet::tcp(client, vip, TCP_ACK | TCP_PSH)
+            .payload(&[0x55; 64])
+            .build();
+        let flows = (0..n)
+            .map(|i| {
+                let port = 1024 + (i % 50000);
+                let c = if v6 {
+                    format!("[2001:db8:1::{:x}]:{port}", 0x100 + i / 50000)
+                } else {
+                    format!("10.0.1.{}:{port}", 100 + (i / 50000) as u8)
+                };
+                Packet::tcp(&c, vip, TCP_SYN).build()
+            })
+            .collect();
+        let (new_nat, est_nat) = if v6 { (7, 8) } else { (2, 4) };
+        out.push(Case::new(name_new, flows, net.vc, XDP_REDIRECT).nat(new_nat));
+        out.push(Case::new(name_est, vec![data], net.vc, XDP_REDIRECT).nat(est_nat));
+    }
+    Ok(out)
+}
+
 impl Case {
     fn new(name: &'static str, frames: Vec<Vec<u8>>, ingress: u32, verdict: u32) -> Self {
         Self {
@@ -223,12 +313,18 @@ impl Case {
             verdict,
             forget: None,
             ipv4: None,
+            nat: None,
             samples: Vec::new(),
         }
     }
 
     fn ipv4(mut self, case: usize) -> Self {
         self.ipv4 = Some(case);
+        self
+    }
+
+    fn nat(mut self, case: usize) -> Self {
+        self.nat = Some(case);
         self
     }
 
@@ -275,18 +371,19 @@ fn report(cases: &mut [Case], n: usize) -> String {
     );
     let _ = writeln!(
         out,
-        "| case | mean ns | median ns | mean / empty | median / empty | median / IPv4's |"
+        "| case | mean ns | median ns | mean / empty | median / empty | median / IPv4's | median / full NAT's |"
     );
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|");
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|");
     let medians: Vec<f64> = cases.iter_mut().map(|c| stats(&mut c.samples).1).collect();
     for case in cases.iter_mut() {
         let (mean, median) = stats(&mut case.samples);
-        let versus = case
-            .ipv4
-            .map_or(String::new(), |i| format!("{:.2}×", median / medians[i]));
+        let versus = |of: Option<usize>| {
+            of.map_or(String::new(), |i| format!("{:.2}×", median / medians[i]))
+        };
+        let (v4, nat) = (versus(case.ipv4), versus(case.nat));
         let _ = writeln!(
             out,
-            "| {} | {mean:.1} | {median:.0} | {:.2}× | {:.2}× | {versus} |",
+            "| {} | {mean:.1} | {median:.0} | {:.2}× | {:.2}× | {v4} | {nat} |",
             case.name,
             mean / base_mean,
             median / base_median
