@@ -146,7 +146,9 @@ fn too_big<F: Family>(
         unsafe { *slot = nh.mtu.saturating_sub(overhead) };
     }
     // SAFETY: the program array holds XDP programs of this object. A tail call returns only
-    // when the slot is empty, for a moment while lb loads.
+    // when the slot is empty, for a moment while lb loads. (Its result is a unit on the host,
+    // where this is only type-checked, and must be used on BPF.)
+    #[allow(clippy::let_unit_value)]
     let _ = unsafe { PROGS.tail_call(ctx, TOO_BIG_PROG) };
     Some((xdp_action::XDP_DROP, counter::DROP_TOO_BIG))
 }
