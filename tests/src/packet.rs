@@ -492,7 +492,11 @@ pub fn decapsulate(frame: &[u8], gue_port: u16) -> Option<Vec<u8>> {
     };
     let inner = frame.get(inner_at..)?;
     let mut out = frame[..l3].to_vec();
-    let ether_type: u16 = if inner.first()? >> 4 == 6 { 0x86dd } else { 0x0800 };
+    let ether_type: u16 = if inner.first()? >> 4 == 6 {
+        0x86dd
+    } else {
+        0x0800
+    };
     out[l3 - 2..l3].copy_from_slice(&ether_type.to_be_bytes());
     out.extend_from_slice(inner);
     Some(out)
