@@ -1,9 +1,13 @@
-//! The decapsulator's maps: written through a loaded object (whose maps are the pinned ones),
-//! read straight from their pins (`--stats` loads no program).
+//! The decapsulator's maps, the same whether they are reached through a loaded object (set-up,
+//! tests) or opened from their pins (`--stats` loads no program).
 
-use std::{borrow::Borrow, net::IpAddr, path::Path};
+use std::{
+    borrow::{Borrow, BorrowMut},
+    net::IpAddr,
+    path::Path,
+};
 
-use anyhow::Context as _;
+use anyhow::{Context as _, bail};
 use aya::{
     Ebpf,
     maps::{Array, HashMap, Map, MapData, PerCpuArray},
@@ -12,7 +16,6 @@ use lb_common::{Addr6, DecapParams, addr6, addr6_octets, decap_counter, decap_ma
 use tracing::info;
 
 use super::addrs;
-use crate::model::NamedCounter;
 
 /// Addresses taken out of the maps and put in by a write.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -21,83 +24,42 @@ pub struct Changed {
     pub added: Vec<IpAddr>,
 }
 
-/// Writes the parameters and makes the address maps hold exactly `wanted`, touching only the
-/// addresses that change.
-pub fn write(ebpf: &mut Ebpf, params: &DecapParams, wanted: &[IpAddr]) -> anyhow::Result<Changed> {
-    Array::<_, DecapParams>::try_from(map(ebpf, decap_map_name::PARAMS)?)?
-        .set(0, params, 0)
-        .context("writing the decapsulator's parameters")?;
-    // Taken out of the object (two at once): the program holds its own references to them.
-    let mut v4 = HashMap::<_, u32, u32>::try_from(take(ebpf, decap_map_name::ADDRS)?)?;
-    let mut v6 = HashMap::<_, Addr6, u32>::try_from(take(ebpf, decap_map_name::ADDRS6)?)?;
-    let current = addresses(&v4, &v6)?;
-    let (removed, added) = addrs::plan(&current, wanted);
-    // Removals first: the maps never need room for both sets.
-    for ip in &removed {
-        match ip {
-            IpAddr::V4(a) => v4.remove(&u32::from_ne_bytes(a.octets())),
-            IpAddr::V6(a) => v6.remove(&addr6(a.octets())),
+/// The maps, each as `T` (`MapData`, or a borrow of a loaded object's).
+pub struct Maps<T> {
+    params: Array<T, DecapParams>,
+    v4: HashMap<T, u32, u32>,
+    v6: HashMap<T, Addr6, u32>,
+    stats: PerCpuArray<T, u64>,
+}
+
+impl<'a> Maps<&'a mut MapData> {
+    /// The maps of a loaded object (pinned or not).
+    pub fn of(ebpf: &'a mut Ebpf) -> anyhow::Result<Self> {
+        let (mut params, mut v4, mut v6, mut stats) = (None, None, None, None);
+        for (name, map) in ebpf.maps_mut() {
+            match name {
+                decap_map_name::PARAMS => params = Some(map),
+                decap_map_name::ADDRS => v4 = Some(map),
+                decap_map_name::ADDRS6 => v6 = Some(map),
+                decap_map_name::STATS => stats = Some(map),
+                _ => {}
+            }
         }
-        .with_context(|| format!("removing {ip} from the decapsulator's addresses"))?;
+        let (Some(params), Some(v4), Some(v6), Some(stats)) = (params, v4, v6, stats) else {
+            bail!("a map of the decapsulator is missing from its XDP object");
+        };
+        Ok(Self {
+            params: params.try_into()?,
+            v4: v4.try_into()?,
+            v6: v6.try_into()?,
+            stats: stats.try_into()?,
+        })
     }
-    for ip in &added {
-        match ip {
-            IpAddr::V4(a) => v4.insert(&u32::from_ne_bytes(a.octets()), &1, 0),
-            IpAddr::V6(a) => v6.insert(&addr6(a.octets()), &1, 0),
-        }
-        .with_context(|| format!("adding {ip} to the decapsulator's addresses"))?;
-    }
-    info!(
-        gue_port = u16::from_be(params.gue_port),
-        flags = params.flags,
-        removed = ?removed,
-        added = ?added,
-        "decapsulator parameters and addresses written"
-    );
-    Ok(Changed { removed, added })
 }
 
-/// The addresses in the maps, IPv4 first, each family sorted.
-fn addresses<T: Borrow<MapData>>(
-    v4: &HashMap<T, u32, u32>,
-    v6: &HashMap<T, Addr6, u32>,
-) -> anyhow::Result<Vec<IpAddr>> {
-    let mut v4: Vec<IpAddr> = v4
-        .keys()
-        .map(|k| k.map(|a| IpAddr::from(a.to_ne_bytes())))
-        .collect::<Result<_, _>>()
-        .context("reading the IPv4 addresses")?;
-    let mut v6: Vec<IpAddr> = v6
-        .keys()
-        .map(|k| k.map(|a| IpAddr::from(addr6_octets(a))))
-        .collect::<Result<_, _>>()
-        .context("reading the IPv6 addresses")?;
-    v4.sort();
-    v6.sort();
-    v4.extend(v6);
-    Ok(v4)
-}
-
-fn map<'a>(ebpf: &'a mut Ebpf, name: &str) -> anyhow::Result<&'a mut Map> {
-    ebpf.map_mut(name)
-        .with_context(|| format!("map {name} missing from the XDP object"))
-}
-
-fn take(ebpf: &mut Ebpf, name: &str) -> anyhow::Result<Map> {
-    ebpf.take_map(name)
-        .with_context(|| format!("map {name} missing from the XDP object"))
-}
-
-/// The maps pinned in a directory, opened for reading.
-pub struct Pinned {
-    params: Array<MapData, DecapParams>,
-    v4: HashMap<MapData, u32, u32>,
-    v6: HashMap<MapData, Addr6, u32>,
-    stats: PerCpuArray<MapData, u64>,
-}
-
-impl Pinned {
-    pub fn open(dir: &Path) -> anyhow::Result<Self> {
+impl Maps<MapData> {
+    /// The maps pinned in `dir`.
+    pub fn pinned(dir: &Path) -> anyhow::Result<Self> {
         let open = |name: &str| -> anyhow::Result<Map> {
             let path = dir.join(name);
             let data = MapData::from_pin(&path)
@@ -111,29 +73,81 @@ impl Pinned {
             stats: open(decap_map_name::STATS)?.try_into()?,
         })
     }
+}
 
+impl<T: Borrow<MapData>> Maps<T> {
     pub fn params(&self) -> anyhow::Result<DecapParams> {
         self.params.get(&0, 0).context("reading the parameters")
     }
 
     /// The addresses of strict destination, IPv4 first, each family sorted.
     pub fn addresses(&self) -> anyhow::Result<Vec<IpAddr>> {
-        addresses(&self.v4, &self.v6)
+        let mut v4: Vec<IpAddr> = self
+            .v4
+            .keys()
+            .map(|k| k.map(|a| IpAddr::from(a.to_ne_bytes())))
+            .collect::<Result<_, _>>()
+            .context("reading the IPv4 addresses")?;
+        let mut v6: Vec<IpAddr> = self
+            .v6
+            .keys()
+            .map(|k| k.map(|a| IpAddr::from(addr6_octets(a))))
+            .collect::<Result<_, _>>()
+            .context("reading the IPv6 addresses")?;
+        v4.sort();
+        v6.sort();
+        v4.extend(v6);
+        Ok(v4)
     }
 
-    /// Every counter, summed over CPUs, in [`decap_counter::NAMES`] order.
-    pub fn counters(&self) -> anyhow::Result<Vec<NamedCounter>> {
-        (0..decap_counter::COUNT)
-            .map(|i| {
-                let per_cpu = self
-                    .stats
-                    .get(&i, 0)
-                    .with_context(|| format!("reading counter {i}"))?;
-                Ok(NamedCounter {
-                    name: decap_counter::NAMES[i as usize].to_owned(),
-                    value: per_cpu.iter().sum(),
-                })
-            })
-            .collect()
+    /// Every counter summed over CPUs, indexed like [`decap_counter`].
+    pub fn counters(&self) -> anyhow::Result<Vec<u64>> {
+        counters(&self.stats)
     }
+}
+
+impl<T: BorrowMut<MapData>> Maps<T> {
+    /// Writes the parameters and makes the address maps hold exactly `wanted`, touching only
+    /// the addresses that change.
+    pub fn write(&mut self, params: &DecapParams, wanted: &[IpAddr]) -> anyhow::Result<Changed> {
+        self.params
+            .set(0, params, 0)
+            .context("writing the decapsulator's parameters")?;
+        let (removed, added) = addrs::plan(&self.addresses()?, wanted);
+        // Removals first: the maps never need room for both sets.
+        for ip in &removed {
+            match ip {
+                IpAddr::V4(a) => self.v4.remove(&u32::from_ne_bytes(a.octets())),
+                IpAddr::V6(a) => self.v6.remove(&addr6(a.octets())),
+            }
+            .with_context(|| format!("removing {ip} from the decapsulator's addresses"))?;
+        }
+        for ip in &added {
+            match ip {
+                IpAddr::V4(a) => self.v4.insert(&u32::from_ne_bytes(a.octets()), &1, 0),
+                IpAddr::V6(a) => self.v6.insert(&addr6(a.octets()), &1, 0),
+            }
+            .with_context(|| format!("adding {ip} to the decapsulator's addresses"))?;
+        }
+        info!(
+            gue_port = u16::from_be(params.gue_port),
+            flags = params.flags,
+            removed = ?removed,
+            added = ?added,
+            "decapsulator parameters and addresses written"
+        );
+        Ok(Changed { removed, added })
+    }
+}
+
+/// The counters of `stats` summed over CPUs, indexed like [`decap_counter`].
+pub fn counters<T: Borrow<MapData>>(stats: &PerCpuArray<T, u64>) -> anyhow::Result<Vec<u64>> {
+    (0..decap_counter::COUNT)
+        .map(|i| {
+            let per_cpu = stats
+                .get(&i, 0)
+                .with_context(|| format!("reading counter {i}"))?;
+            Ok(per_cpu.iter().sum())
+        })
+        .collect()
 }

@@ -8,6 +8,7 @@
 mod addrs;
 mod links;
 mod maps;
+mod object;
 mod pins;
 mod report;
 
@@ -17,22 +18,17 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use aya::{EbpfLoader, programs::Xdp};
-use lb_common::{DECAP_MAPS, DECAP_PROGRAM_NAME, DecapParams, decap_flags};
+use lb_common::{decap_counter, decap_flags};
 use tracing::warn;
 
 pub use addrs::Destinations;
+pub use object::{Unpinned, object};
 pub use report::{DecapInterface, DecapStatus};
 
-use crate::config::XdpMode;
+use crate::{config::XdpMode, model::NamedCounter};
 
 /// Where `lb decap` pins its links and maps unless told otherwise.
 pub const DEFAULT_PIN_PATH: &str = "/sys/fs/bpf/lb-decap";
-
-/// The decapsulator's XDP object built by build.rs (empty when built with LB_EBPF_STUB=1).
-pub fn object() -> &'static [u8] {
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lb-decap"))
-}
 
 /// A request that cannot be carried out as given (exit code 2, as clap's own usage errors).
 #[derive(Debug, thiserror::Error)]
@@ -58,12 +54,7 @@ pub fn setup(req: &Setup) -> anyhow::Result<()> {
         crate::config::host::local_addresses().context("reading this host's addresses")
     })?;
     let targets = links::resolve(&req.interfaces)?;
-    if object().is_empty() {
-        bail!(
-            "this lb was built with LB_EBPF_STUB=1 and has no XDP program: rebuild it with \
-             `cargo xtask build`"
-        );
-    }
+    object::check_built()?;
     let dir = pins::PinDir::create(&req.pin_path)?;
     let fresh = dir.is_empty()?;
     let result = apply(req, &dir, &targets, &wanted);
@@ -74,8 +65,8 @@ pub fn setup(req: &Setup) -> anyhow::Result<()> {
         }
     } else if result.is_err() {
         eprintln!(
-            "lb decap: the set-up pinned at {} before this command stays as it was, except \
-             for what the lines above say was done",
+            "lb decap: the decapsulator already pinned at {} keeps running; the log lines \
+             above say what this command changed before it failed",
             req.pin_path.display()
         );
     }
@@ -100,34 +91,12 @@ fn apply(
     targets: &[links::Target],
     wanted: &[IpAddr],
 ) -> anyhow::Result<report::Done> {
-    let mut loader = EbpfLoader::new();
-    for name in DECAP_MAPS {
-        loader.map_pin_path(name, dir.path().join(name));
-    }
-    let mut ebpf = loader
-        .load(object())
-        .map_err(|e| pins::load_error(e, dir.path()))?;
-    let prog: &mut Xdp = ebpf
-        .program_mut(DECAP_PROGRAM_NAME)
-        .with_context(|| format!("program {DECAP_PROGRAM_NAME} missing from the XDP object"))?
-        .try_into()?;
-    prog.load()
-        .with_context(|| format!("the kernel rejected XDP program {DECAP_PROGRAM_NAME}"))?;
-    let params = DecapParams {
-        gue_port: req.gue_port.to_be(),
-        flags: match req.destinations {
-            Destinations::Any => decap_flags::ANY_DESTINATION,
-            _ => 0,
-        },
-        _pad: 0,
-    };
+    let mut ebpf = object::load(Some(dir.path()))?;
+    let params = object::params(req.gue_port, &req.destinations);
     // The maps first: the program already on pinned links reads them too, so the new
     // parameters and addresses apply at once, and a program attached below finds them set.
-    let changed = maps::write(&mut ebpf, &params, wanted)?;
-    let prog: &mut Xdp = ebpf
-        .program_mut(DECAP_PROGRAM_NAME)
-        .context("program missing")?
-        .try_into()?;
+    let changed = maps::Maps::of(&mut ebpf)?.write(&params, wanted)?;
+    let prog = object::program_mut(&mut ebpf)?;
     let mut attached = Vec::new();
     for target in targets {
         attached.push(links::attach(prog, dir.path(), target, req.xdp_mode)?);
@@ -180,7 +149,7 @@ pub fn status(pin_path: &Path) -> anyhow::Result<DecapStatus> {
             pins::absent(pin_path)
         );
     };
-    let pinned = maps::Pinned::open(dir.path())?;
+    let pinned = maps::Maps::pinned(dir.path())?;
     let params = pinned.params()?;
     Ok(DecapStatus {
         pin_path: pin_path.display().to_string(),
@@ -188,7 +157,15 @@ pub fn status(pin_path: &Path) -> anyhow::Result<DecapStatus> {
         strict: params.flags & decap_flags::ANY_DESTINATION == 0,
         addresses: pinned.addresses()?,
         interfaces: links::list(dir.path())?,
-        counters: pinned.counters()?,
+        counters: pinned
+            .counters()?
+            .into_iter()
+            .zip(decap_counter::NAMES)
+            .map(|(value, name)| NamedCounter {
+                name: name.to_owned(),
+                value,
+            })
+            .collect(),
     })
 }
 

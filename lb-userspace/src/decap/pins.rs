@@ -135,13 +135,16 @@ pub fn absent(path: &Path) -> String {
 }
 
 /// A load error; a pinned map that does not fit this object names the way out.
-pub fn load_error(e: EbpfError, dir: &Path) -> anyhow::Error {
-    if let EbpfError::MapError(MapError::IncompatiblePinnedMap {
-        name,
-        property,
-        expected,
-        actual,
-    }) = &e
+pub fn load_error(e: EbpfError, dir: Option<&Path>) -> anyhow::Error {
+    if let (
+        EbpfError::MapError(MapError::IncompatiblePinnedMap {
+            name,
+            property,
+            expected,
+            actual,
+        }),
+        Some(dir),
+    ) = (&e, dir)
     {
         let msg = format!(
             "map {name} pinned in {} has {property} {actual} where this lb decap needs \
