@@ -445,3 +445,26 @@ fn mistakes_are_refused_with_the_fix() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("lb decap --interface IF"), "{err}");
 }
+
+/// What `hold_vip` promises: the backend takes the VIP's packets but never answers ARP or
+/// neighbour solicitations for it (lb holds it on the network), while it still answers for its
+/// own address.
+#[test]
+fn the_vip_is_not_announced() {
+    let n = net();
+    let link = n.lb_backend_side.ifname.as_str();
+    // Routes that make lb ask the link for the VIPs themselves, not for the backend.
+    n.lb.ip(&["route", "replace", VIP4, "dev", link]).unwrap();
+    n.lb.ip(&["-6", "route", "replace", VIP6, "dev", link])
+        .unwrap();
+    for (vip, own) in [(VIP4, "10.0.1.2"), (VIP6, "fd00:1::2")] {
+        let asked = n.lb.exec(&["ping", "-c", "2", "-W", "1", vip]).unwrap();
+        assert!(!asked.status.success(), "{vip} answered");
+        let own_ok = n.lb.exec(&["ping", "-c", "1", "-W", "2", own]).unwrap();
+        assert!(own_ok.status.success(), "{own} did not answer");
+        let neigh = n.lb.ip(&["neigh", "show", vip]).unwrap();
+        assert!(!neigh.contains("lladdr"), "{vip} resolved: {neigh}");
+        let neigh = n.lb.ip(&["neigh", "show", own]).unwrap();
+        assert!(neigh.contains("lladdr"), "{own} not resolved: {neigh}");
+    }
+}
