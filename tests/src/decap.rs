@@ -1,6 +1,15 @@
 //! The backend's side of direct server return in a namespace: the real `lb decap` attached to a
 //! backend's interfaces with a pin directory of its own ([`DecapGuard`], which always removes
-//! it), and a VIP held on `lo` the way a DSR backend holds it ([`hold_vip`]).
+//! it), and a VIP held on `lo` the way a DSR backend holds it ([`hold_vip`]). A backend for a
+//! DSR test, in short:
+//!
+//! ```text
+//! hold_vip(&backend_ns, vip)?;
+//! let _servers = servers::start(&backend_ns, SocketAddr::new(vip, 80), "b1")?;
+//! let decap = DecapGuard::start(&backend_ns, &[&backend_port.ifname], &[])?;
+//! // ... traffic through lb with forwarding mode ipip or gue ...
+//! assert!(decap.stats()?.counter("decap_ipip") > 0);
+//! ```
 
 use std::{
     net::IpAddr,

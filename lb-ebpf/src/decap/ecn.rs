@@ -2,7 +2,8 @@
 //! router between the balancer and this host may have marked the outer header CE (congestion
 //! experienced); the mark is copied into an ECN-capable inner packet, so that its transport
 //! sees it. Around a packet that is not ECN-capable the mark stands for a drop, which it
-//! becomes. Other outer ECN values change nothing.
+//! becomes. Other outer ECN values change nothing (RFC 6040 would also turn an inner ECT(0)
+//! into the outer ECT(1); Linux does not, nor does this).
 
 use core::ops::ControlFlow::{self, Break, Continue};
 

@@ -47,7 +47,7 @@ fn drop(counter: u32) -> Verdict {
     (xdp_action::XDP_DROP, counter)
 }
 
-pub const ETH_HLEN: usize = 14;
+const ETH_HLEN: usize = 14;
 const VLAN_HLEN: usize = 4;
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;

@@ -73,6 +73,9 @@ pub fn attach(
         config::XdpMode::Skb => (attach_mode(prog, target, XdpMode::Skb)?, XdpMode::Skb),
         config::XdpMode::Native => {
             let id = attach_mode(prog, target, XdpMode::Driver).map_err(|e| {
+                if busy(&e) {
+                    return e;
+                }
                 anyhow!(
                     "{e:#}\nhint: the driver of {iface} may not support native XDP; use \
                      --xdp-mode skb (or auto)"
