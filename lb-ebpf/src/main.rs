@@ -17,7 +17,7 @@ mod maps;
 mod nat;
 mod parse;
 mod passive;
-mod ptr;
+use lb_ebpf::ptr; // shared with the decapsulator: lb-ebpf's library
 mod ratelimit;
 mod snat;
 mod stats;
