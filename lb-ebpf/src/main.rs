@@ -15,6 +15,7 @@ mod icmp;
 mod icmp6;
 mod maps;
 mod nat;
+mod outer;
 mod parse;
 mod passive;
 use lb_ebpf::ptr; // shared with the decapsulator: lb-ebpf's library
@@ -23,6 +24,7 @@ mod snat;
 mod stats;
 mod table;
 mod toobig;
+mod verdict;
 
 #[cfg(target_arch = "bpf")]
 mod prog {
