@@ -288,12 +288,17 @@ pub async fn status(api: ApiArgs, service: Option<String>) -> anyhow::Result<()>
         return Ok(());
     }
     for s in &status.services {
+        // The forwarding mode only when it is not the default full NAT.
+        let dsr = if s.forwarding == "nat" {
+            String::new()
+        } else {
+            format!(" {}", s.forwarding)
+        };
         println!(
-            "{}  {} {} {}  {}  check {}  {}/{} backends available{}",
+            "{}  {} {}{dsr}  {}  check {}  {}/{} backends available{}",
             s.name,
             s.vip,
             s.protocol,
-            s.forwarding,
             s.state.as_str(),
             s.check,
             s.available_backends,
