@@ -66,6 +66,8 @@ fn main() -> ExitCode {
             address,
             api,
         } => block_on(cli::backend(api, action, service, address)),
+        Command::DrainHost { api } => block_on(cli::host(api, true)),
+        Command::UndrainHost { api } => block_on(cli::host(api, false)),
         Command::Reload { api } => block_on(cli::reload(api)),
         Command::Stop { pin_path, api } => block_on(cli::stop(api, pin_path)),
         Command::Stats { api } => block_on(cli::stats(api)),
