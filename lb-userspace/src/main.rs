@@ -25,6 +25,9 @@ fn main() -> ExitCode {
             return match config::load_for_host(&file) {
                 Ok(c) => {
                     println!("{}: ok ({} services)", file.display(), c.services.len());
+                    if let Some(a) = &c.lb.announce {
+                        println!("  announcing VIPs: {}", a.describe());
+                    }
                     for s in &c.services {
                         match s.check.windows() {
                             Some((fail, ok)) => println!(
