@@ -11,7 +11,8 @@
 //! restart; a reload changes the services' settings, not the table; a restart (SIGTERM, then
 //! `lb run` on the pinned datapath) keeps the routes without a withdraw in between; `lb stop`
 //! withdraws while lb still runs and forwards, then stops after the grace period; after kill -9
-//! the routes stay (and traffic flows), and `lb stop` without a daemon withdraws them.
+//! the routes stay (and traffic flows), and `lb stop` without a daemon withdraws them; with
+//! docs/bird.conf's BFD a host gone silent leaves the router's table within a second.
 
 use std::{
     net::{IpAddr, SocketAddr},
@@ -704,5 +705,33 @@ fn drain_restart_and_stop() {
     wait_all(false, Duration::from_secs(2));
     assert!(!Path::new(&pin.0).exists(), "pins left");
     assert!(lb_routes(&bed.sb.lb).is_empty());
+    drop(daemon);
+
+    // docs/bird.conf's BFD: a host gone silent (its namespace drops everything both ways, so
+    // no withdrawal can leave it) is out of the router's table well before BGP's 3 s hold time.
+    let daemon = Daemon::start_pinned(&bed.sb.lb, &text).expect("lb for the silent host");
+    wait_all(true, Duration::from_secs(5));
+    let lb_ns = &bed.sb.lb;
+    lb_ns.input_chain("drop").unwrap();
+    let start = unix_now();
+    lb_ns
+        .nft(&[
+            "add",
+            "chain",
+            "inet",
+            "lbt",
+            "out",
+            "{ type filter hook output priority 0; policy drop; }",
+        ])
+        .unwrap();
+    let gone = routes
+        .wait(ip(WEB), false, Duration::from_secs(5))
+        .expect("the router drops a silent host's routes");
+    eprintln!(
+        "silent host: gone at the router after {:.0} ms (BFD 100 ms x 3; hold time 3 s)",
+        (gone - start) * 1e3
+    );
+    assert!(gone - start < 1.0, "{:.2} s: BFD did not act", gone - start);
+    lb_ns.clear_input_chain().unwrap();
     drop(daemon);
 }
