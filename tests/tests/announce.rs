@@ -6,7 +6,8 @@
 //!
 //! Measured and checked: a VIP whose backends all die is withdrawn at the router within 1 s of
 //! the daemon's verdict (each round printed, with min/median/max), and announced again when one
-//! comes back; `always` stays, `never` never appears; drain-host withdraws and lb keeps
+//! comes back; `always` stays, `never` never appears; the status page (Chromium) follows without
+//! a reload; drain-host withdraws and lb keeps
 //! forwarding, undrain-host announces again, and a drained host stays drained across a
 //! restart; a reload changes the services' settings, not the table; a restart (SIGTERM, then
 //! `lb run` on the pinned datapath) keeps the routes without a withdraw in between; `lb stop`
@@ -30,6 +31,7 @@ use lb_tests::{
     routewatch::RouteWatch,
     servers,
     topology::{Arms, Sandbox},
+    webcheck::Browser,
 };
 
 const TABLE: u32 = 200;
@@ -468,6 +470,55 @@ fn health_moves_the_route_at_the_router() {
         );
     }
     assert!(greeting(&router, WEB).starts_with("backend-"));
+
+    // The status page follows without a reload: the banner's VIP and the host's line.
+    let mut page = Browser::open(
+        Some(&bed.sb.lb),
+        "http://127.0.0.1:9090/v1/healthcheck",
+        1200,
+        900,
+    )
+    .expect("chromium");
+    let banner = "document.querySelector('table[data-service=web]').closest('section').querySelector('[data-f=announce]').textContent";
+    page.wait_for(
+        &format!("Number(document.body.dataset.updates) >= 1 && {banner} === 'VIP announced'"),
+        Duration::from_secs(20),
+    )
+    .expect("the banner says the VIP is announced");
+    for i in 0..bed.sb.backends.len() {
+        bed.sb.stop_backend(i);
+    }
+    routes
+        .wait(ip(WEB), false, Duration::from_secs(5))
+        .expect("withdrawn");
+    let host = page
+        .wait_for(
+            &format!("{banner} === 'VIP withdrawn' && document.getElementById('host').textContent"),
+            Duration::from_secs(5),
+        )
+        .expect("the banner follows the withdrawal");
+    assert_eq!(
+        host, "Host: announcing — 1 of 4 VIPs announced (table 200)",
+        "the host's line"
+    );
+    let listed = page
+        .eval("document.getElementById('events').textContent")
+        .unwrap();
+    assert!(
+        listed
+            .as_str()
+            .unwrap_or_default()
+            .contains("VIP 10.100.0.1 announced → withdrawn (announce: web: 0 of 2"),
+        "{listed}"
+    );
+    drop(page);
+    for i in 0..bed.sb.backends.len() {
+        bed.sb.start_backend(i).unwrap();
+    }
+    routes
+        .wait(ip(WEB), true, Duration::from_secs(5))
+        .expect("announced again");
+
     // `never` was never announced, anywhere.
     assert!(routes.changes_of(ip(NEVER)).is_empty());
     assert!(!lb_routes(&bed.sb.lb).contains(&ip(NEVER)));
