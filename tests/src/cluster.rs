@@ -91,6 +91,11 @@ impl Cluster {
         router.sysctl("net/ipv4/ip_forward", "1")?;
         // The L4 hash: flows of one client spread over the hosts by their ports.
         router.sysctl("net/ipv4/fib_multipath_hash_policy", "1")?;
+        // Direct server return's replies come from the VIPs over the backends' link, while the
+        // VIPs are routed to the hosts: no reverse path filter.
+        for key in ["all", "default"] {
+            router.sysctl(&format!("net/ipv4/conf/{key}/rp_filter"), "0")?;
+        }
         veth(&client, "10.1.0.2/24", &router, "10.1.0.1/24")?;
         client.ip(&["route", "add", "default", "via", "10.1.0.1"])?;
         switch.ip(&["link", "add", "br0", "type", "bridge"])?;
@@ -209,6 +214,44 @@ impl Cluster {
         self.servers[i].clear();
     }
 
+    /// Starts backend `i`'s servers again (its own address and the VIPs it holds).
+    pub fn start_backend(&mut self, i: usize) -> anyhow::Result<()> {
+        let b = &self.backends[i];
+        let mut list = vec![servers::start(
+            &b.ns,
+            std::net::SocketAddr::new(b.addr.into(), self.port),
+            &b.name,
+        )?];
+        for vip in &self.vips {
+            list.push(servers::start(
+                &b.ns,
+                std::net::SocketAddr::new(*vip, self.port),
+                &b.name,
+            )?);
+        }
+        self.servers[i] = list;
+        Ok(())
+    }
+
+    /// An lb config for host `i`: `[lb]` on its two links, announcing into [`ANNOUNCE_TABLE`]
+    /// with `grace`, and `services` (TOML) after it.
+    pub fn lb_config(&self, i: usize, grace: &str, services: &str) -> String {
+        format!(
+            "[lb]\ninterfaces = [{}]\nxdp_mode = \"native\"\nconntrack = {{ size = 65536 }}\n\n\
+             [lb.announce]\ntable = {ANNOUNCE_TABLE}\ngrace = \"{grace}\"\n\n{services}",
+            self.hosts[i].interfaces_toml()
+        )
+    }
+
+    /// Every backend at `port` as TOML inline tables.
+    pub fn backends_toml(&self) -> String {
+        self.backends
+            .iter()
+            .map(|b| format!("{{ address = \"{}:{}\" }}", b.addr, self.port))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// The next hops the router's kernel has for `vip` (its hosts' uplink addresses).
     pub fn nexthops(&self, vip: Ipv4Addr) -> anyhow::Result<Vec<Ipv4Addr>> {
         let out = self.router.ip(&["route", "show", &format!("{vip}/32")])?;
@@ -275,7 +318,7 @@ fn router_config(hosts: usize) -> String {
          protocol bfd { interface \"*\" { interval 100 ms; multiplier 3; }; }\n\
          protocol kernel { ipv4 { import none; export all; }; merge paths on; }\n\
          template bgp lbhost { local as 65000; hold time 3; keepalive time 1; \
-         connect delay time 1; connect retry time 1; bfd on; \
+         connect delay time 1; connect retry time 1; error wait time 1, 10; bfd on; \
          ipv4 { import all; export none; }; }\n"
         .to_owned();
     for i in 0..hosts {
