@@ -18,6 +18,7 @@ mod params;
 mod services;
 mod signals;
 mod tables;
+mod tunnel;
 
 pub use addrs::*;
 pub use counters::*;
@@ -28,3 +29,4 @@ pub use params::*;
 pub use services::*;
 pub use signals::*;
 pub use tables::*;
+pub use tunnel::*;

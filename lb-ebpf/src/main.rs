@@ -23,10 +23,15 @@ mod snat;
 mod stats;
 mod table;
 mod toobig;
+mod tunnel;
 
 #[cfg(target_arch = "bpf")]
 mod prog {
-    use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
+    use aya_ebpf::{
+        bindings::xdp_action,
+        macros::{classifier, xdp},
+        programs::{TcContext, XdpContext},
+    };
     use lb_common::{ICMP_PROG, ICMP6_PROG, XDP6_PROG, addr_flags, counter};
 
     use crate::{
@@ -34,7 +39,7 @@ mod prog {
         flow, icmp, icmp6,
         maps::PROGS,
         parse::{self, ETH_P_IP, ETH_P_IPV6, Parsed},
-        stats, toobig,
+        stats, toobig, tunnel,
     };
 
     /// The balancer. Every packet ends in exactly one verdict counter.
@@ -104,6 +109,14 @@ mod prog {
         action
     }
 
+    /// TC egress of lb's interfaces: health probes through the tunnel leave encapsulated (see
+    /// tunnel.rs); every other packet passes at once. Frames the balancer sends (XDP_TX,
+    /// redirects) never come this way.
+    #[classifier]
+    pub fn lb_probe_encap(ctx: TcContext) -> i32 {
+        tunnel::egress(&ctx)
+    }
+
     /// Does nothing: the benchmark baseline and the peer program native veth XDP needs.
     #[xdp]
     pub fn lb_pass(_ctx: XdpContext) -> u32 {
@@ -113,7 +126,11 @@ mod prog {
     /// A parsed IP packet of family `F` to its verdict; ICMP for lb's addresses goes to the
     /// family's handler program `icmp_prog`.
     #[inline(always)]
-    fn classify<F: Family>(ctx: &XdpContext, parsed: Parsed<F::A>, icmp_prog: u32) -> (u32, u32) {
+    fn classify<F: tunnel::Probed>(
+        ctx: &XdpContext,
+        parsed: Parsed<F::A>,
+        icmp_prog: u32,
+    ) -> (u32, u32) {
         let flow = match parsed {
             Parsed::Malformed { daddr } => {
                 return odd_packet::<F>(daddr, counter::PASS_MALFORMED, counter::DROP_MALFORMED);
@@ -151,6 +168,10 @@ mod prog {
         }
         if flags & addr_flags::SNAT != 0 {
             if let Some(v) = flow::reply::<F>(ctx, &flow) {
+                return v;
+            }
+            // No flow's reply: perhaps a through-tunnel probe's, from a VIP (see tunnel.rs).
+            if let Some(v) = tunnel::reply::<F>(ctx, &flow) {
                 return v;
             }
         }
