@@ -567,6 +567,13 @@ fn read_service(f: &Fields) -> Option<Service> {
             ),
         );
     }
+    if service.check.through_tunnel && !service.forwarding.is_dsr() {
+        f.problems().push(
+            f.path("check.through_tunnel"),
+            "only with direct server return (forwarding = \"ipip\" or \"gue\"): under full \
+             NAT the traffic goes to the backend's own address, which the probes check already",
+        );
+    }
     // A service is one family, its VIP's: the datapath rewrites addresses in place.
     let vip_family = family(service.vip.ip());
     if let Some(snat) = service.snat_address
