@@ -1,7 +1,8 @@
-//! Builds the XDP object (lb-ebpf) with the pinned nightly and the project-local bpf-linker, into
-//! OUT_DIR, where `dataplane::object()` includes it.
+//! Builds the XDP objects (lb-ebpf's binaries: the balancer `lb-xdp`, the decapsulator
+//! `lb-decap`) with the pinned nightly and the project-local bpf-linker, into OUT_DIR, where
+//! `dataplane::object()` and `decap::object()` include them.
 //!
-//! `LB_EBPF_STUB=1` writes an empty object instead, so that `cargo check` / `clippy` work without
+//! `LB_EBPF_STUB=1` writes empty objects instead, so that `cargo check` / `clippy` work without
 //! the eBPF toolchain; loading such a build fails with a message saying so.
 
 use std::{env, fs, path::PathBuf};
@@ -13,6 +14,7 @@ fn main() -> anyhow::Result<()> {
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
     if env::var_os("LB_EBPF_STUB").is_some_and(|v| v == "1") {
         fs::write(out_dir.join("lb-xdp"), b"")?;
+        fs::write(out_dir.join("lb-decap"), b"")?;
         return Ok(());
     }
 

@@ -10,30 +10,33 @@ pub struct TrafficStats {
     pub new_flows: u64,
 }
 
+/// Declares, in the module it is invoked in, each counter's index (in list order), `NAMES`,
+/// `VERDICTS` and `COUNT`: the balancer's [`counter`] and the decapsulator's
+/// [`decap_counter`](crate::decap_counter) are both written with it.
+macro_rules! counters {
+    (
+        verdicts { $($(#[doc = $vd:literal])* $v:ident = $vn:literal,)* }
+        informational { $($(#[doc = $id:literal])* $i:ident = $in:literal,)* }
+    ) => {
+        #[allow(non_camel_case_types, clippy::upper_case_acronyms, dead_code)]
+        #[repr(u32)]
+        enum Index { $($v,)* $($i,)* Count }
+        $( $(#[doc = $vd])* pub const $v: u32 = Index::$v as u32; )*
+        $( $(#[doc = $id])* pub const $i: u32 = Index::$i as u32; )*
+        /// Number of verdict counters: indices below are verdicts.
+        pub const VERDICTS: u32 = [$($vn),*].len() as u32;
+        /// Size of the per-CPU array of these counters.
+        pub const COUNT: u32 = Index::Count as u32;
+        /// Stable names, indexed like the constants (status output and metrics).
+        pub const NAMES: [&str; COUNT as usize] = [$($vn,)* $($in,)*];
+    };
+}
+pub(crate) use counters;
+
 /// Indices into the `STATS` per-CPU array. Every packet increments exactly one verdict counter
 /// (those below [`counter::VERDICTS`]); the informational counters after it are extra. Indices
-/// and names come from one list (the `counters!` macro in it), so they cannot drift apart.
+/// and names come from one list (the `counters!` macro), so they cannot drift apart.
 pub mod counter {
-    /// Declares each counter's index (in list order), [`NAMES`], [`VERDICTS`] and [`COUNT`].
-    macro_rules! counters {
-        (
-            verdicts { $($(#[doc = $vd:literal])* $v:ident = $vn:literal,)* }
-            informational { $($(#[doc = $id:literal])* $i:ident = $in:literal,)* }
-        ) => {
-            #[allow(non_camel_case_types, clippy::upper_case_acronyms, dead_code)]
-            #[repr(u32)]
-            enum Index { $($v,)* $($i,)* Count }
-            $( $(#[doc = $vd])* pub const $v: u32 = Index::$v as u32; )*
-            $( $(#[doc = $id])* pub const $i: u32 = Index::$i as u32; )*
-            /// Number of verdict counters: indices below are verdicts.
-            pub const VERDICTS: u32 = [$($vn),*].len() as u32;
-            /// Size of the `STATS` array.
-            pub const COUNT: u32 = Index::Count as u32;
-            /// Stable names, indexed like the constants (status output and metrics).
-            pub const NAMES: [&str; COUNT as usize] = [$($vn,)* $($in,)*];
-        };
-    }
-
     counters! {
         verdicts {
             /// Neither IPv4 nor IPv6 (ARP, a second VLAN tag, ...): passed.

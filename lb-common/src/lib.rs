@@ -11,6 +11,7 @@
 
 mod addrs;
 mod counters;
+mod decap;
 mod encap;
 mod flow;
 mod maps;
@@ -22,6 +23,7 @@ mod tunnel;
 
 pub use addrs::*;
 pub use counters::*;
+pub use decap::*;
 pub use encap::*;
 pub use flow::*;
 pub use maps::*;

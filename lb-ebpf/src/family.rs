@@ -16,11 +16,11 @@ use network_types::{ip::Ipv4Hdr, ip::Ipv6Hdr};
 
 use crate::{
     csum::{diff16, diff32, update},
-    encap,
     maps::{
         ADDRS, ADDRS6, BACKENDS, BACKENDS6, CONNTRACK, CONNTRACK6, NAT, NAT6, SEARCH, SEARCH6,
         SERVICES, SERVICES6, SnatSearch,
     },
+    outer,
     ptr::{ptr_at_mut, store_addr6},
 };
 
@@ -184,7 +184,7 @@ impl Family for V4 {
         proto: u8,
         _hash: u64,
     ) -> Option<u16> {
-        encap::outer_v4(data, data_end, offs, addrs, proto)
+        outer::outer_v4(data, data_end, offs, addrs, proto)
     }
     /// IPv4's UDP checksum may be 0 (none), which spares reading anything.
     #[inline(always)]
@@ -288,7 +288,7 @@ impl Family for V6 {
         proto: u8,
         hash: u64,
     ) -> Option<u16> {
-        encap::outer_v6(
+        outer::outer_v6(
             data,
             data_end,
             offs.0,
@@ -308,6 +308,6 @@ impl Family for V6 {
         dport: u16,
         udp_len: u16,
     ) -> Option<u16> {
-        encap::gue_checksum_v6(data, data_end, inner_off, addr_sum, sport, dport, udp_len)
+        outer::gue_checksum_v6(data, data_end, inner_off, addr_sum, sport, dport, udp_len)
     }
 }

@@ -17,17 +17,15 @@ use crate::{
     clock, encap,
     family::Family,
     fib,
-    maps::{PROGS, RINGS, SYN_RATE, TOO_BIG, TX_PORTS, params},
+    maps::{PROGS, RINGS, SYN_RATE, TOO_BIG, params},
     nat::{self, Rewrite},
     parse::{Flow, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     passive,
     ptr::ptr_at,
     ratelimit, snat, stats,
     table::{ct_find, ct_live, ct_store, nat_find},
+    verdict::{Verdict, send_out},
 };
-
-/// (XDP action, verdict counter).
-pub type Verdict = (u32, u32);
 
 /// How often an active flow refreshes its timestamp.
 const REFRESH_NS: u64 = 1_000_000_000;
@@ -146,7 +144,9 @@ fn too_big<F: Family>(
         unsafe { *slot = nh.mtu.saturating_sub(overhead) };
     }
     // SAFETY: the program array holds XDP programs of this object. A tail call returns only
-    // when the slot is empty, for a moment while lb loads.
+    // when the slot is empty, for a moment while lb loads. (Its result is a unit on the host,
+    // where this is only type-checked, and must be used on BPF.)
+    #[allow(clippy::let_unit_value)]
     let _ = unsafe { PROGS.tail_call(ctx, TOO_BIG_PROG) };
     Some((xdp_action::XDP_DROP, counter::DROP_TOO_BIG))
 }
@@ -412,17 +412,4 @@ fn transmit<F: Family>(
         return (xdp_action::XDP_DROP, counter::DROP_MALFORMED);
     }
     send_out(ctx, ifindex)
-}
-
-/// Sends the (rewritten) frame out of `ifindex`: XDP_TX when that is where it came in,
-/// XDP_REDIRECT through the devmap otherwise.
-#[inline(always)]
-pub fn send_out(ctx: &XdpContext, ifindex: u32) -> Verdict {
-    if ifindex == ctx.ingress_ifindex() as u32 {
-        return (xdp_action::XDP_TX, counter::FWD_TX);
-    }
-    match TX_PORTS.redirect(ifindex, 0) {
-        Ok(action) => (action, counter::FWD_REDIRECT),
-        Err(_) => (xdp_action::XDP_DROP, counter::DROP_NO_ROUTE),
-    }
 }

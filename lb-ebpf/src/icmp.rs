@@ -28,13 +28,13 @@ use crate::{
     encap,
     family::{V4, lookup_addr},
     fib,
-    flow::{Verdict, send_out},
     maps::{BACKENDS, ICMP_RATE, params},
     parse::{self, ETH_P_IP, Parsed},
     passive,
     ptr::{ptr_at_mut, ptr_at_mut_checked, read_at},
     ratelimit, stats,
     table::{ct_find, ct_live, nat_find},
+    verdict::{Verdict, send_out},
 };
 
 type Icmp = parse::Icmp<u32>;

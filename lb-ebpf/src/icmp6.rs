@@ -23,7 +23,6 @@ use crate::{
     encap,
     family::{Family, V6, lookup_addr},
     fib,
-    flow::{Verdict, send_out},
     icmp::{field, take_token},
     maps::params,
     parse::{self, ETH_P_IPV6, PROTO_ICMPV6, Parsed},
@@ -31,6 +30,7 @@ use crate::{
     ptr::{ptr_at, ptr_at_mut, ptr_at_mut_checked, read_at, read_at_checked},
     stats,
     table::{ct_find, ct_live, nat_find},
+    verdict::{Verdict, send_out},
 };
 
 type Icmp = parse::Icmp<Addr6>;

@@ -15,15 +15,17 @@ mod icmp;
 mod icmp6;
 mod maps;
 mod nat;
+mod outer;
 mod parse;
 mod passive;
-mod ptr;
+use lb_ebpf::ptr; // shared with the decapsulator: lb-ebpf's library
 mod ratelimit;
 mod snat;
 mod stats;
 mod table;
 mod toobig;
 mod tunnel;
+mod verdict;
 
 #[cfg(target_arch = "bpf")]
 mod prog {

@@ -26,11 +26,11 @@ use network_types::{
 
 use crate::{
     clock,
-    flow::Verdict,
     icmp::take_token,
     maps::TOO_BIG,
     parse::{self, ETH_P_IP, ETH_P_IPV6, PROTO_ICMPV6},
     ptr::{load_addr6, ptr_at_mut_checked, store_addr6},
+    verdict::Verdict,
 };
 
 /// Bytes of the packet an answer quotes: what fills a 576-byte IPv4 message, a 1280-byte

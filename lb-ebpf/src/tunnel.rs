@@ -36,11 +36,11 @@ use crate::{
     csum::update,
     encap,
     family::{Family, V4, V6, lookup_addr},
-    flow::Verdict,
     maps::{PROBE_REPLIES, PROBE_REPLIES6, TUNNEL_PROBES, TUNNEL_PROBES6},
     parse::{self, ETH_P_IP, ETH_P_IPV6, Flow, Parsed},
     ptr::{opaque, ptr_at_mut, ptr_at_mut_checked, store_addr6},
     stats,
+    verdict::Verdict,
 };
 
 /// TC verdicts (linux/pkt_cls.h's TC_ACT_OK, TC_ACT_SHOT; the bindings' type differs between

@@ -1,13 +1,16 @@
 //! The command line. Client subcommands talk to the daemon's control API.
 
-use std::{net::SocketAddr, path::PathBuf};
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::PathBuf,
+};
 
 use anyhow::bail;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use lb_common::counter;
 
 use crate::{
-    client, config, exit,
+    client, config, decap, exit,
     model::{AdminReply, ErrorReply, Event, Events, ReloadReply, Status},
 };
 
@@ -99,6 +102,12 @@ pub enum Command {
         #[command(flatten)]
         api: ApiArgs,
     },
+    /// Set up the backend's side of direct server return on a host without tunnel devices: an
+    /// XDP program that takes IP-in-IP and GUE packets sent to this host out of their outer
+    /// header and passes the inner packet to the stack (for a VIP on `lo`); everything else
+    /// passes untouched. Exits once attached: what it sets up stays (pinned) until
+    /// `lb decap --stop`. Run again, it updates addresses and parameters in place.
+    Decap(DecapArgs),
     /// Print the completion script of a shell (e.g. `lb completions bash >
     /// /usr/share/bash-completion/completions/lb`).
     Completions {
@@ -111,6 +120,95 @@ pub enum Command {
         #[arg(long)]
         out_dir: Option<PathBuf>,
     },
+}
+
+/// `lb decap`'s arguments: a set-up (`--interface ...`), `--stop` or `--stats`.
+#[derive(Debug, Clone, Args)]
+pub struct DecapArgs {
+    /// An interface to attach to; repeat it for several. Interfaces a previous `lb decap` of
+    /// this --pin-path was attached to and that are not listed again are detached.
+    #[arg(
+        long = "interface",
+        short,
+        value_name = "IF",
+        required_unless_present_any = ["stop", "stats"]
+    )]
+    pub interfaces: Vec<String>,
+    /// GUE's UDP destination port: outer IP and UDP to this port, the inner packet right after
+    /// the UDP header (GUE variant 1).
+    #[arg(
+        long,
+        value_name = "PORT",
+        default_value_t = lb_common::DEFAULT_GUE_PORT,
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    pub gue_port: u16,
+    /// Strict destination with these outer destinations (repeat for several) instead of every
+    /// address of this host (all interfaces of the network namespace, read when lb decap runs;
+    /// run it again after adding one).
+    #[arg(
+        long = "address",
+        value_name = "ADDR",
+        conflicts_with = "any_destination"
+    )]
+    pub addresses: Vec<IpAddr>,
+    /// Decapsulate packets whatever their outer destination (strict destination off).
+    #[arg(long)]
+    pub any_destination: bool,
+    /// XDP attach mode: native (the driver's), skb (generic), or auto (native where the driver
+    /// has it, skb otherwise). A pinned link keeps the mode it was attached in.
+    #[arg(long, value_name = "MODE", default_value = "auto", value_parser = xdp_mode)]
+    pub xdp_mode: config::XdpMode,
+    /// The bpffs directory where the links and maps are pinned (mounting bpffs at /sys/fs/bpf
+    /// if it is not).
+    #[arg(long, value_name = "DIR", default_value = decap::DEFAULT_PIN_PATH)]
+    pub pin_path: PathBuf,
+    /// Detach from every interface and remove everything pinned at --pin-path.
+    #[arg(
+        long,
+        conflicts_with_all = ["interfaces", "addresses", "any_destination", "stats"]
+    )]
+    pub stop: bool,
+    /// Print the counters (summed over CPUs), the parameters, the addresses and where it is
+    /// attached.
+    #[arg(long, conflicts_with_all = ["interfaces", "addresses", "any_destination"])]
+    pub stats: bool,
+    /// With --stats: print JSON.
+    #[arg(long, requires = "stats")]
+    pub json: bool,
+}
+
+fn xdp_mode(s: &str) -> Result<config::XdpMode, String> {
+    match s {
+        "auto" => Ok(config::XdpMode::Auto),
+        "native" => Ok(config::XdpMode::Native),
+        "skb" => Ok(config::XdpMode::Skb),
+        _ => Err("one of auto, native, skb".to_owned()),
+    }
+}
+
+/// `lb decap ...`.
+pub fn decap(args: DecapArgs) -> anyhow::Result<()> {
+    if args.stop {
+        return decap::stop(&args.pin_path);
+    }
+    if args.stats {
+        return decap::stats(&args.pin_path, args.json);
+    }
+    let destinations = if args.any_destination {
+        decap::Destinations::Any
+    } else if args.addresses.is_empty() {
+        decap::Destinations::Host
+    } else {
+        decap::Destinations::Listed(args.addresses)
+    };
+    decap::setup(&decap::Setup {
+        interfaces: args.interfaces,
+        gue_port: args.gue_port,
+        destinations,
+        xdp_mode: args.xdp_mode,
+        pin_path: args.pin_path,
+    })
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -190,12 +288,17 @@ pub async fn status(api: ApiArgs, service: Option<String>) -> anyhow::Result<()>
         return Ok(());
     }
     for s in &status.services {
+        // The forwarding mode only when it is not the default full NAT.
+        let dsr = if s.forwarding == "nat" {
+            String::new()
+        } else {
+            format!(" {}", s.forwarding)
+        };
         println!(
-            "{}  {} {} {}  {}  check {}  {}/{} backends available{}",
+            "{}  {} {}{dsr}  {}  check {}  {}/{} backends available{}",
             s.name,
             s.vip,
             s.protocol,
-            s.forwarding,
             s.state.as_str(),
             s.check,
             s.available_backends,

@@ -9,6 +9,7 @@ pub mod client;
 pub mod config;
 pub mod daemon;
 pub mod dataplane;
+pub mod decap;
 pub mod entries;
 pub mod events;
 pub mod health;
@@ -30,6 +31,8 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub mod exit {
     /// Runtime failure.
     pub const FAILURE: i32 = 1;
+    /// Command-line usage (clap's own code, and requests found impossible after parsing).
+    pub const USAGE: i32 = 2;
     /// The configuration or request is invalid (also a rejected reload): nothing was changed.
     pub const CONFIG: i32 = 64;
     /// The daemon's control API could not be reached.

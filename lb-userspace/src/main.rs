@@ -69,6 +69,7 @@ fn main() -> ExitCode {
         Command::Reload { api } => block_on(cli::reload(api)),
         Command::Stop { pin_path, api } => block_on(cli::stop(api, pin_path)),
         Command::Stats { api } => block_on(cli::stats(api)),
+        Command::Decap(args) => cli::decap(args),
         Command::Completions { shell } => {
             manual::completions(shell, &mut std::io::stdout().lock());
             Ok(())
@@ -86,6 +87,8 @@ fn main() -> ExitCode {
                 exit::UNAVAILABLE
             } else if let Some(r) = e.downcast_ref::<cli::Refused>() {
                 r.code
+            } else if e.is::<lb::decap::Usage>() {
+                exit::USAGE
             } else {
                 exit::FAILURE
             };

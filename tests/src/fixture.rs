@@ -35,7 +35,8 @@ pub struct Fixture {
     pub output: Option<Vec<u8>>,
     /// Skip the output comparison (for rows about counters and verdicts only).
     pub any_output: bool,
-    /// The verdict counter (`lb_common::counter`) that must count this frame.
+    /// The verdict counter (`lb_common::counter`, or the table's [`Counters`]) that must count
+    /// this frame.
     pub counter: u32,
     /// Informational counters that must count it too; no other informational counter may move.
     pub also: Vec<u32>,
@@ -107,22 +108,43 @@ pub fn run_once(prog: &Xdp, input: &[u8], ingress: u32) -> anyhow::Result<RunRes
     })
 }
 
+/// A program's counters as a table checks them: their names, how many of them (the first) are
+/// verdicts, and how to read them (summed over CPUs, indexed like the names).
+pub struct Counters<'a> {
+    pub names: &'a [&'a str],
+    pub verdicts: u32,
+    pub read: &'a dyn Fn() -> anyhow::Result<Vec<u64>>,
+}
+
 /// Runs every fixture against the balancer program of `dp`; panics listing every mismatch.
 pub fn run_fixtures(dp: &Dataplane, fixtures: &[Fixture]) {
+    let read = || Ok(dp.stats()?.counters);
+    let counters = Counters {
+        names: &counter::NAMES,
+        verdicts: counter::VERDICTS,
+        read: &read,
+    };
+    run_table(dp.program(), &counters, fixtures);
+}
+
+/// Runs every fixture against `prog`, whose counters are `counters` (the balancer's, or
+/// another program's list of the same shape: `lb_common::decap_counter`); panics listing
+/// every mismatch.
+pub fn run_table(prog: &Xdp, counters: &Counters<'_>, fixtures: &[Fixture]) {
     let mut failures = String::new();
     for f in fixtures {
-        if let Err(report) = check(dp, f) {
+        if let Err(report) = check(prog, counters, f) {
             let _ = writeln!(failures, "\n--- {} ---\n{report}", f.desc);
         }
     }
     assert!(failures.is_empty(), "fixture mismatches:{failures}");
 }
 
-fn check(dp: &Dataplane, f: &Fixture) -> Result<(), String> {
-    let before = dp.stats().map_err(|e| format!("{e:#}"))?;
-    let r = run_once(dp.program(), &f.input, f.ingress)
-        .map_err(|e| format!("test run failed: {e:#}"))?;
-    let after = dp.stats().map_err(|e| format!("{e:#}"))?;
+fn check(prog: &Xdp, counters: &Counters<'_>, f: &Fixture) -> Result<(), String> {
+    let names = counters.names;
+    let before = (counters.read)().map_err(|e| format!("{e:#}"))?;
+    let r = run_once(prog, &f.input, f.ingress).map_err(|e| format!("test run failed: {e:#}"))?;
+    let after = (counters.read)().map_err(|e| format!("{e:#}"))?;
     let mut report = String::new();
     if r.verdict != f.verdict {
         let _ = writeln!(
@@ -136,30 +158,25 @@ fn check(dp: &Dataplane, f: &Fixture) -> Result<(), String> {
     if !f.any_output && r.output != want {
         let _ = writeln!(report, "output differs:\n{}", hex_diff(want, &r.output));
     }
-    let delta = |i: u32| after.counter(i) - before.counter(i);
-    let verdicts: u64 = (0..counter::VERDICTS).map(delta).sum();
-    if verdicts != 1 || delta(f.counter) != 1 {
-        let moved: Vec<String> = (0..counter::COUNT)
+    let delta = |i: usize| after[i] - before[i];
+    let verdicts: u64 = (0..counters.verdicts as usize).map(delta).sum();
+    if verdicts != 1 || delta(f.counter as usize) != 1 {
+        let moved: Vec<String> = (0..names.len())
             .filter(|&i| delta(i) != 0)
-            .map(|i| format!("{}+{}", counter::NAMES[i as usize], delta(i)))
+            .map(|i| format!("{}+{}", names[i], delta(i)))
             .collect();
         let _ = writeln!(
             report,
             "counters moved: [{}], want exactly {}+1",
             moved.join(", "),
-            counter::NAMES[f.counter as usize]
+            names[f.counter as usize]
         );
     }
     // Informational counters: exactly those listed move, by one each.
-    for i in counter::VERDICTS..counter::COUNT {
-        let want = f.also.iter().filter(|&&a| a == i).count() as u64;
+    for (i, name) in names.iter().enumerate().skip(counters.verdicts as usize) {
+        let want = f.also.iter().filter(|&&a| a as usize == i).count() as u64;
         if delta(i) != want {
-            let _ = writeln!(
-                report,
-                "counter {} moved by {}, want {want}",
-                counter::NAMES[i as usize],
-                delta(i)
-            );
+            let _ = writeln!(report, "counter {name} moved by {}, want {want}", delta(i));
         }
     }
     if report.is_empty() {

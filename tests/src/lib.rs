@@ -4,11 +4,13 @@
 pub mod bench;
 pub mod config_mutations;
 pub mod daemon;
+pub mod decap;
 pub mod fixture;
 pub mod inproc;
 pub mod netns;
 pub mod packet;
 pub mod packet_fuzz;
+pub mod relay;
 pub mod rng;
 pub mod servers;
 pub mod testnet;

@@ -13,7 +13,7 @@
 //! backends ::10, ...) — with the VIP range 2001:db8:100::/64, and every server listens on both
 //! families.
 
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use crate::{
     netns::{Netns, PassProgram, Port, attach_pass_program, veth, veth_maybe_addressed},
@@ -31,6 +31,8 @@ pub struct BackendHost {
     pub addr: Ipv4Addr,
     pub addr6: Ipv6Addr,
     pub name: String,
+    /// Its interface (on the backends' bridge).
+    pub ifname: String,
 }
 
 pub struct Sandbox {
@@ -45,12 +47,42 @@ pub struct Sandbox {
     // Dropped in this order: servers, peer programs, then namespaces (with their links).
     /// Per backend: its echo/UDP, HTTP and HTTPS servers (empty while stopped).
     servers: Vec<Vec<Servers>>,
+    /// VIPs the backends hold for direct server return ([`Sandbox::serve_vip`]), each with the
+    /// port its HTTP server takes there, if any.
+    vips: Vec<(IpAddr, Option<u16>)>,
+    /// The client's second leg for direct server return ([`Sandbox::direct_return`]).
+    return_leg: Option<Port>,
     _pass: Vec<PassProgram>,
     _switch: Netns,
 }
 
-fn start_servers(b: &BackendHost, port: u16) -> anyhow::Result<Vec<Servers>> {
+/// Direct server return: the echo/UDP servers (and HTTP, where given) on the VIPs the backend
+/// holds.
+fn start_vip_servers(
+    b: &BackendHost,
+    port: u16,
+    vips: &[(IpAddr, Option<u16>)],
+) -> anyhow::Result<Vec<Servers>> {
     let mut out = Vec::new();
+    for &(vip, http) in vips {
+        out.push(servers::start(&b.ns, SocketAddr::new(vip, port), &b.name)?);
+        if let Some(http) = http {
+            out.push(servers::start_http(
+                &b.ns,
+                SocketAddr::new(vip, http),
+                &b.name,
+            )?);
+        }
+    }
+    Ok(out)
+}
+
+fn start_servers(
+    b: &BackendHost,
+    port: u16,
+    vips: &[(IpAddr, Option<u16>)],
+) -> anyhow::Result<Vec<Servers>> {
+    let mut out = start_vip_servers(b, port, vips)?;
     for ip in [b.addr.into(), b.addr6.into()] {
         let at = |port| SocketAddr::new(ip, port);
         out.push(servers::start(&b.ns, at(port), &b.name)?);
@@ -131,8 +163,9 @@ impl Sandbox {
                 addr,
                 addr6,
                 name,
+                ifname: port.ifname.clone(),
             };
-            servers.push(start_servers(&host, service_port)?);
+            servers.push(start_servers(&host, service_port, &[])?);
             hosts.push(host);
         }
         Ok(Self {
@@ -143,9 +176,56 @@ impl Sandbox {
             backends: hosts,
             service_port,
             servers,
+            vips: Vec::new(),
+            return_leg: None,
             _pass: pass,
             _switch: switch,
         })
+    }
+
+    /// Direct server return: every backend holds `vip` on `lo` (see [`crate::decap::hold_vip`])
+    /// and serves on it what it serves on its own address (TCP echo and UDP on the service
+    /// port), plus HTTP on `http_port` if given; stopping and starting a backend includes them.
+    pub fn serve_vip(&mut self, vip: IpAddr, http_port: Option<u16>) -> anyhow::Result<()> {
+        self.vips.push((vip, http_port));
+        for (i, b) in self.backends.iter().enumerate() {
+            crate::decap::hold_vip(&b.ns, vip)?;
+            let started = start_vip_servers(b, self.service_port, &[(vip, http_port)])?;
+            self.servers[i].extend(started);
+        }
+        Ok(())
+    }
+
+    /// Two-arm direct server return: the backends' replies go to the client without lb, over a
+    /// second leg of the client on the backends' bridge (10.0.2.200, 2001:db8:2::200), which
+    /// the backends route the client's networks through.
+    pub fn direct_return(&mut self) -> anyhow::Result<()> {
+        if self.arms != Arms::Two {
+            anyhow::bail!("one-arm backends reach the client directly already");
+        }
+        let switch = &self._switch;
+        let (leg, sw) = veth_maybe_addressed(&self.client.ns, Some("10.0.2.200/24"), switch, None)?;
+        leg.add_address("2001:db8:2::200/64")?;
+        switch.ip(&["link", "set", &sw.ifname, "master", "br0"])?;
+        // Replies from the VIP arrive on this leg while the VIP is routed the other way.
+        for key in ["all", "default", leg.ifname.as_str()] {
+            self.client
+                .ns
+                .sysctl(&format!("net/ipv4/conf/{key}/rp_filter"), "0")?;
+        }
+        for b in &self.backends {
+            b.ns.ip(&["route", "add", "10.0.1.0/24", "via", "10.0.2.200"])?;
+            b.ns.ip(&[
+                "-6",
+                "route",
+                "add",
+                "2001:db8:1::/64",
+                "via",
+                "2001:db8:2::200",
+            ])?;
+        }
+        self.return_leg = Some(leg);
+        Ok(())
     }
 
     /// Stops backend `i`'s servers: its ports answer with RST from now on.
@@ -155,7 +235,7 @@ impl Sandbox {
 
     /// Starts backend `i`'s servers again.
     pub fn start_backend(&mut self, i: usize) -> anyhow::Result<()> {
-        self.servers[i] = start_servers(&self.backends[i], self.service_port)?;
+        self.servers[i] = start_servers(&self.backends[i], self.service_port, &self.vips)?;
         Ok(())
     }
 

@@ -25,6 +25,10 @@ fn the_demo_runs_through() {
         "cleaning up",
         "web6 backend-1 unhealthy",
         "[2001:db8:100::1]:80",
+        // Direct server return: answered, its verdicts, the decapsulators at work.
+        "web-dsr backend-1 unhealthy",
+        "web-dsr backend-1 healthy",
+        "lb decap took",
     ] {
         assert!(text.contains(step), "{step}:\n{text}");
     }

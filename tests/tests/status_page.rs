@@ -64,6 +64,8 @@ fn service(name: &str, vip: &str, backends: Vec<BackendStatus>) -> ServiceStatus
         name: name.to_owned(),
         vip: vip.to_owned(),
         protocol: "tcp".to_owned(),
+        forwarding: "nat".to_owned(),
+        passive_signals: Vec::new(),
         check: "http".to_owned(),
         failure_window_s: Some(10.0),
         success_window_s: Some(10.0),

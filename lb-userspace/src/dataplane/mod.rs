@@ -1,7 +1,7 @@
 //! The XDP program and its maps: load (sized from the config), pin, attach, write, read
 //! counters. Everything that touches the kernel's BPF objects lives here.
 
-mod pin;
+pub mod pin;
 mod signals;
 mod stats;
 mod tc;

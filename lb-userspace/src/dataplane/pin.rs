@@ -149,7 +149,7 @@ pub fn prepare_dir(dir: &Path) -> anyhow::Result<()> {
 /// Whether another process shares this one's mount namespace, so that a mount made here outlives
 /// this process. A command of `ip netns exec` runs alone in a mount namespace of its own, which
 /// ends with it: whatever was mounted in it, and pinned there, goes too.
-fn mount_namespace_shared() -> anyhow::Result<bool> {
+pub fn mount_namespace_shared() -> anyhow::Result<bool> {
     let ours = std::fs::read_link("/proc/self/ns/mnt").context("reading /proc/self/ns/mnt")?;
     let me = std::process::id();
     for entry in std::fs::read_dir("/proc").context("reading /proc")? {
@@ -288,7 +288,7 @@ fn parent_of(dir: &Path) -> &Path {
     }
 }
 
-fn is_bpffs(path: &Path) -> anyhow::Result<bool> {
+pub fn is_bpffs(path: &Path) -> anyhow::Result<bool> {
     let cpath = CString::new(path.as_os_str().as_bytes()).context("path with a NUL byte")?;
     let mut st = MaybeUninit::<libc::statfs>::uninit();
     // SAFETY: valid NUL-terminated path and a buffer of the right type.

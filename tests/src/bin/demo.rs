@@ -21,6 +21,7 @@ use clap::Parser;
 use lb::model::{Event, Events, Status};
 use lb_tests::{
     daemon::{self, Daemon},
+    decap::DecapGuard,
     lb_bin,
     netns::Netns,
     topology::{Arms, HTTP_PORT, Sandbox, VIP, VIP6},
@@ -38,6 +39,11 @@ struct Args {
 const WEB: &str = "web";
 /// The same HTTP service over IPv6: VIP6:80 → the backends' IPv6 addresses, port 8000.
 const WEB6: &str = "web6";
+/// HTTP with direct server return: VIP_DSR:80 → the backends, which hold VIP_DSR on `lo`, take
+/// the GUE header off with `lb decap` and answer the client directly; checked with HTTP GETs to
+/// their own address (port 8000).
+const WEB_DSR: &str = "web-dsr";
+const VIP_DSR: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 100, 0, 2);
 const ECHO: &str = "udp-echo";
 const ECHO_VIP_PORT: u16 = 7;
 /// The sandbox's echo servers (TCP and UDP) listen here.
@@ -113,7 +119,21 @@ fn demo(args: &Args) -> anyhow::Result<()> {
         "   and IPv6 on the same links: client 2001:db8:1::2 ── ::1 [lb] 2001:db8:2::1 ── backends ::10, ::11, ::12"
     );
     println!("   VIP [{VIP6}]: tcp/80 → backends:{HTTP_PORT} (HTTP)");
+    println!(
+        "   VIP {VIP_DSR}: tcp/80, direct server return (GUE): the backends hold {VIP_DSR} on lo, take"
+    );
+    println!(
+        "   the outer header off with `lb decap` and answer the client directly over its second leg"
+    );
+    println!("   (client 10.0.2.200 on the backends' bridge): replies never cross lb");
     let mut sb = Sandbox::build(Arms::Two, 3, ECHO_PORT)?;
+    sb.serve_vip(VIP_DSR.into(), Some(80))?;
+    sb.direct_return()?;
+    let decaps = sb
+        .backends
+        .iter()
+        .map(|b| DecapGuard::start(&b.ns, &[&b.ifname], &[]))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let names: Vec<String> = sb.backends.iter().map(|b| b.name.clone()).collect();
     let victim = names[VICTIM].clone();
     let web_addrs: Vec<String> = sb
@@ -131,6 +151,12 @@ fn demo(args: &Args) -> anyhow::Result<()> {
         .iter()
         .map(|b| format!("[{}]:{HTTP_PORT}", b.addr6))
         .collect();
+    let dsr_addrs: Vec<String> = sb
+        .backends
+        .iter()
+        .map(|b| format!("{}:80", b.addr))
+        .collect();
+    let dsr_addr = |i: usize| dsr_addrs[i].as_str();
     let web_addr = |i: usize| web_addrs[i].as_str();
     let web6_addr = |i: usize| web6_addrs[i].as_str();
     let echo_addr = |i: usize| echo_addrs[i].as_str();
@@ -185,6 +211,14 @@ fn demo(args: &Args) -> anyhow::Result<()> {
             Duration::from_secs(15),
             || Ok(()),
         )?;
+        events.wait_for(
+            WEB_DSR,
+            dsr_addr(i),
+            "healthy",
+            0,
+            Duration::from_secs(15),
+            || Ok(()),
+        )?;
     }
     events.pump(Duration::from_millis(100))?;
     let status = daemon.status()?;
@@ -202,9 +236,15 @@ fn demo(args: &Args) -> anyhow::Result<()> {
     checkpoint()?;
 
     say(&format!(
-        "3. curl http://{VIP}/ and http://[{VIP6}]/ from the client, three times each"
+        "3. curl http://{VIP}/, http://[{VIP6}]/ and http://{VIP_DSR}/ (direct server return) from the \
+         client, three times each"
     ));
-    let urls = [format!("http://{VIP}/"), format!("http://[{VIP6}]/")];
+    let dsr_before = daemon.status()?;
+    let urls = [
+        format!("http://{VIP}/"),
+        format!("http://[{VIP6}]/"),
+        format!("http://{VIP_DSR}/"),
+    ];
     for url in urls.iter().flat_map(|u| [u, u, u]) {
         let out = sb
             .client
@@ -219,6 +259,7 @@ fn demo(args: &Args) -> anyhow::Result<()> {
         }
         print!("   {}", String::from_utf8_lossy(&out.stdout));
     }
+    show_dsr(&daemon, &dsr_before, &decaps, &names)?;
     checkpoint()?;
 
     let mut phases = Vec::new();
@@ -252,11 +293,15 @@ fn demo(args: &Args) -> anyhow::Result<()> {
         events.wait_for(ECHO, echo_addr(VICTIM), "unhealthy", mark, limit, || Ok(()))?;
     let web6_down =
         events.wait_for(WEB6, web6_addr(VICTIM), "unhealthy", mark, limit, || Ok(()))?;
+    let dsr_down = events.wait_for(WEB_DSR, dsr_addr(VICTIM), "unhealthy", mark, limit, || {
+        Ok(())
+    })?;
     events.pump(Duration::from_millis(100))?;
     let detected = [
         Timing::new(WEB, &event(&daemon, web_down)?, killed, web_windows.0),
         Timing::new(ECHO, &event(&daemon, echo_down)?, killed, echo_windows.0),
         Timing::new(WEB6, &event(&daemon, web6_down)?, killed, web_windows.0),
+        Timing::new(WEB_DSR, &event(&daemon, dsr_down)?, killed, web_windows.0),
     ];
     for t in &detected {
         println!(
@@ -308,11 +353,13 @@ fn demo(args: &Args) -> anyhow::Result<()> {
     let web_up = events.wait_for(WEB, web_addr(VICTIM), "healthy", mark, limit, || Ok(()))?;
     let echo_up = events.wait_for(ECHO, echo_addr(VICTIM), "healthy", mark, limit, || Ok(()))?;
     let web6_up = events.wait_for(WEB6, web6_addr(VICTIM), "healthy", mark, limit, || Ok(()))?;
+    let dsr_up = events.wait_for(WEB_DSR, dsr_addr(VICTIM), "healthy", mark, limit, || Ok(()))?;
     events.pump(Duration::from_millis(100))?;
     let recovered = [
         Timing::new(WEB, &event(&daemon, web_up)?, restarted, web_windows.1),
         Timing::new(ECHO, &event(&daemon, echo_up)?, restarted, echo_windows.1),
         Timing::new(WEB6, &event(&daemon, web6_up)?, restarted, web_windows.1),
+        Timing::new(WEB_DSR, &event(&daemon, dsr_up)?, restarted, web_windows.1),
     ];
     for t in &recovered {
         println!(
@@ -440,11 +487,55 @@ fn config(sb: &Sandbox) -> String {
          [[service]]\nname = \"{ECHO}\"\nvip = \"{VIP}:{ECHO_VIP_PORT}\"\nprotocol = \"udp\"\nbackends = [{}]\n\
          [service.check]\nkind = \"udp\"\nsend = \"ping\"\nexpect = \"backend-\"\n{timing}\n\
          [[service]]\nname = \"{WEB6}\"\nvip = \"[{VIP6}]:80\"\nprotocol = \"tcp\"\nbackends = [{list6}]\n\
-         [service.check]\nkind = \"http\"\npath = \"/\"\n{timing}",
+         [service.check]\nkind = \"http\"\npath = \"/\"\n{timing}\n\
+         [[service]]\nname = \"{WEB_DSR}\"\nvip = \"{VIP_DSR}:80\"\nprotocol = \"tcp\"\nforwarding = \"gue\"\n\
+         backends = [{}]\n[service.check]\nkind = \"http\"\nport = {HTTP_PORT}\npath = \"/\"\n{timing}",
         sb.interfaces_toml(),
         list(HTTP_PORT),
         list(ECHO_PORT),
+        list(80),
     )
+}
+
+/// What direct server return did for the requests of step 3: lb's counters of the DSR service
+/// (the requests only) and its return path (no reply), and what the backends' decapsulators
+/// took out of their tunnels.
+fn show_dsr(
+    daemon: &Daemon,
+    before: &Status,
+    decaps: &[DecapGuard],
+    names: &[String],
+) -> anyhow::Result<()> {
+    let now = daemon.status()?;
+    let service = |s: &Status| -> anyhow::Result<(u64, u64)> {
+        let svc = s.service(WEB_DSR).context("web-dsr missing")?;
+        Ok((svc.packets, svc.bytes))
+    };
+    let (p0, b0) = service(before)?;
+    let (p1, b1) = service(&now)?;
+    let replies = |s: &Status| {
+        s.counters
+            .iter()
+            .find(|c| c.name == "reply")
+            .map_or(0, |c| c.value)
+    };
+    println!(
+        "   {WEB_DSR}: lb forwarded {} packets ({} bytes) of the 3 requests, the client's side only; \
+         lb's return path counted {} replies meanwhile (the full-NAT services' answers), the \
+         DSR answers went from the backends to the client directly",
+        p1 - p0,
+        b1 - b0,
+        replies(&now) - replies(before)
+    );
+    for (name, d) in names.iter().zip(decaps) {
+        let s = d.stats()?;
+        println!(
+            "   {name}: lb decap took {} packets out of GUE, passed {} others untouched",
+            s.counter("decap_gue"),
+            s.counter("pass_not_encap")
+        );
+    }
+    Ok(())
 }
 
 /// Runs `lb ARGS` against the daemon; its stdout, or an error with its stderr.
