@@ -1220,6 +1220,44 @@ mod tests {
     }
 
     #[test]
+    fn tunnel_slots_follow_the_checks_through_the_tunnel() {
+        let c = |through: bool, backends: &str| {
+            config::parse(&format!(
+                "[lb]\ninterfaces = [\"eth1\"]\nring_size = 1009\n[[service]]\nname = \"web\"\n\
+                 vip = \"10.100.0.1:80\"\nforwarding = \"gue\"\nbackends = [{backends}]\n\
+                 [service.check]\nkind = \"tcp\"\nthrough_tunnel = {through}\n"
+            ))
+            .unwrap()
+        };
+        let two = "{ address = \"10.0.2.2:80\" }, { address = \"10.0.2.3:80\" }";
+        let entry = |backend: [u8; 4]| {
+            AnyTunnel::new(
+                Ipv4Addr::from(backend).into(),
+                Ipv4Addr::new(10, 100, 0, 1).into(),
+                backend_flags::ENCAP_GUE,
+            )
+            .unwrap()
+        };
+        let (mut b, mut maps) = build(&c(true, two));
+        assert_eq!(
+            maps.tunnels,
+            BTreeMap::from([(0, entry([10, 0, 2, 2])), (1, entry([10, 0, 2, 3]))])
+        );
+        assert_eq!(b.tunnels().len(), 2);
+        // A backend leaves: its slot is cleared; the other keeps its own.
+        let one = "{ address = \"10.0.2.3:80\" }";
+        b.apply(&c(true, one), snat, |_, _, _| true, &mut maps)
+            .unwrap();
+        assert_eq!(maps.tunnels[&0], entry([10, 0, 2, 2]).cleared());
+        assert_eq!(maps.tunnels[&1], entry([10, 0, 2, 3]));
+        // The check no longer goes through the tunnel: every slot is free.
+        b.apply(&c(false, one), snat, |_, _, _| true, &mut maps)
+            .unwrap();
+        assert!(b.tunnels().is_empty());
+        assert_eq!(maps.tunnels[&1], entry([10, 0, 2, 3]).cleared());
+    }
+
+    #[test]
     fn ejection_and_health_both_gate_new_flows() {
         let (mut b, mut maps) = build(&config("", 2));
         assert!(b.write_ejected_flag(0, 1, true, &mut maps).unwrap());

@@ -302,6 +302,36 @@ mod tests {
         assert_eq!(plan[3].0.check.kind, CheckKind::Udp);
     }
 
+    #[test]
+    fn probes_through_the_tunnel_are_targets_of_their_own() {
+        // Each on the VIP's port, one health port for all.
+        let service = |name: &str, vip: &str, port: u16, through: bool| {
+            format!(
+                "[[service]]\nname = \"{name}\"\nvip = \"{vip}:{port}\"\nforwarding = \"ipip\"\n\
+                 backends = [{{ address = \"10.0.2.2:{port}\" }}]\n[service.check]\nkind = \"tcp\"\n\
+                 port = 8080\nthrough_tunnel = {through}\n"
+            )
+        };
+        let config = crate::config::parse(&format!(
+            "[lb]\ninterfaces = [\"eth1\"]\n{}{}{}{}",
+            service("through", "10.100.0.1", 80, true),
+            service("plain", "10.100.0.1", 81, false),
+            service("other-vip", "10.100.0.2", 80, true),
+            service("same", "10.100.0.1", 82, true),
+        ))
+        .unwrap();
+        let plan = plan(&config);
+        let members: Vec<Vec<(usize, usize)>> = plan.iter().map(|p| p.1.clone()).collect();
+        // One backend address and check: through the tunnel or not, and to which VIP, are
+        // probes apart; another service through the same tunnel shares its probe.
+        assert_eq!(members, [vec![(0, 0), (3, 0)], vec![(1, 0)], vec![(2, 0)]]);
+        assert!(plan.iter().all(|(k, _)| k.target.port() == 8080));
+        let vip = |i: usize| plan[i].0.tunnel.map(|t| t.vip.to_string());
+        assert_eq!(vip(0).as_deref(), Some("10.100.0.1"));
+        assert_eq!(vip(1), None);
+        assert_eq!(vip(2).as_deref(), Some("10.100.0.2"));
+    }
+
     /// The scheduler end to end on loopback (tcp-connect needs no privileges): verdicts for a
     /// listening and a closed port, and a reload that removes a target stops its probes.
     #[tokio::test]
