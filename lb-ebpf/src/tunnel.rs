@@ -207,9 +207,10 @@ pub fn egress(ctx: &TcContext) -> i32 {
 /// A marked packet of tunnel slot `slot` encapsulated; `None` if it cannot be.
 #[inline(always)]
 fn encapsulate(ctx: &TcContext, slot: u32) -> Option<()> {
-    // A probe's packets are small; make all of one readable (direct packet access reads the
-    // linear part only).
-    ctx.pull_data(0).ok()?;
+    // A probe's packets are small: make all of one linear, for direct packet access reads the
+    // linear part only (a TCP socket's data is in pages; 0 would pull the linear part alone),
+    // and parsing checks the headers' lengths against the whole datagram.
+    ctx.pull_data(ctx.len()).ok()?;
     let (data, data_end) = (ctx.data(), ctx.data_end());
     match parse::link(data, data_end, false)? {
         (ETH_P_IP, l3_off) => match parse::ipv4(data, data_end, l3_off) {
