@@ -117,6 +117,15 @@ impl Check {
         }
     }
 
+    /// The kind as events and logs name the check: "tcp", or "tcp through the tunnel".
+    pub fn label(&self) -> String {
+        if self.through_tunnel {
+            format!("{} through the tunnel", self.kind.as_str())
+        } else {
+            self.kind.as_str().to_owned()
+        }
+    }
+
     /// The kinds whose probes can go through the tunnel: TCP connections, which lb's TC
     /// program encapsulates and whose replies its XDP program recognises.
     pub fn tunnels(kind: CheckKind) -> bool {

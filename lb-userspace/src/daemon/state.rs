@@ -160,7 +160,7 @@ impl Shared {
                 "health probes",
                 &format!(
                     "{} probe of {}: {} (no verdict against the backend)",
-                    v.probe.check.kind.as_str(),
+                    v.probe.check.label(),
                     v.probe.target,
                     text.unwrap_or_default()
                 ),
@@ -214,7 +214,7 @@ impl Shared {
                 %backend,
                 from = t.from.as_str(),
                 to = t.to.as_str(),
-                source = service.check.kind.as_str(),
+                source = service.check.label(),
                 reason = reason.as_deref(),
                 success = t.counters.success,
                 tcp_failure = t.counters.tcp_failure,
@@ -235,7 +235,7 @@ impl Shared {
                 backend: backend.to_string(),
                 from: t.from.as_str().to_owned(),
                 to: t.to.as_str().to_owned(),
-                source: service.check.kind.as_str().to_owned(),
+                source: service.check.label(),
                 counters: counters(t.counters),
                 healthy_threshold: w.healthy_threshold,
                 unhealthy_threshold: w.unhealthy_threshold,
