@@ -1,12 +1,13 @@
 //! Health checks through the tunnel end to end: a one-arm sandbox whose backends run the real
 //! `lb decap` and hold the VIPs on `lo`, a real `lb run` with direct-server-return services
-//! whose checks (`tcp` half-open, `tcp-connect`, `http`, both families) go through the tunnel,
-//! and beside them full-NAT services with plain checks of the same kinds on the backends' own
-//! addresses. All healthy; then one backend loses its VIPs (or its decapsulator): its checks
-//! through the tunnel find it unhealthy while the plain ones still say healthy; restored, it
-//! is healthy again. Half-open probes through the tunnel leave no half-open connection on the
-//! backends (lb resets the SYN+ACK through the tunnel: the kernel's own reset would go to the
-//! backend's address, unencapsulated).
+//! whose checks (`tcp` half-open, `tcp-connect`, `http`, both families; `https` over IPv4) go
+//! through the tunnel, and beside them full-NAT services with plain checks of the same kinds on
+//! the backends' own addresses. All healthy; then one backend loses its VIPs (or its
+//! decapsulator): its checks through the tunnel find it unhealthy while the plain ones still
+//! say healthy; restored, it is healthy again. A reload moves checks out of the tunnel and back.
+//! Half-open probes through the tunnel leave no half-open connection on the backends (lb resets
+//! the SYN+ACK through the tunnel: the kernel's own reset would go to the backend's address,
+//! unencapsulated).
 
 use std::{net::IpAddr, time::Duration};
 
@@ -16,7 +17,8 @@ use lb_tests::{
     decap::DecapGuard,
     netns::{Netns, add_address},
     require_root,
-    topology::{Arms, HTTP_PORT, Sandbox, VIP, VIP6},
+    servers::{self, Servers},
+    topology::{Arms, HTTP_PORT, HTTPS_PORT, Sandbox, VIP, VIP6},
 };
 
 /// The echo servers' port on the VIPs and the backends' own addresses.
@@ -29,18 +31,27 @@ const TIMING: &str =
     "timeout = \"200ms\"\ninterval = \"300ms\"\nunhealthy_threshold = 2\nhealthy_threshold = 2\n";
 const LIMIT: Duration = Duration::from_secs(20);
 
-/// Two backends holding both VIPs (TCP echo on `PORT`, HTTP on `HTTP_PORT`) behind `lb decap`.
-fn sandbox() -> (Sandbox, Vec<DecapGuard>) {
+/// Two backends holding both VIPs (TCP echo on `PORT`, HTTP on `HTTP_PORT`, HTTPS on the IPv4
+/// VIP's `HTTPS_PORT`) behind `lb decap`.
+fn sandbox() -> (Sandbox, Vec<DecapGuard>, Vec<Servers>) {
     require_root();
     let mut sb = Sandbox::build(Arms::One, 2, PORT).unwrap();
     sb.serve_vip(VIP.into(), Some(HTTP_PORT)).unwrap();
     sb.serve_vip(VIP6.into(), Some(HTTP_PORT)).unwrap();
+    let https = sb
+        .backends
+        .iter()
+        .map(|b| {
+            let at = std::net::SocketAddr::new(VIP.into(), HTTPS_PORT);
+            servers::start_https(&b.ns, at, &b.name).unwrap()
+        })
+        .collect();
     let decaps = sb
         .backends
         .iter()
         .map(|b| DecapGuard::start(&b.ns, &[&b.ifname], &[]).unwrap())
         .collect();
-    (sb, decaps)
+    (sb, decaps, https)
 }
 
 /// `[a]:p` for IPv6 addresses, `a:p` for IPv4.
@@ -78,10 +89,11 @@ fn service(
     )
 }
 
-/// The services of `mode` (`ipip` or `gue`): per family, `tcp`, `conn` (tcp-connect to the
-/// echo port) and `http` checked through the tunnel, and `plain` and `plain-http` (full NAT)
-/// checked on the backends' own addresses.
-fn config(sb: &Sandbox, mode: &str) -> String {
+/// The services of `mode` (`ipip` or `gue`): per family, `tcp` (through the tunnel if
+/// `tcp_through`), `conn` (tcp-connect to the echo port) and `http` checked through the tunnel,
+/// and `plain` and `plain-http` (full NAT) checked on the backends' own addresses; `https4`
+/// through the tunnel too.
+fn config(sb: &Sandbox, mode: &str, tcp_through: bool) -> String {
     let mut text = format!(
         "[lb]\ninterfaces = [{}]\nxdp_mode = \"native\"\n\n",
         sb.interfaces_toml()
@@ -97,7 +109,7 @@ fn config(sb: &Sandbox, mode: &str) -> String {
             vip,
             PORT,
             mode,
-            &format!("kind = \"tcp\"\n{through}"),
+            &format!("kind = \"tcp\"\nthrough_tunnel = {tcp_through}\n"),
         );
         // Its own port is served by nobody: the check probes the echo port.
         text += &service(
@@ -133,12 +145,21 @@ fn config(sb: &Sandbox, mode: &str) -> String {
             "kind = \"http\"\n",
         );
     }
+    text += &service(
+        sb,
+        "https4",
+        VIP.into(),
+        HTTPS_PORT,
+        mode,
+        "kind = \"https\"\nverify_tls = false\nthrough_tunnel = true\n",
+    );
     text
 }
 
 /// Every (service, backend) of `config` and the port its backends are at.
 fn all(sb: &Sandbox) -> Vec<(String, String)> {
-    let mut out = Vec::new();
+    let mut out = https(sb, 0);
+    out.extend(https(sb, 1));
     for (suffix, v6) in [("4", false), ("6", true)] {
         for (name, port) in [
             ("tcp", PORT),
@@ -155,10 +176,18 @@ fn all(sb: &Sandbox) -> Vec<(String, String)> {
     out
 }
 
+/// The https check of backend `i` (IPv4).
+fn https(sb: &Sandbox, i: usize) -> Vec<(String, String)> {
+    vec![(
+        "https4".to_owned(),
+        at(sb.backends[i].addr.into(), HTTPS_PORT),
+    )]
+}
+
 /// The checks through the tunnel, of backend `i`.
 fn through_tunnel(sb: &Sandbox, i: usize) -> Vec<(String, String)> {
     let b = &sb.backends[i];
-    let mut out = Vec::new();
+    let mut out = https(sb, i);
     for (suffix, ip) in [("4", IpAddr::from(b.addr)), ("6", IpAddr::from(b.addr6))] {
         for (name, port) in [("tcp", PORT), ("conn", 9000), ("http", HTTP_PORT)] {
             out.push((format!("{name}{suffix}"), at(ip, port)));
@@ -234,8 +263,8 @@ fn set_vips(b: &lb_tests::topology::BackendHost, held: bool) {
 }
 
 fn checks_through_the_tunnel(mode: &str) {
-    let (sb, decaps) = sandbox();
-    let daemon = Daemon::start(&sb.lb, &config(&sb, mode)).unwrap();
+    let (sb, decaps, _https) = sandbox();
+    let daemon = Daemon::start(&sb.lb, &config(&sb, mode, true)).unwrap();
     wait_all(&daemon, &all(&sb), "healthy");
     let status = daemon.status().unwrap();
     for name in ["tcp4", "conn4", "http6"] {
@@ -270,6 +299,47 @@ fn checks_through_the_tunnel(mode: &str) {
     wait_all(&daemon, &through_tunnel(&sb, 1), "unhealthy");
     plain_still_healthy(&daemon, &sb, 1);
     decaps[1].update(&[&sb.backends[1].ifname], &[]).unwrap();
+    wait_all(&daemon, &all(&sb), "healthy");
+
+    // A reload takes the tcp checks out of the tunnel: without its VIPs backend 1 is then
+    // healthy to them and still unhealthy to the others; back through the tunnel (a new
+    // probe), unhealthy to them too; its VIPs back, healthy to all.
+    let reload = |tcp_through: bool| {
+        std::fs::write(&daemon.config, config(&sb, mode, tcp_through)).unwrap();
+        let out = daemon.lb(&["reload"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let tcp1: Vec<(String, String)> = ["4", "6"]
+        .into_iter()
+        .zip([
+            IpAddr::from(sb.backends[1].addr),
+            sb.backends[1].addr6.into(),
+        ])
+        .map(|(suffix, ip)| (format!("tcp{suffix}"), at(ip, PORT)))
+        .collect();
+    let others1: Vec<(String, String)> = through_tunnel(&sb, 1)
+        .into_iter()
+        .filter(|k| !tcp1.contains(k))
+        .collect();
+    reload(false);
+    assert!(
+        !daemon
+            .status()
+            .unwrap()
+            .service("tcp4")
+            .unwrap()
+            .through_tunnel
+    );
+    set_vips(&sb.backends[1], false);
+    wait_all(&daemon, &others1, "unhealthy");
+    wait_all(&daemon, &tcp1, "healthy");
+    reload(true);
+    wait_all(&daemon, &tcp1, "unhealthy");
+    set_vips(&sb.backends[1], true);
     wait_all(&daemon, &all(&sb), "healthy");
 
     let events = daemon.events().unwrap();
