@@ -84,7 +84,10 @@ pub const ICMP6_PROG: u32 = 1;
 pub const XDP6_PROG: u32 = 2;
 /// Answers a packet too big for its path with ICMP fragmentation needed / packet too big.
 pub const TOO_BIG_PROG: u32 = 3;
-pub const PROG_SLOTS: u32 = 4;
+/// Turns a reply to a health probe through the tunnel back into its backend's (see
+/// [`crate::TUNNEL_MARK`]).
+pub const PROBE_REPLY_PROG: u32 = 4;
+pub const PROG_SLOTS: u32 = 5;
 
 /// Name of the global [`Params`](crate::Params) in the object, set by userspace at load time.
 pub const PARAMS_GLOBAL: &str = "LB_PARAMS";
@@ -102,6 +105,8 @@ pub const XDP6_PROGRAM_NAME: &str = "lb_xdp6";
 pub const ICMP6_PROGRAM_NAME: &str = "lb_icmp6";
 /// The answer to a packet too big for its path ([`map_name::PROGS`] slot [`TOO_BIG_PROG`]).
 pub const TOO_BIG_PROGRAM_NAME: &str = "lb_too_big";
+/// Replies to health probes through the tunnel ([`map_name::PROGS`] slot [`PROBE_REPLY_PROG`]).
+pub const PROBE_REPLY_PROGRAM_NAME: &str = "lb_probe_reply";
 /// The TC egress program that encapsulates health probes through the tunnel (see
 /// [`crate::TUNNEL_MARK`]), attached with TCX to each of lb's interfaces.
 pub const PROBE_ENCAP_PROGRAM_NAME: &str = "lb_probe_encap";

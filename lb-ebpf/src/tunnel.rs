@@ -11,8 +11,9 @@
 //!   which is exactly what the probe is there to find.
 //! - Back (XDP, [`reply`]): the backend answers from the VIP to lb's address, not encapsulated.
 //!   Only a packet to one of lb's addresses that is no flow's reply and comes from a VIP gets
-//!   here; if the TC program recorded its connection, its source becomes the backend's address
-//!   again (checksums updated) and the kernel hands it to the probe's socket.
+//!   here, in a program of its own the balancer tail-calls (`lb_probe_reply`); if the TC
+//!   program recorded its connection, its source becomes the backend's address again
+//!   (checksums updated) and the kernel hands it to the probe's socket.
 #![cfg_attr(not(target_arch = "bpf"), allow(dead_code))]
 
 use aya_ebpf::{
@@ -38,7 +39,7 @@ use crate::{
     family::{Family, V4, V6, lookup_addr},
     maps::{PROBE_REPLIES, PROBE_REPLIES6, TUNNEL_PROBES, TUNNEL_PROBES6},
     parse::{self, ETH_P_IP, ETH_P_IPV6, Flow, Parsed},
-    ptr::{opaque, ptr_at_mut, ptr_at_mut_checked, store_addr6},
+    ptr::{ptr_at_mut, ptr_at_mut_checked, store_addr6},
     stats,
     verdict::Verdict,
 };
@@ -280,41 +281,39 @@ fn to_vip<F: Probed>(ctx: &TcContext, flow: &Flow<F::A>, slot: u32) -> Option<()
     Some(())
 }
 
-/// A packet to one of lb's addresses that is no flow's reply: if it comes from a VIP and the
-/// TC program recorded its connection, it is a through-tunnel probe's reply, whose source
-/// becomes its backend again before the kernel takes it. `None`: not one.
+/// The program the balancer hands a packet from a VIP to one of lb's addresses that is no
+/// flow's reply: if the TC program recorded its connection, it is a through-tunnel probe's
+/// reply, whose source becomes its backend again before the kernel takes it
+/// (`pass_probe_reply`); otherwise it is passed as the balancer would (`pass_not_vip`).
 #[inline(always)]
-pub fn reply<F: Probed>(ctx: &XdpContext, flow: &Flow<F::A>) -> Option<Verdict> {
-    let v = probe_reply::<F>(ctx, flow);
-    (v.1 != NOT_A_PROBE_REPLY).then_some(v)
+pub fn reply(ctx: &XdpContext) -> Verdict {
+    let (data, data_end) = (ctx.data(), ctx.data_end());
+    match parse::link(data, data_end, false) {
+        Some((ETH_P_IP, l3_off)) => {
+            if let Parsed::Flow(flow) = parse::ipv4(data, data_end, l3_off) {
+                return reply_of::<V4>(ctx, &flow);
+            }
+        }
+        Some((ETH_P_IPV6, l3_off)) => {
+            if let Parsed::Flow(flow) = parse::ipv6(data, data_end, l3_off) {
+                return reply_of::<V6>(ctx, &flow);
+            }
+        }
+        _ => {}
+    }
+    // Not reached: the balancer hands over TCP and UDP packets it parsed.
+    (xdp_action::XDP_PASS, counter::PASS_NOT_VIP)
 }
 
-/// [`probe_reply`]'s "not one", in the counter's place: a function kept out of line returns in
-/// one register, which a verdict (two u32) fills and an `Option` of one does not fit.
-const NOT_A_PROBE_REPLY: u32 = u32::MAX;
-
-/// [`reply`]'s work.
-// Out of line: inlined, its key (40 bytes for IPv6) went onto the balancer's own frame, whose
-// deepest call chain then passed the 512 bytes of stack BPF allows. Pointer arguments opaque
-// (see `ptr::opaque`).
-#[inline(never)]
-fn probe_reply<F: Probed>(ctx: &XdpContext, flow: &Flow<F::A>) -> Verdict {
-    let (ctx, flow) = (opaque(ctx), opaque(flow));
-    let not_one = (xdp_action::XDP_PASS, NOT_A_PROBE_REPLY);
+#[inline(always)]
+fn reply_of<F: Probed>(ctx: &XdpContext, flow: &Flow<F::A>) -> Verdict {
+    let not_one = (xdp_action::XDP_PASS, counter::PASS_NOT_VIP);
     if lookup_addr::<F>(flow.saddr) & addr_flags::VIP == 0 {
         return not_one;
     }
-    // The key where the SNAT port search keeps its own (a per-CPU value holding nothing
-    // between packets): on this function's stack the IPv6 program's deepest call chain went
-    // beyond 512 bytes.
-    let Some(search) = F::search().get_ptr_mut(0) else {
-        return not_one;
-    };
-    // SAFETY: this CPU's value, used by this packet only.
-    let k = unsafe { &mut (*search).key };
-    *k = FlowKeyOf::new(flow.saddr, flow.daddr, flow.sport, flow.dport, flow.proto);
+    let k = FlowKeyOf::new(flow.saddr, flow.daddr, flow.sport, flow.dport, flow.proto);
     // SAFETY: read-only use of a plain-integer value.
-    let Some(backend) = (unsafe { F::probe_replies().get(k) }).map(|r| r.backend) else {
+    let Some(backend) = (unsafe { F::probe_replies().get(&k) }).map(|r| r.backend) else {
         return not_one;
     };
     let (data, data_end) = (ctx.data(), ctx.data_end());

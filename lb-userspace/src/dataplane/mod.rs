@@ -26,9 +26,9 @@ use aya::{
 use lb_common::{
     ADDR_SETS, AddrSet, AddrSet6, BackendInfo, BackendInfo6, CtSlot, FlowKey, FlowKey6, ICMP_PROG,
     ICMP_PROGRAM_NAME, ICMP6_PROG, ICMP6_PROGRAM_NAME, NatSlot, PARAMS_GLOBAL, PASS_PROGRAM_NAME,
-    PROBE_ENCAP_PROGRAM_NAME, PROGRAM_NAME, Params, ProbeReply, ProbeReply6, ServiceInfo,
-    ServiceKey, ServiceKey6, TOO_BIG_PROG, TOO_BIG_PROGRAM_NAME, TunnelProbe, TunnelProbe6,
-    XDP6_PROG, XDP6_PROGRAM_NAME, map_name, ways,
+    PROBE_ENCAP_PROGRAM_NAME, PROBE_REPLY_PROG, PROBE_REPLY_PROGRAM_NAME, PROGRAM_NAME, Params,
+    ProbeReply, ProbeReply6, ServiceInfo, ServiceKey, ServiceKey6, TOO_BIG_PROG,
+    TOO_BIG_PROGRAM_NAME, TunnelProbe, TunnelProbe6, XDP6_PROG, XDP6_PROGRAM_NAME, map_name, ways,
 };
 use tracing::{info, warn};
 
@@ -222,6 +222,7 @@ impl Dataplane {
             ICMP_PROGRAM_NAME,
             ICMP6_PROGRAM_NAME,
             TOO_BIG_PROGRAM_NAME,
+            PROBE_REPLY_PROGRAM_NAME,
         ]
         .into_iter()
         .map(|name| {
@@ -735,6 +736,7 @@ fn verify(mut ebpf: Ebpf) -> anyhow::Result<Ebpf> {
         ICMP_PROGRAM_NAME,
         ICMP6_PROGRAM_NAME,
         TOO_BIG_PROGRAM_NAME,
+        PROBE_REPLY_PROGRAM_NAME,
         PASS_PROGRAM_NAME,
     ] {
         let prog: &mut Xdp = ebpf
@@ -759,6 +761,7 @@ fn verify(mut ebpf: Ebpf) -> anyhow::Result<Ebpf> {
         (ICMP_PROG, ICMP_PROGRAM_NAME),
         (ICMP6_PROG, ICMP6_PROGRAM_NAME),
         (TOO_BIG_PROG, TOO_BIG_PROGRAM_NAME),
+        (PROBE_REPLY_PROG, PROBE_REPLY_PROGRAM_NAME),
     ] {
         let fd = ebpf
             .program(name)
