@@ -2,6 +2,7 @@
 //! and a fixture runner over BPF_PROG_TEST_RUN. Used by the root integration tests and the demo.
 
 pub mod bench;
+pub mod cluster;
 pub mod config_mutations;
 pub mod daemon;
 pub mod decap;

@@ -146,3 +146,76 @@ pub fn udp_echo(client: &Netns, vip: SocketAddr, n: usize) -> HashMap<String, us
     }
     seen
 }
+
+/// A long-lived echo stream that keeps going until told to stop: a chunk sent and read back
+/// every `pace`, each checked, so a stream that moves between balancers (or breaks) shows it
+/// while it runs. [`PacedStream::finish`] says whether it stayed intact and how much it moved.
+pub struct PacedStream {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    echoed: std::sync::Arc<AtomicUsize>,
+    thread: std::thread::JoinHandle<Result<usize, String>>,
+    /// The backend that greeted it.
+    pub backend: String,
+}
+
+impl PacedStream {
+    /// Connects to `vip` from `client` and starts exchanging `chunk` bytes every `pace`.
+    pub fn start(
+        client: &Netns,
+        vip: SocketAddr,
+        seed: u8,
+        chunk: usize,
+        pace: Duration,
+    ) -> anyhow::Result<Self> {
+        let (mut conn, backend) = connect(client, vip)?;
+        conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let echoed = std::sync::Arc::new(AtomicUsize::new(0));
+        let (s, e) = (stop.clone(), echoed.clone());
+        let thread = std::thread::spawn(move || {
+            let mut buf = vec![0u8; chunk];
+            let mut back = vec![0u8; chunk];
+            let mut n = 0usize;
+            while !s.load(Ordering::Relaxed) {
+                for (i, b) in buf.iter_mut().enumerate() {
+                    *b = ((n + i) as u8).wrapping_mul(31).wrapping_add(seed);
+                }
+                conn.write_all(&buf)
+                    .map_err(|err| format!("write after {n} bytes: {err}"))?;
+                conn.read_exact(&mut back)
+                    .map_err(|err| format!("read after {n} bytes: {err}"))?;
+                if back != buf {
+                    return Err(format!("echo differs after {n} bytes"));
+                }
+                n += chunk;
+                e.store(n, Ordering::Relaxed);
+                std::thread::sleep(pace);
+            }
+            Ok(n)
+        });
+        Ok(Self {
+            stop,
+            echoed,
+            thread,
+            backend,
+        })
+    }
+
+    /// Bytes echoed so far.
+    pub fn echoed(&self) -> usize {
+        self.echoed.load(Ordering::Relaxed)
+    }
+
+    /// Whether it has ended by itself (broken).
+    pub fn ended(&self) -> bool {
+        self.thread.is_finished()
+    }
+
+    /// Stops it: the bytes echoed in all if it stayed intact, why not otherwise.
+    pub fn finish(self) -> Result<usize, String> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .join()
+            .unwrap_or_else(|_| Err("the stream's thread panicked".into()))
+    }
+}

@@ -29,6 +29,9 @@ fn the_demo_runs_through() {
         "web-dsr backend-1 unhealthy",
         "web-dsr backend-1 healthy",
         "lb decap took",
+        // Issue 19: the reason and the timeline.
+        "health timeline",
+        "its last failure, as the status and the page show it: ",
     ] {
         assert!(text.contains(step), "{step}:\n{text}");
     }

@@ -384,6 +384,11 @@ fn demo(args: &Args) -> anyhow::Result<()> {
 
     say("9. lb status");
     print_indented(&lb_text(&daemon, &["status"])?);
+    say(&format!(
+        "   {victim}'s health timeline in {WEB}, from the event log (what the status page draws as \
+         coloured bands), with the reasons:"
+    ));
+    print_timeline(&daemon, WEB, web_addr(VICTIM), killed)?;
 
     say("10. summary (all measured in this run)");
     println!("   detection ({victim} killed → its unhealthy event):");
@@ -534,6 +539,63 @@ fn show_dsr(
             s.counter("decap_gue"),
             s.counter("pass_not_encap")
         );
+    }
+    Ok(())
+}
+
+/// The transitions of `backend` in `service`, times relative to `since` (the kill), each with
+/// its reason, and a text bar of the states over that time as the status page's timeline draws
+/// them; then the last failure the status keeps.
+fn print_timeline(daemon: &Daemon, service: &str, backend: &str, since: f64) -> anyhow::Result<()> {
+    let text = lb_text(daemon, &["events", "--json"])?;
+    let events: Events = serde_json::from_str(&text).context("lb events --json")?;
+    let mine: Vec<&Event> = events
+        .events
+        .iter()
+        .filter(|e| e.service == service && e.backend == backend)
+        .collect();
+    let end = now_unix();
+    let start = mine.first().map_or(since, |e| e.time.min(since));
+    // One character per 100 ms: + taking flows, ~ in between, x out, . initializing.
+    let mark = |state: &str| match state {
+        "healthy" => '+',
+        "mostly_healthy" | "mostly_unhealthy" => '~',
+        "unhealthy" => 'x',
+        _ => '.',
+    };
+    let mut bar = String::new();
+    let mut t = start;
+    while t < end {
+        let state = mine
+            .iter()
+            .rev()
+            .find(|e| e.time <= t)
+            .map_or("initializing", |e| e.to.as_str());
+        bar.push(mark(state));
+        t += 0.1;
+    }
+    for e in &mine {
+        println!(
+            "   {:+7.2} s  {} -> {}{}",
+            e.time - since,
+            e.from,
+            e.to,
+            e.reason
+                .as_deref()
+                .map(|r| format!("  ({r})"))
+                .unwrap_or_default()
+        );
+    }
+    println!(
+        "   [{bar}]  (100 ms a character: + healthy, ~ changing, x unhealthy, . initializing)"
+    );
+    let status = daemon.status()?;
+    if let Some(last) = status
+        .service(service)
+        .and_then(|s| s.backend(backend))
+        .and_then(|b| b.last_failure.clone())
+    {
+        println!("   its last failure, as the status and the page show it: {last}");
     }
     Ok(())
 }
