@@ -70,6 +70,10 @@ impl TunnelPath {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Tunnels {
     slots: HashMap<TunnelPath, (u32, AnyTunnel)>,
+    /// Paths gone from the config and the slot each had: one wanted again gets that slot back
+    /// while no other path took it. So a reload rolled back (the checker could not start its
+    /// probes) leaves the probes that kept running with the marks they have.
+    freed: HashMap<TunnelPath, u32>,
 }
 
 /// The tunnel table for a new config, and the slot writes that get the datapath there.
@@ -93,8 +97,9 @@ impl Tunnels {
             .collect()
     }
 
-    /// Moves to the paths of `config`: kept paths keep their slot, new ones take the lowest
-    /// free slots, gone ones free theirs. Fails, changing nothing, beyond [`TUNNEL_SLOTS`].
+    /// Moves to the paths of `config`: kept paths keep their slot, new ones take the slot they
+    /// had last if it is free, else the lowest free one; gone ones free theirs. Fails, changing
+    /// nothing, beyond [`TUNNEL_SLOTS`].
     pub fn plan(&self, config: &Config) -> anyhow::Result<Plan> {
         let wanted = Self::wanted(config);
         if wanted.len() > TUNNEL_SLOTS as usize {
@@ -106,29 +111,42 @@ impl Tunnels {
         }
         let mut writes = Vec::new();
         let mut next = Tunnels::default();
+        let mut freed = self.freed.clone();
         for (path, &(slot, entry)) in &self.slots {
             if wanted.contains(path) {
                 next.slots.insert(*path, (slot, entry));
             } else {
                 writes.push((slot, entry.cleared()));
+                freed.insert(*path, slot);
             }
         }
         writes.sort_by_key(|&(slot, _)| slot);
         let mut used: BTreeSet<u32> = next.slots.values().map(|&(slot, _)| slot).collect();
-        let mut free = (0..TUNNEL_SLOTS)
-            .filter(|s| !used.contains(s))
-            .collect::<Vec<_>>();
-        free.reverse();
-        for path in wanted {
-            if next.slots.contains_key(&path) {
-                continue;
+        // Paths back in the config whose last slot is free take it; the others the lowest
+        // free ones.
+        let mut placed = Vec::new();
+        let mut rest = Vec::new();
+        for path in wanted.into_iter().filter(|p| !next.slots.contains_key(p)) {
+            match freed.get(&path) {
+                Some(&slot) if used.insert(slot) => placed.push((path, slot)),
+                _ => rest.push(path),
             }
-            let slot = free.pop().expect("counted above");
-            used.insert(slot);
+        }
+        let free: Vec<u32> = (0..TUNNEL_SLOTS)
+            .filter(|s| !used.contains(s))
+            .take(rest.len())
+            .collect();
+        placed.extend(rest.into_iter().zip(free));
+        placed.sort_by_key(|&(_, slot)| slot);
+        for (path, slot) in placed {
             let entry = path.entry()?;
             next.slots.insert(path, (slot, entry));
             writes.push((slot, entry));
         }
+        // Remembered while their slot stays free.
+        let taken: BTreeSet<u32> = next.slots.values().map(|&(slot, _)| slot).collect();
+        freed.retain(|path, slot| !next.slots.contains_key(path) && !taken.contains(slot));
+        next.freed = freed;
         Ok(Plan { next, writes })
     }
 
@@ -243,6 +261,48 @@ mod tests {
         let again = t2.plan(&config(&format!("{a2}{gue}"))).unwrap();
         assert!(again.writes.is_empty());
         assert_eq!(again.next, t2);
+    }
+
+    #[test]
+    fn a_path_back_in_the_config_gets_its_slot_back_while_it_is_free() {
+        let backends = ["10.0.2.2:80", "10.0.2.3:80", "10.0.2.4:80"];
+        let c = |which: &[usize], vip: &str| {
+            let list: Vec<&str> = which.iter().map(|&i| backends[i]).collect();
+            config(&service("a", vip, "ipip", &list, true))
+        };
+        let path = |b: usize, vip: &str| TunnelPath {
+            backend: backends[b].parse::<std::net::SocketAddr>().unwrap().ip(),
+            vip: vip.parse::<std::net::SocketAddr>().unwrap().ip(),
+            forwarding: Forwarding::Ipip,
+        };
+        let vip = "10.100.0.1:80";
+        let all = Tunnels::default().plan(&c(&[0, 1, 2], vip)).unwrap().next;
+        // A reload drops backend 1 and brings another VIP's path, which takes the lowest free
+        // slot, backend 1's. Rolled back (the checker failed): that path goes again, freeing
+        // the slot, and backend 1's path gets it back, as its probes that kept running expect.
+        let reload = c(&[0, 2], vip);
+        let mut other = reload.clone();
+        other
+            .services
+            .extend(c(&[1], "10.100.0.9:80").services.into_iter().map(|mut s| {
+                s.name = "b".into();
+                s
+            }));
+        let t = all.plan(&other).unwrap().next;
+        assert_eq!(t.mark(&path(1, "10.100.0.9:80")), Some(tunnel_mark(1)));
+        let back = t.plan(&c(&[0, 1, 2], vip)).unwrap().next;
+        for b in 0..3 {
+            assert_eq!(
+                back.mark(&path(b, vip)),
+                all.mark(&path(b, vip)),
+                "backend {b}"
+            );
+        }
+        // Dropped and back without anything in between: the same slot, not the lowest free.
+        let two = all.plan(&c(&[2], vip)).unwrap().next;
+        let one = two.plan(&c(&[1, 2], vip)).unwrap();
+        assert_eq!(one.next.mark(&path(1, vip)), Some(tunnel_mark(1)));
+        assert_eq!(one.writes.len(), 1);
     }
 
     #[test]
