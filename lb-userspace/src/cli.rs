@@ -11,7 +11,7 @@ use lb_common::counter;
 
 use crate::{
     client, config, decap, exit,
-    model::{AdminReply, ErrorReply, Event, Events, ReloadReply, Status},
+    model::{AdminReply, ErrorReply, Event, Events, HostReply, ReloadReply, Status, StopReply},
 };
 
 #[derive(Debug, Parser)]
@@ -82,13 +82,27 @@ pub enum Command {
         #[command(flatten)]
         api: ApiArgs,
     },
+    /// Withdraw every VIP this host announces (route health injection) and keep forwarding:
+    /// the routers move the traffic to the other lb hosts (maintenance). Kept across restarts
+    /// of the pinned datapath until `lb undrain-host`.
+    DrainHost {
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Announce the VIPs again, each as its services want (after `lb drain-host`).
+    UndrainHost {
+        #[command(flatten)]
+        api: ApiArgs,
+    },
     /// Make the daemon read its config file again and apply it without losing flows.
     Reload {
         #[command(flatten)]
         api: ApiArgs,
     },
-    /// Stop the daemon and remove the datapath (pinned or not). When no daemon answers,
-    /// remove a pinned datapath left behind at --pin-path.
+    /// Stop the daemon and remove the datapath (pinned or not); with [lb.announce], every VIP
+    /// is withdrawn first and lb keeps forwarding for the grace period. When no daemon
+    /// answers, remove a pinned datapath left behind at --pin-path (and the routes it
+    /// announced).
     Stop {
         /// The pinned datapath's bpffs directory (the config's `pin_path`), for when no daemon
         /// answers.
@@ -287,6 +301,38 @@ pub async fn status(api: ApiArgs, service: Option<String>) -> anyhow::Result<()>
         println!("{body}");
         return Ok(());
     }
+    if let Some(a) = &status.announce {
+        let announced = a.vips.iter().filter(|v| v.announced).count();
+        let note = match a.state.as_str() {
+            "drained" => " (lb drain-host: `lb undrain-host` announces again)",
+            "stopping" => " (lb stop: forwarding for the grace period)",
+            _ => "",
+        };
+        println!(
+            "host: {}{note}, {announced} of {} VIPs announced in table {} (proto {})",
+            a.state,
+            a.vips.len(),
+            a.table,
+            a.protocol
+        );
+        for v in &a.vips {
+            println!(
+                "  {:<22} {:<9}  {}{}",
+                v.vip,
+                if v.announced {
+                    "announced"
+                } else {
+                    "withdrawn"
+                },
+                v.reason,
+                v.error
+                    .as_deref()
+                    .map(|e| format!(" (failing: {e})"))
+                    .unwrap_or_default()
+            );
+        }
+        println!();
+    }
     for s in &status.services {
         // The forwarding mode only when it is not the default full NAT.
         let dsr = if s.forwarding == "nat" {
@@ -327,6 +373,17 @@ pub async fn status(api: ApiArgs, service: Option<String>) -> anyhow::Result<()>
         }
         if !s.passive_signals.is_empty() {
             println!("  passive checks see: {}", s.passive_signals.join(", "));
+        }
+        if let Some(setting) = &s.announce {
+            let min = s
+                .announce_min_available
+                .map(|n| format!(" (at least {n} available)"))
+                .unwrap_or_default();
+            let vip = match s.vip_announced {
+                Some(true) => "announced",
+                _ => "withdrawn",
+            };
+            println!("  announce {setting}{min}: VIP {vip}");
         }
         println!(
             "  traffic: {} new flows, {} packets, {} bytes",
@@ -409,6 +466,15 @@ fn show_event(e: &Event) -> String {
         .reason
         .as_deref()
         .map_or(String::new(), |r| format!(": {r}"));
+    if let Some(vip) = &e.vip {
+        return format!(
+            "#{} {} VIP {vip} {} -> {}{reason}",
+            e.seq,
+            show_time(e.time),
+            e.from,
+            e.to
+        );
+    }
     if e.service.is_empty() {
         // Not about a backend: a rejected reload, a local shortage.
         return format!("#{} {} {}{reason}", e.seq, show_time(e.time), e.source);
@@ -524,14 +590,50 @@ pub async fn reload(api: ApiArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `lb drain-host` (`drain`) and `lb undrain-host`.
+pub async fn host(api: ApiArgs, drain: bool) -> anyhow::Result<()> {
+    let action = if drain { "drain" } else { "undrain" };
+    let body = post(&api, &format!("/v1/host/{action}")).await?;
+    if api.json {
+        println!("{body}");
+    } else {
+        let r: HostReply = serde_json::from_str(&body)?;
+        println!("{}", r.message);
+        if !r.announced.is_empty() {
+            println!("  announced: {}", r.announced.join(", "));
+        }
+    }
+    Ok(())
+}
+
 /// `lb stop`.
 pub async fn stop(api: ApiArgs, pin_path: PathBuf) -> anyhow::Result<()> {
     match post(&api, "/v1/stop").await {
-        Ok(_) => {
-            println!("lb is stopping and removing its datapath");
+        Ok(body) => {
+            let grace = serde_json::from_str::<StopReply>(&body)
+                .ok()
+                .and_then(|r| r.grace_s);
+            match grace {
+                Some(g) => println!(
+                    "lb is withdrawing its VIPs, forwards for {g}s more (the grace period), then stops and removes its datapath"
+                ),
+                None => println!("lb is stopping and removing its datapath"),
+            }
             Ok(())
         }
         Err(e) if e.is::<client::Unreachable>() => {
+            // The routes first: they lead to the datapath about to go.
+            match crate::daemon::withdraw_left_over(&crate::daemon::host_file(&pin_path)) {
+                Ok(vips) if !vips.is_empty() => println!(
+                    "withdrew the VIPs the stopped daemon announced: {}",
+                    vips.iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                Ok(_) => {}
+                Err(e) => eprintln!("warning: {e:#}"),
+            }
             let removed = crate::dataplane::remove_pinned(&pin_path)?;
             let ids = crate::daemon::ids_file(&pin_path);
             // The ids and the lock beside them (they may not exist).

@@ -107,6 +107,7 @@ mod tests {
             unhealthy_threshold: 3,
             flag_write_us: None,
             reason: None,
+            vip: None,
         }
     }
 

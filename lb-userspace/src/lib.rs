@@ -2,6 +2,7 @@
 //! integration tests drive directly (config, dataplane).
 
 pub mod addr_table;
+pub mod announce;
 pub mod api;
 pub mod balancer;
 pub mod cli;

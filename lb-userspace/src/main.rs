@@ -25,6 +25,9 @@ fn main() -> ExitCode {
             return match config::load_for_host(&file) {
                 Ok(c) => {
                     println!("{}: ok ({} services)", file.display(), c.services.len());
+                    if let Some(a) = &c.lb.announce {
+                        println!("  announcing VIPs: {}", a.describe());
+                    }
                     for s in &c.services {
                         match s.check.windows() {
                             Some((fail, ok)) => println!(
@@ -71,6 +74,8 @@ fn main() -> ExitCode {
             address,
             api,
         } => block_on(cli::backend(api, action, service, address)),
+        Command::DrainHost { api } => block_on(cli::host(api, true)),
+        Command::UndrainHost { api } => block_on(cli::host(api, false)),
         Command::Reload { api } => block_on(cli::reload(api)),
         Command::Stop { pin_path, api } => block_on(cli::stop(api, pin_path)),
         Command::Stats { api } => block_on(cli::stats(api)),

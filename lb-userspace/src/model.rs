@@ -22,6 +22,47 @@ pub struct Status {
     /// The daemon's own resources: open-file limit, API connections, local shortages.
     #[serde(default)]
     pub resources: ResourceStatus,
+    /// Route health injection (`[lb.announce]`): the host's state and every VIP's route; None
+    /// when lb announces nothing.
+    #[serde(default)]
+    pub announce: Option<AnnounceStatus>,
+}
+
+/// Route health injection as a whole (README, "Running several lb hosts").
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct AnnounceStatus {
+    /// "announcing" (each VIP as its services want), "drained" (`lb drain-host`: every VIP
+    /// withdrawn, forwarding goes on) or "stopping" (`lb stop`: withdrawn, forwarding for the
+    /// grace period).
+    pub state: String,
+    /// The kernel routing table lb keeps the announced VIPs in, and lb's route protocol there.
+    pub table: u32,
+    pub protocol: u8,
+    /// How long `lb stop` keeps forwarding after withdrawing.
+    pub grace_s: f64,
+    /// Unix time of the last announce or withdraw (None: none yet by this daemon).
+    pub last_change: Option<f64>,
+    pub vips: Vec<VipStatus>,
+}
+
+/// One VIP's route.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct VipStatus {
+    /// The address, without a port.
+    pub vip: String,
+    /// Its route is in the table (BIRD announces it).
+    pub announced: bool,
+    /// Whether it should be (None: no service has it any more; its route is being removed).
+    pub wanted: Option<bool>,
+    /// Why: "web: 2 of 3 backends available (needs 1)", "drain-host", ...
+    pub reason: String,
+    /// The services on it.
+    pub services: Vec<String>,
+    /// Unix time of its last announce or withdraw by this daemon (None: kept as it was).
+    pub since: Option<f64>,
+    /// The last failed write of its route, until one succeeds.
+    #[serde(default)]
+    pub error: Option<String>,
 }
 
 /// What the daemon itself has and ran short of (README, "Control API": limits).
@@ -101,6 +142,17 @@ pub struct ServiceStatus {
     /// ("use-all", "first", "drop"); None otherwise.
     #[serde(default)]
     pub policy_in_force: Option<String>,
+    /// Its `announce` setting ("healthy", "always", "never"); None when lb announces nothing
+    /// (no `[lb.announce]`).
+    #[serde(default)]
+    pub announce: Option<String>,
+    /// `announce = "healthy"`: the backends that must be available for its VIP to be announced.
+    #[serde(default)]
+    pub announce_min_available: Option<u32>,
+    /// Whether its VIP's route is announced now (by this service or another on the VIP);
+    /// None when lb announces nothing.
+    #[serde(default)]
+    pub vip_announced: Option<bool>,
     pub backends: Vec<BackendStatus>,
 }
 
@@ -409,9 +461,13 @@ pub struct Event {
     /// Microseconds from the verdict to the datapath flag written, when the flag changed.
     pub flag_write_us: Option<u64>,
     /// Why, in a few words: the last probe failure of a move to a worse state ("connection
-    /// refused", "TLS: ..."), or what a rejected reload found.
+    /// refused", "TLS: ..."), what a rejected reload found, why a VIP was announced or withdrawn.
     #[serde(default)]
     pub reason: Option<String>,
+    /// The VIP of an announce or withdraw (from "withdrawn" to "announced" or back); no service
+    /// or backend then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vip: Option<String>,
 }
 
 impl Event {
@@ -431,9 +487,29 @@ impl Event {
             unhealthy_threshold: 0,
             flag_write_us: None,
             reason: Some(reason),
+            vip: None,
+        }
+    }
+
+    /// A VIP announced (`announced`) or withdrawn, and why.
+    pub fn vip(vip: std::net::IpAddr, announced: bool, reason: String) -> Self {
+        let (from, to) = if announced {
+            (VIP_WITHDRAWN, VIP_ANNOUNCED)
+        } else {
+            (VIP_ANNOUNCED, VIP_WITHDRAWN)
+        };
+        Self {
+            from: from.to_owned(),
+            to: to.to_owned(),
+            vip: Some(vip.to_string()),
+            ..Self::daemon("announce".to_owned(), reason)
         }
     }
 }
+
+/// A VIP event's states.
+pub const VIP_ANNOUNCED: &str = "announced";
+pub const VIP_WITHDRAWN: &str = "withdrawn";
 
 /// `POST /v1/services/{service}/backends/{backend}/{drain|enable|disable}`: the backend after it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -464,6 +540,22 @@ pub struct ReloadReply {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct StopReply {
     pub stopping: bool,
+    /// With `[lb.announce]`: every VIP is withdrawn first and lb keeps forwarding this long
+    /// before it stops; None: it stops at once.
+    #[serde(default)]
+    pub grace_s: Option<f64>,
+}
+
+/// `POST /v1/host/drain` and `/v1/host/undrain`: the host's announcing state after it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct HostReply {
+    /// "announcing", "drained" or "stopping"; None without `[lb.announce]` (lb announces
+    /// nothing, so there is nothing to withdraw or announce).
+    pub state: Option<String>,
+    /// The VIPs announced now.
+    pub announced: Vec<String>,
+    /// What happened, in a sentence.
+    pub message: String,
 }
 
 /// Every answer that is not a success (4xx/5xx): what went wrong; `problems`, each with its

@@ -14,93 +14,19 @@
 
 use std::{
     net::{IpAddr, Ipv4Addr},
-    path::PathBuf,
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 
 use crate::{
-    daemon::TempDir,
-    netns::{Netns, PassProgram, Port, Process, attach_pass_program, veth, veth_maybe_addressed},
+    bird::{self, Bird},
+    netns::{Netns, PassProgram, Port, attach_pass_program, veth, veth_maybe_addressed},
     servers::{self, Servers},
 };
 
-/// The lb hosts' announce table (`[lb.announce] table`), which their BIRD learns.
+/// The lb hosts' announce table (`[lb.announce] table`), which their BIRD learns (docs/bird.conf).
 pub const ANNOUNCE_TABLE: u32 = 200;
-/// BGP timers of every session: keepalive 1 s, hold 3 s (a dead host is noticed within 3 s
-/// when its link stays up; a link that goes down is noticed at once).
-pub const HOLD_TIME_S: u32 = 3;
-
-/// A BIRD 2 instance in a namespace, with its config and control socket in a directory of its
-/// own; stopped (by PID) and its files removed when dropped.
-pub struct Bird {
-    process: Process,
-    pub socket: PathBuf,
-    _dir: TempDir,
-}
-
-impl Bird {
-    /// Starts `bird -f` on `config` in `ns` and waits until its control socket answers.
-    pub fn start(ns: &Netns, config: &str) -> anyhow::Result<Self> {
-        let dir = TempDir::new()?;
-        let conf = dir.0.join("bird.conf");
-        std::fs::write(&conf, config)?;
-        let socket = dir.0.join("bird.ctl");
-        let process = ns.spawn(
-            ns.command("bird")
-                .arg("-f")
-                .arg("-c")
-                .arg(&conf)
-                .arg("-s")
-                .arg(&socket)
-                .arg("-P")
-                .arg(dir.0.join("bird.pid"))
-                .stdout(std::process::Stdio::null())
-                .stderr(std::fs::File::create(dir.0.join("bird.log"))?),
-        )?;
-        let mut bird = Self {
-            process,
-            socket,
-            _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while bird.birdc(&["show", "status"]).is_err() {
-            if !bird.process.running() || Instant::now() > deadline {
-                bail!("BIRD did not start:\n{}", bird.log());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(bird)
-    }
-
-    /// `birdc -s SOCKET ARGS`: its output.
-    pub fn birdc(&self, args: &[&str]) -> anyhow::Result<String> {
-        let out = std::process::Command::new("birdc")
-            .arg("-s")
-            .arg(&self.socket)
-            .args(args)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .context("running birdc")?;
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        if !out.status.success() || text.contains("Unable to connect") {
-            bail!(
-                "birdc {args:?}: {text}{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(text)
-    }
-
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(self._dir.0.join("bird.log")).unwrap_or_default()
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.process.pid()
-    }
-}
 
 /// One lb host: its namespace, its links (to the router, to the backends' bridge), its BIRD.
 pub struct Host {
@@ -256,7 +182,8 @@ impl Cluster {
     pub fn start_bird(&mut self, i: usize) -> anyhow::Result<()> {
         let host = &mut self.hosts[i];
         host.bird = None;
-        host.bird = Some(Bird::start(&host.ns, &host_config(i))?);
+        let config = bird::host_config(&format!("10.2.{i}.2"), &format!("10.2.{i}.1"))?;
+        host.bird = Some(Bird::start(&host.ns, &config)?);
         Ok(())
     }
 
@@ -339,34 +266,22 @@ impl Cluster {
     }
 }
 
-/// The router's BIRD: a BGP session to each host (hold time [`HOLD_TIME_S`]), everything
-/// learned exported to the kernel with `merge paths` (one multipath route per VIP).
+/// The router's BIRD: a BGP session to each host (AS 65011, as docs/bird.conf has them) with
+/// BFD and the same short timers, everything learned exported to the kernel with `merge paths`
+/// (one multipath route per VIP, a next hop per announcing host).
 fn router_config(hosts: usize) -> String {
-    let mut c = format!(
-        "router id 10.1.0.1;\n\
-         protocol device {{ scan time 1; }}\n\
-         protocol kernel {{ ipv4 {{ import none; export all; }}; merge paths on; }}\n\
-         template bgp lbhost {{ local as 65000; hold time {HOLD_TIME_S}; keepalive time 1; \
-         connect retry time 1; error wait time 1, 2; ipv4 {{ import all; export none; }}; }}\n"
-    );
+    let mut c = "router id 10.1.0.1;\n\
+         protocol device { }\n\
+         protocol bfd { interface \"*\" { interval 100 ms; multiplier 3; }; }\n\
+         protocol kernel { ipv4 { import none; export all; }; merge paths on; }\n\
+         template bgp lbhost { local as 65000; hold time 3; keepalive time 1; \
+         connect delay time 1; connect retry time 1; bfd on; \
+         ipv4 { import all; export none; }; }\n"
+        .to_owned();
     for i in 0..hosts {
         c.push_str(&format!(
-            "protocol bgp host{i} from lbhost {{ neighbor 10.2.{i}.2 as 65001; }}\n"
+            "protocol bgp host{i} from lbhost {{ neighbor 10.2.{i}.2 as 65011; }}\n"
         ));
     }
     c
-}
-
-/// Host `i`'s BIRD: the routes lb puts in [`ANNOUNCE_TABLE`] learned and exported to the
-/// router, nothing else, as docs/bird.conf does.
-fn host_config(i: usize) -> String {
-    format!(
-        "router id 10.2.{i}.2;\n\
-         protocol device {{ scan time 1; }}\n\
-         protocol kernel lb_vips {{ kernel table {ANNOUNCE_TABLE}; learn; scan time 1; \
-         ipv4 {{ import all; export none; }}; }}\n\
-         protocol bgp uplink {{ local 10.2.{i}.2 as 65001; neighbor 10.2.{i}.1 as 65000; \
-         hold time {HOLD_TIME_S}; keepalive time 1; connect retry time 1; error wait time 1, 2; \
-         ipv4 {{ import none; export where proto = \"lb_vips\"; next hop self; }}; }}\n"
-    )
 }

@@ -20,10 +20,16 @@ max_services = 64
 max_backends = 4096
 conntrack = { size = 1048576, tcp_syn_timeout = "30s", tcp_established_timeout = "15m", tcp_closing_timeout = "10s", tcp_closed_timeout = "1s", udp_timeout = "60s" }
 
+[lb.announce]
+table = 200
+grace = "5s"
+
 [[service]]
 name = "web"
 vip = "10.100.0.1:80"
 protocol = "tcp"
+announce = "healthy"
+announce_min_available = 1
 snat_address = "10.0.2.1"
 existing_flows = "reschedule"
 on_all_unhealthy = "use-all"
@@ -58,6 +64,7 @@ traffic_idle = "30m"
 name = "dns"
 vip = "10.100.0.1:53"
 protocol = "udp"
+announce = "always"
 backends = [{ address = "10.0.2.2:53" }, { address = "10.0.3.2:53", weight = 0 }]
 
 [service.check]

@@ -40,6 +40,7 @@ impl Drop for PinGuard {
         let _ = lb::dataplane::remove_pinned(pin);
         let _ = std::fs::remove_file(lb::daemon::ids_file(pin));
         let _ = std::fs::remove_file(lb::daemon::ids_file(pin).with_extension("lock"));
+        let _ = std::fs::remove_file(lb::daemon::host_file(pin));
     }
 }
 

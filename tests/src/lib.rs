@@ -2,6 +2,7 @@
 //! and a fixture runner over BPF_PROG_TEST_RUN. Used by the root integration tests and the demo.
 
 pub mod bench;
+pub mod bird;
 pub mod cluster;
 pub mod config_mutations;
 pub mod daemon;
@@ -13,6 +14,7 @@ pub mod packet;
 pub mod packet_fuzz;
 pub mod relay;
 pub mod rng;
+pub mod routewatch;
 pub mod servers;
 pub mod testnet;
 pub mod topology;

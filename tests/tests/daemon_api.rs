@@ -222,6 +222,7 @@ fn errors_have_their_status_and_exit_code() {
             400,
         ),
         ("DELETE", "/v1/healthcheck", 405),
+        ("POST", "/v1/host/explode", 400),
     ];
     for (method, path, want) in cases {
         let (status, body) = daemon.http(method, &format!("{API}{path}"), &[]);
@@ -235,6 +236,15 @@ fn errors_have_their_status_and_exit_code() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("no service \"nope\""));
     let out = daemon.lb(&["backend", "drain", "tcp", "10.9.9.9:80"]);
     assert_eq!(code(&out), 3);
+    // Without [lb.announce] there is nothing to withdraw, and lb says so.
+    for (command, what) in [("drain-host", "withdraw"), ("undrain-host", "announce")] {
+        let out = daemon.lb(&[command]);
+        assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            format!("lb announces nothing (no [lb.announce] in its config): nothing to {what}")
+        );
+    }
     let out = daemon.lb(&["status", "--api", "127.0.0.1:9"]);
     assert_eq!(code(&out), 69, "no daemon there");
     assert!(String::from_utf8_lossy(&out.stderr).contains("is `lb run` running"));

@@ -16,8 +16,8 @@ use lb::{
         metrics,
     },
     model::{
-        Admin, BackendStatus, HealthState, LatencyHistogram, NamedCounter, ProbeCounters,
-        ServiceStatus, Status,
+        Admin, AnnounceStatus, BackendStatus, HealthState, LatencyHistogram, NamedCounter,
+        ProbeCounters, ServiceStatus, Status, VipStatus,
     },
 };
 use lb_tests::{
@@ -79,6 +79,10 @@ fn service(name: &str, vip: &str, backends: Vec<BackendStatus>) -> ServiceStatus
         available_backends: backends.iter().filter(|b| b.available).count() as u32,
         state: lb::model::ServiceState::of(true, &backends),
         policy_in_force: None,
+        // Route health injection: both VIPs announced.
+        announce: Some("healthy".to_owned()),
+        announce_min_available: Some(1),
+        vip_announced: Some(true),
         backends,
     }
 }
@@ -137,6 +141,25 @@ fn status(with_unhealthy: bool) -> Status {
         half_open_syns: None,
         events_total: 3,
         resources: Default::default(),
+        announce: Some(AnnounceStatus {
+            state: "announcing".to_owned(),
+            table: 200,
+            protocol: 250,
+            grace_s: 5.0,
+            last_change: Some(1_789_999_990.0),
+            vips: ["10.1.0.1", "10.1.0.2"]
+                .iter()
+                .map(|vip| VipStatus {
+                    vip: (*vip).to_owned(),
+                    announced: true,
+                    wanted: Some(true),
+                    reason: "web: 1 of 2 backends available (needs 1)".to_owned(),
+                    services: vec!["web".to_owned()],
+                    since: Some(1_789_999_990.0),
+                    error: None,
+                })
+                .collect(),
+        }),
     }
 }
 
@@ -201,6 +224,11 @@ fn page_in_chromium_shows_states_and_colours() {
         assert!(dom.contains(&row), "no {row} in\n{dom}");
     }
     assert!(dom.contains("web &lt;main&gt;"), "{dom}");
+    assert_eq!(dom.matches(">VIP announced</span>").count(), 2, "{dom}");
+    assert!(
+        dom.contains("announcing — 2 of 2 VIPs announced (table 200)"),
+        "{dom}"
+    );
     assert!(dom.contains("<title>lb status</title>"), "{dom}");
 
     let img = chromium_screenshot(Some(&ns), &url, WIDTH, HEIGHT).expect("screenshot");

@@ -36,36 +36,6 @@ const PACKAGES: &[(&str, &str)] = &[
 /// instances inside namespaces.
 const SERVICES: &[&str] = &["haproxy", "nginx", "iperf3"];
 
-const POLICY_RC_D: &str = "/usr/sbin/policy-rc.d";
-
-/// A `policy-rc.d` that forbids starting services while packages install; removed on drop (only
-/// if we wrote it).
-struct NoServiceStarts(bool);
-
-impl NoServiceStarts {
-    fn new() -> anyhow::Result<Self> {
-        if Path::new(POLICY_RC_D).exists() {
-            return Ok(Self(false)); // the host's own policy stays in charge
-        }
-        use std::os::unix::fs::PermissionsExt as _;
-        let guard = Self(true);
-        std::fs::write(
-            POLICY_RC_D,
-            "#!/bin/sh\n# written by cargo xtask bench during apt-get install\nexit 101\n",
-        )?;
-        std::fs::set_permissions(POLICY_RC_D, std::fs::Permissions::from_mode(0o755))?;
-        Ok(guard)
-    }
-}
-
-impl Drop for NoServiceStarts {
-    fn drop(&mut self) {
-        if self.0 {
-            let _ = std::fs::remove_file(POLICY_RC_D); // best effort; reported by apt next time
-        }
-    }
-}
-
 fn ensure_packages() -> anyhow::Result<()> {
     let missing: Vec<&str> = PACKAGES
         .iter()
@@ -84,7 +54,7 @@ fn ensure_packages() -> anyhow::Result<()> {
         missing.join(" ")
     ));
     {
-        let _policy = NoServiceStarts::new()?;
+        let _policy = crate::setup::NoServiceStarts::new()?;
         run(Command::new("apt-get").args(["update", "-q"]))?;
         run(Command::new("apt-get")
             .args(["install", "-y", "-q", "--no-install-recommends"])

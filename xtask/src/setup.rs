@@ -28,7 +28,43 @@ const PACKAGES: &[(&str, &str)] = &[
     ("prometheus", "promtool"),
     // `cargo xtask dist` strips the packaged binary.
     ("binutils", "strip"),
+    // The routing daemon of the route health injection tests: each test runs its own BIRD
+    // instances inside its namespaces, never the package's service (see ensure_packages).
+    ("bird2", "bird"),
 ];
+
+/// Services of those packages that must not run on the host (the tests start their own).
+const SERVICES: &[&str] = &["bird", "prometheus"];
+
+const POLICY_RC_D: &str = "/usr/sbin/policy-rc.d";
+
+/// A `policy-rc.d` that forbids starting services while packages install; removed on drop (only
+/// if we wrote it).
+pub(crate) struct NoServiceStarts(bool);
+
+impl NoServiceStarts {
+    pub(crate) fn new() -> anyhow::Result<Self> {
+        if Path::new(POLICY_RC_D).exists() {
+            return Ok(Self(false)); // the host's own policy stays in charge
+        }
+        use std::os::unix::fs::PermissionsExt as _;
+        let guard = Self(true);
+        std::fs::write(
+            POLICY_RC_D,
+            "#!/bin/sh\n# written by cargo xtask during apt-get install\nexit 101\n",
+        )?;
+        std::fs::set_permissions(POLICY_RC_D, std::fs::Permissions::from_mode(0o755))?;
+        Ok(guard)
+    }
+}
+
+impl Drop for NoServiceStarts {
+    fn drop(&mut self) {
+        if self.0 {
+            let _ = std::fs::remove_file(POLICY_RC_D); // best effort; reported by apt next time
+        }
+    }
+}
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Need {
@@ -197,18 +233,23 @@ fn ensure_packages() -> anyhow::Result<()> {
         "installing Debian packages: {}",
         missing.join(" ")
     ));
-    run(Command::new("apt-get").args(["update", "-q"]))?;
-    run(Command::new("apt-get")
-        .args(["install", "-y", "-q", "--no-install-recommends"])
-        .args(&missing)
-        .env("DEBIAN_FRONTEND", "noninteractive"))?;
-    if missing.contains(&"prometheus") {
-        // Only promtool is wanted; under systemd the package also starts a Prometheus server on
-        // :9090, lb's default API port. Stop it and keep it from starting again.
+    {
+        // No service of these packages starts while they install (bird2's BIRD would take
+        // BGP's port on the host, prometheus lb's default API port :9090).
+        let _policy = NoServiceStarts::new()?;
+        run(Command::new("apt-get").args(["update", "-q"]))?;
+        run(Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    }
+    if Path::new("/run/systemd/system").exists() {
+        // Under systemd: keep them from starting at boot too (and stop any that did start).
         let _ = Command::new("systemctl")
-            .args(["disable", "--now", "prometheus"])
+            .args(["disable", "--now"])
+            .args(SERVICES)
             .stderr(std::process::Stdio::null())
-            .status(); // no systemd (containers): nothing was started
+            .status(); // a unit missing is fine
     }
     Ok(())
 }

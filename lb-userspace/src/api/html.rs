@@ -73,10 +73,20 @@ pub fn page(status: &Status, refresh_seconds: u32) -> String {
          <h1>lb status</h1>\n<p>As of <span id=\"as-of\">{}</span>; \
          <span id=\"mode\">this page reloads every {refresh_seconds} s</span>. \
          <a href=\"/v1/healthcheck\">JSON</a> · <a href=\"/metrics\">metrics</a> · \
-         <a href=\"/v1/events\">events</a></p>\n<main id=\"services\">\n",
+         <a href=\"/v1/events\">events</a></p>\n",
         utc(status.time),
         time = status.time,
     );
+    // Route health injection: what the routers are told about this host.
+    if let Some(a) = &status.announce {
+        let _ = writeln!(
+            out,
+            "<p id=\"host\" data-host-state=\"{}\">Host: <span data-f=\"host\">{}</span></p>",
+            escape(&a.state),
+            escape(&host_words(a))
+        );
+    }
+    out.push_str("<main id=\"services\">\n");
     for service in &status.services {
         section(&mut out, service);
     }
@@ -92,6 +102,26 @@ pub fn page(status: &Status, refresh_seconds: u32) -> String {
         TIMELINE_MIN * 60
     );
     out
+}
+
+/// The host line's words: "announcing — 1 of 2 VIPs announced (table 200)".
+fn host_words(a: &crate::model::AnnounceStatus) -> String {
+    format!(
+        "{} — {} of {} VIPs announced (table {})",
+        a.state,
+        a.vips.iter().filter(|v| v.announced).count(),
+        a.vips.len(),
+        a.table
+    )
+}
+
+/// The banner's words about the VIP's route (with `[lb.announce]` only).
+fn vip_words(announced: bool) -> &'static str {
+    if announced {
+        "VIP announced"
+    } else {
+        "VIP withdrawn"
+    }
 }
 
 /// The banner's words: the state, and the all-unhealthy policy when it is in force.
@@ -121,11 +151,19 @@ fn section(out: &mut String, s: &ServiceStatus) {
         None => windows,
     };
     let state = s.state.as_str();
+    let announce = match (s.announce.as_deref(), s.vip_announced) {
+        (Some(setting), Some(announced)) => format!(
+            " — <span data-f=\"announce\" data-announced=\"{announced}\" title=\"announce = {}\">{}</span>",
+            escape(setting),
+            vip_words(announced)
+        ),
+        _ => String::new(),
+    };
     let _ = write!(
         out,
         "<section class=\"service\">\n\
          <div class=\"banner svc-{state}\" data-service-state=\"{state}\">{name} — \
-         <span data-f=\"state\">{}</span> — <span data-f=\"avail\">{}/{} backends available</span></div>\n\
+         <span data-f=\"state\">{}</span> — <span data-f=\"avail\">{}/{} backends available</span>{announce}</div>\n\
          <div class=\"wrap\"><table data-service=\"{name}\">\n<caption>{name} — {} {} {} — check {}, {} — \
          <span data-f=\"traffic\">{} packets, {} bytes, {} new flows</span></caption>\n<thead>\
          <tr><th rowspan=\"2\">backend</th><th rowspan=\"2\">weight</th><th rowspan=\"2\">state</th>\
@@ -323,12 +361,20 @@ pub const SCRIPT: &str = r#"(() => {
     }
     root.innerHTML = html.join('');
     const list = document.getElementById('events');
-    list.innerHTML = events.slice(-20).reverse().map((e) => '<li>' + esc(utc(e.time) + ' ' + e.service + ' ' +
-      e.backend + ' ' + e.from + ' → ' + e.to + ' (' + e.source + (e.reason ? ': ' + e.reason : '') + ')') + '</li>').join('');
+    list.innerHTML = events.slice(-20).reverse().map((e) => '<li>' + esc(utc(e.time) + ' ' +
+      (e.vip ? 'VIP ' + e.vip : e.service + ' ' + e.backend) + ' ' + e.from + ' → ' + e.to + ' (' + e.source +
+      (e.reason ? ': ' + e.reason : '') + ')') + '</li>').join('');
   };
   const esc = (t) => String(t).replace(/[&<>"']/g, (c) => '&#' + c.charCodeAt(0) + ';');
   const apply = (st) => {
     document.getElementById('as-of').textContent = utc(st.time);
+    const host = document.getElementById('host');
+    if (host && st.announce) {
+      const a = st.announce;
+      host.dataset.hostState = a.state;
+      set(host, 'host', a.state + ' — ' + a.vips.filter((v) => v.announced).length + ' of ' + a.vips.length +
+        ' VIPs announced (table ' + a.table + ')');
+    }
     for (const s of st.services) {
       const table = [...document.querySelectorAll('table[data-service]')].find((x) => x.dataset.service === s.name);
       const section = table.closest('section');
@@ -337,6 +383,11 @@ pub const SCRIPT: &str = r#"(() => {
       banner.dataset.serviceState = s.state;
       set(banner, 'state', s.state + (s.policy_in_force ? ' (on_all_unhealthy = ' + s.policy_in_force + ' in force)' : ''));
       set(banner, 'avail', s.available_backends + '/' + s.backends.length + ' backends available');
+      const vip = banner.querySelector('[data-f="announce"]');
+      if (vip && s.vip_announced != null) {
+        vip.dataset.announced = String(s.vip_announced);
+        set(banner, 'announce', s.vip_announced ? 'VIP announced' : 'VIP withdrawn');
+      }
       set(table, 'traffic', s.packets + ' packets, ' + s.bytes + ' bytes, ' + s.new_flows + ' new flows');
       for (const b of s.backends) {
         const tr = [...table.querySelectorAll('tr[data-backend]')].find((x) => x.dataset.backend === b.address);
@@ -490,6 +541,9 @@ mod tests {
             available_backends: 1,
             state: Default::default(),
             policy_in_force: None,
+            announce: None,
+            announce_min_available: None,
+            vip_announced: None,
             backends,
         }
     }
@@ -503,6 +557,7 @@ mod tests {
             half_open_syns: None,
             events_total: 0,
             resources: Default::default(),
+            announce: None,
         }
     }
 
@@ -627,6 +682,52 @@ mod tests {
              <span data-f=\"state\">empty</span>"
         ));
         assert_eq!(html.matches("<section class=\"service\">").count(), 2);
+    }
+
+    #[test]
+    fn the_banner_says_whether_the_vip_is_announced() {
+        let mut web = service("web", vec![backend("10.0.0.2:80", "healthy")]);
+        web.state = crate::model::ServiceState::Healthy;
+        web.announce = Some("healthy".to_owned());
+        web.vip_announced = Some(true);
+        let mut api = service("api", vec![backend("10.0.0.3:80", "unhealthy")]);
+        api.announce = Some("always".to_owned());
+        api.vip_announced = Some(false);
+        let mut s = status(vec![web, api]);
+        s.announce = Some(crate::model::AnnounceStatus {
+            state: "announcing".to_owned(),
+            table: 200,
+            protocol: 250,
+            grace_s: 5.0,
+            last_change: None,
+            vips: vec![crate::model::VipStatus {
+                vip: "10.1.0.1".to_owned(),
+                announced: true,
+                wanted: Some(true),
+                reason: "web: 1 of 1 backend available (needs 1)".to_owned(),
+                services: vec!["web".to_owned(), "api".to_owned()],
+                since: None,
+                error: None,
+            }],
+        });
+        let html = page(&s, 5);
+        assert!(
+            html.contains(
+                "<span data-f=\"avail\">1/1 backends available</span> — <span data-f=\"announce\" \
+             data-announced=\"true\" title=\"announce = healthy\">VIP announced</span></div>"
+            ),
+            "{html}"
+        );
+        assert!(html.contains(
+            "<span data-f=\"announce\" data-announced=\"false\" title=\"announce = always\">VIP withdrawn</span>"
+        ));
+        assert!(html.contains(
+            "<p id=\"host\" data-host-state=\"announcing\">Host: <span data-f=\"host\">announcing — \
+             1 of 1 VIPs announced (table 200)</span></p>\n<main id=\"services\">"
+        ), "{html}");
+        // Without [lb.announce] neither is there.
+        let plain = page(&status(vec![service("web", vec![])]), 5);
+        assert!(!plain.contains("<span data-f=\"announce\"") && !plain.contains("<p id=\"host\""));
     }
 
     #[test]

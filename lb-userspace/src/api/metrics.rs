@@ -97,6 +97,46 @@ pub fn render(status: &Status) -> String {
         per_service(|s| s.success_window_s.map(float)),
     );
 
+    // Route health injection: the host's state and each VIP's route.
+    if let Some(a) = &status.announce {
+        family(
+            &mut out,
+            "lb_host_announce_state",
+            "gauge",
+            "The host's route health injection state (announcing, drained, stopping): 1 for the current one.",
+            ["announcing", "drained", "stopping"]
+                .iter()
+                .map(|st| format!("{} {}", labels(&[("state", st)]), u8::from(a.state == *st)))
+                .collect(),
+        );
+        family(
+            &mut out,
+            "lb_vip_announced",
+            "gauge",
+            "Whether the VIP's route is in lb's announce table (BIRD announces it): 1 or 0.",
+            a.vips
+                .iter()
+                .map(|v| format!("{} {}", labels(&[("vip", &v.vip)]), u8::from(v.announced)))
+                .collect(),
+        );
+        family(
+            &mut out,
+            "lb_vip_announce_last_change_timestamp_seconds",
+            "gauge",
+            "Unix time of the VIP's last announce or withdraw by this daemon.",
+            a.vips
+                .iter()
+                .filter_map(|v| {
+                    Some(format!(
+                        "{} {}",
+                        labels(&[("vip", &v.vip)]),
+                        float(v.since?)
+                    ))
+                })
+                .collect(),
+        );
+    }
+
     // (service and backend labels, backend) in order.
     let backends: Vec<(Vec<(&str, &str)>, &BackendStatus)> = status
         .services
@@ -426,6 +466,9 @@ mod tests {
                 available_backends: 1,
                 state: crate::model::ServiceState::Healthy,
                 policy_in_force: None,
+                announce: None,
+                announce_min_available: None,
+                vip_announced: None,
                 backends: vec![BackendStatus {
                     address: "10.0.0.2:80".to_owned(),
                     ip: "10.0.0.2".to_owned(),
@@ -475,6 +518,7 @@ mod tests {
             }),
             events_total: 5,
             resources: Default::default(),
+            announce: None,
         }
     }
 
@@ -600,6 +644,54 @@ lb_events_total 5
             assert_eq!(g, e, "line {}", i + 1);
         }
         assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn announce_families() {
+        let mut s = small();
+        s.announce = Some(crate::model::AnnounceStatus {
+            state: "drained".to_owned(),
+            table: 200,
+            protocol: 250,
+            grace_s: 5.0,
+            last_change: Some(1_700_000_001.5),
+            vips: vec![
+                crate::model::VipStatus {
+                    vip: "10.1.0.1".to_owned(),
+                    announced: false,
+                    wanted: Some(false),
+                    reason: "drain-host".to_owned(),
+                    services: vec!["web".to_owned()],
+                    since: Some(1_700_000_001.5),
+                    error: None,
+                },
+                crate::model::VipStatus {
+                    vip: "2001:db8::1".to_owned(),
+                    announced: true,
+                    wanted: Some(false),
+                    reason: "drain-host".to_owned(),
+                    services: vec!["web6".to_owned()],
+                    since: None,
+                    error: Some("removing the route: EPERM".to_owned()),
+                },
+            ],
+        });
+        let text = render(&s);
+        for line in [
+            "# TYPE lb_host_announce_state gauge",
+            "lb_host_announce_state{state=\"announcing\"} 0",
+            "lb_host_announce_state{state=\"drained\"} 1",
+            "lb_host_announce_state{state=\"stopping\"} 0",
+            "# TYPE lb_vip_announced gauge",
+            "lb_vip_announced{vip=\"10.1.0.1\"} 0",
+            "lb_vip_announced{vip=\"2001:db8::1\"} 1",
+            "lb_vip_announce_last_change_timestamp_seconds{vip=\"10.1.0.1\"} 1700000001.5",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line}\n{text}");
+        }
+        assert!(!text.contains("last_change_timestamp_seconds{vip=\"2001:db8::1\"}"));
+        // Without [lb.announce] none of them.
+        assert!(!render(&small()).contains("announce"));
     }
 
     #[test]

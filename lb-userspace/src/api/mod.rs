@@ -1,7 +1,7 @@
 //! The control API (SPEC §4): status as JSON (`/v1/healthcheck`), as an HTML page (same URLs
 //! with `Accept: text/html`, and `/`), Prometheus metrics (`/metrics`), the event log and its
 //! live stream (`/v1/events`), datapath counters (`/v1/stats`, the status as JSON), and the admin endpoints: drain /
-//! enable / disable a backend, reload, stop. Admin endpoints need no token on a loopback
+//! enable / disable a backend, drain / undrain the host (its VIPs' routes), reload, stop. Admin endpoints need no token on a loopback
 //! listener; on any other address they need `Authorization: Bearer <lb.api_token>`; with a token
 //! configured they always need it.
 
@@ -26,7 +26,7 @@ use tokio::sync::{broadcast, watch};
 
 use crate::{
     events::EventLog,
-    model::{Admin, AdminReply, ErrorReply, Event, ReloadReply, Status, StopReply},
+    model::{Admin, AdminReply, ErrorReply, Event, HostReply, ReloadReply, Status, StopReply},
     resources::Resources,
 };
 
@@ -45,8 +45,12 @@ pub trait Control: Send + Sync + 'static {
     ) -> Result<AdminReply, RequestError>;
     /// Reads the config file again and moves to it (blocks: run it off the async workers).
     fn reload(&self, via: &str) -> Result<ReloadReply, RequestError>;
-    /// The daemon exits and removes its datapath.
-    fn stop(&self);
+    /// The daemon exits and removes its datapath (withdrawing its VIPs first, if it announces
+    /// them).
+    fn stop(&self) -> StopReply;
+    /// `drain`: every VIP withdrawn, forwarding goes on (`lb drain-host`); otherwise announced
+    /// again as their services want (`lb undrain-host`). Blocks until the routes are written.
+    fn host(&self, drain: bool) -> Result<HostReply, RequestError>;
     /// The daemon's resources: the API counts its connections there.
     fn resources(&self) -> &Resources;
     /// Reports a shortage of the host's (logged and evented, rate-limited).
@@ -93,6 +97,7 @@ pub fn router(state: ApiState, loopback: bool) -> Router {
             "/v1/services/{service}/backends/{backend}/{action}",
             post(backend_action),
         )
+        .route("/v1/host/{action}", post(host_action))
         .route("/v1/reload", post(reload))
         .route("/v1/stop", post(stop))
         .route_layer(middleware::from_fn_with_state(
@@ -340,6 +345,25 @@ async fn backend_action(
     }
 }
 
+/// `POST /v1/host/{drain|undrain}`.
+async fn host_action(State(state): State<ApiState>, Path(action): Path<String>) -> Response {
+    let drain = match action.as_str() {
+        "drain" => true,
+        "undrain" => false,
+        other => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("unknown action {other:?}: expected drain or undrain"),
+            );
+        }
+    };
+    // It waits for the health writer to write the routes.
+    match blocking(&state, move |c| c.host(drain)).await {
+        Ok(reply) => Json(reply).into_response(),
+        Err(e) => request_error(e),
+    }
+}
+
 /// `POST /v1/reload`: the config file is read again (as SIGHUP does).
 async fn reload(State(state): State<ApiState>) -> Response {
     // Reading the file and resolving SNAT addresses block too.
@@ -349,10 +373,11 @@ async fn reload(State(state): State<ApiState>) -> Response {
     }
 }
 
-/// `POST /v1/stop`: the daemon exits and removes the datapath, pinned or not.
+/// `POST /v1/stop`: the daemon exits and removes the datapath, pinned or not (withdrawing its
+/// VIPs and forwarding for the grace period first, when it announces them).
 async fn stop(State(state): State<ApiState>) -> Response {
-    state.control.stop();
-    (StatusCode::ACCEPTED, Json(StopReply { stopping: true })).into_response()
+    let reply = state.control.stop();
+    (StatusCode::ACCEPTED, Json(reply)).into_response()
 }
 
 pub(crate) fn error(status: StatusCode, message: &str) -> Response {
@@ -397,6 +422,7 @@ mod tests {
             half_open_syns: None,
             events_total: 0,
             resources: Default::default(),
+            announce: None,
         }
     }
 
@@ -433,8 +459,19 @@ mod tests {
                 "service.web.vip: required".to_owned(),
             ]))
         }
-        fn stop(&self) {
+        fn stop(&self) -> StopReply {
             self.stopped.store(true, Ordering::Relaxed);
+            StopReply {
+                stopping: true,
+                grace_s: Some(5.0),
+            }
+        }
+        fn host(&self, drain: bool) -> Result<HostReply, RequestError> {
+            Ok(HostReply {
+                state: Some(if drain { "drained" } else { "announcing" }.to_owned()),
+                announced: Vec::new(),
+                message: String::new(),
+            })
         }
         fn resources(&self) -> &Resources {
             &self.resources
@@ -558,6 +595,18 @@ mod tests {
                 StatusCode::NOT_FOUND,
                 "no service \"other\"",
             ),
+            (
+                "POST",
+                "/v1/host/explode",
+                StatusCode::BAD_REQUEST,
+                "unknown action \"explode\": expected drain or undrain",
+            ),
+            (
+                "GET",
+                "/v1/host/drain",
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method not allowed",
+            ),
         ];
         for (method, uri, want, text) in cases {
             let (status, _, body) = call(
@@ -623,6 +672,23 @@ mod tests {
                 assert_eq!(status, want, "{given:?} loopback {loopback}: {body}");
             }
         }
+        // Draining the host is an admin action too.
+        for (token, want) in [
+            (None, StatusCode::UNAUTHORIZED),
+            (Some("Bearer secret"), StatusCode::OK),
+        ] {
+            let mut r = req("POST", "/v1/host/drain");
+            if let Some(t) = token {
+                r = r.header(header::AUTHORIZATION, t);
+            }
+            let (status, _, body) =
+                call(&fake, Some("secret"), false, r.body(Body::empty()).unwrap()).await;
+            assert_eq!(status, want, "{body}");
+            if want == StatusCode::OK {
+                let reply: HostReply = serde_json::from_str(&body).unwrap();
+                assert_eq!(reply.state.as_deref(), Some("drained"));
+            }
+        }
         // Reads never need it.
         let (status, _, _) = call(
             &fake,
@@ -647,7 +713,10 @@ mod tests {
         assert_eq!(status, StatusCode::ACCEPTED);
         assert_eq!(
             serde_json::from_str::<StopReply>(&body).unwrap(),
-            StopReply { stopping: true }
+            StopReply {
+                stopping: true,
+                grace_s: Some(5.0)
+            }
         );
         assert!(fake.stopped.load(Ordering::Relaxed));
     }

@@ -357,7 +357,9 @@ fn split_duration(text: &str) -> Option<(&str, &str, u128)> {
 /// A duration the way the config writes it.
 pub fn show(d: std::time::Duration) -> String {
     let ms = d.as_millis();
-    if !ms.is_multiple_of(1000) {
+    if ms == 0 {
+        "0s".to_owned()
+    } else if !ms.is_multiple_of(1000) {
         format!("{ms}ms")
     } else if ms.is_multiple_of(3_600_000) {
         format!("{}h", ms / 3_600_000)

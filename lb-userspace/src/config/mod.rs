@@ -1,6 +1,7 @@
 //! The configuration: its model, and reading + validating a TOML file into it. A file either
 //! yields a complete, valid [`Config`] or the list of every problem in it.
 
+mod announce;
 mod check;
 mod fields;
 pub mod host;
@@ -15,6 +16,9 @@ use std::{
     time::Duration,
 };
 
+pub use announce::{
+    Announce, AnnounceMode, DEFAULT_GRACE, DEFAULT_TABLE, MAX_GRACE, ServiceAnnounce,
+};
 pub use check::{Check, CheckKind, HttpMethod, HttpOptions, default_status};
 pub use fields::{Problem, parse_duration, show as show_duration};
 pub use payload::Expect;
@@ -55,6 +59,13 @@ impl Lb {
             self.icmp_reply_rate == other.icmp_reply_rate,
         );
         check("gue_port", self.gue_port == other.gue_port);
+        // BIRD's config names the table: moving lb's routes to another one while running would
+        // withdraw every VIP from a BIRD still reading the old. Whether lb announces at all
+        // changes with a restart too (`grace` may change: it is read when lb stops).
+        match (&self.announce, &other.announce) {
+            (Some(a), Some(b)) => check("announce.table", a.table == b.table),
+            (a, b) => check("announce", a.is_some() == b.is_some()),
+        }
         out
     }
 }
@@ -100,6 +111,8 @@ pub struct Lb {
     pub syn_rate_per_source: u32,
     /// UDP destination port of `gue` encapsulation (the backends decapsulate there).
     pub gue_port: u16,
+    /// `[lb.announce]`: route health injection (None: lb announces nothing).
+    pub announce: Option<Announce>,
 }
 
 pub const RING_SIZE_RANGE: RangeInclusive<i64> = 7..=1_048_573;
@@ -284,6 +297,8 @@ pub struct Service {
     pub check: Check,
     /// Passive checks from real traffic (`[service.passive]`).
     pub passive: Passive,
+    /// When its VIP is announced (None without `[lb.announce]`).
+    pub announce: Option<ServiceAnnounce>,
 }
 
 /// `[service.passive]`: ejection on failures seen in real traffic (SPEC §3).

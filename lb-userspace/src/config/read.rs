@@ -37,11 +37,18 @@ pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
 fn read_config(table: &toml::Table, problems: &Problems) -> Option<Config> {
     let top = Fields::new(table, "", problems);
     let lb = top.required("lb", |f| f.table("lb"));
+    // Whether the services may say how their VIPs are announced, whatever else [lb] holds.
+    let announce_on = lb.is_some_and(|t| t.contains_key("announce"));
     let lb = lb.and_then(|t| read_lb(&Fields::new(t, "lb", problems)));
     let services: Vec<_> = top
         .tables("service")
         .into_iter()
-        .map(|(i, t)| read_service(&Fields::new(t, format!("service[{i}]"), problems)))
+        .map(|(i, t)| {
+            read_service(
+                &Fields::new(t, format!("service[{i}]"), problems),
+                announce_on,
+            )
+        })
         .collect();
     top.finish();
     let services: Vec<Service> = services.into_iter().collect::<Option<_>>()?;
@@ -201,6 +208,14 @@ fn read_lb(f: &Fields) -> Option<Lb> {
             i64::from(lb_common::DEFAULT_GUE_PORT),
         )
         .map(|n| n as u16);
+    let announce = match f.table("announce") {
+        None if f.has("announce") => None,
+        None => Some(None),
+        Some(t) => {
+            super::announce::read_lb_announce(&Fields::new(t, f.path("announce"), f.problems()))
+                .map(Some)
+        }
+    };
     f.finish();
     Some(Lb {
         interfaces: interfaces?,
@@ -218,6 +233,7 @@ fn read_lb(f: &Fields) -> Option<Lb> {
         icmp_reply_rate: icmp_reply_rate?,
         syn_rate_per_source: syn_rate_per_source?,
         gue_port: gue_port?,
+        announce: announce?,
     })
 }
 
@@ -457,7 +473,7 @@ fn read_passive(f: &Fields) -> Option<Passive> {
     })
 }
 
-fn read_service(f: &Fields) -> Option<Service> {
+fn read_service(f: &Fields, announce_on: bool) -> Option<Service> {
     let name = f.required("name", |f| f.str("name")).and_then(|n| {
         let ok = !n.is_empty()
             && n.len() <= 64
@@ -535,6 +551,8 @@ fn read_service(f: &Fields) -> Option<Service> {
                 })
                 .collect::<Vec<_>>()
         });
+    let announce =
+        super::announce::read_service_announce(f, announce_on, backends.as_ref().map(Vec::len));
     f.finish();
     let backends: Vec<Backend> = backends?.into_iter().collect::<Option<_>>()?;
     let service = Service {
@@ -549,6 +567,7 @@ fn read_service(f: &Fields) -> Option<Service> {
         answer_ping: answer_ping?,
         check: check?,
         passive: passive?,
+        announce: announce?,
     };
     if service.protocol == Protocol::Udp && service.passive.no_data_timeout.is_some() {
         f.problems().push(

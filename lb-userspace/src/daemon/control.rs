@@ -4,7 +4,7 @@
 use crate::{
     api::{self, RequestError},
     events::EventLog,
-    model::{Admin, AdminReply, ReloadReply, Status},
+    model::{Admin, AdminReply, HostReply, ReloadReply, Status, StopReply},
     resources::Resources,
 };
 
@@ -55,8 +55,16 @@ impl api::Control for Shared {
         })
     }
 
-    fn stop(&self) {
+    fn stop(&self) -> StopReply {
         self.request_stop(Stop::Remove);
+        StopReply {
+            stopping: true,
+            grace_s: self.stop_grace().map(|g| g.as_secs_f64()),
+        }
+    }
+
+    fn host(&self, drain: bool) -> Result<HostReply, RequestError> {
+        self.set_host_drained(drain)
     }
 
     fn resources(&self) -> &Resources {

@@ -1,15 +1,20 @@
 //! `lb run`: load the config, load (or adopt a pinned) datapath and fill it, attach, run the
-//! checks, serve the API, keep the backends' neighbour entries resolved; reload on SIGHUP; on
-//! SIGINT or SIGTERM exit leaving a pinned datapath forwarding; on `lb stop` remove everything.
+//! checks, serve the API, keep the backends' neighbour entries resolved, announce the VIPs
+//! (route health injection); reload on SIGHUP; on SIGINT or SIGTERM exit leaving a pinned
+//! datapath forwarding and its VIPs announced; on `lb stop` withdraw the VIPs, forward for the
+//! grace period, then remove everything.
 
+mod announce;
 mod control;
 mod notify;
 mod passive;
+mod signal;
 mod state;
 mod status;
 mod writer;
 
 pub use crate::api::RequestError;
+pub use announce::{HostState, host_file, read_host_state, withdraw_left_over};
 pub use state::{Shared, Stop, ids_file};
 
 use std::{
@@ -131,6 +136,7 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
         Some(dir) => Some(lock_pin(dir)?),
         None => None,
     };
+    let (host, table) = announcing(&config, pin_dir.as_deref())?;
     let (mut dataplane, balancer, down) = load(&config, pin_dir.as_deref())?;
     let backends: BTreeSet<IpAddr> = balancer
         .backend_addresses()
@@ -176,7 +182,8 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
     let shared = Arc::new(Shared::new(
         config_path.to_owned(),
         pin_dir.as_deref().map(state::ids_file),
-        Shared::inner(config, dataplane, balancer, checker),
+        pin_dir.as_deref().map(announce::host_file),
+        Shared::inner(config, dataplane, balancer, checker, host),
         stop_tx,
     ));
     let (work_tx, work_rx) = mpsc::unbounded_channel();
@@ -187,7 +194,7 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
         .map_or(writer::TRAFFIC_EVERY, |p| p.min(writer::TRAFFIC_EVERY));
     let listener = api::bind(api_addr).await?;
     notifier.ready(shared.summary());
-    let writer = writer::spawn(shared.clone(), work_rx, next_end_tx, notifier)
+    let writer = writer::spawn(shared.clone(), work_rx, next_end_tx, notifier, table)
         .context("starting the health writer thread")?;
     let mut api = tokio::spawn(
         api::serve(
@@ -210,6 +217,7 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
             next_end_rx,
             tasks_stop.clone(),
             tick,
+            shared.announce.clone(),
         )
         .instrument(info_span!("health")),
     );
@@ -247,6 +255,10 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
         }
     };
     notify::stopping();
+    // The datapath goes (`lb stop`, or not pinned): the VIPs first, while it still forwards.
+    if how == Stop::Remove || pin_dir.is_none() {
+        withdraw_before_stopping(&shared, &mut sigterm, &mut sigint).await;
+    }
     // Receivers may already be gone when a task ended; nothing else listens.
     tasks_stop_tx.send_replace(true);
     if !api.is_finished() {
@@ -277,6 +289,7 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
         .into_inner()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     inner.checker.join().await;
+    let config_announces = inner.config.lb.announce.is_some();
     let mut dataplane = inner.dataplane;
     if let Ok(stats) = dataplane.stats() {
         info!(
@@ -294,6 +307,21 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
         (_, dir) => {
             dataplane.detach_all();
             if let Some(dir) = dir {
+                // A run before this one announced in a table this config does not name: its
+                // routes go with the datapath.
+                if config_announces {
+                    let _ = std::fs::remove_file(announce::host_file(dir));
+                } else {
+                    match announce::withdraw_left_over(&announce::host_file(dir)) {
+                        Ok(vips) if !vips.is_empty() => {
+                            info!(?vips, "removed the routes a previous run announced");
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            error!(error = %format!("{e:#}"), "removing the routes a previous run announced")
+                        }
+                    }
+                }
                 // Everything goes: the ids and the lock beside them (they may not exist).
                 let ids = state::ids_file(dir);
                 let _ = std::fs::remove_file(ids.with_extension("lock"));
@@ -302,6 +330,103 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
         }
     }
     result
+}
+
+/// How the host announces at first, and the table it announces in (None without
+/// `[lb.announce]`). A host drained before a restart of its pinned datapath stays drained.
+fn announcing(
+    config: &Config,
+    pin: Option<&Path>,
+) -> anyhow::Result<(
+    crate::announce::HostMode,
+    Option<crate::announce::KernelTable>,
+)> {
+    use crate::announce::HostMode;
+    let Some(a) = &config.lb.announce else {
+        if let Some(Ok(Some(before))) =
+            pin.map(|dir| announce::read_host_state(&announce::host_file(dir)))
+        {
+            warn!(
+                table = before.table,
+                "a previous run announced VIPs in this table and this config has no [lb.announce]: its routes stay until `lb stop`"
+            );
+        }
+        return Ok((HostMode::Announcing, None));
+    };
+    let table = crate::announce::KernelTable::open(a.table)
+        .context("opening a route netlink socket for [lb.announce]")?;
+    let before = match pin {
+        Some(dir) => announce::read_host_state(&announce::host_file(dir)).unwrap_or_else(|e| {
+            warn!(error = %format!("{e:#}"), "the host's announcing state from before cannot be read: announcing");
+            None
+        }),
+        None => None,
+    };
+    let host = match before {
+        Some(b) if b.drained => {
+            info!(
+                "the host was drained before this restart: its VIPs stay withdrawn until `lb undrain-host`"
+            );
+            HostMode::Drained
+        }
+        _ => HostMode::Announcing,
+    };
+    if let Some(b) = before.filter(|b| b.table != a.table) {
+        warn!(
+            before = b.table,
+            now = a.table,
+            "the announce table changed across the restart: lb's routes in the old table stay (`ip route flush table {} proto {}` removes them)",
+            b.table,
+            crate::announce::ROUTE_PROTOCOL
+        );
+    }
+    if pin.is_none() {
+        warn!(
+            "announcing without pinning (--no-pin): SIGINT and SIGTERM withdraw the VIPs before the datapath goes, but after kill -9 their routes stay and lead nowhere until lb runs again"
+        );
+    }
+    info!(table = a.table, grace = %crate::config::show_duration(a.grace), host = host.as_str(), "announcing VIPs (route health injection)");
+    Ok((host, Some(table)))
+}
+
+/// Before the datapath goes: every VIP withdrawn (written by the health writer, which still
+/// runs), then `grace` of forwarding while the routers move the flows away. A second SIGTERM
+/// or SIGINT ends the grace early.
+async fn withdraw_before_stopping(
+    shared: &Arc<Shared>,
+    sigterm: &mut tokio::signal::unix::Signal,
+    sigint: &mut tokio::signal::unix::Signal,
+) {
+    let Some((generation, grace)) = shared.stop_announcing() else {
+        return;
+    };
+    let waiting = shared.clone();
+    let (written, still) = tokio::task::spawn_blocking(move || {
+        let written = waiting.announce.wait(generation, announce::WRITE_WAIT);
+        let still = waiting
+            .lock()
+            .announcer
+            .as_ref()
+            .map_or(0, |a| a.announced_count());
+        (written, still)
+    })
+    .await
+    .unwrap_or((false, 0));
+    if !written || still > 0 {
+        error!(
+            still_announced = still,
+            "not every VIP could be withdrawn before stopping"
+        );
+    }
+    info!(
+        grace = %crate::config::show_duration(grace),
+        "every VIP withdrawn; forwarding for the grace period before stopping"
+    );
+    tokio::select! {
+        () = tokio::time::sleep(grace) => {}
+        _ = sigterm.recv() => info!("SIGTERM: the grace period ends early"),
+        _ = sigint.recv() => info!("SIGINT: the grace period ends early"),
+    }
 }
 
 /// Holds a lock on the pin directory's ids file for the daemon's lifetime, so that two daemons

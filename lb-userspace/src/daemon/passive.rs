@@ -312,6 +312,7 @@ fn apply(inner: &mut Inner, changes: Vec<Change>) -> Vec<Event> {
                 unhealthy_threshold: service.passive.settings.failures,
                 flag_write_us: flag_us,
                 reason: None,
+                vip: None,
             });
         }
     }

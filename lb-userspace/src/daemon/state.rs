@@ -6,7 +6,7 @@ use std::{
     collections::{BTreeSet, HashMap},
     net::{IpAddr, SocketAddr},
     path::{Path, PathBuf},
-    sync::Mutex,
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -14,7 +14,9 @@ use anyhow::Context as _;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use super::signal::AnnounceSignal;
 use crate::{
+    announce::{Announcer, HostMode},
     api::RequestError,
     balancer::{Admin, Balancer, Changes, Ids},
     config::{self, Config},
@@ -41,6 +43,10 @@ pub enum Stop {
 
 pub struct Shared {
     pub(super) inner: Mutex<Inner>,
+    /// Asks the health writer to write the VIPs' routes (route health injection).
+    pub(super) announce: Arc<AnnounceSignal>,
+    /// Where the host's announcing state is kept next to a pinned datapath (None: not pinned).
+    pub(super) host_file: Option<PathBuf>,
     pub events: EventLog,
     /// The daemon's own resources and shortages (outside the lock: counted from anywhere).
     pub resources: crate::resources::Resources,
@@ -65,6 +71,8 @@ pub(super) struct Inner {
     /// Per backend id: its packet counter when last read and when it last moved (traffic-
     /// triggered probing).
     pub traffic: HashMap<u32, (u64, Option<Instant>)>,
+    /// Route health injection (None without `[lb.announce]`).
+    pub announcer: Option<Announcer>,
 }
 
 /// What a backend shows: health state (with admin and weight folded in), counters, latency,
@@ -87,11 +95,14 @@ impl Shared {
     pub(super) fn new(
         config_path: PathBuf,
         ids_file: Option<PathBuf>,
+        host_file: Option<PathBuf>,
         inner: Inner,
         stop: watch::Sender<Stop>,
     ) -> Self {
         let shared = Self {
             inner: Mutex::new(inner),
+            announce: Arc::default(),
+            host_file,
             events: EventLog::new(crate::events::CAPACITY),
             resources: Default::default(),
             config_path,
@@ -99,16 +110,25 @@ impl Shared {
             stop,
         };
         shared.save_ids();
+        shared.save_host_state();
         shared
     }
 
+    /// The daemon's state; `host`: how the host announces at first (drained if it was before
+    /// a restart).
     pub(super) fn inner(
         config: Config,
         dataplane: Dataplane,
         balancer: Balancer,
         checker: Checker,
+        host: HostMode,
     ) -> Inner {
         Inner {
+            announcer: config
+                .lb
+                .announce
+                .as_ref()
+                .map(|a| Announcer::new(a.table, host)),
             members: members(&config),
             config,
             dataplane,
@@ -241,6 +261,7 @@ impl Shared {
                 unhealthy_threshold: w.unhealthy_threshold,
                 flag_write_us: flag_us,
                 reason: reason.clone(),
+                vip: None,
             });
         }
     }
@@ -294,8 +315,11 @@ impl Shared {
                 unhealthy_threshold: check.window.unhealthy_threshold,
                 flag_write_us: None,
                 reason: None,
+                vip: None,
             });
             self.save_ids();
+            // A drained or disabled backend may take its VIP's route with it.
+            self.announce.request();
         }
         Ok(after)
     }
@@ -442,6 +466,8 @@ impl Shared {
             }
         }
         self.save_ids();
+        // New, removed and changed services' VIPs and settings.
+        self.announce.request();
         info!(
             added = ?changes.services_added,
             removed = ?changes.services_removed,
@@ -469,6 +495,7 @@ impl Shared {
             unhealthy_threshold: 0,
             flag_write_us: None,
             reason: None,
+            vip: None,
         });
     }
 

@@ -7,10 +7,12 @@ use lb_common::counter;
 use super::state::{Inner, Shared};
 use crate::{
     api::RequestError,
-    config::CheckKind,
+    config::{AnnounceMode, CheckKind},
     dataplane::TrafficCounters,
     health::passive::Signal,
-    model::{BackendStatus, NamedCounter, ServiceState, ServiceStatus, Status},
+    model::{
+        AnnounceStatus, BackendStatus, NamedCounter, ServiceState, ServiceStatus, Status, VipStatus,
+    },
 };
 
 impl Shared {
@@ -49,8 +51,18 @@ impl Shared {
             backends += s.backends.len();
         }
         let plural = if services == 1 { "" } else { "s" };
+        // Route health injection: what the routers are told.
+        let announcing = inner
+            .announcer
+            .as_ref()
+            .map_or(String::new(), |a| match a.host() {
+                crate::announce::HostMode::Announcing => {
+                    format!("; {} VIPs announced", a.announced_count())
+                }
+                other => format!("; host {}", other.as_str()),
+            });
         format!(
-            "{services} service{plural} ({unserved} without an available backend), {available} of {backends} backends available"
+            "{services} service{plural} ({unserved} without an available backend), {available} of {backends} backends available{announcing}"
         )
     }
 }
@@ -130,6 +142,12 @@ fn build(inner: &Inner) -> anyhow::Result<Status> {
                 state,
                 policy_in_force: (state == ServiceState::Down)
                     .then(|| s.on_all_unhealthy.as_str().to_owned()),
+                announce: s.announce.map(|a| a.mode.as_str().to_owned()),
+                announce_min_available: s
+                    .announce
+                    .filter(|a| a.mode == AnnounceMode::Healthy)
+                    .map(|a| a.min_available),
+                vip_announced: inner.announcer.as_ref().map(|a| a.is_announced(s.vip.ip())),
                 backends,
             }
         })
@@ -144,6 +162,31 @@ fn build(inner: &Inner) -> anyhow::Result<Status> {
         half_open_syns: inner.checker.half_open_syns(),
         events_total: 0,
         resources: Default::default(),
+        announce: inner.announcer.as_ref().map(|a| AnnounceStatus {
+            state: a.host().as_str().to_owned(),
+            table: a.table(),
+            protocol: crate::announce::ROUTE_PROTOCOL,
+            grace_s: inner
+                .config
+                .lb
+                .announce
+                .as_ref()
+                .map_or(0.0, |c| c.grace.as_secs_f64()),
+            last_change: a.last_change(),
+            vips: a
+                .vips()
+                .into_iter()
+                .map(|v| VipStatus {
+                    vip: v.vip.to_string(),
+                    announced: v.announced,
+                    wanted: v.wanted,
+                    reason: v.reason,
+                    services: v.services,
+                    since: v.since,
+                    error: v.error,
+                })
+                .collect(),
+        }),
     })
 }
 

@@ -1,9 +1,11 @@
 //! Health into the datapath, off the async workers. One thread applies what the checks find:
 //! the active checks' verdicts, the datapath's passive signals, ejections that end, traffic for
-//! traffic-triggered probing. Each takes the daemon's lock and writes maps (syscalls) here,
-//! never on the tokio workers that run the probes and serve the API. An async feeder gathers
-//! the work: verdicts from the checker, signals from the ring buffer as soon as its descriptor
-//! is readable (no polling), the next ejection end from the writer.
+//! traffic-triggered probing; and after each, the VIPs' routes that availability changes
+//! (route health injection). Each takes the daemon's lock and writes maps and routes
+//! (syscalls) here, never on the tokio workers that run the probes and serve the API. An async
+//! feeder gathers the work: verdicts from the checker, signals from the ring buffer as soon as
+//! its descriptor is readable (no polling), the next ejection end from the writer, requests to
+//! write the routes (admin actions, reloads, drain-host, stop).
 
 use std::{
     sync::Arc,
@@ -19,8 +21,8 @@ use tokio::{
 };
 use tracing::warn;
 
-use super::{Shared, notify::Notifier};
-use crate::{dataplane::SignalRing, health::checker::Verdict};
+use super::{Shared, announce::REREAD_EVERY, notify::Notifier, signal::AnnounceSignal};
+use crate::{announce::KernelTable, dataplane::SignalRing, health::checker::Verdict};
 
 /// How often traffic counters are read for traffic-triggered probing (and, at the least, how
 /// often the writer tells systemd's watchdog it is alive).
@@ -35,16 +37,22 @@ pub enum Work {
     /// Signals from the ring (none: only ejections that ended).
     Signals(Vec<PassiveSignal>),
     Traffic,
+    /// Bring the VIPs' routes up to date (the state changed elsewhere).
+    Announce,
 }
 
 /// Starts the writer thread; it ends when every sender of `work` is gone. It publishes in
 /// `next_end` when the first ejection in force ends by itself, and pings systemd through
-/// `notifier` on each traffic tick: the pings stop when this loop does.
+/// `notifier` on each traffic tick: the pings stop when this loop does. With `table` (route
+/// health injection) it first makes the table match what the state wants (keeping what a
+/// previous run announced that is still wanted), then brings it up to date after each piece
+/// of work, and reads it again every [`REREAD_EVERY`].
 pub fn spawn(
     shared: Arc<Shared>,
     mut work: mpsc::UnboundedReceiver<Work>,
     next_end: watch::Sender<Option<Instant>>,
     mut notifier: Notifier,
+    mut table: Option<KernelTable>,
 ) -> std::io::Result<JoinHandle<()>> {
     let stall_at = std::env::var(STALL_ENV)
         .ok()
@@ -53,6 +61,10 @@ pub fn spawn(
     std::thread::Builder::new()
         .name("lb-health-writer".into())
         .spawn(move || {
+            let mut read_at = Instant::now();
+            if let Some(table) = table.as_mut() {
+                shared.announce_sync(table, true, Some("start"));
+            }
             while let Some(w) = work.blocking_recv() {
                 if stall_at.is_some_and(|at| Instant::now() >= at) {
                     warn!("{STALL_ENV}: the health writer stalls for good (test hook)");
@@ -60,19 +72,38 @@ pub fn spawn(
                         std::thread::park();
                     }
                 }
-                match w {
-                    Work::Verdict(v) => shared.apply_verdict(v),
-                    Work::Signals(s) => shared.passive_apply(s),
+                let mut reread = false;
+                let ejections = match w {
+                    Work::Verdict(v) => {
+                        shared.apply_verdict(v);
+                        true
+                    }
+                    Work::Signals(s) => {
+                        shared.passive_apply(s);
+                        true
+                    }
                     Work::Traffic => {
                         shared.traffic_poll();
                         notifier.alive(|| shared.summary());
-                        continue;
+                        reread = read_at.elapsed() >= REREAD_EVERY;
+                        false
+                    }
+                    Work::Announce => false,
+                };
+                // Right after the verdict (or action) that changed availability; nothing is
+                // written when nothing changed. Each tick also retries what failed.
+                if let Some(table) = table.as_mut() {
+                    shared.announce_sync(table, reread, None);
+                    if reread {
+                        read_at = Instant::now();
                     }
                 }
-                // A verdict may have ejected (probes feed the host scope), signals and ticks
-                // too: the feeder's timer follows.
-                let end = shared.passive_deadline();
-                next_end.send_if_modified(|e| std::mem::replace(e, end) != end);
+                if ejections {
+                    // A verdict may have ejected (probes feed the host scope), signals too:
+                    // the feeder's timer follows.
+                    let end = shared.passive_deadline();
+                    next_end.send_if_modified(|e| std::mem::replace(e, end) != end);
+                }
             }
         })
 }
@@ -94,6 +125,7 @@ pub async fn feed(
     mut next_end: watch::Receiver<Option<Instant>>,
     mut stop: watch::Receiver<bool>,
     tick: Duration,
+    announce: Arc<AnnounceSignal>,
 ) {
     let mut ring = ring;
     let mut traffic = tokio::time::interval(tick);
@@ -137,6 +169,7 @@ pub async fn feed(
             }
             Ok(()) = next_end.changed() => end = *next_end.borrow_and_update(),
             _ = traffic.tick() => send(Work::Traffic),
+            () = announce.requested() => send(Work::Announce),
             _ = stop.wait_for(|s| *s) => return,
         }
     }
