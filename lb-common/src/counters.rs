@@ -108,6 +108,10 @@ pub mod counter {
             /// No room in front of the frame for the outer header of direct server return
             /// (drivers give XDP 256 bytes; not seen in practice): dropped.
             DROP_NO_HEADROOM = "drop_no_headroom",
+            /// A reply to a health probe through the tunnel (from a VIP, to lb's address, a
+            /// connection the TC program recorded): its source turned back from the VIP into the
+            /// backend's address, passed to the kernel for the probe's socket.
+            PASS_PROBE_REPLY = "pass_probe_reply",
         }
         informational {
             /// IPv4 header with options (IHL > 5); parsed past them.
@@ -149,6 +153,13 @@ pub mod counter {
             /// ICMP errors about a direct-server-return flow (sent to its VIP by a router on
             /// the path of the backend's replies), encapsulated to the flow's backend.
             ICMP_ENCAPSULATED = "icmp_encapsulated",
+            /// Health probe packets encapsulated through the tunnel by the TC egress program
+            /// (not XDP verdicts: the host's own packets on their way out).
+            PROBE_ENCAPSULATED = "probe_encapsulated",
+            /// Health probe packets the TC egress program dropped rather than send them
+            /// unencapsulated: their mark's slot is free, they go elsewhere than its backend,
+            /// cannot be parsed, or the outer header found no room.
+            PROBE_DROPPED = "probe_dropped",
         }
     }
 }

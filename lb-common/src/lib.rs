@@ -19,6 +19,7 @@ mod params;
 mod services;
 mod signals;
 mod tables;
+mod tunnel;
 
 pub use addrs::*;
 pub use counters::*;
@@ -30,3 +31,4 @@ pub use params::*;
 pub use services::*;
 pub use signals::*;
 pub use tables::*;
+pub use tunnel::*;

@@ -63,6 +63,19 @@ pub mod map_name {
     /// `PerCpuArray<u32>` of one entry: the MTU a packet too big for its path is answered with,
     /// handed to the program that answers ([`crate::TOO_BIG_PROG`]). Never pinned.
     pub const TOO_BIG: &str = "LB_TOO_BIG";
+
+    // Health probes through the tunnel (see [`crate::TUNNEL_MARK`]).
+    /// `Array<TunnelProbe>` of [`crate::TUNNEL_SLOTS`]: a probe mark's slot → the IPv4 backend
+    /// it leaves for, the VIP it goes to there, the encapsulation. Written by the daemon.
+    pub const TUNNEL_PROBES: &str = "LB_TUNNEL_PROBES";
+    /// `Array<TunnelProbe6>`: the same for IPv6 probes (the slots are one space).
+    pub const TUNNEL_PROBES6: &str = "LB_TUNNEL_PROBES6";
+    /// `LruHashMap<FlowKey, ProbeReply>` of [`crate::PROBE_REPLIES_SIZE`]: the replies the
+    /// probes await (VIP:port → lb's address:port) → the backend they come from. Written by
+    /// the TC program for each probe packet, read by the XDP program.
+    pub const PROBE_REPLIES: &str = "LB_PROBE_REPLIES";
+    /// `LruHashMap<FlowKey6, ProbeReply6>`: the same for IPv6.
+    pub const PROBE_REPLIES6: &str = "LB_PROBE_REPLIES6";
 }
 
 /// Slots of [`map_name::PROGS`].
@@ -71,7 +84,10 @@ pub const ICMP6_PROG: u32 = 1;
 pub const XDP6_PROG: u32 = 2;
 /// Answers a packet too big for its path with ICMP fragmentation needed / packet too big.
 pub const TOO_BIG_PROG: u32 = 3;
-pub const PROG_SLOTS: u32 = 4;
+/// Turns a reply to a health probe through the tunnel back into its backend's (see
+/// [`crate::TUNNEL_MARK`]).
+pub const PROBE_REPLY_PROG: u32 = 4;
+pub const PROG_SLOTS: u32 = 5;
 
 /// Name of the global [`Params`](crate::Params) in the object, set by userspace at load time.
 pub const PARAMS_GLOBAL: &str = "LB_PARAMS";
@@ -89,6 +105,11 @@ pub const XDP6_PROGRAM_NAME: &str = "lb_xdp6";
 pub const ICMP6_PROGRAM_NAME: &str = "lb_icmp6";
 /// The answer to a packet too big for its path ([`map_name::PROGS`] slot [`TOO_BIG_PROG`]).
 pub const TOO_BIG_PROGRAM_NAME: &str = "lb_too_big";
+/// Replies to health probes through the tunnel ([`map_name::PROGS`] slot [`PROBE_REPLY_PROG`]).
+pub const PROBE_REPLY_PROGRAM_NAME: &str = "lb_probe_reply";
+/// The TC egress program that encapsulates health probes through the tunnel (see
+/// [`crate::TUNNEL_MARK`]), attached with TCX to each of lb's interfaces.
+pub const PROBE_ENCAP_PROGRAM_NAME: &str = "lb_probe_encap";
 /// A program that only returns XDP_PASS: the baseline for benchmarks, and the peer program that
 /// native XDP on veth needs to receive XDP_TX / redirected frames.
 pub const PASS_PROGRAM_NAME: &str = "lb_pass";

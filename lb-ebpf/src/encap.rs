@@ -79,33 +79,39 @@ pub fn push<F: Family>(
     let Some(len) = F::write_outer(data, data_end, (ip_off, inner_off), addrs, proto, hash) else {
         return malformed;
     };
-    if gue {
-        let Some(udp) = ptr_at_mut_checked::<UdpHdr>(data, data_end, ip_off + F::HDR_LEN as usize)
-        else {
-            return malformed;
-        };
-        let sport = gue_source_port(hash).to_be();
-        let dport = params().gue_port;
-        let udp_len = (len + UDP_HDR_LEN as u16).to_be();
-        let check = F::gue_checksum(
-            data,
-            data_end,
-            inner_off,
-            nh.addr_sum,
-            sport,
-            dport,
-            udp_len,
-        );
-        // SAFETY: bounds-checked, 2-aligned (see `store_mac`).
-        unsafe {
-            let h = udp as *mut u16;
-            *h = sport;
-            *h.add(1) = dport;
-            *h.add(2) = udp_len;
-            *h.add(3) = check.unwrap_or(0);
-        }
+    if gue && gue_header::<F>(data, data_end, (ip_off, inner_off), len, nh.addr_sum, hash).is_none()
+    {
+        return malformed;
     }
     Ok(())
+}
+
+/// The UDP header of GUE after the outer IP header at `offs.0`, for the inner packet at
+/// `offs.1` of `len` bytes; `addr_sum` is the outer addresses' sum, `hash` the flow's. `None`
+/// if out of bounds. (Health probes through the tunnel write theirs with it too.)
+#[inline(always)]
+pub fn gue_header<F: Family>(
+    data: usize,
+    data_end: usize,
+    (ip_off, inner_off): (usize, usize),
+    len: u16,
+    addr_sum: u32,
+    hash: u64,
+) -> Option<()> {
+    let udp = ptr_at_mut_checked::<UdpHdr>(data, data_end, ip_off + F::HDR_LEN as usize)?;
+    let sport = gue_source_port(hash).to_be();
+    let dport = params().gue_port;
+    let udp_len = (len + UDP_HDR_LEN as u16).to_be();
+    let check = F::gue_checksum(data, data_end, inner_off, addr_sum, sport, dport, udp_len);
+    // SAFETY: bounds-checked, 2-aligned (see `store_mac`).
+    unsafe {
+        let h = udp as *mut u16;
+        *h = sport;
+        *h.add(1) = dport;
+        *h.add(2) = udp_len;
+        *h.add(3) = check.unwrap_or(0);
+    }
+    Some(())
 }
 
 /// An ICMP error about a direct-server-return flow, from the client side (a router on the path

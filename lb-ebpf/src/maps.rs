@@ -4,14 +4,15 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, DevMapHash, HashMap, PerCpuArray, ProgramArray, RingBuf},
+    maps::{Array, DevMapHash, HashMap, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
 };
 use lb_common::{
     ADDR_SETS, AddrSet, AddrSet6, BackendInfo, BackendInfo6, BackendInfoOf, CtSlot, CtSlot6,
     DEFAULT_CONNTRACK_SIZE, DEFAULT_CONNTRACK6_SIZE, DEFAULT_MAX_BACKENDS, DEFAULT_MAX_SERVICES,
-    DEFAULT_RING_SIZE, FlowKeyOf, MAX_TX_PORTS, NatEntryOf, NatSlot, NatSlot6, NextHop, PROG_SLOTS,
-    Params, SIGNALS_RING_BYTES, SYN_BUCKETS, ServiceInfo, ServiceKey, ServiceKey6, TokenBucket,
-    TrafficStats, counter,
+    DEFAULT_RING_SIZE, FlowKey, FlowKey6, FlowKeyOf, MAX_TX_PORTS, NatEntryOf, NatSlot, NatSlot6,
+    NextHop, PROBE_REPLIES_SIZE, PROG_SLOTS, Params, ProbeReply, ProbeReply6, SIGNALS_RING_BYTES,
+    SYN_BUCKETS, ServiceInfo, ServiceKey, ServiceKey6, TUNNEL_SLOTS, TokenBucket, TrafficStats,
+    TunnelProbe, TunnelProbe6, counter,
 };
 
 /// Datapath parameters; userspace overrides this read-only global when loading.
@@ -149,3 +150,22 @@ pub static PARSE_SCRATCH: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0)
 /// (see toobig.rs), per CPU: XDP runs a packet to its end on one CPU.
 #[map(name = "LB_TOO_BIG")] // lb_common::map_name::TOO_BIG
 pub static TOO_BIG: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+
+/// Health probes through the tunnel: a probe mark's slot → backend, VIP, encapsulation (see
+/// tunnel.rs). Written by the daemon, read by the TC egress program.
+#[map(name = "LB_TUNNEL_PROBES")] // lb_common::map_name::TUNNEL_PROBES
+pub static TUNNEL_PROBES: Array<TunnelProbe> = Array::with_max_entries(TUNNEL_SLOTS, 0);
+
+#[map(name = "LB_TUNNEL_PROBES6")] // lb_common::map_name::TUNNEL_PROBES6
+pub static TUNNEL_PROBES6: Array<TunnelProbe6> = Array::with_max_entries(TUNNEL_SLOTS, 0);
+
+/// The replies through-tunnel probes await (VIP:port → lb's address:port) → their backend:
+/// written by the TC program as a probe leaves, read by the XDP program when the backend
+/// answers. LRU: nobody deletes an entry, a probe needs it for its own length only.
+#[map(name = "LB_PROBE_REPLIES")] // lb_common::map_name::PROBE_REPLIES
+pub static PROBE_REPLIES: LruHashMap<FlowKey, ProbeReply> =
+    LruHashMap::with_max_entries(PROBE_REPLIES_SIZE, 0);
+
+#[map(name = "LB_PROBE_REPLIES6")] // lb_common::map_name::PROBE_REPLIES6
+pub static PROBE_REPLIES6: LruHashMap<FlowKey6, ProbeReply6> =
+    LruHashMap::with_max_entries(PROBE_REPLIES_SIZE, 0);

@@ -19,8 +19,9 @@ pub use crate::model::Admin;
 use crate::{
     addr_table::{AddrTable, AddrTable6},
     config::{AllUnhealthy, Config, ExistingFlows, Forwarding},
-    entries::{AnyBackend, AnyServiceKey},
+    entries::{AnyBackend, AnyServiceKey, AnyTunnel},
     maglev::{self, Member},
+    tunnels::Tunnels,
 };
 
 /// Where the desired state goes: the BPF maps, or memory in tests.
@@ -36,6 +37,8 @@ pub trait MapWriter {
     fn set_ring_slots(&mut self, service_id: u32, slots: &[(u32, u32)]) -> anyhow::Result<()>;
     /// Removes a service: packets to it are no longer balanced.
     fn remove_service(&mut self, key: AnyServiceKey) -> anyhow::Result<()>;
+    /// Writes slot `slot` of its family's tunnel table (health probes through the tunnel).
+    fn set_tunnel(&mut self, slot: u32, entry: AnyTunnel) -> anyhow::Result<()>;
 }
 
 /// Ids handed out so far: what a restarted daemon needs to adopt a pinned datapath whose
@@ -83,6 +86,8 @@ pub struct Balancer {
     /// The address tables as written to the maps.
     addrs: AddrTable,
     addrs6: AddrTable6,
+    /// The tunnel table of health probes through the tunnel, as written to the maps.
+    tunnels: Tunnels,
     /// Ids and admin settings of a previous run, used for the first config applied.
     adopted: Option<Ids>,
 }
@@ -194,6 +199,7 @@ impl Balancer {
             retired: ids.as_ref().map(|i| i.retired.clone()).unwrap_or_default(),
             addrs: AddrTable::default(),
             addrs6: AddrTable6::default(),
+            tunnels: Tunnels::default(),
             adopted: ids,
         }
     }
@@ -434,6 +440,7 @@ impl Balancer {
         let (addrs, addrs6) = (wanted.v4, wanted.v6);
         let addr_table = self.addrs.plan(&addrs)?;
         let addr_table6 = self.addrs6.plan(&addrs6)?;
+        let tunnels = self.tunnels.plan(config)?;
         let kept: HashSet<&str> = services.iter().map(|s| s.name.as_str()).collect();
         let removed_services: Vec<&ServiceState> = self
             .services
@@ -489,7 +496,18 @@ impl Balancer {
         }
         self.addrs = addr_table;
         self.addrs6 = addr_table6;
+        // The probes' slots last: the checker starts a new slot's probes after this returns,
+        // and stops a freed slot's before the next change (its packets in flight are dropped).
+        for (slot, entry) in tunnels.writes {
+            writer.set_tunnel(slot, entry)?;
+        }
+        self.tunnels = tunnels.next;
         Ok(changes)
+    }
+
+    /// The tunnel table's slots (health probes through the tunnel), as written.
+    pub fn tunnels(&self) -> &Tunnels {
+        &self.tunnels
     }
 
     /// Marks a backend up or down (health) and rebuilds its ring. Returns whether anything
@@ -772,6 +790,7 @@ pub struct MemoryMaps {
     pub rings: HashMap<u32, HashMap<u32, u32>>,
     /// Ring slot writes so far.
     pub slot_writes: usize,
+    pub tunnels: BTreeMap<u32, AnyTunnel>,
 }
 
 impl MemoryMaps {
@@ -818,6 +837,11 @@ impl MapWriter for MemoryMaps {
 
     fn remove_service(&mut self, key: AnyServiceKey) -> anyhow::Result<()> {
         self.services.remove(&key);
+        Ok(())
+    }
+
+    fn set_tunnel(&mut self, slot: u32, entry: AnyTunnel) -> anyhow::Result<()> {
+        self.tunnels.insert(slot, entry);
         Ok(())
     }
 }
@@ -1193,6 +1217,44 @@ mod tests {
         let changes = b.apply(&c("nat"), snat, |_, _, _| true, &mut maps).unwrap();
         assert_eq!(changes.services_changed, ["web"]);
         assert_eq!(maps.backends[&1].flags() & backend_flags::ENCAP, 0);
+    }
+
+    #[test]
+    fn tunnel_slots_follow_the_checks_through_the_tunnel() {
+        let c = |through: bool, backends: &str| {
+            config::parse(&format!(
+                "[lb]\ninterfaces = [\"eth1\"]\nring_size = 1009\n[[service]]\nname = \"web\"\n\
+                 vip = \"10.100.0.1:80\"\nforwarding = \"gue\"\nbackends = [{backends}]\n\
+                 [service.check]\nkind = \"tcp\"\nthrough_tunnel = {through}\n"
+            ))
+            .unwrap()
+        };
+        let two = "{ address = \"10.0.2.2:80\" }, { address = \"10.0.2.3:80\" }";
+        let entry = |backend: [u8; 4]| {
+            AnyTunnel::new(
+                Ipv4Addr::from(backend).into(),
+                Ipv4Addr::new(10, 100, 0, 1).into(),
+                backend_flags::ENCAP_GUE,
+            )
+            .unwrap()
+        };
+        let (mut b, mut maps) = build(&c(true, two));
+        assert_eq!(
+            maps.tunnels,
+            BTreeMap::from([(0, entry([10, 0, 2, 2])), (1, entry([10, 0, 2, 3]))])
+        );
+        assert_eq!(b.tunnels().len(), 2);
+        // A backend leaves: its slot is cleared; the other keeps its own.
+        let one = "{ address = \"10.0.2.3:80\" }";
+        b.apply(&c(true, one), snat, |_, _, _| true, &mut maps)
+            .unwrap();
+        assert_eq!(maps.tunnels[&0], entry([10, 0, 2, 2]).cleared());
+        assert_eq!(maps.tunnels[&1], entry([10, 0, 2, 3]));
+        // The check no longer goes through the tunnel: every slot is free.
+        b.apply(&c(false, one), snat, |_, _, _| true, &mut maps)
+            .unwrap();
+        assert!(b.tunnels().is_empty());
+        assert_eq!(maps.tunnels[&1], entry([10, 0, 2, 3]).cleared());
     }
 
     #[test]

@@ -340,8 +340,13 @@ pub async fn status(api: ApiArgs, service: Option<String>) -> anyhow::Result<()>
         } else {
             format!(" {}", s.forwarding)
         };
+        let tunnel = if s.through_tunnel {
+            " through the tunnel"
+        } else {
+            ""
+        };
         println!(
-            "{}  {} {}{dsr}  {}  check {}  {}/{} backends available{}",
+            "{}  {} {}{dsr}  {}  check {}{tunnel}  {}/{} backends available{}",
             s.name,
             s.vip,
             s.protocol,

@@ -4,7 +4,9 @@
 use std::net::{IpAddr, SocketAddr};
 
 use anyhow::bail;
-use lb_common::{BackendInfo, BackendInfo6, ServiceKey, ServiceKey6, addr6};
+use lb_common::{
+    BackendInfo, BackendInfo6, ServiceKey, ServiceKey6, TunnelProbe, TunnelProbe6, addr6,
+};
 
 /// A service map key of either family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -99,5 +101,40 @@ mod tests {
             lb_common::addr6_octets(k.addr),
             [0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]
         );
+    }
+}
+
+/// A slot of the tunnel table (health probes through the tunnel) of either family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnyTunnel {
+    V4(TunnelProbe),
+    V6(TunnelProbe6),
+}
+
+impl AnyTunnel {
+    /// The slot of probes to `backend` that go to `vip` there, encapsulated as `flags` say
+    /// ([`lb_common::backend_flags`]'s `ENCAP_*`); the two of one family.
+    pub fn new(backend: IpAddr, vip: IpAddr, flags: u32) -> anyhow::Result<Self> {
+        Ok(match (backend, vip) {
+            (IpAddr::V4(b), IpAddr::V4(v)) => Self::V4(TunnelProbe {
+                backend: u32::from_ne_bytes(b.octets()),
+                vip: u32::from_ne_bytes(v.octets()),
+                flags,
+            }),
+            (IpAddr::V6(b), IpAddr::V6(v)) => Self::V6(TunnelProbe6 {
+                backend: addr6(b.octets()),
+                vip: addr6(v.octets()),
+                flags,
+            }),
+            _ => bail!("VIP {vip} is not of the family of backend {backend}"),
+        })
+    }
+
+    /// A free slot of the same family's table (its probes are dropped).
+    pub fn cleared(&self) -> Self {
+        match self {
+            Self::V4(_) => Self::V4(TunnelProbe::default()),
+            Self::V6(_) => Self::V6(TunnelProbe6::default()),
+        }
     }
 }

@@ -19,6 +19,7 @@ pub mod manual;
 pub mod model;
 pub mod resources;
 pub mod rtnl;
+pub mod tunnels;
 
 /// Locks `m` even if a thread panicked while holding it. No request may take the daemon down:
 /// a panic is caught where it happens (and reported), and what the lock guards stays usable

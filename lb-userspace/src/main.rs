@@ -31,9 +31,14 @@ fn main() -> ExitCode {
                     for s in &c.services {
                         match s.check.windows() {
                             Some((fail, ok)) => println!(
-                                "  {}: {} check, failure window {fail}s, success window at most {ok}s",
+                                "  {}: {} check{}, failure window {fail}s, success window at most {ok}s",
                                 s.name,
-                                s.check.kind.as_str()
+                                s.check.kind.as_str(),
+                                if s.check.through_tunnel {
+                                    " through the tunnel"
+                                } else {
+                                    ""
+                                }
                             ),
                             None => println!("  {}: no check", s.name),
                         }

@@ -115,6 +115,10 @@ pub struct ServiceStatus {
     pub passive_signals: Vec<String>,
     /// Check kind ("tcp", "http", ..., "none").
     pub check: String,
+    /// The check's probes go to the VIP on each backend through the service's tunnel
+    /// (`check.through_tunnel`), not to the backend's own address.
+    #[serde(default)]
+    pub through_tunnel: bool,
     /// SPEC §2 windows in seconds; None when checks are off.
     pub failure_window_s: Option<f64>,
     pub success_window_s: Option<f64>,

@@ -84,6 +84,16 @@ existing_flows = "keep"
 [service.check]
 kind = "https"
 verify_tls = false
+
+[[service]]
+name = "dsr"
+vip = "10.100.0.3:80"
+forwarding = "gue"
+backends = [{ address = "10.0.5.2:80" }]
+
+[service.check]
+kind = "tcp-connect"
+through_tunnel = true
 "#;
 
 /// Values to put where another value was: every TOML type, and edge values of each.

@@ -15,7 +15,7 @@ use std::{
     },
 };
 
-use aya::programs::XdpMode;
+use aya::programs::{SchedClassifier, TcAttachType, XdpMode};
 use lb::{
     balancer::{Balancer, MapWriter as _},
     config::{self, Config},
@@ -95,6 +95,17 @@ fn net() -> (Netns, Netns, Port) {
     (ns, peer, port)
 }
 
+/// The ids of the TCX egress programs on `ifname` (the health probes' encapsulator).
+fn tc_egress_ids(ns: &Netns, ifname: &str) -> Vec<u32> {
+    let name = std::ffi::CString::new(ifname).unwrap();
+    ns.enter(|| SchedClassifier::query_tcx(name.as_c_str(), TcAttachType::Egress))
+        .unwrap()
+        .1
+        .iter()
+        .map(|p| p.id())
+        .collect()
+}
+
 /// The id of the XDP program attached to `ifname`, if any (`prog/xdp id N` of `ip -d link`).
 fn xdp_prog_id(ns: &Netns, ifname: &str) -> Option<u32> {
     let out = ns.ip(&["-d", "link", "show", "dev", ifname]).unwrap();
@@ -133,6 +144,7 @@ fn released_datapath_stays_attached_and_is_adopted() {
     let iface = port.ifname.as_str();
     let lb = lb_config(iface, 1024);
     let link = format!("link-{iface}");
+    let tc_link = format!("tclink-{iface}");
 
     // First run: fresh pins, attach, write, release.
     ns.enter(|| -> anyhow::Result<()> {
@@ -151,8 +163,11 @@ fn released_datapath_stays_attached_and_is_adopted() {
     })
     .unwrap();
     let first = xdp_prog_id(&ns, iface).expect("XDP detached by release()");
+    let first_tc = tc_egress_ids(&ns, iface);
+    assert_eq!(first_tc.len(), 1, "the TC egress program stays too");
     for name in [
         link.as_str(),
+        tc_link.as_str(),
         map_name::CONNTRACK,
         map_name::NAT,
         map_name::BACKENDS,
@@ -188,6 +203,14 @@ fn released_datapath_stays_attached_and_is_adopted() {
     let second = xdp_prog_id(&ns, iface).expect("XDP detached by dropping the Dataplane");
     assert_ne!(first, second, "the program on the link was not replaced");
     assert!(pins.has(&link));
+    // The TC egress program too: one, replaced on its link (not a second one beside it).
+    let second_tc = tc_egress_ids(&ns, iface);
+    assert_eq!(second_tc.len(), 1, "{second_tc:?}");
+    assert_ne!(
+        first_tc, second_tc,
+        "the TC program on the link was not replaced"
+    );
+    assert!(pins.has(&tc_link));
 
     // Third run: a request for another mode keeps the link's; detach_all removes everything.
     ns.enter(|| -> anyhow::Result<()> {
@@ -208,6 +231,10 @@ fn released_datapath_stays_attached_and_is_adopted() {
     assert!(
         !ns.xdp_attached(iface).unwrap(),
         "detach_all left XDP on {iface}"
+    );
+    assert!(
+        tc_egress_ids(&ns, iface).is_empty(),
+        "detach_all left TC on {iface}"
     );
 }
 
@@ -342,9 +369,14 @@ fn remove_pinned_detaches_and_cleans_a_left_directory() {
     for name in [map_name::CONNTRACK, map_name::BACKENDS, map_name::TX_PORTS] {
         assert!(names.iter().any(|n| n == name), "{name} not in {names:?}");
     }
+    assert!(
+        names.iter().any(|n| *n == format!("tclink-{iface}")),
+        "{names:?}"
+    );
     assert!(!pins.path().exists());
     // Detached before remove_pinned returns (the last reference is our fd).
     assert!(!ns.xdp_attached(iface).unwrap());
+    assert!(tc_egress_ids(&ns, iface).is_empty());
     assert!(
         dataplane::remove_pinned(pins.path()).unwrap().is_empty(),
         "a missing directory is nothing to remove"
@@ -389,6 +421,9 @@ fn defunct_link_of_a_recreated_interface_is_attached_anew() {
     .unwrap();
     assert!(ns.xdp_attached(iface).unwrap());
     assert!(pins.has(&format!("link-{iface}")));
+    // The TC egress link was defunct too: attached anew, once.
+    assert_eq!(tc_egress_ids(&ns, iface).len(), 1);
+    assert!(pins.has(&format!("tclink-{iface}")));
 }
 
 #[test]
@@ -419,6 +454,10 @@ fn links_of_interfaces_no_longer_configured_are_detached() {
     assert!(!ns.xdp_attached(dropped).unwrap());
     assert!(pins.has(&format!("link-{kept}")));
     assert!(!pins.has(&format!("link-{dropped}")));
+    assert_eq!(tc_egress_ids(&ns, kept).len(), 1);
+    assert!(tc_egress_ids(&ns, dropped).is_empty());
+    assert!(pins.has(&format!("tclink-{kept}")));
+    assert!(!pins.has(&format!("tclink-{dropped}")));
 }
 
 /// Sends `msg` on an echo connection and reads it back.

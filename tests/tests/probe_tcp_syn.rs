@@ -900,10 +900,10 @@ fn ipv6_and_ipv4_targets_probed_concurrently_through_one_prober() {
 
         // Batches as the checker starts them: tokens carry the target's place in the high half.
         for round in 0..3u64 {
-            let batch: Vec<(u64, SocketAddr, Duration)> = targets
+            let batch: Vec<_> = targets
                 .iter()
                 .enumerate()
-                .map(|(place, &(target, _))| ((place as u64) << 32 | round, target, TIMEOUT))
+                .map(|(place, &(target, _))| ((place as u64) << 32 | round, target, TIMEOUT, None))
                 .collect();
             prober.start_many(&batch);
             let mut results = Vec::new();

@@ -67,6 +67,7 @@ fn service(name: &str, vip: &str, backends: Vec<BackendStatus>) -> ServiceStatus
         forwarding: "nat".to_owned(),
         passive_signals: Vec::new(),
         check: "http".to_owned(),
+        through_tunnel: false,
         failure_window_s: Some(10.0),
         success_window_s: Some(10.0),
         healthy_threshold: 3,

@@ -180,7 +180,11 @@ fn section(out: &mut String, s: &ServiceStatus) {
         escape(&s.vip),
         escape(&s.protocol),
         escape(&s.forwarding),
-        escape(&s.check),
+        escape(&if s.through_tunnel {
+            format!("{} through the tunnel", s.check)
+        } else {
+            s.check.clone()
+        }),
         escape(&windows),
         s.packets,
         s.bytes,
@@ -525,6 +529,7 @@ mod tests {
             forwarding: "nat".to_owned(),
             passive_signals: Vec::new(),
             check: "http".to_owned(),
+            through_tunnel: false,
             failure_window_s: Some(7.0),
             success_window_s: Some(0.35),
             healthy_threshold: 3,

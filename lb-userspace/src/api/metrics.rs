@@ -454,6 +454,7 @@ mod tests {
                 forwarding: "nat".to_owned(),
                 passive_signals: Vec::new(),
                 check: "http".to_owned(),
+                through_tunnel: false,
                 failure_window_s: Some(7.0),
                 success_window_s: Some(0.35),
                 healthy_threshold: 3,

@@ -81,6 +81,10 @@ pub struct Check {
     pub expect: Option<Expect>,
     /// http and https.
     pub http: Option<HttpOptions>,
+    /// Direct server return: probe the VIP on the backend through the service's tunnel (the
+    /// probe encapsulated as the traffic is) rather than the backend's own address. tcp,
+    /// tcp-connect, http and https.
+    pub through_tunnel: bool,
 }
 
 impl Check {
@@ -109,7 +113,26 @@ impl Check {
             send: None,
             expect: None,
             http: None,
+            through_tunnel: false,
         }
+    }
+
+    /// The kind as events and logs name the check: "tcp", or "tcp through the tunnel".
+    pub fn label(&self) -> String {
+        if self.through_tunnel {
+            format!("{} through the tunnel", self.kind.as_str())
+        } else {
+            self.kind.as_str().to_owned()
+        }
+    }
+
+    /// The kinds whose probes can go through the tunnel: TCP connections, which lb's TC
+    /// program encapsulates and whose replies its XDP program recognises.
+    pub fn tunnels(kind: CheckKind) -> bool {
+        matches!(
+            kind,
+            CheckKind::Tcp | CheckKind::TcpConnect | CheckKind::Http | CheckKind::Https
+        )
     }
 }
 
@@ -178,6 +201,7 @@ pub fn read_check(f: &Fields, protocol: Protocol) -> Option<Check> {
     let send = payload(f, "send", "send_hex");
     let expect = read_expect(f);
     let http = read_http(f, kind);
+    let through_tunnel = f.bool_or("through_tunnel", false);
     // Options that do not belong to the kind are mistakes, not silently ignored settings.
     if let Some(kind) = kind {
         let payload = matches!(kind, CheckKind::TcpConnect | CheckKind::Udp);
@@ -194,6 +218,16 @@ pub fn read_check(f: &Fields, protocol: Protocol) -> Option<Check> {
             if f.has(key) && !sends && kind == CheckKind::Udp {
                 f.problem(key, "needs send (or send_hex)");
             }
+        }
+        if through_tunnel == Some(true) && !Check::tunnels(kind) {
+            f.problem(
+                "through_tunnel",
+                format!(
+                    "not for {} checks: tcp, tcp-connect, http and https probes go through the \
+                     tunnel",
+                    kind.as_str()
+                ),
+            );
         }
         if kind == CheckKind::None && f.has("port") {
             f.problem("port", "kind = \"none\" probes nothing");
@@ -258,6 +292,7 @@ pub fn read_check(f: &Fields, protocol: Protocol) -> Option<Check> {
         send,
         expect,
         http: http?,
+        through_tunnel: through_tunnel?,
     })
 }
 

@@ -178,7 +178,7 @@ pub enum ExistingFlows {
 }
 
 /// How a service's packets reach its backends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Forwarding {
     /// Full NAT: destination to the backend, source to lb's SNAT address; replies come back
     /// through lb (the default).

@@ -586,6 +586,13 @@ fn read_service(f: &Fields, announce_on: bool) -> Option<Service> {
             ),
         );
     }
+    if service.check.through_tunnel && !service.forwarding.is_dsr() {
+        f.problems().push(
+            f.path("check.through_tunnel"),
+            "only with direct server return (forwarding = \"ipip\" or \"gue\"): under full \
+             NAT the traffic goes to the backend's own address, which the probes check already",
+        );
+    }
     // A service is one family, its VIP's: the datapath rewrites addresses in place.
     let vip_family = family(service.vip.ip());
     if let Some(snat) = service.snat_address
@@ -1251,6 +1258,45 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
         let mut fixed = parse(&dsr).unwrap().lb;
         fixed.gue_port = 6080;
         assert_eq!(c.lb.fixed_differences(&fixed), ["gue_port"]);
+    }
+
+    #[test]
+    fn checks_through_the_tunnel() {
+        let dsr = GOOD.replace(":8080", ":80").replace(
+            "protocol = \"tcp\"",
+            "protocol = \"tcp\"\nforwarding = \"ipip\"",
+        );
+        let through = |kind: &str| {
+            format!("{dsr}\n[service.check]\nkind = \"{kind}\"\nthrough_tunnel = true\n")
+        };
+        for kind in ["tcp", "tcp-connect", "http", "https"] {
+            let c = parse(&through(kind)).unwrap();
+            assert!(c.services[0].check.through_tunnel, "{kind}");
+        }
+        assert!(!parse(&dsr).unwrap().services[0].check.through_tunnel);
+        for kind in ["udp", "icmp", "none"] {
+            let text = through(kind).replace("kind = \"udp\"", "kind = \"udp\"\nport = 53");
+            assert_eq!(
+                problems(&text),
+                [format!(
+                    "service[0].check.through_tunnel: not for {kind} checks: tcp, tcp-connect, \
+                     http and https probes go through the tunnel"
+                )]
+            );
+        }
+        // Full NAT: the traffic's path is the backend's own address, probed already.
+        assert_eq!(
+            problems(&with_check("kind = \"tcp\"\nthrough_tunnel = true")),
+            [
+                "service[0].check.through_tunnel: only with direct server return (forwarding = \
+                 \"ipip\" or \"gue\"): under full NAT the traffic goes to the backend's own \
+                 address, which the probes check already"
+            ]
+        );
+        assert_eq!(
+            problems(&through("tcp").replace("= true", "= \"yes\"")),
+            ["service[0].check.through_tunnel: expected a boolean, got string"]
+        );
     }
 
     #[test]

@@ -107,7 +107,9 @@ fn load(
                 .backend_id(sid, bid)
                 .and_then(|id| flags.get(&id))
                 .is_some_and(|up| !up);
-            if let Some(key) = health::checker::ProbeKey::of(s, b.address).filter(|_| was_down) {
+            if let Some(key) =
+                health::checker::ProbeKey::of(&config.lb, s, b.address).filter(|_| was_down)
+            {
                 info!(
                     service = %s.name,
                     backend = %b.address,
@@ -146,6 +148,8 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
     for iface in &config.lb.interfaces {
         dataplane.attach(iface, config.lb.xdp_mode)?;
     }
+    // Probes through the tunnel need the TC egress program on every interface.
+    dataplane.check_tunnel(&config)?;
     // An adopted datapath may still sit on interfaces this config no longer names.
     for iface in dataplane.detach_unused_links()? {
         info!(%iface, "detached from an interface the config no longer names");
@@ -161,7 +165,13 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
     let (stop_tx, mut stop_rx) = watch::channel(Stop::Running);
     let (tasks_stop_tx, tasks_stop) = watch::channel(false);
     let (verdict_tx, verdict_rx) = mpsc::unbounded_channel();
-    let checker = health::checker::spawn(&config, &down, verdict_tx, tasks_stop.clone())?;
+    let checker = health::checker::spawn(
+        &config,
+        &down,
+        balancer.tunnels(),
+        verdict_tx,
+        tasks_stop.clone(),
+    )?;
     let api_addr = config.lb.api;
     let token = std::env::var("LB_API_TOKEN")
         .ok()

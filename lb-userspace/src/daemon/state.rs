@@ -180,7 +180,7 @@ impl Shared {
                 "health probes",
                 &format!(
                     "{} probe of {}: {} (no verdict against the backend)",
-                    v.probe.check.kind.as_str(),
+                    v.probe.check.label(),
                     v.probe.target,
                     text.unwrap_or_default()
                 ),
@@ -234,7 +234,7 @@ impl Shared {
                 %backend,
                 from = t.from.as_str(),
                 to = t.to.as_str(),
-                source = service.check.kind.as_str(),
+                source = service.check.label(),
                 reason = reason.as_deref(),
                 success = t.counters.success,
                 tcp_failure = t.counters.tcp_failure,
@@ -255,7 +255,7 @@ impl Shared {
                 backend: backend.to_string(),
                 from: t.from.as_str().to_owned(),
                 to: t.to.as_str().to_owned(),
-                source: service.check.kind.as_str().to_owned(),
+                source: service.check.label(),
                 counters: counters(t.counters),
                 healthy_threshold: w.healthy_threshold,
                 unhealthy_threshold: w.unhealthy_threshold,
@@ -382,6 +382,10 @@ impl Shared {
                     .collect(),
             ));
         }
+        inner
+            .dataplane
+            .check_tunnel(&new)
+            .map_err(|e| RequestError::Invalid(vec![format!("{e:#}")]))?;
         let old_states: Vec<(String, SocketAddr, HealthState)> = inner.all_views();
         let checker = &inner.checker;
         let changes = inner
@@ -391,17 +395,18 @@ impl Shared {
                 |sid, backend| super::snat_address(&new, sid, backend),
                 |sid, backend, _| {
                     // A backend joining a probe that already runs takes its verdict.
-                    ProbeKey::of(&new.services[sid], backend)
+                    ProbeKey::of(&new.lb, &new.services[sid], backend)
                         .and_then(|k| checker.status(&k))
                         .is_none_or(|s| s.state.is_available())
                 },
                 &mut inner.dataplane,
             )
             .map_err(RequestError::Failed)?;
-        let probes = match inner.checker.update(&new) {
+        let probes = match inner.checker.update(&new, inner.balancer.tunnels()) {
             Ok(probes) => probes,
             Err(e) => {
-                // Only opening a raw socket for a new check kind can fail here: go back.
+                // Only opening a raw socket for a new check kind (or a probe through the tunnel
+                // without a slot, a bug) can fail here: go back.
                 let old = inner.config.clone();
                 let _ = inner.balancer.apply(
                     &old,
@@ -520,7 +525,8 @@ impl Inner {
             .admin_since
             .get(&(service.name.clone(), backend.address))
             .copied();
-        let probe = ProbeKey::of(service, backend.address).and_then(|k| self.checker.status(&k));
+        let probe = ProbeKey::of(&self.config.lb, service, backend.address)
+            .and_then(|k| self.checker.status(&k));
         let last_failure = probe
             .and_then(|p| p.last_failure)
             .and_then(|r| r.failure(service.check.window.timeout));

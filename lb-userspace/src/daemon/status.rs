@@ -129,6 +129,7 @@ fn build(inner: &Inner) -> anyhow::Result<Status> {
                     .map(|s| s.as_str().to_owned())
                     .collect(),
                 check: s.check.kind.as_str().to_owned(),
+                through_tunnel: s.check.through_tunnel,
                 failure_window_s: windows.map(|w| w.0),
                 success_window_s: windows.map(|w| w.1),
                 healthy_threshold: s.check.window.healthy_threshold,

@@ -4,6 +4,7 @@
 pub mod pin;
 mod signals;
 mod stats;
+mod tc;
 
 use std::{
     ffi::CString,
@@ -16,17 +17,18 @@ use aya::{
     Ebpf, EbpfError, EbpfLoader, Pod,
     maps::{Array, DevMapHash, HashMap as BpfHashMap, MapData, MapError, ProgramArray},
     programs::{
-        ProgramError, Xdp, XdpMode,
+        ProgramError, SchedClassifier, Xdp, XdpMode,
         links::{FdLink, PinnedLink},
         xdp::{XdpLink, XdpLinkId},
     },
     sys::SyscallError,
 };
 use lb_common::{
-    ADDR_SETS, AddrSet, AddrSet6, BackendInfo, BackendInfo6, CtSlot, FlowKey, ICMP_PROG,
+    ADDR_SETS, AddrSet, AddrSet6, BackendInfo, BackendInfo6, CtSlot, FlowKey, FlowKey6, ICMP_PROG,
     ICMP_PROGRAM_NAME, ICMP6_PROG, ICMP6_PROGRAM_NAME, NatSlot, PARAMS_GLOBAL, PASS_PROGRAM_NAME,
-    PROGRAM_NAME, Params, ServiceInfo, ServiceKey, ServiceKey6, TOO_BIG_PROG, TOO_BIG_PROGRAM_NAME,
-    XDP6_PROG, XDP6_PROGRAM_NAME, map_name, ways,
+    PROBE_ENCAP_PROGRAM_NAME, PROBE_REPLY_PROG, PROBE_REPLY_PROGRAM_NAME, PROGRAM_NAME, Params,
+    ProbeReply, ProbeReply6, ServiceInfo, ServiceKey, ServiceKey6, TOO_BIG_PROG,
+    TOO_BIG_PROGRAM_NAME, TunnelProbe, TunnelProbe6, XDP6_PROG, XDP6_PROGRAM_NAME, map_name, ways,
 };
 use tracing::{info, warn};
 
@@ -34,7 +36,7 @@ use crate::{
     addr_table::{AddrTable, AddrTable6},
     balancer::MapWriter,
     config,
-    entries::{AnyBackend, AnyServiceKey},
+    entries::{AnyBackend, AnyServiceKey, AnyTunnel},
 };
 pub use pin::{BPFFS, patiently, remove_pinned};
 pub use signals::{MAX_PER_TAKE as MAX_SIGNALS_PER_TAKE, SignalRing};
@@ -87,6 +89,11 @@ pub fn params(lb: &config::Lb) -> Params {
 pub struct Dataplane {
     ebpf: Ebpf,
     attached: Vec<Attached>,
+    /// The health probes' TC egress program, per interface.
+    egress: Vec<tc::Egress>,
+    /// Why it could not be attached to an interface, if it could not: probes through the
+    /// tunnel are then refused.
+    egress_error: Option<String>,
     /// The bpffs directory holding the pins, if pinned, and our lock on it.
     pin: Option<(PathBuf, pin::DirLock)>,
     adopted: bool,
@@ -179,6 +186,8 @@ impl Dataplane {
         Ok(Self {
             ebpf,
             attached: Vec::new(),
+            egress: Vec::new(),
+            egress_error: None,
             pin: pin.map(Path::to_owned).zip(lock),
             adopted,
             ring_size: lb.ring_size,
@@ -213,6 +222,7 @@ impl Dataplane {
             ICMP_PROGRAM_NAME,
             ICMP6_PROGRAM_NAME,
             TOO_BIG_PROGRAM_NAME,
+            PROBE_REPLY_PROGRAM_NAME,
         ]
         .into_iter()
         .map(|name| {
@@ -224,6 +234,27 @@ impl Dataplane {
             (name, count)
         })
         .collect()
+    }
+
+    /// The health probes' TC egress program (see [`Dataplane::attach`]).
+    pub fn egress_program(&self) -> &SchedClassifier {
+        self.ebpf
+            .program(PROBE_ENCAP_PROGRAM_NAME)
+            .and_then(|p| p.try_into().ok())
+            .expect("verified in load()")
+    }
+
+    /// The backend the reply `key` (VIP:port → lb's address:port) of an IPv4 probe through the
+    /// tunnel comes from, as the TC program recorded it.
+    pub fn probe_reply(&mut self, key: &FlowKey) -> anyhow::Result<Option<ProbeReply>> {
+        self.hash_map::<FlowKey, ProbeReply>(map_name::PROBE_REPLIES)
+            .and_then(|m| lookup(&m, key))
+    }
+
+    /// The same for IPv6.
+    pub fn probe_reply6(&mut self, key: &FlowKey6) -> anyhow::Result<Option<ProbeReply6>> {
+        self.hash_map::<FlowKey6, ProbeReply6>(map_name::PROBE_REPLIES6)
+            .and_then(|m| lookup(&m, key))
     }
 
     /// The program that only passes: benchmark baseline and veth peer program.
@@ -277,7 +308,34 @@ impl Dataplane {
     /// link is replaced atomically: no packet goes unprocessed, and the link keeps its mode
     /// (changing the mode needs `lb stop` first). Otherwise the program is attached and, when
     /// pinned, its link is pinned.
+    ///
+    /// Then attaches the health probes' TC egress program there (TCX; pinned and adopted the
+    /// same way). Where that fails (a kernel before 6.6) lb still balances: it warns, and
+    /// refuses checks through the tunnel ([`Dataplane::check_tunnel`]).
     pub fn attach(&mut self, iface: &str, mode: config::XdpMode) -> anyhow::Result<XdpMode> {
+        let used = self.attach_xdp(iface, mode)?;
+        if let Err(e) = self.attach_egress(iface) {
+            let e = format!("{e:#}");
+            warn!(%iface, error = %e, "health checks through the tunnel are unavailable");
+            self.egress_error.get_or_insert(e);
+        }
+        Ok(used)
+    }
+
+    /// Whether health probes of `config` through the tunnel can run: they need the TC egress
+    /// program on every interface.
+    pub fn check_tunnel(&self, config: &config::Config) -> anyhow::Result<()> {
+        let through = config.services.iter().find(|s| s.check.through_tunnel);
+        match (through, &self.egress_error) {
+            (Some(s), Some(e)) => bail!(
+                "service {}: check.through_tunnel needs lb's TC egress program, which could not                  be attached: {e}",
+                s.name
+            ),
+            _ => Ok(()),
+        }
+    }
+
+    fn attach_xdp(&mut self, iface: &str, mode: config::XdpMode) -> anyhow::Result<XdpMode> {
         let index = self.add_redirect_target(iface)?;
         if let Some(dir) = self.pin_dir() {
             let path = pin::link_path(dir, iface);
@@ -409,12 +467,19 @@ impl Dataplane {
                 detached.push(iface);
             }
         }
+        for iface in pin::pinned_tc_links(dir)? {
+            if !self.egress.iter().any(|a| a.iface == iface) {
+                pin::unpin(&pin::tc_link_path(dir, &iface), true)?;
+                info!(%iface, "TC egress program detached (interface no longer configured)");
+            }
+        }
         Ok(detached)
     }
 
     /// Detaches from every interface; when pinned, also removes every pin (links and maps) and
     /// the pin directory, after which this `Dataplane` is no longer pinned.
     pub fn detach_all(&mut self) {
+        self.detach_egress();
         for Attached { iface, link } in std::mem::take(&mut self.attached) {
             let detached = match link {
                 Link::Owned(id) => self.program_mut().detach(id).map_err(anyhow::Error::new),
@@ -620,6 +685,18 @@ impl MapWriter for Dataplane {
         Ok(())
     }
 
+    fn set_tunnel(&mut self, slot: u32, entry: AnyTunnel) -> anyhow::Result<()> {
+        match entry {
+            AnyTunnel::V4(t) => self
+                .array::<TunnelProbe>(map_name::TUNNEL_PROBES)?
+                .set(slot, &t, 0),
+            AnyTunnel::V6(t) => self
+                .array::<TunnelProbe6>(map_name::TUNNEL_PROBES6)?
+                .set(slot, &t, 0),
+        }
+        .with_context(|| format!("writing slot {slot} of the tunnel table"))
+    }
+
     fn remove_service(&mut self, key: AnyServiceKey) -> anyhow::Result<()> {
         let removed = match key {
             AnyServiceKey::V4(key) => self
@@ -644,7 +721,10 @@ fn verify(mut ebpf: Ebpf) -> anyhow::Result<Ebpf> {
         .maps()
         .map(|(name, _)| name)
         .filter(|name| {
-            !name.starts_with('.') && !pin::MAPS.contains(name) && !pin::SCRATCH.contains(name)
+            !name.starts_with('.')
+                && !pin::MAPS.contains(name)
+                && !pin::SCRATCH.contains(name)
+                && !pin::PER_RUN.contains(name)
         })
         .collect();
     if !unlisted.is_empty() {
@@ -656,6 +736,7 @@ fn verify(mut ebpf: Ebpf) -> anyhow::Result<Ebpf> {
         ICMP_PROGRAM_NAME,
         ICMP6_PROGRAM_NAME,
         TOO_BIG_PROGRAM_NAME,
+        PROBE_REPLY_PROGRAM_NAME,
         PASS_PROGRAM_NAME,
     ] {
         let prog: &mut Xdp = ebpf
@@ -665,6 +746,13 @@ fn verify(mut ebpf: Ebpf) -> anyhow::Result<Ebpf> {
         prog.load()
             .with_context(|| format!("the kernel rejected XDP program {name}"))?;
     }
+    let egress: &mut SchedClassifier = ebpf
+        .program_mut(PROBE_ENCAP_PROGRAM_NAME)
+        .ok_or_else(|| anyhow!("program {PROBE_ENCAP_PROGRAM_NAME} missing from the object"))?
+        .try_into()?;
+    egress
+        .load()
+        .with_context(|| format!("the kernel rejected TC program {PROBE_ENCAP_PROGRAM_NAME}"))?;
     // The balancer hands IPv6, ICMP for its addresses and packets too big for their path to
     // these programs (tail calls). Set before the balancer is attached; on adoption they
     // replace the old ones at once, in place.
@@ -673,6 +761,7 @@ fn verify(mut ebpf: Ebpf) -> anyhow::Result<Ebpf> {
         (ICMP_PROG, ICMP_PROGRAM_NAME),
         (ICMP6_PROG, ICMP6_PROGRAM_NAME),
         (TOO_BIG_PROG, TOO_BIG_PROGRAM_NAME),
+        (PROBE_REPLY_PROG, PROBE_REPLY_PROGRAM_NAME),
     ] {
         let fd = ebpf
             .program(name)
@@ -735,6 +824,18 @@ fn setting_of(name: &str) -> &'static str {
             "[lb] max_backends"
         }
         _ => "a size fixed when lb was built",
+    }
+}
+
+/// The value of `key` in a hash map (LRU or not), None when it has none.
+fn lookup<K: Pod, V: Pod>(
+    map: &BpfHashMap<&mut MapData, K, V>,
+    key: &K,
+) -> anyhow::Result<Option<V>> {
+    match map.get(key, 0) {
+        Ok(v) => Ok(Some(v)),
+        Err(MapError::KeyNotFound) => Ok(None),
+        Err(e) => Err(anyhow::Error::new(e).context("reading a hash map")),
     }
 }
 

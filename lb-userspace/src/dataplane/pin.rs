@@ -1,8 +1,9 @@
 //! Pinning the datapath in bpffs, so that a new `lb run` adopts a running one (hitless restart).
 //!
-//! One directory holds everything: every map by its name (`<dir>/LB_CONNTRACK`, ...) and each
-//! interface's XDP link as `<dir>/link-<iface>`. The program is not pinned by itself: the links
-//! hold it, and a new load replaces it on them. The `.rodata` map holding [`lb_common::Params`]
+//! One directory holds everything: every map by its name (`<dir>/LB_CONNTRACK`, ...), each
+//! interface's XDP link as `<dir>/link-<iface>` and its TC egress link (health probes through the
+//! tunnel) as `<dir>/tclink-<iface>`. The programs are not pinned by themselves: the links hold
+//! them, and a new load replaces them on them. The `.rodata` map holding [`lb_common::Params`]
 //! is not pinned either: every load sets new parameters.
 
 use std::{
@@ -57,11 +58,39 @@ pub const SCRATCH: [&str; 5] = [
     map_name::TOO_BIG,
 ];
 
+/// Maps the daemon fills anew at every start (the health probes through the tunnel, which it
+/// starts again): never pinned, each load has its own, written before its probes start.
+pub const PER_RUN: [&str; 4] = [
+    map_name::TUNNEL_PROBES,
+    map_name::TUNNEL_PROBES6,
+    map_name::PROBE_REPLIES,
+    map_name::PROBE_REPLIES6,
+];
+
 const LINK_PREFIX: &str = "link-";
+const TC_LINK_PREFIX: &str = "tclink-";
 
 /// The pin of `iface`'s XDP link.
 pub fn link_path(dir: &Path, iface: &str) -> PathBuf {
     dir.join(format!("{LINK_PREFIX}{iface}"))
+}
+
+/// The pin of `iface`'s TC egress link.
+pub fn tc_link_path(dir: &Path, iface: &str) -> PathBuf {
+    dir.join(format!("{TC_LINK_PREFIX}{iface}"))
+}
+
+/// The interfaces that have a pinned TC egress link in `dir`.
+pub fn pinned_tc_links(dir: &Path) -> anyhow::Result<Vec<String>> {
+    let mut ifaces = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let name = entry?.file_name();
+        if let Some(iface) = name.to_str().and_then(|n| n.strip_prefix(TC_LINK_PREFIX)) {
+            ifaces.push(iface.to_owned());
+        }
+    }
+    ifaces.sort();
+    Ok(ifaces)
 }
 
 /// The interfaces that have a pinned link in `dir`.
@@ -227,7 +256,7 @@ pub fn remove_locked(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let is_link = |p: &PathBuf| {
         p.file_name()
             .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with(LINK_PREFIX))
+            .is_some_and(|n| n.starts_with(LINK_PREFIX) || n.starts_with(TC_LINK_PREFIX))
     };
     paths.sort_by_key(|p| (!is_link(p), p.clone()));
     for path in &paths {

@@ -14,6 +14,7 @@ use std::{
     time::Instant,
 };
 
+use anyhow::Context as _;
 use tokio::{
     sync::{mpsc, watch},
     task::JoinHandle,
@@ -21,7 +22,7 @@ use tokio::{
 
 pub use super::target::{ProbeKey, TargetStatus, Verdict};
 use super::{
-    probe::{icmp::IcmpProber, tcp_syn::SynProber},
+    probe::{Via, icmp::IcmpProber, tcp_syn::SynProber},
     probers::{LATENCY_BOUNDS_S, Probers, http_check},
     schedule::{Command, Scheduler},
     target::TargetShared,
@@ -30,6 +31,7 @@ use super::{
 use crate::{
     config::{CheckKind, Config},
     model::LatencyHistogram,
+    tunnels::Tunnels,
 };
 
 /// The running checks: the scheduler task and what it shares per target; targets are added
@@ -42,11 +44,13 @@ pub struct Checker {
 }
 
 /// Starts the checks of `config`; the probes in `down` start `unhealthy` (a verdict kept from
-/// before a restart), the others `initializing`. Call inside the tokio runtime, in the
-/// balancer's network namespace.
+/// before a restart), the others `initializing`; probes through the tunnel take their mark
+/// from `tunnels` (the balancer's plan, already written to the datapath). Call inside the tokio
+/// runtime, in the balancer's network namespace.
 pub fn spawn(
     config: &Config,
     down: &HashSet<ProbeKey>,
+    tunnels: &Tunnels,
     verdicts: mpsc::UnboundedSender<Verdict>,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<Checker> {
@@ -59,7 +63,7 @@ pub fn spawn(
         commands,
         scheduler: tokio::spawn(scheduler.run(commands_rx, stop)),
     };
-    checker.apply(config, down)?;
+    checker.apply(config, down, tunnels)?;
     Ok(checker)
 }
 
@@ -74,14 +78,34 @@ pub struct ProbeChanges {
 impl Checker {
     /// Moves to the probes of `config`: probes that stay keep their window and state; new ones
     /// start at `initializing`; gone ones stop. Fails (changing nothing) when a raw socket a new
-    /// check kind needs cannot be opened.
-    pub fn update(&mut self, config: &Config) -> anyhow::Result<ProbeChanges> {
-        self.apply(config, &HashSet::new())
+    /// check kind needs cannot be opened, or a probe through the tunnel has no slot in
+    /// `tunnels`.
+    pub fn update(&mut self, config: &Config, tunnels: &Tunnels) -> anyhow::Result<ProbeChanges> {
+        self.apply(config, &HashSet::new(), tunnels)
     }
 
     /// As [`Checker::update`]; new probes in `down` start `unhealthy`.
-    fn apply(&mut self, config: &Config, down: &HashSet<ProbeKey>) -> anyhow::Result<ProbeChanges> {
+    fn apply(
+        &mut self,
+        config: &Config,
+        down: &HashSet<ProbeKey>,
+        tunnels: &Tunnels,
+    ) -> anyhow::Result<ProbeChanges> {
         let wanted: HashSet<ProbeKey> = plan(config).into_iter().map(|(k, _)| k).collect();
+        // Each new probe through the tunnel and its way there, before anything changes.
+        let mut vias = HashMap::new();
+        for key in wanted.iter().filter(|k| !self.targets.contains_key(*k)) {
+            if let Some(t) = &key.tunnel {
+                let mark = tunnels.mark(&t.path(key.target.ip())).with_context(|| {
+                    format!(
+                        "no tunnel slot for the probe of {} through {}",
+                        key.target, t.vip
+                    )
+                })?;
+                let source = t.source;
+                vias.insert(key.clone(), Via { mark, source });
+            }
+        }
         let kinds: HashSet<CheckKind> = wanted.iter().map(|k| k.check.kind).collect();
         if kinds.contains(&CheckKind::Tcp) && self.probers.syn.get().is_none() {
             let syn = SynProber::new().map_err(|e| {
@@ -131,6 +155,7 @@ impl Checker {
                 state,
                 shared: shared.clone(),
                 http: http_check(&key.check).map(Arc::new),
+                via: vias.get(key.as_ref()).copied(),
             });
             self.targets.insert(key, shared);
         }
@@ -231,7 +256,7 @@ pub fn plan(config: &Config) -> Vec<(ProbeKey, Vec<(usize, usize)>)> {
     let mut out: Vec<(ProbeKey, Vec<(usize, usize)>)> = Vec::new();
     for (sid, s) in config.services.iter().enumerate() {
         for (bid, b) in s.backends.iter().enumerate() {
-            let Some(key) = ProbeKey::of(s, b.address) else {
+            let Some(key) = ProbeKey::of(&config.lb, s, b.address) else {
                 continue;
             };
             let i = *index.entry(key.clone()).or_insert_with(|| {
@@ -277,6 +302,36 @@ mod tests {
         assert_eq!(plan[3].0.check.kind, CheckKind::Udp);
     }
 
+    #[test]
+    fn probes_through_the_tunnel_are_targets_of_their_own() {
+        // Each on the VIP's port, one health port for all.
+        let service = |name: &str, vip: &str, port: u16, through: bool| {
+            format!(
+                "[[service]]\nname = \"{name}\"\nvip = \"{vip}:{port}\"\nforwarding = \"ipip\"\n\
+                 backends = [{{ address = \"10.0.2.2:{port}\" }}]\n[service.check]\nkind = \"tcp\"\n\
+                 port = 8080\nthrough_tunnel = {through}\n"
+            )
+        };
+        let config = crate::config::parse(&format!(
+            "[lb]\ninterfaces = [\"eth1\"]\n{}{}{}{}",
+            service("through", "10.100.0.1", 80, true),
+            service("plain", "10.100.0.1", 81, false),
+            service("other-vip", "10.100.0.2", 80, true),
+            service("same", "10.100.0.1", 82, true),
+        ))
+        .unwrap();
+        let plan = plan(&config);
+        let members: Vec<Vec<(usize, usize)>> = plan.iter().map(|p| p.1.clone()).collect();
+        // One backend address and check: through the tunnel or not, and to which VIP, are
+        // probes apart; another service through the same tunnel shares its probe.
+        assert_eq!(members, [vec![(0, 0), (3, 0)], vec![(1, 0)], vec![(2, 0)]]);
+        assert!(plan.iter().all(|(k, _)| k.target.port() == 8080));
+        let vip = |i: usize| plan[i].0.tunnel.map(|t| t.vip.to_string());
+        assert_eq!(vip(0).as_deref(), Some("10.100.0.1"));
+        assert_eq!(vip(1), None);
+        assert_eq!(vip(2).as_deref(), Some("10.100.0.2"));
+    }
+
     /// The scheduler end to end on loopback (tcp-connect needs no privileges): verdicts for a
     /// listening and a closed port, and a reload that removes a target stops its probes.
     #[tokio::test]
@@ -314,10 +369,12 @@ mod tests {
         let key_of = |addr: std::net::SocketAddr| ProbeKey {
             target: addr,
             check: both.services[0].check.clone(),
+            tunnel: None,
         };
         let (tx, mut rx) = mpsc::unbounded_channel();
         let (stop_tx, stop) = watch::channel(false);
-        let mut checker = spawn(&both, &HashSet::new(), tx, stop).unwrap();
+        let no_tunnels = Tunnels::default();
+        let mut checker = spawn(&both, &HashSet::new(), &no_tunnels, tx, stop).unwrap();
         assert_eq!(checker.targets(), 2);
         assert_eq!(
             checker.status(&key_of(up)).unwrap().state,
@@ -351,7 +408,7 @@ mod tests {
         assert!(v.transition.is_none());
         checker.set_reporting(|_| false);
         // The closed port leaves the config: its probes stop, the other keeps its state.
-        let changes = checker.update(&config(&[up])).unwrap();
+        let changes = checker.update(&config(&[up]), &no_tunnels).unwrap();
         assert_eq!(
             changes,
             ProbeChanges {

@@ -13,7 +13,7 @@ use std::{
 
 use super::{
     outcome::Reason,
-    probe::{ProbeResult, http, icmp::IcmpProber, tcp_connect, tcp_syn::SynProber, udp},
+    probe::{ProbeResult, Via, http, icmp::IcmpProber, tcp_connect, tcp_syn::SynProber, udp},
     target::ProbeKey,
 };
 use crate::config::{Check, CheckKind, HttpMethod};
@@ -69,13 +69,15 @@ impl Probers {
 /// A probe on its way.
 pub(super) type Probe = Pin<Box<dyn Future<Output = ProbeResult> + Send>>;
 
-/// One probe of `key` with the shared probers. Each kind boxes its own future, so a half-open
-/// probe allocates what it needs, not room for an HTTPS exchange. HTTP(S) probes run as tasks
-/// of their own: TLS and parsing take CPU that any worker can give.
+/// One probe of `key` with the shared probers, through the tunnel when `via` says so (the
+/// kinds that can: tcp, tcp-connect, http, https). Each kind boxes its own future, so a
+/// half-open probe allocates what it needs, not room for an HTTPS exchange. HTTP(S) probes run
+/// as tasks of their own: TLS and parsing take CPU that any worker can give.
 pub(super) fn probe(
     probers: &Arc<Probers>,
     key: &Arc<ProbeKey>,
     http: Option<&Arc<http::HttpCheck>>,
+    via: Option<Via>,
 ) -> Probe {
     probers.sent.fetch_add(1, Ordering::Relaxed);
     let (p, k) = (probers.clone(), key.clone());
@@ -84,14 +86,15 @@ pub(super) fn probe(
     match key.check.kind {
         CheckKind::Tcp => Box::pin(async move {
             match p.syn.get() {
-                Some(syn) => syn.probe(target, timeout).await,
+                Some(syn) => syn.probe_via(target, via, timeout).await,
                 None => ProbeResult::Local(Reason::NoProber),
             }
         }),
         CheckKind::TcpConnect => Box::pin(async move {
             let check = &k.check;
-            tcp_connect::probe(
+            tcp_connect::probe_via(
                 target,
+                via,
                 check.send.as_deref(),
                 check.expect.as_ref(),
                 timeout,
@@ -103,7 +106,9 @@ pub(super) fn probe(
                 return Box::pin(std::future::ready(ProbeResult::Local(Reason::Internal)));
             };
             let task =
-                tokio::spawn(async move { http::probe(&http, &p.tls, target, timeout).await });
+                tokio::spawn(
+                    async move { http::probe_via(&http, &p.tls, target, via, timeout).await },
+                );
             Box::pin(async move {
                 task.await.unwrap_or_else(|e| {
                     tracing::error!(error = %e, "http health probe task");

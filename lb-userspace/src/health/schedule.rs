@@ -25,7 +25,7 @@ use crate::config::CheckKind;
 
 use super::{
     prefetch,
-    probe::{ProbeResult, http::HttpCheck},
+    probe::{ProbeResult, Via, http::HttpCheck},
     probers::{Probe, Probers, probe},
     target::{ProbeKey, TargetShared, Verdict},
     wheel::Wheel,
@@ -54,6 +54,8 @@ pub(super) enum Command {
         shared: Arc<TargetShared>,
         /// The request of http and https checks, built once.
         http: Option<Arc<HttpCheck>>,
+        /// Through the tunnel: the probes' mark and source.
+        via: Option<Via>,
     },
     Remove(Arc<ProbeKey>),
 }
@@ -65,6 +67,7 @@ struct Target {
     key: Arc<ProbeKey>,
     shared: Arc<TargetShared>,
     http: Option<Arc<HttpCheck>>,
+    via: Option<Via>,
     window: Window,
 }
 
@@ -106,7 +109,7 @@ pub(super) struct Scheduler {
     /// Half-open probes go to the prober in one batch per turn, without a future each
     /// ([`super::probe::tcp_syn::SynProber::start_many`]): the batch being gathered, the
     /// results taken, and how many are out.
-    syn_batch: Vec<(u64, SocketAddr, Duration)>,
+    syn_batch: Vec<(u64, SocketAddr, Duration, Option<Via>)>,
     syn_done: Vec<(u64, ProbeResult)>,
     syn_in_flight: usize,
     /// xorshift state for the jitter.
@@ -213,6 +216,7 @@ impl Scheduler {
                 state,
                 shared,
                 http,
+                via,
             } => {
                 if self.index.contains_key(&key) {
                     return;
@@ -231,6 +235,7 @@ impl Scheduler {
                     key: key.clone(),
                     shared,
                     http,
+                    via,
                     window,
                 };
                 let place = match self.free.pop() {
@@ -290,10 +295,11 @@ impl Scheduler {
                 // 2^32 targets were added.
                 let token = (place as u64) << 32 | (id & 0xffff_ffff);
                 let timeout = target.key.check.window.timeout;
-                self.syn_batch.push((token, target.key.target, timeout));
+                self.syn_batch
+                    .push((token, target.key.target, timeout, target.via));
                 continue;
             }
-            let probe = probe(&self.probers, &target.key, target.http.as_ref());
+            let probe = probe(&self.probers, &target.key, target.http.as_ref(), target.via);
             self.in_flight.push(Tagged { place, id, probe });
         }
         if let Some(syn) = syn

@@ -12,22 +12,31 @@ use super::{
     probe::ProbeResult,
     window::{Counters, HealthState, Transition},
 };
-use crate::config::{Check, CheckKind, Service};
+use crate::{
+    config::{Check, CheckKind, Lb, Service},
+    tunnels::Tunnel,
+};
 
-/// What a probe task stands for: its address (IPv4 or IPv6) and its check. Services whose
-/// backends share both share the probe.
+/// What a probe task stands for: its address (IPv4 or IPv6), its check and, through the
+/// tunnel, the tunnel. Services whose backends share all three share the probe; a probe of the
+/// same backend through the tunnel and one to its own address are two.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ProbeKey {
     pub target: SocketAddr,
     pub check: Check,
+    /// `check.through_tunnel` of a direct-server-return service: the probe goes to the VIP on
+    /// the backend, encapsulated as the service's traffic (`target` stays the backend's address:
+    /// the probe's socket connects there).
+    pub tunnel: Option<Tunnel>,
 }
 
 impl ProbeKey {
     /// The probe of a service's backend; None when the service's checks are off.
-    pub fn of(service: &Service, backend: SocketAddr) -> Option<Self> {
+    pub fn of(lb: &Lb, service: &Service, backend: SocketAddr) -> Option<Self> {
         (service.check.kind != CheckKind::None).then(|| Self {
             target: SocketAddr::new(backend.ip(), service.check.port.unwrap_or(backend.port())),
             check: service.check.clone(),
+            tunnel: Tunnel::of(lb, service),
         })
     }
 }

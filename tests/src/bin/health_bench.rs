@@ -319,6 +319,7 @@ fn run_checker(
     let checker = std::sync::Arc::new(std::sync::Mutex::new(Some(lb::health::checker::spawn(
         &config,
         &Default::default(),
+        &Default::default(),
         tx,
         stop.clone(),
     )?)));

@@ -42,13 +42,10 @@ use rustls::{
     crypto::WebPkiSupportedAlgorithms,
     pki_types::{CertificateDer, DnsName, ServerName, UnixTime},
 };
-use tokio::{
-    io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _},
-    net::TcpStream,
-};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio_rustls::TlsConnector;
 
-use super::ProbeResult;
+use super::{ProbeResult, Via};
 use crate::health::outcome::{Reason, from_io, from_tls};
 
 /// The most the probe reads while looking for the status line of the final answer. An answer
@@ -512,8 +509,19 @@ pub async fn probe(
     target: SocketAddr,
     timeout: Duration,
 ) -> ProbeResult {
+    probe_via(check, tls, target, None, timeout).await
+}
+
+/// [`probe`], through the tunnel when `via` says so (see [`super::tunnel`]).
+pub async fn probe_via(
+    check: &HttpCheck,
+    tls: &TlsConfigs,
+    target: SocketAddr,
+    via: Option<Via>,
+    timeout: Duration,
+) -> ProbeResult {
     let start = Instant::now();
-    match tokio::time::timeout(timeout, exchange(check, tls, target, start)).await {
+    match tokio::time::timeout(timeout, exchange(check, tls, target, via, start)).await {
         Ok(result) => result,
         Err(_) => {
             tracing::debug!(%target, ?timeout, "http probe: no status line within the timeout");
@@ -526,9 +534,10 @@ async fn exchange(
     check: &HttpCheck,
     tls: &TlsConfigs,
     target: SocketAddr,
+    via: Option<Via>,
     start: Instant,
 ) -> ProbeResult {
-    let stream = match TcpStream::connect(target).await {
+    let stream = match super::tunnel::connect(target, via).await {
         Ok(s) => s,
         Err(e) => return io_failure(target, "connect", &e),
     };

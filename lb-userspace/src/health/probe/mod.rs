@@ -5,12 +5,14 @@ pub mod http;
 pub mod icmp;
 pub mod tcp_connect;
 pub mod tcp_syn;
+pub mod tunnel;
 pub mod udp;
 
 mod link;
 mod sys;
 
 pub use super::window::ProbeResult;
+pub use tunnel::Via;
 
 /// The wildcard address of `ip`'s family, any port: where a socket towards `ip` binds.
 pub fn wildcard(ip: std::net::IpAddr) -> std::net::SocketAddr {

@@ -173,18 +173,23 @@ pub struct Outgoing<'a> {
     /// Where to: its address (and an IPv6 one's scope); the port is not used.
     pub target: SocketAddr,
     pub bytes: &'a [u8],
+    /// The socket mark it leaves with (`SO_MARK` as a control message, which needs
+    /// CAP_NET_ADMIN or CAP_NET_RAW); 0: none.
+    pub mark: u32,
 }
 
-/// Room for one `cmsghdr` and an `in_pktinfo` or `in6_pktinfo`, aligned like a `cmsghdr`.
+/// Room for a `cmsghdr` with an `in_pktinfo` or `in6_pktinfo`, and one with a mark, aligned
+/// like a `cmsghdr`.
 #[derive(Clone, Copy)]
 #[repr(C, align(8))]
-struct PktinfoControl([u8; 40]);
+struct PktinfoControl([u8; 64]);
 
 /// Sends up to [`MAX_BATCH`] raw datagrams in one `sendmmsg`, without blocking, on a raw socket
 /// of their family (every datagram's `source` and `target` of the socket's family). Each goes to
 /// its `target` from its `source` (an `IP_PKTINFO` or `IPV6_PKTINFO` control message: the kernel
 /// routes with that source and refuses one that is not local, so the IP header carries exactly
-/// the address a checksum was computed with; the port is 0, the kernel builds the IP header).
+/// the address a checksum was computed with; the port is 0, the kernel builds the IP header),
+/// with its `mark` if it has one (an `SO_MARK` control message).
 /// Returns how many were sent, from the first; an error means the first could not be (as with
 /// `sendmsg`; a later message's error shows when the next call starts with it).
 pub fn send_many(fd: BorrowedFd<'_>, datagrams: &[Outgoing<'_>]) -> io::Result<usize> {
@@ -201,10 +206,11 @@ pub fn send_many(fd: BorrowedFd<'_>, datagrams: &[Outgoing<'_>]) -> io::Result<u
     };
     let v4_sizes = cmsg_sizes(size_of::<libc::in_pktinfo>());
     let v6_sizes = cmsg_sizes(size_of::<libc::in6_pktinfo>());
-    debug_assert!(v4_sizes.0.max(v6_sizes.0) <= size_of::<PktinfoControl>());
+    let mark_sizes = cmsg_sizes(size_of::<u32>());
+    debug_assert!(v4_sizes.0.max(v6_sizes.0) + mark_sizes.0 <= size_of::<PktinfoControl>());
     let mut to4 = [sockaddr_in(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)); MAX_BATCH];
     let mut to6 = [sockaddr_in6(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, 0, 0, 0)); MAX_BATCH];
-    let mut control = [PktinfoControl([0; 40]); MAX_BATCH];
+    let mut control = [PktinfoControl([0; 64]); MAX_BATCH];
     // SAFETY: all-zero iovecs and mmsghdrs are valid; the pointers set below outlive the call.
     let mut iov: [libc::iovec; MAX_BATCH] = unsafe { std::mem::zeroed() };
     let mut msgs: [libc::mmsghdr; MAX_BATCH] = unsafe { std::mem::zeroed() };
@@ -232,9 +238,11 @@ pub fn send_many(fd: BorrowedFd<'_>, datagrams: &[Outgoing<'_>]) -> io::Result<u
                 (v6_sizes, libc::IPPROTO_IPV6, libc::IPV6_PKTINFO)
             }
         };
-        hdr.msg_controllen = space;
-        // SAFETY: the control buffer holds CMSG_SPACE of the larger pktinfo, so the first header
-        // and its data fit; the data may be unaligned for the pktinfo, hence write_unaligned.
+        hdr.msg_controllen = space + if d.mark != 0 { mark_sizes.0 } else { 0 };
+        // SAFETY: the control buffer holds CMSG_SPACE of the larger pktinfo and of a mark, so
+        // both headers and their data fit (the second one `space` bytes after the first, where
+        // CMSG_NXTHDR would put it); the data may be unaligned for its type, hence
+        // write_unaligned.
         unsafe {
             let cmsg = libc::CMSG_FIRSTHDR(hdr);
             (*cmsg).cmsg_level = level;
@@ -260,6 +268,13 @@ pub fn send_many(fd: BorrowedFd<'_>, datagrams: &[Outgoing<'_>]) -> io::Result<u
                     };
                     std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast(), info);
                 }
+            }
+            if d.mark != 0 {
+                let cmsg = cmsg.cast::<u8>().add(space).cast::<libc::cmsghdr>();
+                (*cmsg).cmsg_level = libc::SOL_SOCKET;
+                (*cmsg).cmsg_type = libc::SO_MARK;
+                (*cmsg).cmsg_len = mark_sizes.1;
+                std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast(), d.mark);
             }
         }
     }

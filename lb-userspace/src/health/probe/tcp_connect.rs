@@ -6,11 +6,10 @@ use std::{net::SocketAddr, time::Duration};
 
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
-    net::TcpStream,
     time::Instant,
 };
 
-use super::ProbeResult;
+use super::{ProbeResult, Via};
 use crate::{
     config::Expect,
     health::outcome::{Reason, from_io},
@@ -25,8 +24,19 @@ pub async fn probe(
     expect: Option<&Expect>,
     timeout: Duration,
 ) -> ProbeResult {
+    probe_via(target, None, send, expect, timeout).await
+}
+
+/// [`probe`], through the tunnel when `via` says so (see [`super::tunnel`]).
+pub async fn probe_via(
+    target: SocketAddr,
+    via: Option<Via>,
+    send: Option<&[u8]>,
+    expect: Option<&Expect>,
+    timeout: Duration,
+) -> ProbeResult {
     let start = Instant::now();
-    match tokio::time::timeout(timeout, exchange(target, send, expect)).await {
+    match tokio::time::timeout(timeout, exchange(target, via, send, expect)).await {
         Err(_) => ProbeResult::Timeout,
         Ok(Err(result)) => result,
         Ok(Ok(())) => ProbeResult::Success {
@@ -39,10 +49,13 @@ pub async fn probe(
 /// the expected one).
 async fn exchange(
     target: SocketAddr,
+    via: Option<Via>,
     send: Option<&[u8]>,
     expect: Option<&Expect>,
 ) -> Result<(), ProbeResult> {
-    let mut stream = TcpStream::connect(target).await.map_err(|e| from_io(&e))?;
+    let mut stream = super::tunnel::connect(target, via)
+        .await
+        .map_err(|e| from_io(&e))?;
     if let Some(send) = send {
         stream.write_all(send).await.map_err(|e| from_io(&e))?;
     }

@@ -102,9 +102,9 @@ use std::{
 
 use tokio::task::JoinHandle;
 
-use super::ProbeResult;
 use super::link::Links;
 use super::sys::register;
+use super::{ProbeResult, Via};
 use pending::Waiter;
 use shared::Shared;
 use socket::{open_raw_socket, open_raw_socket6};
@@ -160,8 +160,22 @@ impl SynProber {
     /// (the target cannot be reached either way), a shortage here (ports, descriptors,
     /// buffers) as `Local`.
     pub async fn probe(&self, target: SocketAddr, timeout: Duration) -> ProbeResult {
+        self.probe_via(target, None, timeout).await
+    }
+
+    /// [`SynProber::probe`], through the tunnel when `via` says so (see
+    /// [`super::tunnel`]): the SYN leaves through the raw socket with the tunnel's mark and
+    /// source, never on the link-layer path; a SYN+ACK is reset through the tunnel too.
+    pub async fn probe_via(
+        &self,
+        target: SocketAddr,
+        via: Option<Via>,
+        timeout: Duration,
+    ) -> ProbeResult {
         let now = Instant::now();
-        let (mut waiting, syn) = self.shared.start_waiting(target, now + timeout, now);
+        let (mut waiting, syn) = self
+            .shared
+            .start_waiting_via(target, via, now + timeout, now);
         if let Some(syn) = syn {
             self.shared.enqueue(syn);
         }
@@ -183,29 +197,31 @@ impl SynProber {
         )
     }
 
-    /// Starts a half-open probe of each `(token, target, timeout)` without a future of its own:
+    /// Starts a half-open probe of each `(token, target, timeout, via)` without a future of its
+    /// own (`via`: through the tunnel, see [`SynProber::probe_via`]):
     /// the SYNs leave together, and each result comes out of [`SynProber::finished`] under its
     /// token, with the same meaning as [`SynProber::probe`]'s. For one consumer (the checker's
     /// scheduler): tokens are not told apart by caller. The high half of a token is the
     /// caller's place for the target, a small index it keeps dense and gives to one target at
     /// a time: the prober keeps the target's state in a table under it (a target at a place
     /// that held another one starts afresh).
-    pub fn start_many(&self, probes: &[(u64, SocketAddr, Duration)]) {
+    pub fn start_many(&self, probes: &[(u64, SocketAddr, Duration, Option<Via>)]) {
         let now = Instant::now();
         let mut queued = Vec::with_capacity(probes.len());
         {
             // The targets' states lie scattered in memory: ask for all of them before using
             // any, so their cache misses overlap instead of coming one by one.
             let state = self.shared.state();
-            for &(token, _, _) in probes {
+            for &(token, ..) in probes {
                 state.targets.prefetch((token >> 32) as usize);
             }
         }
-        for &(token, target, timeout) in probes {
+        for &(token, target, timeout, via) in probes {
             let deadline = now + timeout;
+            let waiter = Waiter::Token(token);
             queued.extend(
                 self.shared
-                    .start(Waiter::Token(token), target, deadline, None, now),
+                    .start_via(waiter, target, via, deadline, None, now),
             );
         }
         self.shared.enqueue_many(queued);

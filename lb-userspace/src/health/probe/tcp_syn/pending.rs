@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 
 use super::targets::Home;
 use super::wire::Verdict;
-use crate::health::probe::ProbeResult;
+use crate::health::probe::{ProbeResult, Via};
 
 /// A probe's connection, seen from this host: both ends of one family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -35,6 +35,8 @@ pub(super) struct Pending {
     pub(super) via_link: bool,
     /// If its SYN cannot be sent, it may be sent once more (false for that resend).
     pub(super) resend: bool,
+    /// Through the tunnel (see [`crate::health::probe::tunnel`]), or not.
+    pub(super) via: Option<Via>,
     pub(super) waiter: Waiter,
     /// A port reserved for this probe alone, when the pool had none free towards the target;
     /// released when the probe leaves the map.
@@ -49,6 +51,7 @@ impl Pending {
             id: self.id,
             deadline: self.deadline,
             resend: self.resend,
+            via: self.via,
             waiter: self.waiter,
             answer,
         }
@@ -112,6 +115,7 @@ pub(super) struct Ended {
     pub(super) id: u64,
     pub(super) deadline: Instant,
     pub(super) resend: bool,
+    pub(super) via: Option<Via>,
     pub(super) waiter: Waiter,
     pub(super) answer: Answer,
 }

@@ -18,10 +18,10 @@ use tokio::{
 use super::pending::{Answer, Ended, Key, Pending, Registry, Waiter};
 use super::socket::{Routes, reserve_port};
 use super::targets::{Home, Path, Pool, Target, Targets};
-use super::wire::{SYN_LEN, Segment, Verdict, initial_sequence, syn_segment};
+use super::wire::{RST_LEN, SYN_LEN, Segment, Verdict, initial_sequence, rst_segment, syn_segment};
 use crate::health::outcome::{Reason, from_io};
-use crate::health::probe::ProbeResult;
 use crate::health::probe::link::{Link, Links};
+use crate::health::probe::{ProbeResult, Via};
 
 /// What the probes and the reader and sender tasks share.
 pub(super) struct Shared {
@@ -69,13 +69,19 @@ struct Placed {
     own_port: Option<OwnedFd>,
 }
 
-/// A SYN waiting for the sender task.
+/// A SYN waiting for the sender task (or the reset of a probe through the tunnel).
 pub(super) struct Queued {
     pub(super) key: Key,
     pub(super) id: u64,
-    pub(super) syn: [u8; SYN_LEN],
+    /// The TCP segment, its first `len` bytes.
+    pub(super) segment: [u8; SYN_LEN],
+    pub(super) len: usize,
     /// The link-layer path to send it on, if still current when it is sent.
     pub(super) link: Option<Link>,
+    /// The socket mark it leaves with (0: none; a probe through the tunnel's otherwise).
+    pub(super) mark: u32,
+    /// A reset after the probe's answer: sent whatever became of the probe, never resent.
+    pub(super) reset: bool,
 }
 
 impl Shared {
@@ -115,10 +121,25 @@ impl Shared {
     /// Starts a probe of `target` for `waiter`: registers it and gives its SYN to queue. A
     /// probe that cannot start gets its failure at once (None). `resend_of`: the id of the probe
     /// whose SYN could not be sent, if this is its resend.
+    #[cfg(test)]
     pub(super) fn start(
         &self,
         waiter: Waiter,
         target: SocketAddr,
+        deadline: Instant,
+        resend_of: Option<u64>,
+        now: Instant,
+    ) -> Option<Queued> {
+        self.start_via(waiter, target, None, deadline, resend_of, now)
+    }
+
+    /// [`Shared::start`], through the tunnel when `via` says so: the SYN takes the kernel's
+    /// path with the tunnel's mark, from the tunnel's source.
+    pub(super) fn start_via(
+        &self,
+        waiter: Waiter,
+        target: SocketAddr,
+        via: Option<Via>,
         deadline: Instant,
         resend_of: Option<u64>,
         now: Instant,
@@ -129,7 +150,7 @@ impl Shared {
         }
         let seq = initial_sequence();
         let home = waiter.home();
-        let (mut state, placed) = match self.place(home, target, now) {
+        let (mut state, placed) = match self.place(home, target, via, now) {
             Ok(placed) => placed,
             Err(e) => {
                 let failure = self.local_failure(home, target, &e);
@@ -154,6 +175,7 @@ impl Shared {
             sent: None,
             via_link: placed.link.is_some(),
             resend: resend_of.is_none(),
+            via,
             waiter,
             _own_port: placed.own_port,
         };
@@ -164,20 +186,35 @@ impl Shared {
         Some(Queued {
             key,
             id,
-            syn: syn_segment(key.local, target, seq),
+            segment: syn_segment(key.local, target, seq),
+            len: SYN_LEN,
             link: placed.link,
+            mark: via.map_or(0, |v| v.mark),
+            reset: false,
         })
     }
 
     /// Starts a probe for a `probe` future: its hold on the result, and its SYN to queue.
+    #[cfg(test)]
     pub(super) fn start_waiting(
         &self,
         target: SocketAddr,
         deadline: Instant,
         now: Instant,
     ) -> (Waiting<'_>, Option<Queued>) {
+        self.start_waiting_via(target, None, deadline, now)
+    }
+
+    /// [`Shared::start_waiting`], through the tunnel when `via` says so.
+    pub(super) fn start_waiting_via(
+        &self,
+        target: SocketAddr,
+        via: Option<Via>,
+        deadline: Instant,
+        now: Instant,
+    ) -> (Waiting<'_>, Option<Queued>) {
         let (done, result) = oneshot::channel();
-        let syn = self.start(Waiter::Future(done), target, deadline, None, now);
+        let syn = self.start_via(Waiter::Future(done), target, via, deadline, None, now);
         let waiting = Waiting {
             shared: self,
             probe: syn.as_ref().map(|q| (q.id, deadline)),
@@ -192,19 +229,23 @@ impl Shared {
     ///
     /// The SYN takes the link-layer path when the target's last probe was answered and a
     /// current link to it is known (looked up now if not, at most once per `ROUTE_TTL` when
-    /// there is none); the kernel's path otherwise, and always for an IPv6 target (the
-    /// link-layer path builds IPv4 headers only).
+    /// there is none); the kernel's path otherwise, always for an IPv6 target (the link-layer
+    /// path builds IPv4 headers only), and always through the tunnel (`via`: the TC program
+    /// must see the SYN, and the link-layer path's frames carry no mark). Through the tunnel
+    /// the source is the tunnel's, when it names one.
     fn place(
         &self,
         home: Home,
         target: SocketAddr,
+        via: Option<Via>,
         mut now: Instant,
     ) -> io::Result<(MutexGuard<'_, State>, Placed)> {
         let mut own: Option<(OwnedFd, SocketAddr)> = None;
         let target_v4 = match target {
-            SocketAddr::V4(v4) => Some(v4),
-            SocketAddr::V6(_) => None,
+            SocketAddr::V4(v4) if via.is_none() => Some(v4),
+            _ => None,
         };
+        let fixed_source = via.and_then(|v| v.source);
         let mut again = false;
         loop {
             // Another turn follows a lookup or a reservation, which took time.
@@ -243,7 +284,7 @@ impl Shared {
                 }
                 Some((_, _, Path::Kernel)) | None => None,
             };
-            let source = match (&link, entry.source(now)) {
+            let source = match (&link, fixed_source.or_else(|| entry.source(now))) {
                 (Some(link), _) => IpAddr::V4(link.source),
                 (None, Some(source)) => source,
                 (None, None) => {
@@ -372,9 +413,10 @@ impl Shared {
                 // failed: look the route up again and send once more, on the kernel's path.
                 Err(_) if probe.resend => {
                     self.forget_route(home, target);
-                    let (waiter, deadline) = (probe.waiter, probe.deadline);
+                    let (waiter, deadline, via) = (probe.waiter, probe.deadline, probe.via);
                     let resend = Some(probe.id);
-                    again.extend(self.start(waiter, target, deadline, resend, Instant::now()));
+                    let now = Instant::now();
+                    again.extend(self.start_via(waiter, target, via, deadline, resend, now));
                     continue;
                 }
                 Err(errno) => {
@@ -416,6 +458,7 @@ impl Shared {
         at: Instant,
         answers: &mut Vec<Ended>,
     ) {
+        let mut resets = Vec::new();
         {
             let mut guard = self.state();
             let state = &mut *guard;
@@ -432,6 +475,20 @@ impl Shared {
                     continue;
                 };
                 if let Some(probe) = state.pending.remove(&key, id) {
+                    // Through the tunnel the kernel's own reset of the SYN+ACK goes to the
+                    // backend's address unencapsulated (it carries no mark), which leaves the
+                    // half-open connection on the VIP: reset that one through the tunnel.
+                    if let (Some(via), Verdict::Accepted) = (probe.via, verdict) {
+                        resets.push(Queued {
+                            key,
+                            id,
+                            segment: rst_segment(key.local, key.remote, probe.seq.wrapping_add(1)),
+                            len: RST_LEN,
+                            link: None,
+                            mark: via.mark,
+                            reset: true,
+                        });
+                    }
                     if !probe.via_link
                         && let Some(target) = state.targets.get_mut(probe.waiter.home(), key.remote)
                     {
@@ -444,6 +501,7 @@ impl Shared {
                 }
             }
         }
+        self.enqueue_many(resets);
         self.deliver(answers);
     }
 

@@ -70,9 +70,13 @@ async fn send_batch(shared: &Shared, batch: &mut Vec<Queued>) {
             let now = Instant::now();
             let mut state = shared.state();
             for q in chunk {
-                match state.pending.get_mut(&q.key, q.id) {
-                    Some(p) => p.sent = Some(now),
-                    None => continue,
+                // A reset goes out whatever became of its probe; a SYN only while its probe
+                // waits.
+                if !q.reset {
+                    match state.pending.get_mut(&q.key, q.id) {
+                        Some(p) => p.sent = Some(now),
+                        None => continue,
+                    }
                 }
                 match link_of(shared, q) {
                     Some(link) => framed.push((q, link)),
@@ -91,7 +95,7 @@ async fn send_batch(shared: &Shared, batch: &mut Vec<Queued>) {
                     source,
                     destination,
                     protocol: libc::IPPROTO_TCP as u8,
-                    payload: &q.syn,
+                    payload: &q.segment[..q.len],
                 })
                 .collect();
             let mut i = 0;
@@ -130,7 +134,8 @@ async fn send_plain(
             .map(|q| Outgoing {
                 source: q.key.local.ip(),
                 target: q.key.remote,
-                bytes: &q.syn,
+                bytes: &q.segment[..q.len],
+                mark: q.mark,
             })
             .collect();
         let sent = socket
@@ -139,15 +144,21 @@ async fn send_plain(
             })
             .await;
         if let Ok(n) = sent {
-            shared.sent_kernel.fetch_add(n as u64, Ordering::Relaxed);
+            // SYNs: the resets of probes through the tunnel are not probes.
+            let syns = plain[i..].iter().take(n).filter(|q| !q.reset).count();
+            shared.sent_kernel.fetch_add(syns as u64, Ordering::Relaxed);
         }
         i += sent_or_unsent(shared, plain[i], sent, answers);
     }
 }
 
 /// The link-layer path of a queued SYN, if it has one that is still current, with the SYN's
-/// IPv4 source and destination (a link is only ever looked up for an IPv4 target).
+/// IPv4 source and destination (a link is only ever looked up for an IPv4 target, and never
+/// for a marked one: its frames would carry no mark).
 fn link_of<'q>(shared: &Shared, q: &'q Queued) -> Option<(&'q Link, Ipv4Addr, Ipv4Addr)> {
+    if q.mark != 0 {
+        return None;
+    }
     let links = shared.links.as_ref()?;
     let link = q.link.as_ref().filter(|link| links.current(link))?;
     match (q.key.local, q.key.remote) {

@@ -110,6 +110,27 @@ pub(super) fn syn_segment(local: SocketAddr, remote: SocketAddr, seq: u32) -> [u
     s
 }
 
+/// A reset's length: a bare TCP header.
+pub(super) const RST_LEN: usize = 20;
+
+/// The reset from `local` to `remote` of the half-open connection whose SYN+ACK acknowledged
+/// `seq` (our SYN's sequence + 1: the one number the backend's SYN-RECEIVED state accepts a
+/// reset at), as Linux resets an unknown connection's SYN+ACK; in a buffer the size of a SYN,
+/// its first [`RST_LEN`] bytes. Its checksum as [`syn_segment`]'s.
+pub(super) fn rst_segment(local: SocketAddr, remote: SocketAddr, seq: u32) -> [u8; SYN_LEN] {
+    let mut s = [0u8; SYN_LEN];
+    s[0..2].copy_from_slice(&local.port().to_be_bytes());
+    s[2..4].copy_from_slice(&remote.port().to_be_bytes());
+    s[4..8].copy_from_slice(&seq.to_be_bytes());
+    s[12] = ((RST_LEN / 4) as u8) << 4;
+    s[13] = RST;
+    if let (SocketAddr::V4(local), SocketAddr::V4(remote)) = (local, remote) {
+        let checksum = tcp_checksum(*local.ip(), *remote.ip(), &s[..RST_LEN]);
+        s[16..18].copy_from_slice(&checksum.to_be_bytes());
+    }
+    s
+}
+
 /// The TCP checksum of `segment` (its checksum field zero) with the IPv4 pseudo-header.
 fn tcp_checksum(source: Ipv4Addr, destination: Ipv4Addr, segment: &[u8]) -> u16 {
     let mut pseudo = [0u8; 12];
@@ -215,6 +236,26 @@ mod tests {
             0xdead_beef,
         );
         assert_ne!(s[16..18], other[16..18]);
+    }
+
+    #[test]
+    fn rst_segment_layout_and_checksum() {
+        let s = rst_segment(LOCAL, REMOTE, 0xdead_bef0);
+        assert_eq!(u16::from_be_bytes([s[0], s[1]]), 40000);
+        assert_eq!(u16::from_be_bytes([s[2], s[3]]), 80);
+        assert_eq!(u32::from_be_bytes([s[4], s[5], s[6], s[7]]), 0xdead_bef0);
+        assert_eq!(&s[8..12], &[0; 4], "no ACK");
+        assert_eq!(s[12] >> 4, 5, "data offset: 20 bytes");
+        assert_eq!(s[13], RST);
+        assert_eq!(&s[14..16], &[0, 0], "window 0");
+        let mut pseudo = [0u8; 12];
+        pseudo[0..4].copy_from_slice(&LOCAL4.ip().octets());
+        pseudo[4..8].copy_from_slice(&REMOTE4.ip().octets());
+        pseudo[9] = 6;
+        pseudo[11] = RST_LEN as u8;
+        assert_eq!(fold(ones_sum(&pseudo) + ones_sum(&s[..RST_LEN])), 0xffff);
+        let v6 = rst_segment(SocketAddr::V6(LOCAL6), SocketAddr::V6(REMOTE6), 0xdead_bef0);
+        assert_eq!(&v6[16..18], &[0, 0], "the kernel's, over IPv6");
     }
 
     #[test]
