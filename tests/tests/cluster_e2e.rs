@@ -9,7 +9,7 @@ use std::{
     collections::HashMap,
     net::{Ipv4Addr, SocketAddr},
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicBool, Ordering},
     },
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
@@ -166,8 +166,8 @@ fn finish(streams: Vec<PacedStream>) -> (usize, Vec<String>) {
 /// (Unix) of those that failed.
 fn prober(c: &Cluster, vip: Ipv4Addr, on: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<f64>> {
     let client = c.client.clone();
-    let failures = Arc::new(Mutex::new(Vec::new()));
     std::thread::spawn(move || {
+        let mut failures = Vec::new();
         while on.load(Ordering::Relaxed) {
             let t = unix_now();
             let ok = client.enter(|| {
@@ -178,12 +178,11 @@ fn prober(c: &Cluster, vip: Ipv4Addr, on: Arc<AtomicBool>) -> std::thread::JoinH
                 .is_ok()
             });
             if !ok {
-                failures.lock().unwrap().push(t);
+                failures.push(t);
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        let v = failures.lock().unwrap().clone();
-        v
+        failures
     })
 }
 
