@@ -403,6 +403,9 @@ fn health_moves_the_route_at_the_router() {
         for i in 0..bed.sb.backends.len() {
             bed.sb.stop_backend(i);
         }
+        // The verdicts first (their time depends on the checks and the machine's load), then
+        // the route, which must follow them.
+        wait_web(&daemon, &bed.sb, "unhealthy");
         let gone = routes
             .wait(ip(WEB), false, Duration::from_secs(5))
             .unwrap_or_else(|| {
@@ -411,7 +414,6 @@ fn health_moves_the_route_at_the_router() {
                     daemon.log_text()
                 )
             });
-        wait_web(&daemon, &bed.sb, "unhealthy");
         let verdict = verdict_time(&daemon, "unhealthy", start, false);
         let event = vip_event(&daemon, WEB, "withdrawn", start, WAIT).expect("a withdraw event");
         assert_eq!(
@@ -432,6 +434,12 @@ fn health_moves_the_route_at_the_router() {
 
         let start = unix_now();
         bed.sb.start_backend(0).unwrap();
+        daemon.wait_state(
+            "web",
+            &format!("{}:8080", bed.sb.backends[0].addr),
+            "healthy",
+            Duration::from_secs(20),
+        );
         let back = routes
             .wait(ip(WEB), true, Duration::from_secs(5))
             .unwrap_or_else(|| panic!("round {round}: {WEB} not announced again"));

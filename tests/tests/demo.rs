@@ -36,3 +36,31 @@ fn the_demo_runs_through() {
         assert!(text.contains(step), "{step}:\n{text}");
     }
 }
+
+#[test]
+fn the_cluster_demo_runs_through() {
+    require_root();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lb-demo"))
+        .args(["--cluster", "--unattended"])
+        .env("LB_BIN", lb_bin())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    for step in [
+        "announced by all three hosts",
+        "nexthop via 10.2.1.2",
+        "the router dropped host 1 from the route",
+        "30 of 30 streams intact",
+        "10.100.0.3 gone from the router's table",
+        "announced -> withdrawn: api: 0 of 3 backends available",
+        "cleaning up",
+    ] {
+        assert!(text.contains(step), "{step}:\n{text}");
+    }
+}

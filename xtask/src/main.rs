@@ -43,6 +43,10 @@ enum Task {
         /// No pauses; for CI and scripts.
         #[arg(long)]
         unattended: bool,
+        /// Three lb hosts behind an ECMP router running BIRD: route health injection, a host
+        /// dying with streams going on, a VIP withdrawn.
+        #[arg(long)]
+        cluster: bool,
     },
     /// Benchmarks (root): datapath cost per packet, packet rate against an XDP bounce, end to end
     /// against direct routing, nftables DNAT, HAProxy and nginx, health checking (cost; detection
@@ -106,7 +110,10 @@ fn main() -> anyhow::Result<()> {
             let lb = build(&root, release)?;
             run(Command::new(lb).arg("run").arg("--config").arg(config))
         }
-        Task::Demo { unattended } => {
+        Task::Demo {
+            unattended,
+            cluster,
+        } => {
             setup::ensure(&root, setup::Need::Everything)?;
             require_root("the demo (network namespaces, XDP)")?;
             let lb = build(&root, false)?;
@@ -122,6 +129,9 @@ fn main() -> anyhow::Result<()> {
             ]);
             if unattended {
                 cmd.arg("--unattended");
+            }
+            if cluster {
+                cmd.arg("--cluster");
             }
             run(cmd.env("LB_BIN", lb))
         }

@@ -27,11 +27,17 @@ use lb_tests::{
     topology::{Arms, HTTP_PORT, Sandbox, VIP, VIP6},
 };
 
+#[path = "demo_cluster.rs"]
+mod cluster;
+
 #[derive(Parser)]
 struct Args {
     /// Do not wait for Enter before cleaning up.
     #[arg(long)]
     unattended: bool,
+    /// The scale-out demo instead: three lb hosts behind an ECMP router running BIRD.
+    #[arg(long)]
+    cluster: bool,
 }
 
 /// The two services: HTTP on VIP:80 (backends' port 8000, checked with HTTP GETs) and UDP echo
@@ -97,7 +103,11 @@ fn main() {
         unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
     }
     let started = Instant::now();
-    let result = demo(&args);
+    let result = if args.cluster {
+        cluster::run(args.unattended)
+    } else {
+        demo(&args)
+    };
     say("cleaning up: namespaces, veths, servers and the lb processes are removed");
     if let Err(e) = result {
         eprintln!("demo failed: {e:#}");
