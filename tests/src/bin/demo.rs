@@ -27,7 +27,7 @@ use lb_tests::{
     topology::{Arms, HTTP_PORT, Sandbox, VIP, VIP6},
 };
 
-#[path = "demo_cluster.rs"]
+#[path = "demo/cluster.rs"]
 mod cluster;
 
 #[derive(Parser)]
