@@ -67,8 +67,8 @@ pub fn run(unattended: bool) -> anyhow::Result<()> {
     let seen = servers::spread(&c.client, SocketAddr::from((VIP, PORT)), CONNECTIONS);
     let mut names: Vec<&String> = seen.keys().collect();
     names.sort();
-    for i in 0..3 {
-        let status = lbs[i].as_ref().context("lb")?.status()?;
+    for (i, lb) in lbs.iter().enumerate() {
+        let status = lb.as_ref().context("lb")?.status()?;
         let web = status.service("web").context("web")?;
         let per: Vec<String> = web
             .backends
