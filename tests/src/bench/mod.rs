@@ -8,6 +8,7 @@
 
 pub mod bpf;
 pub mod chart;
+pub mod cluster;
 pub mod detect;
 pub mod e2e;
 pub mod maglev;

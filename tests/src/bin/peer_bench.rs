@@ -12,7 +12,7 @@ use std::{
 use anyhow::Context as _;
 use clap::Parser;
 use lb_tests::bench::{
-    self, chart,
+    self, chart, cluster,
     detect::{self, Detection},
     e2e::{self, E2e, Target, Test},
     maglev, median, min_max, peers,
@@ -41,7 +41,7 @@ struct Args {
     /// Health-detection trials (default 8, 2 with --quick).
     #[arg(long)]
     trials: Option<usize>,
-    /// Parts to run: rate, e2e, detect, maglev (comma-separated; default all).
+    /// Parts to run: rate, e2e, detect, maglev, cluster (comma-separated; default all).
     #[arg(long, value_delimiter = ',')]
     parts: Vec<String>,
     /// Directory of the report (report.md) and charts.
@@ -71,6 +71,7 @@ struct Results {
     e2e: Option<E2e>,
     detect: Option<Detection>,
     maglev: Option<(Vec<maglev::Row>, usize, usize)>,
+    cluster: Option<(cluster::Cluster6, usize)>,
     /// Busy share of all CPUs during 1 s idle pauses between parts (others' load).
     background: Vec<(String, f64)>,
 }
@@ -121,6 +122,7 @@ fn run(args: &Args, started: Instant) -> anyhow::Result<()> {
         e2e: None,
         detect: None,
         maglev: None,
+        cluster: None,
         background: Vec::new(),
     };
     res.background
@@ -153,6 +155,11 @@ fn run(args: &Args, started: Instant) -> anyhow::Result<()> {
         eprintln!("==> maglev");
         let (runs, removals) = (if q { 3 } else { 7 }, if q { 3 } else { 10 });
         res.maglev = Some((maglev::run(runs, removals), runs, removals));
+    }
+    if want(args, "cluster") {
+        let rounds = if q { 1 } else { 5 };
+        eprintln!("==> scale-out: {rounds} rounds on three lb hosts behind a BIRD router");
+        res.cluster = Some((cluster::run(rounds)?, rounds));
     }
     bench::checkpoint()?;
     let load_end = bench::load();
@@ -555,6 +562,16 @@ fn report(res: &Results, ctx: &Context, img: &str) -> anyhow::Result<String> {
         }
         None => s += "Not run.\n\n",
     }
+
+    let _ = writeln!(
+        s,
+        "## 6. Scale-out: several lb hosts behind an ECMP router\n"
+    );
+    match &res.cluster {
+        Some((c, rounds)) => s += &cluster::markdown(c, *rounds),
+        None => s += "Not run.\n",
+    }
+    s.push('\n');
 
     let _ = writeln!(s, "## Charts\n");
     match &ctx.font {
