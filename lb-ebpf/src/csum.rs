@@ -5,8 +5,9 @@
 //! A change is first summed with [`diff16`]/[`diff32`] (unfolded, so several changes add up and
 //! the IPv4 and TCP/UDP checksums share the address change), then applied once with [`update`].
 
+/// `sum` folded to 16 bits (end-around carries).
 #[inline(always)]
-fn fold(mut sum: u32) -> u16 {
+pub fn fold(mut sum: u32) -> u16 {
     sum = (sum & 0xffff) + (sum >> 16);
     sum = (sum & 0xffff) + (sum >> 16);
     sum as u16

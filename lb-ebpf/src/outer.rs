@@ -7,6 +7,7 @@ use lb_common::{Addr6, ENCAP_TTL, PROTO_TCP, PROTO_UDP, encap_flow_label};
 use network_types::{ip::Ipv4Hdr, ip::Ipv6Hdr};
 
 use crate::{
+    csum::fold,
     parse::PROTO_ICMPV6,
     ptr::{ptr_at_mut_checked, store_addr6},
 };
@@ -18,13 +19,6 @@ const IP_DF: u8 = 0x40;
 #[inline(always)]
 fn word(a: u8, b: u8) -> u32 {
     u32::from(u16::from_ne_bytes([a, b]))
-}
-
-#[inline(always)]
-fn fold(mut sum: u32) -> u16 {
-    sum = (sum & 0xffff) + (sum >> 16);
-    sum = (sum & 0xffff) + (sum >> 16);
-    sum as u16
 }
 
 /// The outer IPv4 header at `ip_off` for the IPv4 packet at `inner_off`: `src → dst`,

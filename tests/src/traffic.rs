@@ -219,3 +219,29 @@ impl PacedStream {
             .unwrap_or_else(|_| Err("the stream's thread panicked".into()))
     }
 }
+
+/// `n` [`PacedStream`]s to `vip` from `client`: a 1 KiB echo every 50 ms each, seeds 0..n.
+pub fn paced_streams(
+    client: &Netns,
+    vip: SocketAddr,
+    n: usize,
+) -> anyhow::Result<Vec<PacedStream>> {
+    (0..n)
+        .map(|i| PacedStream::start(client, vip, i as u8, 1024, Duration::from_millis(50)))
+        .collect()
+}
+
+/// Waits until every stream has echoed `more` bytes beyond what it had when called (or has
+/// ended, broken), at most `limit`: they all went on through whatever the network just did.
+pub fn wait_progress(streams: &[PacedStream], more: usize, limit: Duration) {
+    let start: Vec<usize> = streams.iter().map(PacedStream::echoed).collect();
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline
+        && !streams
+            .iter()
+            .zip(&start)
+            .all(|(s, &at)| s.ended() || s.echoed() >= at + more)
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

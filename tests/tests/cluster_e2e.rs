@@ -12,12 +12,17 @@ use std::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use lb_tests::{
-    cluster::Cluster, daemon::Daemon, decap::DecapGuard, require_root, routewatch::RouteWatch,
-    servers, traffic::PacedStream,
+    cluster::Cluster,
+    daemon::Daemon,
+    decap::DecapGuard,
+    require_root,
+    routewatch::RouteWatch,
+    servers,
+    traffic::{PacedStream, paced_streams, wait_progress},
 };
 
 const PORT: u16 = 8080;
@@ -117,36 +122,12 @@ impl Bed {
     }
 
     fn streams(&self, vip: Ipv4Addr, n: usize) -> Vec<PacedStream> {
-        (0..n)
-            .map(|i| {
-                PacedStream::start(
-                    &self.c.client,
-                    SocketAddr::from((vip, PORT)),
-                    i as u8,
-                    1024,
-                    Duration::from_millis(50),
-                )
-                .unwrap()
-            })
-            .collect()
+        paced_streams(&self.c.client, SocketAddr::from((vip, PORT)), n).unwrap()
     }
 }
 
-/// Waits until every stream has echoed at least `more` bytes beyond what it had (they all run,
-/// through whatever the network just did), or `limit`.
 fn progress(streams: &[PacedStream], more: usize, limit: Duration) {
-    let start: Vec<usize> = streams.iter().map(PacedStream::echoed).collect();
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if streams
-            .iter()
-            .zip(&start)
-            .all(|(s, &at)| s.ended() || s.echoed() >= at + more)
-        {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_progress(streams, more, limit);
 }
 
 /// Finishes the streams: (how many stayed intact, why the others broke).

@@ -53,23 +53,7 @@ fn ensure_packages() -> anyhow::Result<()> {
         "installing benchmark packages: {} (their services are not started)",
         missing.join(" ")
     ));
-    {
-        let _policy = crate::setup::NoServiceStarts::new()?;
-        run(Command::new("apt-get").args(["update", "-q"]))?;
-        run(Command::new("apt-get")
-            .args(["install", "-y", "-q", "--no-install-recommends"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive"))?;
-    }
-    if Path::new("/run/systemd/system").exists() {
-        // Under systemd: keep them from starting at boot too (and stop any that did start).
-        let _ = Command::new("systemctl")
-            .args(["disable", "--now"])
-            .args(SERVICES)
-            .stderr(std::process::Stdio::null())
-            .status(); // a unit missing is fine
-    }
-    Ok(())
+    crate::setup::install_without_services(&missing, SERVICES)
 }
 
 fn shown(root: &Path, p: &Path) -> String {

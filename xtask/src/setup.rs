@@ -233,21 +233,27 @@ fn ensure_packages() -> anyhow::Result<()> {
         "installing Debian packages: {}",
         missing.join(" ")
     ));
+    // No service of these packages may run on the host (bird2's BIRD would take BGP's port,
+    // prometheus lb's default API port :9090).
+    install_without_services(&missing, SERVICES)
+}
+
+/// `apt-get install`s `packages` with no service starting while they install, then, under
+/// systemd, disables (and stops) `services` so they do not start at boot either: the tests
+/// and benchmarks start their own instances inside namespaces.
+pub fn install_without_services(packages: &[&str], services: &[&str]) -> anyhow::Result<()> {
     {
-        // No service of these packages starts while they install (bird2's BIRD would take
-        // BGP's port on the host, prometheus lb's default API port :9090).
         let _policy = NoServiceStarts::new()?;
         run(Command::new("apt-get").args(["update", "-q"]))?;
         run(Command::new("apt-get")
             .args(["install", "-y", "-q", "--no-install-recommends"])
-            .args(&missing)
+            .args(packages)
             .env("DEBIAN_FRONTEND", "noninteractive"))?;
     }
     if Path::new("/run/systemd/system").exists() {
-        // Under systemd: keep them from starting at boot too (and stop any that did start).
         let _ = Command::new("systemctl")
             .args(["disable", "--now"])
-            .args(SERVICES)
+            .args(services)
             .stderr(std::process::Stdio::null())
             .status(); // a unit missing is fine
     }

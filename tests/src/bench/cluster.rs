@@ -22,7 +22,7 @@ use crate::{
     cluster::Cluster,
     daemon::Daemon,
     routewatch::RouteWatch,
-    traffic::PacedStream,
+    traffic::{PacedStream, paced_streams},
 };
 
 const PORT: u16 = 8080;
@@ -105,17 +105,7 @@ pub fn run(rounds: usize) -> anyhow::Result<Cluster6> {
 
         // A host dies (its link cut) while streams run and a prober opens connections.
         let host = round % 3;
-        let streams: Vec<PacedStream> = (0..STREAMS)
-            .map(|i| {
-                PacedStream::start(
-                    &c.client,
-                    SocketAddr::from((VIP, PORT)),
-                    i as u8,
-                    1024,
-                    Duration::from_millis(50),
-                )
-            })
-            .collect::<anyhow::Result<_>>()?;
+        let streams = paced_streams(&c.client, SocketAddr::from((VIP, PORT)), STREAMS)?;
         std::thread::sleep(Duration::from_millis(500));
         let on = Arc::new(AtomicBool::new(true));
         let prober = {

@@ -10,7 +10,12 @@ use std::{
 };
 
 use anyhow::Context as _;
-use lb_tests::{cluster::Cluster, daemon::Daemon, servers, traffic::PacedStream};
+use lb_tests::{
+    cluster::Cluster,
+    daemon::Daemon,
+    servers,
+    traffic::{paced_streams, wait_progress},
+};
 
 use super::{checkpoint, print_indented, say};
 
@@ -89,18 +94,8 @@ pub fn run(unattended: bool) -> anyhow::Result<()> {
         "5. {STREAMS} long-lived streams (a 1 KiB echo every 50 ms each, checked), then host 1 \
          dies: its link to the router is cut"
     ));
-    let streams: Vec<PacedStream> = (0..STREAMS)
-        .map(|i| {
-            PacedStream::start(
-                &c.client,
-                SocketAddr::from((VIP, PORT)),
-                i as u8,
-                1024,
-                Duration::from_millis(50),
-            )
-        })
-        .collect::<anyhow::Result<_>>()?;
-    wait_progress(&streams, 4096);
+    let streams = paced_streams(&c.client, SocketAddr::from((VIP, PORT)), STREAMS)?;
+    wait_progress(&streams, 4096, Duration::from_secs(15));
     let through = lbs[1].as_ref().context("lb")?.status()?;
     let before = through.service("web").context("web")?.new_flows;
     let cut = Instant::now();
@@ -111,7 +106,7 @@ pub fn run(unattended: bool) -> anyhow::Result<()> {
          {before} connections, some of these streams among them):"
     );
     print_indented(&c.router.ip(&["route", "show", &format!("{VIP}/32")])?);
-    wait_progress(&streams, 8192);
+    wait_progress(&streams, 8192, Duration::from_secs(15));
     let picked: u64 = [0, 2]
         .iter()
         .filter_map(|&i| lbs[i].as_ref()?.status().ok())
@@ -170,20 +165,6 @@ pub fn run(unattended: bool) -> anyhow::Result<()> {
         anyhow::bail!("{} streams broke when host 1 died", broken.len());
     }
     Ok(())
-}
-
-/// Until every stream echoed `more` bytes beyond what it had (or 15 s).
-fn wait_progress(streams: &[PacedStream], more: usize) {
-    let start: Vec<usize> = streams.iter().map(PacedStream::echoed).collect();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while Instant::now() < deadline
-        && !streams
-            .iter()
-            .zip(&start)
-            .all(|(s, &at)| s.ended() || s.echoed() >= at + more)
-    {
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Waits until the router has no route to `vip`; when it went.
