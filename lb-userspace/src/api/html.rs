@@ -1,14 +1,16 @@
-//! The status page (`Accept: text/html`): a banner and a table per service. Pure: a function of
-//! the model.
+//! The status page (`Accept: text/html`): a banner and a table per service, then the health
+//! timelines and the last events. Pure: a function of the model and the event log.
 //!
-//! Complete without JavaScript (inline CSS; a `<noscript>` meta refresh reloads it). With
-//! JavaScript, the inline [`SCRIPT`] polls the same URL's JSON every second and updates the page
-//! in place: states, reasons, counters, and the traffic rates with their sparklines, which only
-//! the browser computes (from successive counters, kept in the page's memory).
+//! Complete without JavaScript (inline CSS; the timelines and the events rendered here too; a
+//! `<noscript>` meta refresh reloads it). With JavaScript, the inline [`SCRIPT`] polls the same
+//! URL's JSON every second and updates the page in place: states, reasons, counters, the
+//! timelines and events (drawn as [`history`] draws them), and the traffic rates with their
+//! sparklines, which only the browser computes (from successive counters, kept in the page's
+//! memory).
 
 use std::fmt::Write as _;
 
-use crate::model::{BackendStatus, ServiceStatus, Status};
+use crate::model::{BackendStatus, Event, ServiceStatus, Status};
 
 /// Background of `healthy` and `mostly_healthy` rows (#c8f7c5). Exported so that the end-to-end
 /// test can look for it in a screenshot.
@@ -16,17 +18,21 @@ pub const HEALTHY_COLOUR: [u8; 3] = [0xc8, 0xf7, 0xc5];
 /// Background of `unhealthy` and `mostly_unhealthy` rows (#f7c5c5).
 pub const UNHEALTHY_COLOUR: [u8; 3] = [0xf7, 0xc5, 0xc5];
 /// `initializing`: waiting for a verdict.
-const PENDING_COLOUR: [u8; 3] = [0xfa, 0xf0, 0xc0];
-/// `disabled`, `unused` and anything unknown.
-const NEUTRAL_COLOUR: [u8; 3] = [0xe4, 0xe4, 0xe4];
+pub const PENDING_COLOUR: [u8; 3] = [0xfa, 0xf0, 0xc0];
+/// `disabled`, `drained`, `unused` and anything unknown.
+pub const NEUTRAL_COLOUR: [u8; 3] = [0xe4, 0xe4, 0xe4];
 
 /// How often the script polls the JSON, milliseconds.
 pub const POLL_MS: u32 = 1000;
 /// The health timelines' span, minutes.
 pub const TIMELINE_MIN: u32 = 10;
 
-/// The whole page; `refresh_seconds` is the reload period without JavaScript.
-pub fn page(status: &Status, refresh_seconds: u32) -> String {
+/// Events in the "Last events" list.
+const LAST_EVENTS: usize = 20;
+
+/// The whole page; `events` is the event log (oldest first), `refresh_seconds` the reload period
+/// without JavaScript.
+pub fn page(status: &Status, events: &[Event], refresh_seconds: u32) -> String {
     let mut out = String::new();
     let css = format!(
         "body {{ font-family: sans-serif; margin: 1em; }}\n\
@@ -90,18 +96,110 @@ pub fn page(status: &Status, refresh_seconds: u32) -> String {
     for service in &status.services {
         section(&mut out, service);
     }
-    // The timelines and the last events come from the event log, drawn by the script.
+    // The timelines and the last events, from the event log; the script redraws both the same
+    // way from what it reads of `/v1/events`.
+    let (timelines, last) = history(status, events);
     let _ = write!(
         out,
         "</main>\n<section id=\"history\">\n\
-         <h2>Health timelines (the last {TIMELINE_MIN} minutes at most)</h2>\n<div id=\"timelines\"></div>\n\
-         <h2>Last events</h2>\n<ol id=\"events\" reversed></ol>\n\
-         <noscript><p>The timelines and the last events need JavaScript; the events are at \
-         <a href=\"/v1/events\">/v1/events</a>.</p></noscript>\n</section>\n\
-         <script>\nconst POLL_MS = {POLL_MS};\nconst TIMELINE_S = {};\n{SCRIPT}</script>\n</body>\n</html>\n",
+         <h2>Health timelines (the last {TIMELINE_MIN} minutes at most)</h2>\n\
+         <div id=\"timelines\">{timelines}</div>\n\
+         <h2>Last events</h2>\n<ol id=\"events\" reversed>{last}</ol>\n\
+         <noscript><p>Without JavaScript the rates and their sparklines stay empty: the browser \
+         computes them from successive counters.</p></noscript>\n</section>\n\
+         <script>\nconst POLL_MS = {POLL_MS};\nconst TIMELINE_S = {};\nconst LAST_EVENTS = {LAST_EVENTS};\n\
+         {SCRIPT}</script>\n</body>\n</html>\n",
         TIMELINE_MIN * 60
     );
     out
+}
+
+/// A state's band on a timeline: up (takes flows), down, pending, off (drained, disabled,
+/// other). The script's `band` says the same.
+fn band(state: &str) -> &'static str {
+    match state {
+        "healthy" | "mostly_healthy" => "up",
+        "unhealthy" | "mostly_unhealthy" | "ejected" => "down",
+        "initializing" => "pending",
+        _ => "off",
+    }
+}
+
+/// The timelines' and the last events' HTML, as the script's `timelines` draws them: one bar per
+/// backend over the last [`TIMELINE_MIN`] minutes (from the first event logged if that is later:
+/// before it there is nothing to draw), made of the states its events moved it through and its
+/// state now (ejected when a passive check holds it out); and the last [`LAST_EVENTS`] events,
+/// newest first.
+fn history(status: &Status, events: &[Event]) -> (String, String) {
+    let now = status.time;
+    let start =
+        (now - f64::from(TIMELINE_MIN * 60)).max(events.first().map_or(now - 1.0, |e| e.time));
+    let span = (now - start).max(1.0);
+    let mut timelines = String::new();
+    for s in &status.services {
+        for b in &s.backends {
+            let mine: Vec<&Event> = events
+                .iter()
+                .filter(|e| e.service == s.name && e.backend == b.address)
+                .collect();
+            let mut bands = Vec::new();
+            let mut from = start;
+            let mut state = mine.first().map_or(b.state.as_str(), |e| e.from.as_str());
+            for e in &mine {
+                if e.time > start {
+                    bands.push((from, e.time, state));
+                }
+                from = start.max(e.time);
+                state = &e.to;
+            }
+            let state_now = if b.ejected.is_some() {
+                "ejected"
+            } else {
+                b.state.as_str()
+            };
+            bands.push((from, now, state_now));
+            let key = escape(&format!("{} {}", s.name, b.address));
+            let _ = write!(
+                timelines,
+                "<div class=\"tl\" data-backend=\"{key}\"><span class=\"tl-label\">{key}</span><div class=\"bar\">"
+            );
+            for (from, to, state) in bands.into_iter().filter(|(from, to, _)| to > from) {
+                let _ = write!(
+                    timelines,
+                    "<span class=\"band band-{}\" data-state=\"{}\" style=\"left:{:.2}%;width:{:.2}%\" title=\"{}\"></span>",
+                    band(state),
+                    escape(state),
+                    (from - start) * 100.0 / span,
+                    (to - from) * 100.0 / span,
+                    escape(&format!("{state} from {}", utc(from))),
+                );
+            }
+            timelines.push_str("</div></div>");
+        }
+    }
+    let mut last = String::new();
+    for e in events.iter().rev().take(LAST_EVENTS) {
+        let what = match &e.vip {
+            Some(vip) => format!("VIP {vip}"),
+            None => format!("{} {}", e.service, e.backend),
+        };
+        let why = e
+            .reason
+            .as_deref()
+            .map_or_else(String::new, |r| format!(": {r}"));
+        let _ = write!(
+            last,
+            "<li>{}</li>",
+            escape(&format!(
+                "{} {what} {} → {} ({}{why})",
+                utc(e.time),
+                e.from,
+                e.to,
+                e.source
+            ))
+        );
+    }
+    (timelines, last)
 }
 
 /// The host line's words: "announcing — 1 of 2 VIPs announced (table 200)".
@@ -264,7 +362,7 @@ fn duration(s: f64) -> String {
 
 /// The live updates, inline (no CDN, no build step). It rewrites text and classes only; when the
 /// services or backends change (a reload), it fetches this page as HTML and swaps its `<main>`.
-/// `POLL_MS` is defined before it.
+/// `POLL_MS`, `TIMELINE_S` and `LAST_EVENTS` are defined before it.
 pub const SCRIPT: &str = r#"(() => {
   'use strict';
   const SPAN_S = 300; // sparkline history kept, seconds
@@ -325,12 +423,14 @@ pub const SCRIPT: &str = r#"(() => {
     }
     if (events.length > 2048) events.splice(0, events.length - 2048);
   };
-  // A state's band colour: up (takes flows), down, pending, off (drained, disabled, other).
+  // A state's band colour: up (takes flows), down, pending, off (drained, disabled, other), as
+  // the server's `band`.
   const band = (state) => /^(healthy|mostly_healthy)$/.test(state) ? 'up'
     : /^(unhealthy|mostly_unhealthy|ejected)$/.test(state) ? 'down'
     : state === 'initializing' ? 'pending' : 'off';
   // One bar per backend over the last TIMELINE_S: the states its events moved it through, and
-  // its state now (ejected when a passive check holds it out).
+  // its state now (ejected when a passive check holds it out). The same markup as the server's
+  // `history`, which this replaces on every poll.
   const timelines = (st) => {
     const root = document.getElementById('timelines');
     // From TIMELINE_S ago, or from the first event this daemon logged if that is later (before
@@ -361,7 +461,7 @@ pub const SCRIPT: &str = r#"(() => {
     }
     root.innerHTML = html.join('');
     const list = document.getElementById('events');
-    list.innerHTML = events.slice(-20).reverse().map((e) => '<li>' + esc(utc(e.time) + ' ' +
+    list.innerHTML = events.slice(-LAST_EVENTS).reverse().map((e) => '<li>' + esc(utc(e.time) + ' ' +
       (e.vip ? 'VIP ' + e.vip : e.service + ' ' + e.backend) + ' ' + e.from + ' → ' + e.to + ' (' + e.source +
       (e.reason ? ': ' + e.reason : '') + ')') + '</li>').join('');
   };
@@ -570,7 +670,7 @@ mod tests {
         let evil = "<script>alert(\"x\")</script>";
         let mut b = backend("10.0.0.2:80", "healthy");
         b.address = evil.to_owned();
-        let html = page(&status(vec![service(evil, vec![b])]), 5);
+        let html = page(&status(vec![service(evil, vec![b])]), &[], 5);
         // The one script is ours; the evil one is text.
         assert_eq!(html.matches("<script").count(), 1, "{html}");
         assert!(!html.contains(evil), "{html}");
@@ -584,7 +684,7 @@ mod tests {
             service("dns", vec![]),
             service("api", vec![backend("10.0.0.3:80", "unused")]),
         ]);
-        let html = page(&s, 5);
+        let html = page(&s, &[], 5);
         assert_eq!(html.matches("<table").count(), 3);
         assert_eq!(html.matches("</table>").count(), 3);
         for name in ["web", "dns", "api"] {
@@ -599,7 +699,7 @@ mod tests {
             timeouts: 3,
             http_failures: 3,
         });
-        let html = page(&status(vec![per_kind]), 5);
+        let html = page(&status(vec![per_kind]), &[], 5);
         assert!(
             html.contains("unhealthy after 1 refused/TLS, 3 timeouts, 3 HTTP failures"),
             "{html}"
@@ -622,7 +722,7 @@ mod tests {
             "web",
             vec![backend("10.0.0.2:80", "healthy"), quiet, out],
         )]);
-        let html = page(&s, 5);
+        let html = page(&s, &[], 5);
         assert!(html.contains(
             "<tr class=\"state-healthy\" data-state=\"healthy\" data-backend=\"10.0.0.2:80\">\
              <td>10.0.0.2:80</td><td class=\"n\" data-f=\"weight\">1</td>\
@@ -668,7 +768,7 @@ mod tests {
         down.state = crate::model::ServiceState::Down;
         down.available_backends = 0;
         down.policy_in_force = Some("drop".to_owned());
-        let html = page(&status(vec![down, service("dns", vec![])]), 5);
+        let html = page(&status(vec![down, service("dns", vec![])]), &[], 5);
         assert!(
             html.contains(
                 "<div class=\"banner svc-down\" data-service-state=\"down\">web — \
@@ -710,7 +810,7 @@ mod tests {
                 error: None,
             }],
         });
-        let html = page(&s, 5);
+        let html = page(&s, &[], 5);
         assert!(
             html.contains(
                 "<span data-f=\"avail\">1/1 backends available</span> — <span data-f=\"announce\" \
@@ -726,13 +826,13 @@ mod tests {
              1 of 1 VIPs announced (table 200)</span></p>\n<main id=\"services\">"
         ), "{html}");
         // Without [lb.announce] neither is there.
-        let plain = page(&status(vec![service("web", vec![])]), 5);
+        let plain = page(&status(vec![service("web", vec![])]), &[], 5);
         assert!(!plain.contains("<span data-f=\"announce\"") && !plain.contains("<p id=\"host\""));
     }
 
     #[test]
     fn refreshes_itself_without_script_and_in_place_with_it() {
-        let html = page(&status(vec![]), 7);
+        let html = page(&status(vec![]), &[], 7);
         assert!(html.starts_with("<!DOCTYPE html>"));
         assert!(html.contains("<noscript><meta http-equiv=\"refresh\" content=\"7\"></noscript>"));
         assert_eq!(html.matches("http-equiv=\"refresh\"").count(), 1);
@@ -740,10 +840,14 @@ mod tests {
         assert!(html.contains("<meta name=\"viewport\""));
         // Inline, nothing fetched but the status itself and the event log.
         assert!(
-            html.contains("<script>\nconst POLL_MS = 1000;\nconst TIMELINE_S = 600;\n(() => {")
+            html.contains(
+                "<script>\nconst POLL_MS = 1000;\nconst TIMELINE_S = 600;\nconst LAST_EVENTS = 20;\n(() => {"
+            )
         );
+        // No event logged: nothing in the list, a bar per backend all the same.
         assert!(
-            html.contains("<div id=\"timelines\"></div>") && html.contains("<ol id=\"events\"")
+            html.contains("<div id=\"timelines\"></div>")
+                && html.contains("<ol id=\"events\" reversed></ol>")
         );
         assert!(!html.contains("<script src"));
         assert!(!SCRIPT.contains("</script"));
@@ -753,6 +857,97 @@ mod tests {
             assert!(html.contains(&format!("<a href=\"{link}\">")), "{link}");
         }
         assert!(html.trim_end().ends_with("</html>"));
+    }
+
+    fn event(time: f64, backend: &str, from: &str, to: &str, reason: Option<&str>) -> Event {
+        Event {
+            seq: 0,
+            time,
+            service: "web".to_owned(),
+            backend: backend.to_owned(),
+            from: from.to_owned(),
+            to: to.to_owned(),
+            source: "http".to_owned(),
+            counters: ProbeCounters::default(),
+            healthy_threshold: 3,
+            unhealthy_threshold: 3,
+            flag_write_us: None,
+            reason: reason.map(str::to_owned),
+            vip: None,
+        }
+    }
+
+    /// The timelines and the events without JavaScript, as the script draws them.
+    #[test]
+    fn history_is_rendered_from_the_event_log() {
+        let t = 1_700_000_000.5;
+        let mut down = backend("10.0.0.3:80", "unhealthy");
+        down.last_failure = Some("connection refused".to_owned());
+        let mut ejected = backend("10.0.0.4:80", "healthy");
+        ejected.ejected = Some("service: refused".to_owned());
+        let s = status(vec![service(
+            "web",
+            vec![backend("10.0.0.2:80", "healthy"), down, ejected],
+        )]);
+        let mut events = vec![
+            // Before the timeline's start (more than 10 min ago): only says where it began.
+            event(t - 900.0, "10.0.0.3:80", "initializing", "healthy", None),
+            event(
+                t - 300.0,
+                "10.0.0.3:80",
+                "healthy",
+                "unhealthy",
+                Some("<refused>"),
+            ),
+        ];
+        let mut vip = event(t - 60.0, "", "withdrawn", "announced", Some("web: 1 of 3"));
+        vip.vip = Some("10.1.0.1".to_owned());
+        vip.service = String::new();
+        vip.source = "announce".to_owned();
+        events.push(vip);
+        let html = page(&s, &events, 5);
+        // 10 minutes: healthy from the start for 5 minutes, then unhealthy up to now.
+        assert!(html.contains(
+            "<div class=\"tl\" data-backend=\"web 10.0.0.3:80\"><span class=\"tl-label\">web 10.0.0.3:80</span>\
+             <div class=\"bar\"><span class=\"band band-up\" data-state=\"healthy\" style=\"left:0.00%;width:50.00%\" \
+             title=\"healthy from 2023-11-14 22:03:20 UTC\"></span><span class=\"band band-down\" \
+             data-state=\"unhealthy\" style=\"left:50.00%;width:50.00%\" \
+             title=\"unhealthy from 2023-11-14 22:08:20 UTC\"></span></div></div>"
+        ), "{html}");
+        // Without events of its own, its state now all along; ejected is down.
+        assert!(html.contains(
+            "<div class=\"bar\"><span class=\"band band-up\" data-state=\"healthy\" style=\"left:0.00%;width:100.00%\""
+        ));
+        assert!(html.contains(
+            "<span class=\"band band-down\" data-state=\"ejected\" style=\"left:0.00%;width:100.00%\""
+        ));
+        assert_eq!(
+            html.matches("<div class=\"tl\" data-backend=\"web ")
+                .count(),
+            3
+        );
+        // Newest first, escaped.
+        assert!(html.contains(
+            "<ol id=\"events\" reversed><li>2023-11-14 22:12:20 UTC VIP 10.1.0.1 withdrawn → announced \
+             (announce: web: 1 of 3)</li><li>2023-11-14 22:08:20 UTC web 10.0.0.3:80 healthy → unhealthy \
+             (http: &lt;refused&gt;)</li><li>2023-11-14 21:58:20 UTC web 10.0.0.3:80 initializing → healthy \
+             (http)</li></ol>"
+        ), "{html}");
+        // At most LAST_EVENTS, the last ones.
+        let many: Vec<Event> = (0..30)
+            .map(|i| {
+                event(
+                    t - 30.0 + f64::from(i),
+                    "10.0.0.2:80",
+                    "healthy",
+                    &format!("s{i}"),
+                    None,
+                )
+            })
+            .collect();
+        let html = page(&s, &many, 5);
+        assert_eq!(html.matches("<li>2023-").count(), LAST_EVENTS);
+        assert!(html.contains("healthy → s29 (http)</li>") && !html.contains("→ s9 "));
     }
 
     #[test]
