@@ -2,8 +2,9 @@
 //! daemon): the page served over HTTP/1.0 by a tiny server and loaded in headless Chromium (its
 //! DOM and a screenshot: healthy rows green, unhealthy rows red), and the metrics through
 //! `promtool check metrics`. Also checks that these checks can fail. The live page of a running
-//! daemon, kept open in Chromium while a backend fails: updated in place, no reload. And the
-//! page with JavaScript off: complete as served, and refreshed by its `<noscript>` meta refresh.
+//! daemon, kept open in Chromium while a backend fails: updated in place, no reload. The page
+//! with JavaScript off: complete as served, and refreshed by its `<noscript>` meta refresh. And
+//! its layout on a laptop (1280 px: the tables fit) and on a phone (390 px: only they scroll).
 
 use std::{
     io::{Read as _, Write as _},
@@ -337,26 +338,33 @@ fn wide_events() -> Vec<Event> {
 }
 
 /// [`wide_status`] as the daemon serves it: the page at `/`, its JSON (for the script's polls)
-/// moving on by a second per poll with traffic on the healthy backends, and the event log at
-/// `/v1/events`. `polls` counts the JSON requests.
+/// with traffic, and the event log at `/v1/events`. `polls` counts the JSON requests. Each poll
+/// moves the status's clock on by a minute, so that a few polls draw most of the 5-minute
+/// sparklines: packets at a steady rate (1.23 M/s on the first backend, fewer on the next ones,
+/// none on the unhealthy), new flows swinging.
 fn wide_site(polls: Arc<AtomicU32>) -> impl Fn(&Request) -> Answer + Send + 'static {
+    const STEP_S: u64 = 60;
     let page = html::page(&wide_status(), &wide_events(), 5);
     move |r| match r.path {
         "/" if r.json => {
             let n = polls.fetch_add(1, Ordering::Relaxed) + 1;
             let mut st = wide_status();
-            st.time = T + f64::from(n);
+            st.time = T + (STEP_S * u64::from(n)) as f64;
             for (i, b) in st
                 .services
                 .iter_mut()
                 .flat_map(|s| &mut s.backends)
                 .enumerate()
             {
-                // 1.2 M packets/s on the first, fewer on the next ones, none on the down.
-                let pps = if b.available { 1_234_567 >> (4 * i) } else { 0 };
-                b.packets += u64::from(n) * pps;
-                b.bytes += u64::from(n) * pps * 800;
-                b.new_flows += u64::from(n) * pps / 100;
+                let pps = match b.state {
+                    HealthState::Unhealthy => 0,
+                    _ => 1_234_567 >> (3 * i),
+                };
+                b.packets += u64::from(n) * STEP_S * pps;
+                b.bytes += u64::from(n) * STEP_S * pps * 800;
+                b.new_flows += (1..=u64::from(n))
+                    .map(|k| STEP_S * pps / 100 * (1 + k % 4) / 2)
+                    .sum::<u64>();
             }
             Some((
                 "application/json",
@@ -606,6 +614,9 @@ fn live_page_shows_a_failing_backend_without_reload() {
         failures.as_str().and_then(|f| f.parse::<u32>().ok()) >= Some(2),
         "consecutive tcp failures {failures}"
     );
+
+    // At this width the tables fit, sparklines included.
+    assert_fits(&page.eval(LAYOUT).unwrap());
 
     let (png, img) = page.screenshot().expect("screenshot");
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/status-page.png");
@@ -969,4 +980,134 @@ fn noscript_refresh_shows_a_failing_backend() {
     );
     let (png, _) = page.screenshot_full_page().expect("screenshot");
     write_screenshot("status-page-noscript-live.png", &png);
+}
+
+/// Where the page's boxes end against the viewport: the document's and the body's widths, the
+/// sparklines' edges, each table wrapper's scrolling, and the elements outside the wrappers
+/// that stick out on the right.
+const LAYOUT: &str = r#"(() => {
+  const vw = document.documentElement.clientWidth;
+  const outside = [...document.body.querySelectorAll('*')]
+    .filter((e) => !(e.parentElement && e.parentElement.closest('.wrap')))
+    .filter((e) => e.getBoundingClientRect().right > vw + 0.5)
+    .map((e) => e.tagName.toLowerCase() + (e.className ? '.' + e.className : '') + ' ' +
+      Math.round(e.getBoundingClientRect().right));
+  return {
+    vw,
+    doc: document.documentElement.scrollWidth,
+    body: [document.body.scrollWidth, document.body.clientWidth],
+    sparks: [...document.querySelectorAll('svg.spark')].map((s) => {
+      const r = s.getBoundingClientRect();
+      return [r.left, r.right];
+    }),
+    wraps: [...document.querySelectorAll('.wrap')].map((w) => [w.scrollWidth, w.clientWidth]),
+    // For the log: how wide each table would be at its narrowest (the room left at this width).
+    narrowest: [...document.querySelectorAll('.wrap table')].map((t) => {
+      t.style.width = 'min-content';
+      const w = t.offsetWidth;
+      t.style.width = '';
+      return w;
+    }),
+    outside,
+  };
+})()"#;
+
+/// Checks the live daemon's page too (`live_page_shows_a_failing_backend_without_reload`):
+/// at its width nothing scrolls, the tables included, and every sparkline is in view.
+fn assert_fits(layout: &serde_json::Value) {
+    let vw = layout["vw"].as_f64().expect("vw");
+    assert!(layout["doc"].as_f64() <= Some(vw), "{layout:#}");
+    for w in layout["wraps"].as_array().expect("wraps") {
+        assert!(
+            w[0].as_f64() <= w[1].as_f64(),
+            "a table scrolls: {layout:#}"
+        );
+    }
+    let sparks = layout["sparks"].as_array().expect("sparks");
+    assert!(!sparks.is_empty());
+    for s in sparks {
+        assert!(
+            s[0].as_f64() >= Some(0.0) && s[1].as_f64() <= Some(vw),
+            "a sparkline out of view: {layout:#}"
+        );
+    }
+    assert_eq!(layout["outside"], serde_json::json!([]), "{layout:#}");
+}
+
+/// The layout, with the widest rows ([`wide_status`]) and the script running (rates of 1.2 M
+/// packets/s, sparklines): at 1280×800 the tables fit, nothing scrolls sideways and every
+/// sparkline is in view; on a phone (390×844) the page's body does not overflow, only the tables
+/// scroll inside their wrappers, and the banners, timelines and events fit. Screenshots of both
+/// go to `target/status-page-1280.png` and `target/status-page-390.png`. And the checks can fail:
+/// an element wider than the viewport is caught.
+#[test]
+fn layout_fits_a_laptop_and_a_phone() {
+    let url = serve(
+        TcpListener::bind("127.0.0.1:0").expect("bind"),
+        wide_site(Arc::new(AtomicU32::new(0))),
+    );
+    let mut page = Browser::open(None, &url, WIDTH, HEIGHT).expect("chromium");
+    page.wait_for(
+        "Number(document.body.dataset.updates) >= 5 && \
+         document.querySelector('[data-f=pps]').textContent !== '–'",
+        Duration::from_secs(20),
+    )
+    .expect("the script updates the page");
+    assert_eq!(
+        page.eval("document.querySelector('[data-f=pps]').textContent")
+            .unwrap(),
+        "1.23 M",
+        "rates in three digits"
+    );
+    // Screenshots first: they show what went wrong when a check fails.
+    let (png, _) = page.screenshot().expect("screenshot");
+    write_screenshot("status-page-1280.png", &png);
+    let layout = page.eval(LAYOUT).unwrap();
+    eprintln!("at {WIDTH} px: {layout}");
+    assert_fits(&layout);
+
+    page.resize(390, 844, true).unwrap();
+    let (png, _) = page.screenshot().expect("screenshot");
+    write_screenshot("status-page-390.png", &png);
+    let (png, _) = page.screenshot_full_page().expect("screenshot");
+    write_screenshot("status-page-390-full.png", &png);
+    // Scrolled to the table's far end, the backend column stays in view.
+    let kept = page
+        .eval(
+            "(() => { const w = document.querySelector('.wrap'); w.scrollLeft = w.scrollWidth; \
+             return [w.scrollLeft, w.querySelector('tbody td').getBoundingClientRect().left - \
+             w.getBoundingClientRect().left]; })()",
+        )
+        .unwrap();
+    assert!(
+        kept[0].as_f64() > Some(300.0) && kept[1].as_f64().is_some_and(|x| x.abs() < 1.0),
+        "scrolled by {}, the backend cell {} px from the frame's left",
+        kept[0],
+        kept[1]
+    );
+    let (png, _) = page.screenshot().expect("screenshot");
+    write_screenshot("status-page-390-scrolled.png", &png);
+    let layout = page.eval(LAYOUT).unwrap();
+    eprintln!("at 390 px: {layout}");
+    assert_eq!(layout["vw"], 390, "{layout:#}");
+    assert!(layout["doc"].as_f64() <= Some(390.0), "{layout:#}");
+    let body = &layout["body"];
+    assert!(body[0].as_f64() <= body[1].as_f64(), "{layout:#}");
+    assert_eq!(layout["outside"], serde_json::json!([]), "{layout:#}");
+    // The tables are wider than a phone: they scroll, inside their wrappers.
+    let wraps = layout["wraps"].as_array().expect("wraps");
+    assert!(
+        wraps.iter().all(|w| w[0].as_f64() > w[1].as_f64()),
+        "{layout:#}"
+    );
+
+    // Caught: something wider than the phone, outside the wrappers.
+    page.eval(
+        "document.getElementById('history').insertAdjacentHTML('beforeend', \
+         '<p id=\"wide\" style=\"width: 600px\">wide</p>')",
+    )
+    .unwrap();
+    let layout = page.eval(LAYOUT).unwrap();
+    assert!(layout["doc"].as_f64() > Some(390.0), "{layout:#}");
+    assert_eq!(layout["outside"][0], "p 616", "{layout:#}");
 }

@@ -4,13 +4,13 @@
 //! Complete without JavaScript (inline CSS; the timelines and the events rendered here too; a
 //! `<noscript>` meta refresh reloads it). With JavaScript, the inline [`SCRIPT`] polls the same
 //! URL's JSON every second and updates the page in place: states, reasons, counters, the
-//! timelines and events (drawn as [`history`] draws them), and the traffic rates with their
+//! timelines and events (drawn as `history` draws them), and the traffic rates with their
 //! sparklines, which only the browser computes (from successive counters, kept in the page's
 //! memory).
 
 use std::fmt::Write as _;
 
-use crate::model::{BackendStatus, Event, ServiceStatus, Status};
+use crate::model::{BackendStatus, Event, ProbeCounters, ServiceStatus, Status};
 
 /// Background of `healthy` and `mostly_healthy` rows (#c8f7c5). Exported so that the end-to-end
 /// test can look for it in a screenshot.
@@ -34,36 +34,52 @@ const LAST_EVENTS: usize = 20;
 /// without JavaScript.
 pub fn page(status: &Status, events: &[Event], refresh_seconds: u32) -> String {
     let mut out = String::new();
+    // Compact enough for 1280 px with the widest rows; narrower, a table scrolls inside its
+    // `.wrap` with the backend column sticky. Borders are each cell's own (separate, no
+    // spacing) so that the sticky cells keep theirs while the rest scrolls under them.
     let css = format!(
         "body {{ font-family: sans-serif; margin: 1em; }}\n\
-         table {{ border-collapse: collapse; width: 100%; margin-bottom: 1.5em; }}\n\
-         .wrap {{ overflow-x: auto; }}\n\
-         caption {{ text-align: left; padding: 0.3em 0; }}\n\
-         th, td {{ border: 1px solid #999; padding: 0.3em 0.6em; text-align: left; }}\n\
-         th {{ background: #fff; font-weight: normal; font-size: 90%; }}\n\
+         .wrap {{ overflow-x: auto; margin-bottom: 1.5em; }}\n\
+         table {{ border-collapse: separate; border-spacing: 0; border-top: 1px solid #999; width: 100%; font-size: 90%; }}\n\
+         .about {{ margin: 0.3em 0; overflow-wrap: anywhere; }}\n\
+         th, td {{ border: 1px solid #999; border-width: 0 1px 1px 0; padding: 0.25em 0.4em; text-align: left; }}\n\
+         th {{ background: #fff; font-weight: normal; }}\n\
+         th:first-child, td:first-child {{ position: sticky; left: 0; border-left-width: 1px; }}\n\
          td.n {{ text-align: right; white-space: nowrap; }}\n\
+         td.reason {{ min-width: 7em; }}\n\
+         .sub {{ display: block; font-size: 85%; color: #444; white-space: nowrap; }}\n\
          tr.state-healthy td, tr.state-mostly_healthy td {{ background: {ok}; }}\n\
          tr.state-unhealthy td, tr.state-mostly_unhealthy td {{ background: {bad}; }}\n\
          tr.state-initializing td {{ background: {pending}; }}\n\
          tr.state-disabled td, tr.state-drained td, tr.state-unused td {{ background: {neutral}; }}\n\
          tr.ejected td {{ background: {bad}; }}\n\
-         .banner {{ padding: 0.4em 0.8em; color: #fff; font-weight: bold; margin-top: 1em; }}\n\
+         .kv {{ display: grid; grid-template-columns: repeat(var(--pairs), auto auto); gap: 0 0.4em; \
+         justify-content: start; white-space: nowrap; }}\n\
+         .kv .v {{ text-align: right; font-variant-numeric: tabular-nums; }}\n\
+         .kv .k {{ color: #444; font-size: 90%; margin-right: 0.3em; }}\n\
+         .probes .zero {{ color: #666; }}\n\
+         .probes .v:not(.zero) {{ font-weight: bold; }}\n\
+         .rates {{ grid-template-columns: auto auto auto; }}\n\
+         .rates svg {{ grid-row: 1 / span 2; align-self: center; margin-right: 0.2em; }}\n\
+         .pps {{ color: #1565c0; }}\n\
+         .fps {{ color: #c25400; }}\n\
+         .banner {{ padding: 0.4em 0.8em; color: #fff; font-weight: bold; margin-top: 1em; overflow-wrap: anywhere; }}\n\
          .svc-healthy {{ background: #1b7f3a; }}\n\
          .svc-degraded {{ background: #a86b00; }}\n\
          .svc-down {{ background: #b71c1c; }}\n\
          .svc-unchecked, .svc-empty {{ background: #666; }}\n\
-         svg.spark {{ width: 120px; height: 20px; vertical-align: middle; }}\n\
-         svg.spark polyline {{ fill: none; stroke-width: 1.5; }}\n\
+         svg.spark {{ width: 80px; height: 22px; vertical-align: middle; background: rgba(255, 255, 255, 0.5); }}\n\
+         svg.spark polyline {{ fill: none; stroke-width: 1.5; vector-effect: non-scaling-stroke; }}\n\
          .stale {{ color: #b71c1c; font-weight: bold; }}\n\
-         .tl {{ display: flex; align-items: center; margin: 0.2em 0; }}\n\
-         .tl-label {{ width: 18em; font-size: 90%; }}\n\
-         .bar {{ position: relative; flex: 1; height: 1.1em; background: #f4f4f4; border: 1px solid #999; }}\n\
+         .tl {{ display: flex; flex-wrap: wrap; align-items: center; margin: 0.2em 0; }}\n\
+         .tl-label {{ flex: 0 1 18em; font-size: 90%; overflow-wrap: anywhere; }}\n\
+         .bar {{ position: relative; flex: 1 1 12em; height: 1.1em; background: #f4f4f4; border: 1px solid #999; }}\n\
          .band {{ position: absolute; top: 0; bottom: 0; }}\n\
          .band-up {{ background: {ok}; }}\n\
          .band-down {{ background: {bad}; }}\n\
          .band-pending {{ background: {pending}; }}\n\
          .band-off {{ background: {neutral}; }}\n\
-         #events {{ font-size: 90%; }}\n",
+         #events {{ font-size: 90%; padding-left: 2em; overflow-wrap: anywhere; }}\n",
         ok = hex(HEALTHY_COLOUR),
         bad = hex(UNHEALTHY_COLOUR),
         pending = hex(PENDING_COLOUR),
@@ -262,16 +278,13 @@ fn section(out: &mut String, s: &ServiceStatus) {
         "<section class=\"service\">\n\
          <div class=\"banner svc-{state}\" data-service-state=\"{state}\">{name} — \
          <span data-f=\"state\">{}</span> — <span data-f=\"avail\">{}/{} backends available</span>{announce}</div>\n\
-         <div class=\"wrap\"><table data-service=\"{name}\">\n<caption>{name} — {} {} {} — check {}, {} — \
-         <span data-f=\"traffic\">{} packets, {} bytes, {} new flows</span></caption>\n<thead>\
-         <tr><th rowspan=\"2\">backend</th><th rowspan=\"2\">weight</th><th rowspan=\"2\">state</th>\
-         <th rowspan=\"2\">admin</th><th rowspan=\"2\">in state for</th><th rowspan=\"2\">last failure</th>\
-         <th rowspan=\"2\">last probe</th><th colspan=\"6\">consecutive probe results</th>\
-         <th rowspan=\"2\">packets/s</th><th rowspan=\"2\">new flows/s</th>\
-         <th rowspan=\"2\">traffic, last 5 min</th><th rowspan=\"2\">packets</th>\
-         <th rowspan=\"2\">bytes</th><th rowspan=\"2\">new flows</th></tr>\n\
-         <tr><th>successes</th><th>tcp failures</th><th>tls failures</th><th>http failures</th>\
-         <th>payload failures</th><th>timeouts</th></tr></thead>\n<tbody>\n",
+         <p class=\"about\">{name} — {} {} {} — check {}, {} — \
+         <span data-f=\"traffic\">{} packets, {} bytes, {} new flows</span></p>\n\
+         <div class=\"wrap\"><table data-service=\"{name}\">\n<thead><tr><th>backend</th><th>state</th>\
+         <th>admin</th><th>last failure</th><th>last probe</th>\
+         <th title=\"consecutive probe results: successes, and failures by kind\">consecutive probes</th>\
+         <th title=\"packets/s and new flows/s over the last 5 minutes, as this page saw them\">rates, 5 min</th>\
+         <th title=\"packets, bytes and new flows since the start\">totals</th></tr></thead>\n<tbody>\n",
         escape(&service_state(s)),
         s.available_backends,
         s.backends.len(),
@@ -307,6 +320,46 @@ fn state_words(b: &BackendStatus) -> String {
     }
 }
 
+/// The consecutive probe counters: the field (the JSON's, and `data-f`), the label, its title,
+/// and the counter. In the order of a two-column grid filled row by row: successes, TCP and TLS
+/// on the left.
+type Probe = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&ProbeCounters) -> u32,
+);
+const PROBES: [Probe; 6] = [
+    ("success", "ok", "consecutive successes", |c| c.success),
+    (
+        "http_failure",
+        "http",
+        "consecutive HTTP failures (wrong status or answer)",
+        |c| c.http_failure,
+    ),
+    (
+        "tcp_failure",
+        "tcp",
+        "consecutive TCP failures (refused, reset, unreachable)",
+        |c| c.tcp_failure,
+    ),
+    (
+        "payload_failure",
+        "payload",
+        "consecutive replies to `send` not the expected ones",
+        |c| c.payload_failure,
+    ),
+    (
+        "tls_failure",
+        "tls",
+        "consecutive failed TLS handshakes",
+        |c| c.tls_failure,
+    ),
+    ("timeout_failure", "timeout", "consecutive timeouts", |c| {
+        c.timeout_failure
+    }),
+];
+
 fn row(out: &mut String, b: &BackendStatus) {
     let state = b.state.as_str();
     // Ejected by passive checks: out whatever its probes say, so red too.
@@ -315,33 +368,37 @@ fn row(out: &mut String, b: &BackendStatus) {
         .last_probe_latency_ms
         .map_or_else(|| "–".to_owned(), |ms| format!("{ms:.1} ms"));
     let c = &b.counters;
+    // Two columns of label and number, zeros dimmed so that failures stand out.
+    let mut probes = String::new();
+    for (f, label, title, counter) in PROBES {
+        let n = counter(c);
+        let zero = if n == 0 { " zero" } else { "" };
+        let _ = write!(
+            probes,
+            "<span class=\"k\" title=\"{title}\">{label}</span><span class=\"v{zero}\" data-f=\"{f}\">{n}</span>"
+        );
+    }
     let _ = writeln!(
         out,
         "<tr class=\"state-{state}{ejected_class}\" data-state=\"{state}\" data-backend=\"{addr}\">\
-         <td>{addr}</td><td class=\"n\" data-f=\"weight\">{}</td><td data-f=\"state\">{}</td>\
-         <td data-f=\"admin\">{}</td><td class=\"n\" data-f=\"since\">{}</td>\
-         <td class=\"reason\" data-f=\"reason\">{}</td><td class=\"n\" data-f=\"latency\">{latency}</td>\
-         <td class=\"n\" data-f=\"success\">{}</td><td class=\"n\" data-f=\"tcp_failure\">{}</td>\
-         <td class=\"n\" data-f=\"tls_failure\">{}</td><td class=\"n\" data-f=\"http_failure\">{}</td>\
-         <td class=\"n\" data-f=\"payload_failure\">{}</td><td class=\"n\" data-f=\"timeout_failure\">{}</td>\
-         <td class=\"n\" data-f=\"pps\">–</td><td class=\"n\" data-f=\"fps\">–</td>\
-         <td data-f=\"spark\"><svg class=\"spark\" viewBox=\"0 0 120 20\" preserveAspectRatio=\"none\">\
-         <polyline stroke=\"#1565c0\" points=\"\"/><polyline stroke=\"#ef6c00\" points=\"\"/></svg></td>\
-         <td class=\"n\" data-f=\"packets\">{}</td><td class=\"n\" data-f=\"bytes\">{}</td>\
-         <td class=\"n\" data-f=\"new_flows\">{}</td></tr>",
+         <td>{addr}<span class=\"sub\">weight <span data-f=\"weight\">{}</span></span></td>\
+         <td><span data-f=\"state\">{}</span><span class=\"sub\">for <span data-f=\"since\">{}</span></span></td>\
+         <td data-f=\"admin\">{}</td><td class=\"reason\" data-f=\"reason\">{}</td><td class=\"n\" data-f=\"latency\">{latency}</td>\
+         <td><div class=\"kv probes\" style=\"--pairs: 2\">{probes}</div></td>\
+         <td><div class=\"kv rates\"><svg class=\"spark\" viewBox=\"0 0 120 20\" preserveAspectRatio=\"none\">\
+         <polyline stroke=\"#1565c0\" points=\"\"/><polyline stroke=\"#c25400\" points=\"\"/></svg>\
+         <span class=\"v pps\" data-f=\"pps\">–</span><span class=\"k\">pkt/s</span>\
+         <span class=\"v fps\" data-f=\"fps\">–</span><span class=\"k\">flows/s</span></div></td>\
+         <td><div class=\"kv totals\" style=\"--pairs: 1\"><span class=\"v\" data-f=\"packets\">{}</span>\
+         <span class=\"k\">pkt</span><span class=\"v\" data-f=\"bytes\">{}</span><span class=\"k\">B</span>\
+         <span class=\"v\" data-f=\"new_flows\">{}</span><span class=\"k\">flows</span></div></td></tr>",
         b.weight,
         escape(&state_words(b)),
-        b.admin.as_str(),
         duration(b.state_for_s),
+        b.admin.as_str(),
         b.last_failure
             .as_deref()
             .map_or_else(|| "–".to_owned(), escape),
-        c.success,
-        c.tcp_failure,
-        c.tls_failure,
-        c.http_failure,
-        c.payload_failure,
-        c.timeout_failure,
         b.packets,
         b.bytes,
         b.new_flows,
@@ -378,7 +435,9 @@ pub const SCRIPT: &str = r#"(() => {
     if (s < 86400) return Math.floor(s / 3600) + ' h ' + Math.floor(s % 3600 / 60) + ' min';
     return Math.floor(s / 86400) + ' d ' + Math.floor(s % 86400 / 3600) + ' h';
   };
-  const rate = (x) => x < 10 ? x.toFixed(1) : Math.round(x).toString();
+  // Three significant digits at most: 0.5, 12, 345, 12.3 k, 1.23 M (a rate is an estimate).
+  const rate = (x) => x < 10 ? x.toFixed(1) : x < 1000 ? Math.round(x).toString()
+    : x < 1e6 ? (x / 1e3).toPrecision(3) + ' k' : (x / 1e6).toPrecision(3) + ' M';
   const set = (root, f, text) => {
     const el = root.querySelector('[data-f="' + f + '"]');
     if (el && el.textContent !== String(text)) el.textContent = text;
@@ -405,11 +464,15 @@ pub const SCRIPT: &str = r#"(() => {
     }
     return rates;
   };
+  // Each line on its own scale (packets far outnumber new flows: on one scale the flows would
+  // lie flat); the numbers beside say how much.
   const spark = (svg, rates, t) => {
     const lines = svg.querySelectorAll('polyline');
-    const max = Math.max(1, ...rates.map((r) => Math.max(r.p, r.f)));
-    ['p', 'f'].forEach((k, i) => lines[i].setAttribute('points', rates.map((r) =>
-      (120 - (t - r.t) * 120 / SPAN_S).toFixed(1) + ',' + (19 - r[k] * 18 / max).toFixed(1)).join(' ')));
+    ['p', 'f'].forEach((k, i) => {
+      const max = Math.max(1, ...rates.map((r) => r[k]));
+      lines[i].setAttribute('points', rates.map((r) =>
+        (120 - (t - r.t) * 120 / SPAN_S).toFixed(1) + ',' + (19 - r[k] * 18 / max).toFixed(1)).join(' '));
+    });
   };
   // The event log, as far as this page has read it: the timelines' and the list's source.
   const events = [];
@@ -488,7 +551,7 @@ pub const SCRIPT: &str = r#"(() => {
         vip.dataset.announced = String(s.vip_announced);
         set(banner, 'announce', s.vip_announced ? 'VIP announced' : 'VIP withdrawn');
       }
-      set(table, 'traffic', s.packets + ' packets, ' + s.bytes + ' bytes, ' + s.new_flows + ' new flows');
+      set(section, 'traffic', s.packets + ' packets, ' + s.bytes + ' bytes, ' + s.new_flows + ' new flows');
       for (const b of s.backends) {
         const tr = [...table.querySelectorAll('tr[data-backend]')].find((x) => x.dataset.backend === b.address);
         const cls = 'state-' + b.state + (b.ejected ? ' ejected' : '');
@@ -502,7 +565,9 @@ pub const SCRIPT: &str = r#"(() => {
         set(tr, 'reason', b.last_failure || '–');
         set(tr, 'latency', b.last_probe_latency_ms == null ? '–' : b.last_probe_latency_ms.toFixed(1) + ' ms');
         for (const k of ['success', 'tcp_failure', 'tls_failure', 'http_failure', 'payload_failure', 'timeout_failure']) {
-          set(tr, k, b.counters[k] || 0);
+          const n = b.counters[k] || 0;
+          set(tr, k, n);
+          tr.querySelector('[data-f="' + k + '"]').classList.toggle('zero', n === 0);
         }
         for (const k of ['packets', 'bytes', 'new_flows']) set(tr, k, b[k]);
         const rates = track(s.name + '\n' + b.address, st.time, b);
@@ -687,8 +752,13 @@ mod tests {
         let html = page(&s, &[], 5);
         assert_eq!(html.matches("<table").count(), 3);
         assert_eq!(html.matches("</table>").count(), 3);
+        // What the service is, above its table (not a caption: on a phone the table scrolls,
+        // this does not).
         for name in ["web", "dns", "api"] {
-            assert!(html.contains(&format!("<caption>{name} — ")), "{html}");
+            assert!(
+                html.contains(&format!("<p class=\"about\">{name} — ")),
+                "{html}"
+            );
         }
         assert!(html.contains("failure window 7 s, success window 0.35 s — "));
         assert!(html.contains("1/1 backends available"));
@@ -725,28 +795,52 @@ mod tests {
         let html = page(&s, &[], 5);
         assert!(html.contains(
             "<tr class=\"state-healthy\" data-state=\"healthy\" data-backend=\"10.0.0.2:80\">\
-             <td>10.0.0.2:80</td><td class=\"n\" data-f=\"weight\">1</td>\
-             <td data-f=\"state\">healthy</td><td data-f=\"admin\">enabled</td>\
-             <td class=\"n\" data-f=\"since\">3 s</td><td class=\"reason\" data-f=\"reason\">–</td>\
-             <td class=\"n\" data-f=\"latency\">1.5 ms</td><td class=\"n\" data-f=\"success\">4</td>"
+             <td>10.0.0.2:80<span class=\"sub\">weight <span data-f=\"weight\">1</span></span></td>\
+             <td><span data-f=\"state\">healthy</span><span class=\"sub\">for <span data-f=\"since\">3 s</span></span></td>\
+             <td data-f=\"admin\">enabled</td><td class=\"reason\" data-f=\"reason\">–</td>\
+             <td class=\"n\" data-f=\"latency\">1.5 ms</td><td><div class=\"kv probes\" style=\"--pairs: 2\">\
+             <span class=\"k\" title=\"consecutive successes\">ok</span><span class=\"v\" data-f=\"success\">4</span>"
         ), "{html}");
         assert!(html.contains(
             "<tr class=\"state-mostly_unhealthy\" data-state=\"mostly_unhealthy\" \
-             data-backend=\"10.0.0.4:80\"><td>10.0.0.4:80</td><td class=\"n\" data-f=\"weight\">1</td>\
-             <td data-f=\"state\">mostly unhealthy</td><td data-f=\"admin\">enabled</td>\
-             <td class=\"n\" data-f=\"since\">2 min 5 s</td>\
-             <td class=\"reason\" data-f=\"reason\">connection &lt;refused&gt;</td>\
-             <td class=\"n\" data-f=\"latency\">–</td><td class=\"n\" data-f=\"success\">4</td>\
-             <td class=\"n\" data-f=\"tcp_failure\">2</td>"
+             data-backend=\"10.0.0.4:80\"><td>10.0.0.4:80<span class=\"sub\">weight <span data-f=\"weight\">1</span></span></td>\
+             <td><span data-f=\"state\">mostly unhealthy</span><span class=\"sub\">for <span data-f=\"since\">2 min 5 s</span></span></td>\
+             <td data-f=\"admin\">enabled</td><td class=\"reason\" data-f=\"reason\">connection &lt;refused&gt;</td>\
+             <td class=\"n\" data-f=\"latency\">–</td>"
+        ), "{html}");
+        // Every consecutive counter, labelled, zeros dimmed.
+        assert!(
+            html.contains(
+                "<span class=\"v\" data-f=\"tcp_failure\">2</span><span class=\"k\" \
+             title=\"consecutive replies to `send` not the expected ones\">payload</span>\
+             <span class=\"v zero\" data-f=\"payload_failure\">0</span>"
+            ),
+            "{html}"
+        );
+        for f in [
+            "success",
+            "tcp_failure",
+            "tls_failure",
+            "http_failure",
+            "payload_failure",
+            "timeout_failure",
+        ] {
+            assert_eq!(html.matches(&format!("data-f=\"{f}\"")).count(), 3, "{f}");
+        }
+        // Traffic totals, labelled.
+        assert!(html.contains(
+            "<div class=\"kv totals\" style=\"--pairs: 1\"><span class=\"v\" data-f=\"packets\">10</span>\
+             <span class=\"k\">pkt</span><span class=\"v\" data-f=\"bytes\">1000</span><span class=\"k\">B</span>\
+             <span class=\"v\" data-f=\"new_flows\">2</span><span class=\"k\">flows</span></div>"
         ), "{html}");
         assert!(html.contains(
             "<tr class=\"state-healthy ejected\" data-state=\"healthy\" data-backend=\"10.0.0.5:80\">"
         ));
         assert!(html.contains("healthy, ejected (service: refused, 4 s left)"));
         // Consecutive counters are labelled as such; rates wait for the script.
-        assert!(html.contains("<th colspan=\"6\">consecutive probe results</th>"));
+        assert!(html.contains(">consecutive probes</th>"));
         assert_eq!(
-            html.matches("<td class=\"n\" data-f=\"pps\">–</td>")
+            html.matches("<span class=\"v pps\" data-f=\"pps\">–</span>")
                 .count(),
             3
         );
