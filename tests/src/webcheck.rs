@@ -192,6 +192,31 @@ impl Browser {
     /// Chromium from `ns` (or the host) with a `width × height` viewport, showing `url` once
     /// loaded.
     pub fn open(ns: Option<&Netns>, url: &str, width: u32, height: u32) -> anyhow::Result<Self> {
+        Self::start(ns, url, width, height, true)
+    }
+
+    /// As [`Browser::open`] with JavaScript off for the page from the start
+    /// (`Emulation.setScriptExecutionDisabled`, before it loads): the page's own scripts do not
+    /// run and its `<noscript>` content counts, as for a user without JavaScript. [`eval`]
+    /// still works: DevTools evaluates outside the page's scripts.
+    ///
+    /// [`eval`]: Browser::eval
+    pub fn open_without_script(
+        ns: Option<&Netns>,
+        url: &str,
+        width: u32,
+        height: u32,
+    ) -> anyhow::Result<Self> {
+        Self::start(ns, url, width, height, false)
+    }
+
+    fn start(
+        ns: Option<&Netns>,
+        url: &str,
+        width: u32,
+        height: u32,
+        script: bool,
+    ) -> anyhow::Result<Self> {
         use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
         let program = find_program("chromium", "chromium")?;
         let profile = TempDir::new("chromium-live")?;
@@ -287,10 +312,13 @@ impl Browser {
             .as_str()
             .context("no sessionId")?
             .to_owned();
-        browser.call(
-            "Emulation.setDeviceMetricsOverride",
-            serde_json::json!({ "width": width, "height": height, "deviceScaleFactor": 1, "mobile": false }),
-        )?;
+        browser.resize(width, height, false)?;
+        if !script {
+            browser.call(
+                "Emulation.setScriptExecutionDisabled",
+                serde_json::json!({ "value": true }),
+            )?;
+        }
         browser.call("Page.navigate", serde_json::json!({ "url": url }))?;
         browser.wait_for(
             &format!(
@@ -348,12 +376,52 @@ impl Browser {
         Ok(r["result"]["value"].clone())
     }
 
+    /// A `width × height` viewport from now on, as a phone's when `mobile` (the page's
+    /// `<meta name="viewport">` counts then); the page is laid out again, not reloaded.
+    pub fn resize(&mut self, width: u32, height: u32, mobile: bool) -> anyhow::Result<()> {
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            serde_json::json!({ "width": width, "height": height, "deviceScaleFactor": 1, "mobile": mobile }),
+        )?;
+        Ok(())
+    }
+
     /// Polls `expr` (every 50 ms) until it is truthy; its value then, or an error naming the
-    /// last value after `timeout`.
+    /// last value after `timeout`. An error evaluating it fails at once.
     pub fn wait_for(&mut self, expr: &str, timeout: Duration) -> anyhow::Result<serde_json::Value> {
+        self.poll(expr, timeout, false)
+    }
+
+    /// As [`Browser::wait_for`] on a page that reloads itself: while one document goes and the
+    /// next loads there may be nothing to evaluate in, so an error counts as "not yet" (the last
+    /// one is named after `timeout`).
+    pub fn wait_for_across_loads(
+        &mut self,
+        expr: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<serde_json::Value> {
+        self.poll(expr, timeout, true)
+    }
+
+    fn poll(
+        &mut self,
+        expr: &str,
+        timeout: Duration,
+        across_loads: bool,
+    ) -> anyhow::Result<serde_json::Value> {
         let deadline = Instant::now() + timeout;
         loop {
-            let v = self.eval(expr)?;
+            let v = match self.eval(expr) {
+                Ok(v) => v,
+                Err(e) if across_loads => {
+                    if Instant::now() > deadline {
+                        return Err(e.context(format!("still failing after {timeout:?}")));
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let truthy = match &v {
                 serde_json::Value::Null => false,
                 serde_json::Value::Bool(b) => *b,
@@ -373,10 +441,25 @@ impl Browser {
 
     /// A screenshot of the viewport as it is now: the PNG, and decoded.
     pub fn screenshot(&mut self) -> anyhow::Result<(Vec<u8>, RgbImage)> {
-        let r = self.call(
-            "Page.captureScreenshot",
-            serde_json::json!({ "format": "png" }),
+        self.capture(serde_json::json!({ "format": "png" }))
+    }
+
+    /// A screenshot of the whole page as it is now, below the viewport's end too (as wide as the
+    /// viewport).
+    pub fn screenshot_full_page(&mut self) -> anyhow::Result<(Vec<u8>, RgbImage)> {
+        let size = self.eval(
+            "[document.documentElement.clientWidth, document.documentElement.scrollHeight]",
         )?;
+        let (width, height) = (&size[0], &size[1]);
+        self.capture(serde_json::json!({
+            "format": "png",
+            "captureBeyondViewport": true,
+            "clip": { "x": 0, "y": 0, "width": width, "height": height, "scale": 1 },
+        }))
+    }
+
+    fn capture(&mut self, params: serde_json::Value) -> anyhow::Result<(Vec<u8>, RgbImage)> {
+        let r = self.call("Page.captureScreenshot", params)?;
         let png = base64_decode(r["data"].as_str().context("no screenshot data")?)?;
         let img = decode_png(&png)?;
         Ok((png, img))

@@ -1,14 +1,16 @@
-//! The status page (`Accept: text/html`): a banner and a table per service. Pure: a function of
-//! the model.
+//! The status page (`Accept: text/html`): a banner and a table per service, then the health
+//! timelines and the last events. Pure: a function of the model and the event log.
 //!
-//! Complete without JavaScript (inline CSS; a `<noscript>` meta refresh reloads it). With
-//! JavaScript, the inline [`SCRIPT`] polls the same URL's JSON every second and updates the page
-//! in place: states, reasons, counters, and the traffic rates with their sparklines, which only
-//! the browser computes (from successive counters, kept in the page's memory).
+//! Complete without JavaScript (inline CSS; the timelines and the events rendered here too; a
+//! `<noscript>` meta refresh reloads it). With JavaScript, the inline [`SCRIPT`] polls the same
+//! URL's JSON every second and updates the page in place: states, reasons, counters, the
+//! timelines and events (drawn as `history` draws them), and the traffic rates with their
+//! sparklines, which only the browser computes (from successive counters, kept in the page's
+//! memory).
 
 use std::fmt::Write as _;
 
-use crate::model::{BackendStatus, ServiceStatus, Status};
+use crate::model::{BackendStatus, Event, ProbeCounters, ServiceStatus, Status};
 
 /// Background of `healthy` and `mostly_healthy` rows (#c8f7c5). Exported so that the end-to-end
 /// test can look for it in a screenshot.
@@ -16,48 +18,68 @@ pub const HEALTHY_COLOUR: [u8; 3] = [0xc8, 0xf7, 0xc5];
 /// Background of `unhealthy` and `mostly_unhealthy` rows (#f7c5c5).
 pub const UNHEALTHY_COLOUR: [u8; 3] = [0xf7, 0xc5, 0xc5];
 /// `initializing`: waiting for a verdict.
-const PENDING_COLOUR: [u8; 3] = [0xfa, 0xf0, 0xc0];
-/// `disabled`, `unused` and anything unknown.
-const NEUTRAL_COLOUR: [u8; 3] = [0xe4, 0xe4, 0xe4];
+pub const PENDING_COLOUR: [u8; 3] = [0xfa, 0xf0, 0xc0];
+/// `disabled`, `drained`, `unused` and anything unknown.
+pub const NEUTRAL_COLOUR: [u8; 3] = [0xe4, 0xe4, 0xe4];
 
 /// How often the script polls the JSON, milliseconds.
 pub const POLL_MS: u32 = 1000;
 /// The health timelines' span, minutes.
 pub const TIMELINE_MIN: u32 = 10;
 
-/// The whole page; `refresh_seconds` is the reload period without JavaScript.
-pub fn page(status: &Status, refresh_seconds: u32) -> String {
+/// Events in the "Last events" list.
+const LAST_EVENTS: usize = 20;
+
+/// The whole page; `events` is the event log (oldest first), `refresh_seconds` the reload period
+/// without JavaScript.
+pub fn page(status: &Status, events: &[Event], refresh_seconds: u32) -> String {
     let mut out = String::new();
+    // Compact enough for 1280 px with the widest rows; narrower, a table scrolls inside its
+    // `.wrap` with the backend column sticky. Borders are each cell's own (separate, no
+    // spacing) so that the sticky cells keep theirs while the rest scrolls under them.
     let css = format!(
         "body {{ font-family: sans-serif; margin: 1em; }}\n\
-         table {{ border-collapse: collapse; width: 100%; margin-bottom: 1.5em; }}\n\
-         .wrap {{ overflow-x: auto; }}\n\
-         caption {{ text-align: left; padding: 0.3em 0; }}\n\
-         th, td {{ border: 1px solid #999; padding: 0.3em 0.6em; text-align: left; }}\n\
-         th {{ background: #fff; font-weight: normal; font-size: 90%; }}\n\
+         .wrap {{ overflow-x: auto; margin-bottom: 1.5em; }}\n\
+         table {{ border-collapse: separate; border-spacing: 0; border-top: 1px solid #999; width: 100%; font-size: 90%; }}\n\
+         .about {{ margin: 0.3em 0; overflow-wrap: anywhere; }}\n\
+         th, td {{ border: 1px solid #999; border-width: 0 1px 1px 0; padding: 0.25em 0.4em; text-align: left; }}\n\
+         th {{ background: #fff; font-weight: normal; }}\n\
+         th:first-child, td:first-child {{ position: sticky; left: 0; border-left-width: 1px; }}\n\
          td.n {{ text-align: right; white-space: nowrap; }}\n\
+         td.reason {{ min-width: 7em; }}\n\
+         .sub {{ display: block; font-size: 85%; color: #444; white-space: nowrap; }}\n\
          tr.state-healthy td, tr.state-mostly_healthy td {{ background: {ok}; }}\n\
          tr.state-unhealthy td, tr.state-mostly_unhealthy td {{ background: {bad}; }}\n\
          tr.state-initializing td {{ background: {pending}; }}\n\
          tr.state-disabled td, tr.state-drained td, tr.state-unused td {{ background: {neutral}; }}\n\
          tr.ejected td {{ background: {bad}; }}\n\
-         .banner {{ padding: 0.4em 0.8em; color: #fff; font-weight: bold; margin-top: 1em; }}\n\
+         .kv {{ display: grid; grid-template-columns: repeat(var(--pairs), auto auto); gap: 0 0.4em; \
+         justify-content: start; white-space: nowrap; }}\n\
+         .kv .v {{ text-align: right; font-variant-numeric: tabular-nums; }}\n\
+         .kv .k {{ color: #444; font-size: 90%; margin-right: 0.3em; }}\n\
+         .probes .zero {{ color: #666; }}\n\
+         .probes .v:not(.zero) {{ font-weight: bold; }}\n\
+         .rates {{ grid-template-columns: auto auto auto; }}\n\
+         .rates svg {{ grid-row: 1 / span 2; align-self: center; margin-right: 0.2em; }}\n\
+         .pps {{ color: #1565c0; }}\n\
+         .fps {{ color: #c25400; }}\n\
+         .banner {{ padding: 0.4em 0.8em; color: #fff; font-weight: bold; margin-top: 1em; overflow-wrap: anywhere; }}\n\
          .svc-healthy {{ background: #1b7f3a; }}\n\
          .svc-degraded {{ background: #a86b00; }}\n\
          .svc-down {{ background: #b71c1c; }}\n\
          .svc-unchecked, .svc-empty {{ background: #666; }}\n\
-         svg.spark {{ width: 120px; height: 20px; vertical-align: middle; }}\n\
-         svg.spark polyline {{ fill: none; stroke-width: 1.5; }}\n\
+         svg.spark {{ width: 80px; height: 22px; vertical-align: middle; background: rgba(255, 255, 255, 0.5); }}\n\
+         svg.spark polyline {{ fill: none; stroke-width: 1.5; vector-effect: non-scaling-stroke; }}\n\
          .stale {{ color: #b71c1c; font-weight: bold; }}\n\
-         .tl {{ display: flex; align-items: center; margin: 0.2em 0; }}\n\
-         .tl-label {{ width: 18em; font-size: 90%; }}\n\
-         .bar {{ position: relative; flex: 1; height: 1.1em; background: #f4f4f4; border: 1px solid #999; }}\n\
+         .tl {{ display: flex; flex-wrap: wrap; align-items: center; margin: 0.2em 0; }}\n\
+         .tl-label {{ flex: 0 1 18em; font-size: 90%; overflow-wrap: anywhere; }}\n\
+         .bar {{ position: relative; flex: 1 1 12em; height: 1.1em; background: #f4f4f4; border: 1px solid #999; }}\n\
          .band {{ position: absolute; top: 0; bottom: 0; }}\n\
          .band-up {{ background: {ok}; }}\n\
          .band-down {{ background: {bad}; }}\n\
          .band-pending {{ background: {pending}; }}\n\
          .band-off {{ background: {neutral}; }}\n\
-         #events {{ font-size: 90%; }}\n",
+         #events {{ font-size: 90%; padding-left: 2em; overflow-wrap: anywhere; }}\n",
         ok = hex(HEALTHY_COLOUR),
         bad = hex(UNHEALTHY_COLOUR),
         pending = hex(PENDING_COLOUR),
@@ -90,18 +112,110 @@ pub fn page(status: &Status, refresh_seconds: u32) -> String {
     for service in &status.services {
         section(&mut out, service);
     }
-    // The timelines and the last events come from the event log, drawn by the script.
+    // The timelines and the last events, from the event log; the script redraws both the same
+    // way from what it reads of `/v1/events`.
+    let (timelines, last) = history(status, events);
     let _ = write!(
         out,
         "</main>\n<section id=\"history\">\n\
-         <h2>Health timelines (the last {TIMELINE_MIN} minutes at most)</h2>\n<div id=\"timelines\"></div>\n\
-         <h2>Last events</h2>\n<ol id=\"events\" reversed></ol>\n\
-         <noscript><p>The timelines and the last events need JavaScript; the events are at \
-         <a href=\"/v1/events\">/v1/events</a>.</p></noscript>\n</section>\n\
-         <script>\nconst POLL_MS = {POLL_MS};\nconst TIMELINE_S = {};\n{SCRIPT}</script>\n</body>\n</html>\n",
+         <h2>Health timelines (the last {TIMELINE_MIN} minutes at most)</h2>\n\
+         <div id=\"timelines\">{timelines}</div>\n\
+         <h2>Last events</h2>\n<ol id=\"events\" reversed>{last}</ol>\n\
+         <noscript><p>Without JavaScript the rates and their sparklines stay empty: the browser \
+         computes them from successive counters.</p></noscript>\n</section>\n\
+         <script>\nconst POLL_MS = {POLL_MS};\nconst TIMELINE_S = {};\nconst LAST_EVENTS = {LAST_EVENTS};\n\
+         {SCRIPT}</script>\n</body>\n</html>\n",
         TIMELINE_MIN * 60
     );
     out
+}
+
+/// A state's band on a timeline: up (takes flows), down, pending, off (drained, disabled,
+/// other). The script's `band` says the same.
+fn band(state: &str) -> &'static str {
+    match state {
+        "healthy" | "mostly_healthy" => "up",
+        "unhealthy" | "mostly_unhealthy" | "ejected" => "down",
+        "initializing" => "pending",
+        _ => "off",
+    }
+}
+
+/// The timelines' and the last events' HTML, as the script's `timelines` draws them: one bar per
+/// backend over the last [`TIMELINE_MIN`] minutes (from the first event logged if that is later:
+/// before it there is nothing to draw), made of the states its events moved it through and its
+/// state now (ejected when a passive check holds it out); and the last [`LAST_EVENTS`] events,
+/// newest first.
+fn history(status: &Status, events: &[Event]) -> (String, String) {
+    let now = status.time;
+    let start =
+        (now - f64::from(TIMELINE_MIN * 60)).max(events.first().map_or(now - 1.0, |e| e.time));
+    let span = (now - start).max(1.0);
+    let mut timelines = String::new();
+    for s in &status.services {
+        for b in &s.backends {
+            let mine: Vec<&Event> = events
+                .iter()
+                .filter(|e| e.service == s.name && e.backend == b.address)
+                .collect();
+            let mut bands = Vec::new();
+            let mut from = start;
+            let mut state = mine.first().map_or(b.state.as_str(), |e| e.from.as_str());
+            for e in &mine {
+                if e.time > start {
+                    bands.push((from, e.time, state));
+                }
+                from = start.max(e.time);
+                state = &e.to;
+            }
+            let state_now = if b.ejected.is_some() {
+                "ejected"
+            } else {
+                b.state.as_str()
+            };
+            bands.push((from, now, state_now));
+            let key = escape(&format!("{} {}", s.name, b.address));
+            let _ = write!(
+                timelines,
+                "<div class=\"tl\" data-backend=\"{key}\"><span class=\"tl-label\">{key}</span><div class=\"bar\">"
+            );
+            for (from, to, state) in bands.into_iter().filter(|(from, to, _)| to > from) {
+                let _ = write!(
+                    timelines,
+                    "<span class=\"band band-{}\" data-state=\"{}\" style=\"left:{:.2}%;width:{:.2}%\" title=\"{}\"></span>",
+                    band(state),
+                    escape(state),
+                    (from - start) * 100.0 / span,
+                    (to - from) * 100.0 / span,
+                    escape(&format!("{state} from {}", utc(from))),
+                );
+            }
+            timelines.push_str("</div></div>");
+        }
+    }
+    let mut last = String::new();
+    for e in events.iter().rev().take(LAST_EVENTS) {
+        let what = match &e.vip {
+            Some(vip) => format!("VIP {vip}"),
+            None => format!("{} {}", e.service, e.backend),
+        };
+        let why = e
+            .reason
+            .as_deref()
+            .map_or_else(String::new, |r| format!(": {r}"));
+        let _ = write!(
+            last,
+            "<li>{}</li>",
+            escape(&format!(
+                "{} {what} {} → {} ({}{why})",
+                utc(e.time),
+                e.from,
+                e.to,
+                e.source
+            ))
+        );
+    }
+    (timelines, last)
 }
 
 /// The host line's words: "announcing — 1 of 2 VIPs announced (table 200)".
@@ -164,16 +278,13 @@ fn section(out: &mut String, s: &ServiceStatus) {
         "<section class=\"service\">\n\
          <div class=\"banner svc-{state}\" data-service-state=\"{state}\">{name} — \
          <span data-f=\"state\">{}</span> — <span data-f=\"avail\">{}/{} backends available</span>{announce}</div>\n\
-         <div class=\"wrap\"><table data-service=\"{name}\">\n<caption>{name} — {} {} {} — check {}, {} — \
-         <span data-f=\"traffic\">{} packets, {} bytes, {} new flows</span></caption>\n<thead>\
-         <tr><th rowspan=\"2\">backend</th><th rowspan=\"2\">weight</th><th rowspan=\"2\">state</th>\
-         <th rowspan=\"2\">admin</th><th rowspan=\"2\">in state for</th><th rowspan=\"2\">last failure</th>\
-         <th rowspan=\"2\">last probe</th><th colspan=\"6\">consecutive probe results</th>\
-         <th rowspan=\"2\">packets/s</th><th rowspan=\"2\">new flows/s</th>\
-         <th rowspan=\"2\">traffic, last 5 min</th><th rowspan=\"2\">packets</th>\
-         <th rowspan=\"2\">bytes</th><th rowspan=\"2\">new flows</th></tr>\n\
-         <tr><th>successes</th><th>tcp failures</th><th>tls failures</th><th>http failures</th>\
-         <th>payload failures</th><th>timeouts</th></tr></thead>\n<tbody>\n",
+         <p class=\"about\">{name} — {} {} {} — check {}, {} — \
+         <span data-f=\"traffic\">{} packets, {} bytes, {} new flows</span></p>\n\
+         <div class=\"wrap\"><table data-service=\"{name}\">\n<thead><tr><th>backend</th><th>state</th>\
+         <th>admin</th><th>last failure</th><th>last probe</th>\
+         <th title=\"consecutive probe results: successes, and failures by kind\">consecutive probes</th>\
+         <th title=\"packets/s and new flows/s over the last 5 minutes, as this page saw them\">rates, 5 min</th>\
+         <th title=\"packets, bytes and new flows since the start\">totals</th></tr></thead>\n<tbody>\n",
         escape(&service_state(s)),
         s.available_backends,
         s.backends.len(),
@@ -209,6 +320,46 @@ fn state_words(b: &BackendStatus) -> String {
     }
 }
 
+/// The consecutive probe counters: the field (the JSON's, and `data-f`), the label, its title,
+/// and the counter. In the order of a two-column grid filled row by row: successes, TCP and TLS
+/// on the left.
+type Probe = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&ProbeCounters) -> u32,
+);
+const PROBES: [Probe; 6] = [
+    ("success", "ok", "consecutive successes", |c| c.success),
+    (
+        "http_failure",
+        "http",
+        "consecutive HTTP failures (wrong status or answer)",
+        |c| c.http_failure,
+    ),
+    (
+        "tcp_failure",
+        "tcp",
+        "consecutive TCP failures (refused, reset, unreachable)",
+        |c| c.tcp_failure,
+    ),
+    (
+        "payload_failure",
+        "payload",
+        "consecutive replies to `send` not the expected ones",
+        |c| c.payload_failure,
+    ),
+    (
+        "tls_failure",
+        "tls",
+        "consecutive failed TLS handshakes",
+        |c| c.tls_failure,
+    ),
+    ("timeout_failure", "timeout", "consecutive timeouts", |c| {
+        c.timeout_failure
+    }),
+];
+
 fn row(out: &mut String, b: &BackendStatus) {
     let state = b.state.as_str();
     // Ejected by passive checks: out whatever its probes say, so red too.
@@ -217,33 +368,37 @@ fn row(out: &mut String, b: &BackendStatus) {
         .last_probe_latency_ms
         .map_or_else(|| "–".to_owned(), |ms| format!("{ms:.1} ms"));
     let c = &b.counters;
+    // Two columns of label and number, zeros dimmed so that failures stand out.
+    let mut probes = String::new();
+    for (f, label, title, counter) in PROBES {
+        let n = counter(c);
+        let zero = if n == 0 { " zero" } else { "" };
+        let _ = write!(
+            probes,
+            "<span class=\"k\" title=\"{title}\">{label}</span><span class=\"v{zero}\" data-f=\"{f}\">{n}</span>"
+        );
+    }
     let _ = writeln!(
         out,
         "<tr class=\"state-{state}{ejected_class}\" data-state=\"{state}\" data-backend=\"{addr}\">\
-         <td>{addr}</td><td class=\"n\" data-f=\"weight\">{}</td><td data-f=\"state\">{}</td>\
-         <td data-f=\"admin\">{}</td><td class=\"n\" data-f=\"since\">{}</td>\
-         <td class=\"reason\" data-f=\"reason\">{}</td><td class=\"n\" data-f=\"latency\">{latency}</td>\
-         <td class=\"n\" data-f=\"success\">{}</td><td class=\"n\" data-f=\"tcp_failure\">{}</td>\
-         <td class=\"n\" data-f=\"tls_failure\">{}</td><td class=\"n\" data-f=\"http_failure\">{}</td>\
-         <td class=\"n\" data-f=\"payload_failure\">{}</td><td class=\"n\" data-f=\"timeout_failure\">{}</td>\
-         <td class=\"n\" data-f=\"pps\">–</td><td class=\"n\" data-f=\"fps\">–</td>\
-         <td data-f=\"spark\"><svg class=\"spark\" viewBox=\"0 0 120 20\" preserveAspectRatio=\"none\">\
-         <polyline stroke=\"#1565c0\" points=\"\"/><polyline stroke=\"#ef6c00\" points=\"\"/></svg></td>\
-         <td class=\"n\" data-f=\"packets\">{}</td><td class=\"n\" data-f=\"bytes\">{}</td>\
-         <td class=\"n\" data-f=\"new_flows\">{}</td></tr>",
+         <td>{addr}<span class=\"sub\">weight <span data-f=\"weight\">{}</span></span></td>\
+         <td><span data-f=\"state\">{}</span><span class=\"sub\">for <span data-f=\"since\">{}</span></span></td>\
+         <td data-f=\"admin\">{}</td><td class=\"reason\" data-f=\"reason\">{}</td><td class=\"n\" data-f=\"latency\">{latency}</td>\
+         <td><div class=\"kv probes\" style=\"--pairs: 2\">{probes}</div></td>\
+         <td><div class=\"kv rates\"><svg class=\"spark\" viewBox=\"0 0 120 20\" preserveAspectRatio=\"none\">\
+         <polyline stroke=\"#1565c0\" points=\"\"/><polyline stroke=\"#c25400\" points=\"\"/></svg>\
+         <span class=\"v pps\" data-f=\"pps\">–</span><span class=\"k\">pkt/s</span>\
+         <span class=\"v fps\" data-f=\"fps\">–</span><span class=\"k\">flows/s</span></div></td>\
+         <td><div class=\"kv totals\" style=\"--pairs: 1\"><span class=\"v\" data-f=\"packets\">{}</span>\
+         <span class=\"k\">pkt</span><span class=\"v\" data-f=\"bytes\">{}</span><span class=\"k\">B</span>\
+         <span class=\"v\" data-f=\"new_flows\">{}</span><span class=\"k\">flows</span></div></td></tr>",
         b.weight,
         escape(&state_words(b)),
-        b.admin.as_str(),
         duration(b.state_for_s),
+        b.admin.as_str(),
         b.last_failure
             .as_deref()
             .map_or_else(|| "–".to_owned(), escape),
-        c.success,
-        c.tcp_failure,
-        c.tls_failure,
-        c.http_failure,
-        c.payload_failure,
-        c.timeout_failure,
         b.packets,
         b.bytes,
         b.new_flows,
@@ -264,7 +419,7 @@ fn duration(s: f64) -> String {
 
 /// The live updates, inline (no CDN, no build step). It rewrites text and classes only; when the
 /// services or backends change (a reload), it fetches this page as HTML and swaps its `<main>`.
-/// `POLL_MS` is defined before it.
+/// `POLL_MS`, `TIMELINE_S` and `LAST_EVENTS` are defined before it.
 pub const SCRIPT: &str = r#"(() => {
   'use strict';
   const SPAN_S = 300; // sparkline history kept, seconds
@@ -280,7 +435,9 @@ pub const SCRIPT: &str = r#"(() => {
     if (s < 86400) return Math.floor(s / 3600) + ' h ' + Math.floor(s % 3600 / 60) + ' min';
     return Math.floor(s / 86400) + ' d ' + Math.floor(s % 86400 / 3600) + ' h';
   };
-  const rate = (x) => x < 10 ? x.toFixed(1) : Math.round(x).toString();
+  // Three significant digits at most: 0.5, 12, 345, 12.3 k, 1.23 M (a rate is an estimate).
+  const rate = (x) => x < 10 ? x.toFixed(1) : x < 1000 ? Math.round(x).toString()
+    : x < 1e6 ? (x / 1e3).toPrecision(3) + ' k' : (x / 1e6).toPrecision(3) + ' M';
   const set = (root, f, text) => {
     const el = root.querySelector('[data-f="' + f + '"]');
     if (el && el.textContent !== String(text)) el.textContent = text;
@@ -307,11 +464,15 @@ pub const SCRIPT: &str = r#"(() => {
     }
     return rates;
   };
+  // Each line on its own scale (packets far outnumber new flows: on one scale the flows would
+  // lie flat); the numbers beside say how much.
   const spark = (svg, rates, t) => {
     const lines = svg.querySelectorAll('polyline');
-    const max = Math.max(1, ...rates.map((r) => Math.max(r.p, r.f)));
-    ['p', 'f'].forEach((k, i) => lines[i].setAttribute('points', rates.map((r) =>
-      (120 - (t - r.t) * 120 / SPAN_S).toFixed(1) + ',' + (19 - r[k] * 18 / max).toFixed(1)).join(' ')));
+    ['p', 'f'].forEach((k, i) => {
+      const max = Math.max(1, ...rates.map((r) => r[k]));
+      lines[i].setAttribute('points', rates.map((r) =>
+        (120 - (t - r.t) * 120 / SPAN_S).toFixed(1) + ',' + (19 - r[k] * 18 / max).toFixed(1)).join(' '));
+    });
   };
   // The event log, as far as this page has read it: the timelines' and the list's source.
   const events = [];
@@ -325,12 +486,14 @@ pub const SCRIPT: &str = r#"(() => {
     }
     if (events.length > 2048) events.splice(0, events.length - 2048);
   };
-  // A state's band colour: up (takes flows), down, pending, off (drained, disabled, other).
+  // A state's band colour: up (takes flows), down, pending, off (drained, disabled, other), as
+  // the server's `band`.
   const band = (state) => /^(healthy|mostly_healthy)$/.test(state) ? 'up'
     : /^(unhealthy|mostly_unhealthy|ejected)$/.test(state) ? 'down'
     : state === 'initializing' ? 'pending' : 'off';
   // One bar per backend over the last TIMELINE_S: the states its events moved it through, and
-  // its state now (ejected when a passive check holds it out).
+  // its state now (ejected when a passive check holds it out). The same markup as the server's
+  // `history`, which this replaces on every poll.
   const timelines = (st) => {
     const root = document.getElementById('timelines');
     // From TIMELINE_S ago, or from the first event this daemon logged if that is later (before
@@ -361,7 +524,7 @@ pub const SCRIPT: &str = r#"(() => {
     }
     root.innerHTML = html.join('');
     const list = document.getElementById('events');
-    list.innerHTML = events.slice(-20).reverse().map((e) => '<li>' + esc(utc(e.time) + ' ' +
+    list.innerHTML = events.slice(-LAST_EVENTS).reverse().map((e) => '<li>' + esc(utc(e.time) + ' ' +
       (e.vip ? 'VIP ' + e.vip : e.service + ' ' + e.backend) + ' ' + e.from + ' → ' + e.to + ' (' + e.source +
       (e.reason ? ': ' + e.reason : '') + ')') + '</li>').join('');
   };
@@ -388,7 +551,7 @@ pub const SCRIPT: &str = r#"(() => {
         vip.dataset.announced = String(s.vip_announced);
         set(banner, 'announce', s.vip_announced ? 'VIP announced' : 'VIP withdrawn');
       }
-      set(table, 'traffic', s.packets + ' packets, ' + s.bytes + ' bytes, ' + s.new_flows + ' new flows');
+      set(section, 'traffic', s.packets + ' packets, ' + s.bytes + ' bytes, ' + s.new_flows + ' new flows');
       for (const b of s.backends) {
         const tr = [...table.querySelectorAll('tr[data-backend]')].find((x) => x.dataset.backend === b.address);
         const cls = 'state-' + b.state + (b.ejected ? ' ejected' : '');
@@ -402,7 +565,9 @@ pub const SCRIPT: &str = r#"(() => {
         set(tr, 'reason', b.last_failure || '–');
         set(tr, 'latency', b.last_probe_latency_ms == null ? '–' : b.last_probe_latency_ms.toFixed(1) + ' ms');
         for (const k of ['success', 'tcp_failure', 'tls_failure', 'http_failure', 'payload_failure', 'timeout_failure']) {
-          set(tr, k, b.counters[k] || 0);
+          const n = b.counters[k] || 0;
+          set(tr, k, n);
+          tr.querySelector('[data-f="' + k + '"]').classList.toggle('zero', n === 0);
         }
         for (const k of ['packets', 'bytes', 'new_flows']) set(tr, k, b[k]);
         const rates = track(s.name + '\n' + b.address, st.time, b);
@@ -570,7 +735,7 @@ mod tests {
         let evil = "<script>alert(\"x\")</script>";
         let mut b = backend("10.0.0.2:80", "healthy");
         b.address = evil.to_owned();
-        let html = page(&status(vec![service(evil, vec![b])]), 5);
+        let html = page(&status(vec![service(evil, vec![b])]), &[], 5);
         // The one script is ours; the evil one is text.
         assert_eq!(html.matches("<script").count(), 1, "{html}");
         assert!(!html.contains(evil), "{html}");
@@ -584,11 +749,16 @@ mod tests {
             service("dns", vec![]),
             service("api", vec![backend("10.0.0.3:80", "unused")]),
         ]);
-        let html = page(&s, 5);
+        let html = page(&s, &[], 5);
         assert_eq!(html.matches("<table").count(), 3);
         assert_eq!(html.matches("</table>").count(), 3);
+        // What the service is, above its table (not a caption: on a phone the table scrolls,
+        // this does not).
         for name in ["web", "dns", "api"] {
-            assert!(html.contains(&format!("<caption>{name} — ")), "{html}");
+            assert!(
+                html.contains(&format!("<p class=\"about\">{name} — ")),
+                "{html}"
+            );
         }
         assert!(html.contains("failure window 7 s, success window 0.35 s — "));
         assert!(html.contains("1/1 backends available"));
@@ -599,7 +769,7 @@ mod tests {
             timeouts: 3,
             http_failures: 3,
         });
-        let html = page(&status(vec![per_kind]), 5);
+        let html = page(&status(vec![per_kind]), &[], 5);
         assert!(
             html.contains("unhealthy after 1 refused/TLS, 3 timeouts, 3 HTTP failures"),
             "{html}"
@@ -622,31 +792,55 @@ mod tests {
             "web",
             vec![backend("10.0.0.2:80", "healthy"), quiet, out],
         )]);
-        let html = page(&s, 5);
+        let html = page(&s, &[], 5);
         assert!(html.contains(
             "<tr class=\"state-healthy\" data-state=\"healthy\" data-backend=\"10.0.0.2:80\">\
-             <td>10.0.0.2:80</td><td class=\"n\" data-f=\"weight\">1</td>\
-             <td data-f=\"state\">healthy</td><td data-f=\"admin\">enabled</td>\
-             <td class=\"n\" data-f=\"since\">3 s</td><td class=\"reason\" data-f=\"reason\">–</td>\
-             <td class=\"n\" data-f=\"latency\">1.5 ms</td><td class=\"n\" data-f=\"success\">4</td>"
+             <td>10.0.0.2:80<span class=\"sub\">weight <span data-f=\"weight\">1</span></span></td>\
+             <td><span data-f=\"state\">healthy</span><span class=\"sub\">for <span data-f=\"since\">3 s</span></span></td>\
+             <td data-f=\"admin\">enabled</td><td class=\"reason\" data-f=\"reason\">–</td>\
+             <td class=\"n\" data-f=\"latency\">1.5 ms</td><td><div class=\"kv probes\" style=\"--pairs: 2\">\
+             <span class=\"k\" title=\"consecutive successes\">ok</span><span class=\"v\" data-f=\"success\">4</span>"
         ), "{html}");
         assert!(html.contains(
             "<tr class=\"state-mostly_unhealthy\" data-state=\"mostly_unhealthy\" \
-             data-backend=\"10.0.0.4:80\"><td>10.0.0.4:80</td><td class=\"n\" data-f=\"weight\">1</td>\
-             <td data-f=\"state\">mostly unhealthy</td><td data-f=\"admin\">enabled</td>\
-             <td class=\"n\" data-f=\"since\">2 min 5 s</td>\
-             <td class=\"reason\" data-f=\"reason\">connection &lt;refused&gt;</td>\
-             <td class=\"n\" data-f=\"latency\">–</td><td class=\"n\" data-f=\"success\">4</td>\
-             <td class=\"n\" data-f=\"tcp_failure\">2</td>"
+             data-backend=\"10.0.0.4:80\"><td>10.0.0.4:80<span class=\"sub\">weight <span data-f=\"weight\">1</span></span></td>\
+             <td><span data-f=\"state\">mostly unhealthy</span><span class=\"sub\">for <span data-f=\"since\">2 min 5 s</span></span></td>\
+             <td data-f=\"admin\">enabled</td><td class=\"reason\" data-f=\"reason\">connection &lt;refused&gt;</td>\
+             <td class=\"n\" data-f=\"latency\">–</td>"
+        ), "{html}");
+        // Every consecutive counter, labelled, zeros dimmed.
+        assert!(
+            html.contains(
+                "<span class=\"v\" data-f=\"tcp_failure\">2</span><span class=\"k\" \
+             title=\"consecutive replies to `send` not the expected ones\">payload</span>\
+             <span class=\"v zero\" data-f=\"payload_failure\">0</span>"
+            ),
+            "{html}"
+        );
+        for f in [
+            "success",
+            "tcp_failure",
+            "tls_failure",
+            "http_failure",
+            "payload_failure",
+            "timeout_failure",
+        ] {
+            assert_eq!(html.matches(&format!("data-f=\"{f}\"")).count(), 3, "{f}");
+        }
+        // Traffic totals, labelled.
+        assert!(html.contains(
+            "<div class=\"kv totals\" style=\"--pairs: 1\"><span class=\"v\" data-f=\"packets\">10</span>\
+             <span class=\"k\">pkt</span><span class=\"v\" data-f=\"bytes\">1000</span><span class=\"k\">B</span>\
+             <span class=\"v\" data-f=\"new_flows\">2</span><span class=\"k\">flows</span></div>"
         ), "{html}");
         assert!(html.contains(
             "<tr class=\"state-healthy ejected\" data-state=\"healthy\" data-backend=\"10.0.0.5:80\">"
         ));
         assert!(html.contains("healthy, ejected (service: refused, 4 s left)"));
         // Consecutive counters are labelled as such; rates wait for the script.
-        assert!(html.contains("<th colspan=\"6\">consecutive probe results</th>"));
+        assert!(html.contains(">consecutive probes</th>"));
         assert_eq!(
-            html.matches("<td class=\"n\" data-f=\"pps\">–</td>")
+            html.matches("<span class=\"v pps\" data-f=\"pps\">–</span>")
                 .count(),
             3
         );
@@ -668,7 +862,7 @@ mod tests {
         down.state = crate::model::ServiceState::Down;
         down.available_backends = 0;
         down.policy_in_force = Some("drop".to_owned());
-        let html = page(&status(vec![down, service("dns", vec![])]), 5);
+        let html = page(&status(vec![down, service("dns", vec![])]), &[], 5);
         assert!(
             html.contains(
                 "<div class=\"banner svc-down\" data-service-state=\"down\">web — \
@@ -710,7 +904,7 @@ mod tests {
                 error: None,
             }],
         });
-        let html = page(&s, 5);
+        let html = page(&s, &[], 5);
         assert!(
             html.contains(
                 "<span data-f=\"avail\">1/1 backends available</span> — <span data-f=\"announce\" \
@@ -726,13 +920,13 @@ mod tests {
              1 of 1 VIPs announced (table 200)</span></p>\n<main id=\"services\">"
         ), "{html}");
         // Without [lb.announce] neither is there.
-        let plain = page(&status(vec![service("web", vec![])]), 5);
+        let plain = page(&status(vec![service("web", vec![])]), &[], 5);
         assert!(!plain.contains("<span data-f=\"announce\"") && !plain.contains("<p id=\"host\""));
     }
 
     #[test]
     fn refreshes_itself_without_script_and_in_place_with_it() {
-        let html = page(&status(vec![]), 7);
+        let html = page(&status(vec![]), &[], 7);
         assert!(html.starts_with("<!DOCTYPE html>"));
         assert!(html.contains("<noscript><meta http-equiv=\"refresh\" content=\"7\"></noscript>"));
         assert_eq!(html.matches("http-equiv=\"refresh\"").count(), 1);
@@ -740,10 +934,14 @@ mod tests {
         assert!(html.contains("<meta name=\"viewport\""));
         // Inline, nothing fetched but the status itself and the event log.
         assert!(
-            html.contains("<script>\nconst POLL_MS = 1000;\nconst TIMELINE_S = 600;\n(() => {")
+            html.contains(
+                "<script>\nconst POLL_MS = 1000;\nconst TIMELINE_S = 600;\nconst LAST_EVENTS = 20;\n(() => {"
+            )
         );
+        // No event logged: nothing in the list, a bar per backend all the same.
         assert!(
-            html.contains("<div id=\"timelines\"></div>") && html.contains("<ol id=\"events\"")
+            html.contains("<div id=\"timelines\"></div>")
+                && html.contains("<ol id=\"events\" reversed></ol>")
         );
         assert!(!html.contains("<script src"));
         assert!(!SCRIPT.contains("</script"));
@@ -753,6 +951,97 @@ mod tests {
             assert!(html.contains(&format!("<a href=\"{link}\">")), "{link}");
         }
         assert!(html.trim_end().ends_with("</html>"));
+    }
+
+    fn event(time: f64, backend: &str, from: &str, to: &str, reason: Option<&str>) -> Event {
+        Event {
+            seq: 0,
+            time,
+            service: "web".to_owned(),
+            backend: backend.to_owned(),
+            from: from.to_owned(),
+            to: to.to_owned(),
+            source: "http".to_owned(),
+            counters: ProbeCounters::default(),
+            healthy_threshold: 3,
+            unhealthy_threshold: 3,
+            flag_write_us: None,
+            reason: reason.map(str::to_owned),
+            vip: None,
+        }
+    }
+
+    /// The timelines and the events without JavaScript, as the script draws them.
+    #[test]
+    fn history_is_rendered_from_the_event_log() {
+        let t = 1_700_000_000.5;
+        let mut down = backend("10.0.0.3:80", "unhealthy");
+        down.last_failure = Some("connection refused".to_owned());
+        let mut ejected = backend("10.0.0.4:80", "healthy");
+        ejected.ejected = Some("service: refused".to_owned());
+        let s = status(vec![service(
+            "web",
+            vec![backend("10.0.0.2:80", "healthy"), down, ejected],
+        )]);
+        let mut events = vec![
+            // Before the timeline's start (more than 10 min ago): only says where it began.
+            event(t - 900.0, "10.0.0.3:80", "initializing", "healthy", None),
+            event(
+                t - 300.0,
+                "10.0.0.3:80",
+                "healthy",
+                "unhealthy",
+                Some("<refused>"),
+            ),
+        ];
+        let mut vip = event(t - 60.0, "", "withdrawn", "announced", Some("web: 1 of 3"));
+        vip.vip = Some("10.1.0.1".to_owned());
+        vip.service = String::new();
+        vip.source = "announce".to_owned();
+        events.push(vip);
+        let html = page(&s, &events, 5);
+        // 10 minutes: healthy from the start for 5 minutes, then unhealthy up to now.
+        assert!(html.contains(
+            "<div class=\"tl\" data-backend=\"web 10.0.0.3:80\"><span class=\"tl-label\">web 10.0.0.3:80</span>\
+             <div class=\"bar\"><span class=\"band band-up\" data-state=\"healthy\" style=\"left:0.00%;width:50.00%\" \
+             title=\"healthy from 2023-11-14 22:03:20 UTC\"></span><span class=\"band band-down\" \
+             data-state=\"unhealthy\" style=\"left:50.00%;width:50.00%\" \
+             title=\"unhealthy from 2023-11-14 22:08:20 UTC\"></span></div></div>"
+        ), "{html}");
+        // Without events of its own, its state now all along; ejected is down.
+        assert!(html.contains(
+            "<div class=\"bar\"><span class=\"band band-up\" data-state=\"healthy\" style=\"left:0.00%;width:100.00%\""
+        ));
+        assert!(html.contains(
+            "<span class=\"band band-down\" data-state=\"ejected\" style=\"left:0.00%;width:100.00%\""
+        ));
+        assert_eq!(
+            html.matches("<div class=\"tl\" data-backend=\"web ")
+                .count(),
+            3
+        );
+        // Newest first, escaped.
+        assert!(html.contains(
+            "<ol id=\"events\" reversed><li>2023-11-14 22:12:20 UTC VIP 10.1.0.1 withdrawn → announced \
+             (announce: web: 1 of 3)</li><li>2023-11-14 22:08:20 UTC web 10.0.0.3:80 healthy → unhealthy \
+             (http: &lt;refused&gt;)</li><li>2023-11-14 21:58:20 UTC web 10.0.0.3:80 initializing → healthy \
+             (http)</li></ol>"
+        ), "{html}");
+        // At most LAST_EVENTS, the last ones.
+        let many: Vec<Event> = (0..30)
+            .map(|i| {
+                event(
+                    t - 30.0 + f64::from(i),
+                    "10.0.0.2:80",
+                    "healthy",
+                    &format!("s{i}"),
+                    None,
+                )
+            })
+            .collect();
+        let html = page(&s, &many, 5);
+        assert_eq!(html.matches("<li>2023-").count(), LAST_EVENTS);
+        assert!(html.contains("healthy → s29 (http)</li>") && !html.contains("→ s9 "));
     }
 
     #[test]

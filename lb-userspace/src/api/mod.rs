@@ -225,11 +225,15 @@ async fn blocking<T: Send + 'static>(
 
 async fn status_reply(state: &ApiState, headers: &HeaderMap, only: Option<String>) -> Response {
     match blocking(state, move |c| c.status(only.as_deref())).await {
-        Ok(status) if wants_html(headers) => (
-            [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-            html::page(&status, PAGE_REFRESH_S),
-        )
-            .into_response(),
+        Ok(status) if wants_html(headers) => {
+            // The whole log (1024 events at most): the page draws its timelines from it.
+            let events = state.control.events().after(0, crate::events::CAPACITY);
+            (
+                [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+                html::page(&status, &events.events, PAGE_REFRESH_S),
+            )
+                .into_response()
+        }
         Ok(status) => Json(status).into_response(),
         Err(e) => request_error(e),
     }
