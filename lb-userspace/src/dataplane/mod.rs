@@ -5,6 +5,7 @@ pub mod pin;
 mod signals;
 mod stats;
 mod tc;
+mod trace;
 
 use std::{
     ffi::CString,
@@ -28,7 +29,8 @@ use lb_common::{
     ICMP_PROGRAM_NAME, ICMP6_PROG, ICMP6_PROGRAM_NAME, NatSlot, PARAMS_GLOBAL, PASS_PROGRAM_NAME,
     PROBE_ENCAP_PROGRAM_NAME, PROBE_REPLY_PROG, PROBE_REPLY_PROGRAM_NAME, PROGRAM_NAME, Params,
     ProbeReply, ProbeReply6, ServiceInfo, ServiceKey, ServiceKey6, TOO_BIG_PROG,
-    TOO_BIG_PROGRAM_NAME, TunnelProbe, TunnelProbe6, XDP6_PROG, XDP6_PROGRAM_NAME, map_name, ways,
+    TOO_BIG_PROGRAM_NAME, TRACE_PROGRAM_NAME, TunnelProbe, TunnelProbe6, XDP6_PROG,
+    XDP6_PROGRAM_NAME, map_name, ways,
 };
 use tracing::{info, warn};
 
@@ -223,6 +225,7 @@ impl Dataplane {
             ICMP6_PROGRAM_NAME,
             TOO_BIG_PROGRAM_NAME,
             PROBE_REPLY_PROGRAM_NAME,
+            TRACE_PROGRAM_NAME,
         ]
         .into_iter()
         .map(|name| {
@@ -737,6 +740,7 @@ fn verify(mut ebpf: Ebpf) -> anyhow::Result<Ebpf> {
         ICMP6_PROGRAM_NAME,
         TOO_BIG_PROGRAM_NAME,
         PROBE_REPLY_PROGRAM_NAME,
+        TRACE_PROGRAM_NAME,
         PASS_PROGRAM_NAME,
     ] {
         let prog: &mut Xdp = ebpf
@@ -777,6 +781,7 @@ fn verify(mut ebpf: Ebpf) -> anyhow::Result<Ebpf> {
             .set(slot, &fd, 0)
             .with_context(|| format!("installing program {name}"))?;
     }
+    trace::install(&mut ebpf)?;
     Ok(ebpf)
 }
 
