@@ -43,6 +43,7 @@ use crate::{
 pub use pin::{BPFFS, patiently, remove_pinned};
 pub use signals::{MAX_PER_TAKE as MAX_SIGNALS_PER_TAKE, SignalRing};
 pub use stats::{Stats, TrafficCounters};
+pub use trace::TraceMaps;
 
 /// The XDP object built by build.rs (empty when built with LB_EBPF_STUB=1).
 pub fn object() -> &'static [u8] {
