@@ -150,6 +150,8 @@ pub fn run(ctx: &XdpContext) -> u32 {
     if f.client_prefix != 0 && !in_prefix(&n.client, &f.client, f.client_prefix) {
         return action;
     }
+    // A bucket filled at a higher rate (an earlier trace's) holds that rate's burst at most.
+    c.bucket.tokens = c.bucket.tokens.min(u64::from(f.rate));
     if !ratelimit::take(&mut c.bucket, f.rate, f.rate_scaled, now) {
         c.limited += 1;
         return action;
