@@ -4,7 +4,7 @@
 //!
 //! How it stays free when off: the hot programs test one word, [`TRACE_GATE_SECTION`]'s, at their
 //! trace points only (a new flow, a packet about to be dropped); it is 0 unless a trace runs.
-//! When it is not, the packet's description goes into this CPU's [`TraceCpu`] and the program
+//! When it is open, the packet's description goes into this CPU's [`TraceCpu`] and the program
 //! tail-calls `lb_trace` ([`TRACE_PROGRAM_NAME`]), which applies the filters and the rate, writes
 //! the record and returns the verdict: the logging is verified apart and takes no stack of the
 //! balancer's. Everything here is per run (never pinned): a new daemon starts with the trace
