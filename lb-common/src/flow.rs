@@ -67,6 +67,10 @@ pub trait FlowAddr: Copy + PartialEq + Eq + Default + core::fmt::Debug + 'static
     fn prefix64(self) -> u64;
     /// The address table's hash (see [`addr_set`]).
     fn table_hash(self) -> u64;
+    /// As IPv6 words: an IPv4 address IPv4-mapped (the trace's records hold either family so).
+    fn to_addr6(self) -> Addr6;
+    /// The address of [`FlowAddr::to_addr6`]'s words (IPv4: the mapped address's last word).
+    fn from_addr6(a: Addr6) -> Self;
 }
 
 impl FlowAddr for u32 {
@@ -81,6 +85,14 @@ impl FlowAddr for u32 {
     #[inline(always)]
     fn table_hash(self) -> u64 {
         self as u64
+    }
+    #[inline(always)]
+    fn to_addr6(self) -> Addr6 {
+        crate::mapped(self)
+    }
+    #[inline(always)]
+    fn from_addr6(a: Addr6) -> u32 {
+        a[3]
     }
 }
 
@@ -111,6 +123,14 @@ impl FlowAddr for Addr6 {
     #[inline(always)]
     fn table_hash(self) -> u64 {
         fmix64(pair(self[0], self[1]) ^ pair(self[2], self[3]).rotate_left(29))
+    }
+    #[inline(always)]
+    fn to_addr6(self) -> Addr6 {
+        self
+    }
+    #[inline(always)]
+    fn from_addr6(a: Addr6) -> Addr6 {
+        a
     }
 }
 

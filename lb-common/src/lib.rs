@@ -19,6 +19,7 @@ mod params;
 mod services;
 mod signals;
 mod tables;
+mod trace;
 mod tunnel;
 
 pub use addrs::*;
@@ -31,4 +32,5 @@ pub use params::*;
 pub use services::*;
 pub use signals::*;
 pub use tables::*;
+pub use trace::*;
 pub use tunnel::*;

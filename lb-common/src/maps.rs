@@ -76,6 +76,18 @@ pub mod map_name {
     pub const PROBE_REPLIES: &str = "LB_PROBE_REPLIES";
     /// `LruHashMap<FlowKey6, ProbeReply6>`: the same for IPv6.
     pub const PROBE_REPLIES6: &str = "LB_PROBE_REPLIES6";
+
+    // The datapath trace (see [`crate::TraceFilter`]), per run: never pinned.
+    /// `Array<TraceFilter>` of one entry: the trace's filters, rate and deadline.
+    pub const TRACE: &str = "LB_TRACE";
+    /// `PerCpuArray<TraceCpu>` of one entry: the packet handed to `lb_trace`, its rate budget
+    /// and its losses.
+    pub const TRACE_CPU: &str = "LB_TRACE_CPU";
+    /// `ProgramArray` of one slot: `lb_trace`. Apart from [`PROGS`] (pinned, its size part of
+    /// the pinned layout): this one is per run, and empties when its daemon dies.
+    pub const TRACE_PROG: &str = "LB_TRACE_PROG";
+    /// aya-log's `RingBuf` of log records (the trace's records), named by aya-log.
+    pub const AYA_LOGS: &str = "AYA_LOGS";
 }
 
 /// Slots of [`map_name::PROGS`].
@@ -107,6 +119,8 @@ pub const ICMP6_PROGRAM_NAME: &str = "lb_icmp6";
 pub const TOO_BIG_PROGRAM_NAME: &str = "lb_too_big";
 /// Replies to health probes through the tunnel ([`map_name::PROGS`] slot [`PROBE_REPLY_PROG`]).
 pub const PROBE_REPLY_PROGRAM_NAME: &str = "lb_probe_reply";
+/// The datapath trace's writer ([`map_name::TRACE_PROG`] slot 0; see [`crate::TraceFilter`]).
+pub const TRACE_PROGRAM_NAME: &str = "lb_trace";
 /// The TC egress program that encapsulates health probes through the tunnel (see
 /// [`crate::TUNNEL_MARK`]), attached with TCX to each of lb's interfaces.
 pub const PROBE_ENCAP_PROGRAM_NAME: &str = "lb_probe_encap";

@@ -24,6 +24,7 @@ use crate::{
     ptr::ptr_at,
     ratelimit, snat, stats,
     table::{ct_find, ct_live, ct_store, nat_find},
+    trace,
     verdict::{Verdict, send_out},
 };
 
@@ -55,6 +56,9 @@ pub fn forward<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> Verdict {
                 return v;
             }
             stats::count(counter::CT_RESCHEDULED);
+            if trace::on() {
+                trace::rescheduled(hash, e.backend_id);
+            }
         }
     }
     new_flow::<F>(ctx, flow, &k, hash, now, p)
@@ -253,7 +257,13 @@ fn new_flow<F: Family>(
     ct_store::<F>(k, hash, &entry, now, p);
     stats::count(counter::CT_NEW);
     stats::count_traffic(svc.id, backend_id, ctx.data_end() - ctx.data(), true);
-    deliver::<F>(ctx, flow, backend, &nh, snat_port, hash)
+    let v = deliver::<F>(ctx, flow, backend, &nh, snat_port, hash);
+    // The trace names the backend and port from the connection table: only the flow's
+    // addressing (in `flow`, still live in the caller) is kept for it past the delivery.
+    if trace::on() {
+        trace::new_flow(ctx, v, flow);
+    }
+    v
 }
 
 /// Reserves the SNAT port of a new full-NAT flow to `backend` and writes its return entry.

@@ -24,6 +24,7 @@ mod snat;
 mod stats;
 mod table;
 mod toobig;
+mod trace;
 mod tunnel;
 mod verdict;
 
@@ -41,7 +42,7 @@ mod prog {
         flow, icmp, icmp6,
         maps::PROGS,
         parse::{self, ETH_P_IP, ETH_P_IPV6, Parsed},
-        stats, toobig, tunnel,
+        stats, toobig, trace, tunnel,
     };
 
     /// The balancer. Every packet ends in exactly one verdict counter.
@@ -66,6 +67,7 @@ mod prog {
             }
             Some(_) => (xdp_action::XDP_PASS, counter::PASS_NOT_IP),
         };
+        trace::dropped(&ctx, (action, reason));
         stats::count(reason);
         action
     }
@@ -81,6 +83,7 @@ mod prog {
             // Not reached: the balancer hands over IPv6 only.
             _ => (xdp_action::XDP_PASS, counter::PASS_NOT_IP),
         };
+        trace::dropped(&ctx, (action, reason));
         stats::count(reason);
         action
     }
@@ -90,6 +93,7 @@ mod prog {
     #[xdp]
     pub fn lb_icmp(ctx: XdpContext) -> u32 {
         let (action, reason) = icmp::handle(&ctx);
+        trace::dropped(&ctx, (action, reason));
         stats::count(reason);
         action
     }
@@ -98,6 +102,7 @@ mod prog {
     #[xdp]
     pub fn lb_icmp6(ctx: XdpContext) -> u32 {
         let (action, reason) = icmp6::handle(&ctx);
+        trace::dropped(&ctx, (action, reason));
         stats::count(reason);
         action
     }
@@ -107,6 +112,7 @@ mod prog {
     #[xdp]
     pub fn lb_too_big(ctx: XdpContext) -> u32 {
         let (action, reason) = toobig::handle(&ctx);
+        trace::dropped(&ctx, (action, reason));
         stats::count(reason);
         action
     }
@@ -126,6 +132,14 @@ mod prog {
     #[classifier]
     pub fn lb_probe_encap(ctx: TcContext) -> i32 {
         tunnel::egress(&ctx)
+    }
+
+    /// The datapath trace's writer, tail-called behind the trace's gate by the programs above
+    /// for a new flow or a drop: counts the verdict handed over and returns its action (see
+    /// trace.rs).
+    #[xdp]
+    pub fn lb_trace(ctx: XdpContext) -> u32 {
+        trace::run(&ctx)
     }
 
     /// Does nothing: the benchmark baseline and the peer program native veth XDP needs.

@@ -11,8 +11,8 @@ use lb_common::{
     DEFAULT_CONNTRACK_SIZE, DEFAULT_CONNTRACK6_SIZE, DEFAULT_MAX_BACKENDS, DEFAULT_MAX_SERVICES,
     DEFAULT_RING_SIZE, FlowKey, FlowKey6, FlowKeyOf, MAX_TX_PORTS, NatEntryOf, NatSlot, NatSlot6,
     NextHop, PROBE_REPLIES_SIZE, PROG_SLOTS, Params, ProbeReply, ProbeReply6, SIGNALS_RING_BYTES,
-    SYN_BUCKETS, ServiceInfo, ServiceKey, ServiceKey6, TUNNEL_SLOTS, TokenBucket, TrafficStats,
-    TunnelProbe, TunnelProbe6, counter,
+    SYN_BUCKETS, ServiceInfo, ServiceKey, ServiceKey6, TUNNEL_SLOTS, TokenBucket, TraceCpu,
+    TraceFilter, TrafficStats, TunnelProbe, TunnelProbe6, counter,
 };
 
 /// Datapath parameters; userspace overrides this read-only global when loading.
@@ -169,3 +169,15 @@ pub static PROBE_REPLIES: LruHashMap<FlowKey, ProbeReply> =
 #[map(name = "LB_PROBE_REPLIES6")] // lb_common::map_name::PROBE_REPLIES6
 pub static PROBE_REPLIES6: LruHashMap<FlowKey6, ProbeReply6> =
     LruHashMap::with_max_entries(PROBE_REPLIES_SIZE, 0);
+
+/// The datapath trace's filters, rate and deadline (see trace.rs), written by the daemon.
+#[map(name = "LB_TRACE")] // lb_common::map_name::TRACE
+pub static TRACE: Array<TraceFilter> = Array::with_max_entries(1, 0);
+
+/// The packet a trace point hands to `lb_trace`, and `lb_trace`'s budget and losses, per CPU.
+#[map(name = "LB_TRACE_CPU")] // lb_common::map_name::TRACE_CPU
+pub static TRACE_CPU: PerCpuArray<TraceCpu> = PerCpuArray::with_max_entries(1, 0);
+
+/// `lb_trace`, the trace's writer (a tail call). Per run, apart from `PROGS` (see trace.rs).
+#[map(name = "LB_TRACE_PROG")] // lb_common::map_name::TRACE_PROG
+pub static TRACE_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);

@@ -11,7 +11,9 @@ use lb_common::counter;
 
 use crate::{
     client, config, decap, exit,
-    model::{AdminReply, ErrorReply, Event, Events, HostReply, ReloadReply, Status, StopReply},
+    model::{
+        AdminReply, ErrorReply, Event, Events, HostReply, ReloadReply, Status, StopReply, TraceLine,
+    },
 };
 
 #[derive(Debug, Parser)]
@@ -68,6 +70,23 @@ pub enum Command {
         /// Only events after this sequence number.
         #[arg(long, default_value_t = 0)]
         after: u64,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Trace the datapath's decisions as they happen (new flows with their backend and SNAT
+    /// port, flows rescheduled or re-created mid-stream, packets dropped and why) until Ctrl-C,
+    /// or for --for. The datapath traces only while this runs (at most 10 minutes), and pays
+    /// nothing otherwise. Needs the admin token where admin endpoints do.
+    Trace {
+        /// Only this service's packets (by name).
+        #[arg(long)]
+        service: Option<String>,
+        /// Only this client's packets: an address, or ADDR/PREFIX.
+        #[arg(long, value_name = "ADDR")]
+        client: Option<String>,
+        /// Stop after this long (e.g. 30s, 5m; at most 10m, the default).
+        #[arg(long = "for", value_name = "DURATION", value_parser = trace_duration)]
+        duration: Option<std::time::Duration>,
         #[command(flatten)]
         api: ApiArgs,
     },
@@ -190,6 +209,18 @@ pub struct DecapArgs {
     /// With --stats: print JSON.
     #[arg(long, requires = "stats")]
     pub json: bool,
+}
+
+fn trace_duration(s: &str) -> Result<std::time::Duration, String> {
+    let max = crate::trace::MAX_DURATION;
+    config::parse_duration(s)
+        .filter(|d| *d >= std::time::Duration::from_secs(1) && *d <= max)
+        .ok_or_else(|| {
+            format!(
+                "a duration from 1s to {} (e.g. 30s, 5m)",
+                config::show_duration(max)
+            )
+        })
 }
 
 fn xdp_mode(s: &str) -> Result<config::XdpMode, String> {
@@ -461,6 +492,61 @@ pub async fn events(api: ApiArgs, follow: bool, after: u64) -> anyhow::Result<()
     }
 }
 
+/// `lb trace [--service S] [--client ADDR] [--for DURATION]`: prints each line as the daemon
+/// sends it, until its time is up or the process is interrupted (which closes the connection:
+/// the daemon then ends the trace).
+pub async fn trace(
+    api: ApiArgs,
+    service: Option<String>,
+    client: Option<String>,
+    duration: Option<std::time::Duration>,
+) -> anyhow::Result<()> {
+    let mut query = Vec::new();
+    if let Some(s) = &service {
+        query.push(format!("service={}", encode(s)));
+    }
+    if let Some(c) = &client {
+        query.push(format!("client={}", encode(c)));
+    }
+    if let Some(d) = duration {
+        query.push(format!("seconds={}", d.as_secs().max(1)));
+    }
+    let path = if query.is_empty() {
+        "/v1/trace".to_owned()
+    } else {
+        format!("/v1/trace?{}", query.join("&"))
+    };
+    let json = api.json;
+    let mut ended = false;
+    let answer = client::post_stream_lines(api.api, &path, api.token.as_deref(), |line| {
+        let l: TraceLine = serde_json::from_str(line)?;
+        ended |= l.kind == "notice" && l.text.starts_with("trace ended");
+        if json {
+            println!("{line}");
+        } else {
+            println!("{}", show_trace_line(&l));
+        }
+        Ok(())
+    })
+    .await?;
+    match answer {
+        Some((status, body)) => Err(refused(status, &body)),
+        None if ended => Ok(()),
+        None => bail!("the daemon ended the trace (it is stopping)"),
+    }
+}
+
+/// `12:00:01.234 new flow ...`: the time of day (UTC), then the line.
+fn show_trace_line(l: &TraceLine) -> String {
+    let time = show_time(l.time);
+    let of_day = time
+        .split(' ')
+        .nth(1)
+        .unwrap_or(&time)
+        .trim_end_matches('Z');
+    format!("{of_day} {}", l.text)
+}
+
 fn show_event(e: &Event) -> String {
     let reason = e
         .reason
@@ -729,6 +815,16 @@ mod tests {
         assert_eq!(encode("10.0.0.2:80"), "10.0.0.2:80");
         assert_eq!(encode("a/b c?d#e%"), "a%2Fb%20c%3Fd%23e%25");
         assert_eq!(encode("café"), "caf%C3%A9");
+    }
+
+    #[test]
+    fn trace_lines_start_with_the_time_of_day() {
+        let mut l = crate::trace::record::notice("trace ended: its time is up".to_owned(), 0.0);
+        l.time = 1_764_700_801.234_5;
+        assert_eq!(
+            show_trace_line(&l),
+            "18:40:01.234 trace ended: its time is up"
+        );
     }
 
     #[test]

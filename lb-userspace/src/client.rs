@@ -74,19 +74,30 @@ pub async fn stream_lines(
     token: Option<&str>,
     line: impl FnMut(&str) -> anyhow::Result<()>,
 ) -> anyhow::Result<Option<(u16, String)>> {
-    stream_lines_within(addr, path, token, line, ANSWER_TIMEOUT).await
+    stream_lines_within(addr, "GET", path, token, line, ANSWER_TIMEOUT).await
+}
+
+/// [`stream_lines`] of a POST (a stream that changes something while it lasts: the trace).
+pub async fn post_stream_lines(
+    addr: SocketAddr,
+    path: &str,
+    token: Option<&str>,
+    line: impl FnMut(&str) -> anyhow::Result<()>,
+) -> anyhow::Result<Option<(u16, String)>> {
+    stream_lines_within(addr, "POST", path, token, line, ANSWER_TIMEOUT).await
 }
 
 /// [`stream_lines`] with the answer's head (or a whole error answer) due within `limit`; the
 /// stream itself may then stay quiet as long as the daemon has nothing to tell.
 async fn stream_lines_within(
     addr: SocketAddr,
+    method: &str,
     path: &str,
     token: Option<&str>,
     mut line: impl FnMut(&str) -> anyhow::Result<()>,
     limit: Duration,
 ) -> anyhow::Result<Option<(u16, String)>> {
-    let mut response = tokio::time::timeout(limit, send(addr, "GET", path, token))
+    let mut response = tokio::time::timeout(limit, send(addr, method, path, token))
         .await
         .map_err(|_| no_answer(limit))??;
     if response.status() != 200 {
@@ -269,7 +280,7 @@ mod tests {
             .await
             .unwrap_err();
         assert!(e.to_string().contains("did not answer"), "{e:#}");
-        let e = stream_lines_within(addr, "/v1/events/stream", None, |_| Ok(()), limit)
+        let e = stream_lines_within(addr, "GET", "/v1/events/stream", None, |_| Ok(()), limit)
             .await
             .unwrap_err();
         assert!(e.to_string().contains("did not answer"), "{e:#}");

@@ -19,6 +19,7 @@ pub mod manual;
 pub mod model;
 pub mod resources;
 pub mod rtnl;
+pub mod trace;
 pub mod tunnels;
 
 /// Locks `m` even if a thread panicked while holding it. No request may take the daemon down:

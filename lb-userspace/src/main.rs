@@ -68,6 +68,12 @@ fn main() -> ExitCode {
         }
         Command::Status { service, api } => block_on(cli::status(api, service)),
         Command::Events { follow, after, api } => block_on(cli::events(api, follow, after)),
+        Command::Trace {
+            service,
+            client,
+            duration,
+            api,
+        } => block_on(cli::trace(api, service, client, duration)),
         Command::Backend {
             action,
             service,

@@ -575,6 +575,53 @@ pub struct Events {
     pub dropped: u64,
 }
 
+/// One line of `POST /v1/trace`'s stream (README, "Troubleshooting the datapath"): a decision
+/// of the datapath about one packet, named, or a notice of the trace itself.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TraceLine {
+    /// Unix time the daemon read it, seconds.
+    pub time: f64,
+    /// "new_flow", "rescheduled", "midstream" (re-created mid-stream), "dropped", or "notice"
+    /// (the trace's own: started, records not shown, ended).
+    pub kind: String,
+    /// The whole line as `lb trace` prints it after the time.
+    pub text: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
+    /// Client and VIP as ADDR:PORT (ADDR alone for ICMP; None when the packet had none lb
+    /// could read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vip: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_id: Option<u32>,
+    /// A rescheduled flow's backend before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_backend: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snat_port: Option<u16>,
+    /// The packet's verdict counter (`fwd_redirect`, `drop_no_service`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<String>,
+}
+
+/// `GET /v1/trace`: whether the datapath traces now, for whom, and what it could not show.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TraceState {
+    /// The datapath's gate is open.
+    pub on: bool,
+    /// `POST /v1/trace` streams open now.
+    pub sessions: usize,
+    /// Records beyond the rate limit, and lost to a full ring, since lb started.
+    pub limited: u64,
+    pub lost: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,8 @@
 //! The control API (SPEC §4): status as JSON (`/v1/healthcheck`), as an HTML page (same URLs
 //! with `Accept: text/html`, and `/`), Prometheus metrics (`/metrics`), the event log and its
 //! live stream (`/v1/events`), datapath counters (`/v1/stats`, the status as JSON), and the admin endpoints: drain /
-//! enable / disable a backend, drain / undrain the host (its VIPs' routes), reload, stop. Admin endpoints need no token on a loopback
+//! enable / disable a backend, drain / undrain the host (its VIPs' routes), reload, stop, and
+//! the datapath trace (`POST /v1/trace`, streamed; `GET /v1/trace`, its state). Admin endpoints need no token on a loopback
 //! listener; on any other address they need `Authorization: Bearer <lb.api_token>`; with a token
 //! configured they always need it.
 
@@ -26,8 +27,12 @@ use tokio::sync::{broadcast, watch};
 
 use crate::{
     events::EventLog,
-    model::{Admin, AdminReply, ErrorReply, Event, HostReply, ReloadReply, Status, StopReply},
+    model::{
+        Admin, AdminReply, ErrorReply, Event, HostReply, ReloadReply, Status, StopReply, TraceLine,
+        TraceState,
+    },
     resources::Resources,
+    trace,
 };
 
 /// What the API asks of the daemon: `daemon::Shared` implements it (a fake does in the router's
@@ -55,6 +60,16 @@ pub trait Control: Send + Sync + 'static {
     fn resources(&self) -> &Resources;
     /// Reports a shortage of the host's (logged and evented, rate-limited).
     fn local_shortage(&self, place: &'static str, what: &str);
+    /// Opens a session of the datapath trace: `service` (a name) and `client` (ADDR or
+    /// ADDR/PREFIX) filter it, for `duration` at most [`trace::MAX_DURATION`].
+    fn trace(
+        &self,
+        service: Option<&str>,
+        client: Option<&str>,
+        duration: std::time::Duration,
+    ) -> Result<trace::Session, RequestError>;
+    /// Whether the datapath traces now, and what it could not show.
+    fn trace_state(&self) -> Result<TraceState, RequestError>;
 }
 
 /// A failed operator request: what the API answers (status code by kind).
@@ -100,6 +115,8 @@ pub fn router(state: ApiState, loopback: bool) -> Router {
         .route("/v1/host/{action}", post(host_action))
         .route("/v1/reload", post(reload))
         .route("/v1/stop", post(stop))
+        // Admin: it costs the datapath, and shows clients' addresses.
+        .route("/v1/trace", post(trace_stream))
         .route_layer(middleware::from_fn_with_state(
             (state.token.clone(), loopback),
             authorize,
@@ -110,6 +127,7 @@ pub fn router(state: ApiState, loopback: bool) -> Router {
         .route("/v1/healthcheck/{service}", get(healthcheck_one))
         .route("/metrics", get(metrics))
         .route("/v1/events", get(events))
+        .route("/v1/trace", get(trace_state))
         // The datapath counters are part of the status; kept for `lb stats` of older builds.
         .route("/v1/stats", get(healthcheck_all))
         .merge(admin)
@@ -327,6 +345,76 @@ fn line(event: &Event) -> String {
     s
 }
 
+#[derive(Debug, Deserialize)]
+struct TraceQuery {
+    /// Only this service's packets (by name).
+    service: Option<String>,
+    /// Only this client's (ADDR, or ADDR/PREFIX).
+    client: Option<String>,
+    /// How long, 1 to the maximum (the default).
+    seconds: Option<u64>,
+}
+
+/// `POST /v1/trace?service=S&client=ADDR&seconds=N`: the datapath traces while this response
+/// streams (one JSON [`TraceLine`] per line), until its time is up, its client goes or the
+/// daemon stops.
+async fn trace_stream(
+    State(state): State<ApiState>,
+    query: Result<Query<TraceQuery>, QueryRejection>,
+) -> Response {
+    let Query(q) = match query {
+        Ok(q) => q,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e.body_text()),
+    };
+    let max = trace::MAX_DURATION.as_secs();
+    let seconds = q.seconds.unwrap_or(max);
+    if !(1..=max).contains(&seconds) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            &format!("seconds must be 1-{max}, got {seconds}"),
+        );
+    }
+    let duration = std::time::Duration::from_secs(seconds);
+    let session = match blocking(&state, move |c| {
+        c.trace(q.service.as_deref(), q.client.as_deref(), duration)
+    })
+    .await
+    {
+        Ok(s) => s,
+        Err(e) => return request_error(e),
+    };
+    let stream = futures_util::stream::unfold(
+        (session, state.stop.clone()),
+        |(mut session, mut stop)| async move {
+            let line = tokio::select! {
+                line = session.next() => line?,
+                // (A closed channel, with no daemon behind the router, stops nothing.)
+                Ok(_) = stop.wait_for(|s| *s) => return None,
+            };
+            Some((Ok::<_, std::io::Error>(trace_line(&line)), (session, stop)))
+        },
+    );
+    (
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+fn trace_line(line: &TraceLine) -> String {
+    let mut s = serde_json::to_string(line).expect("trace lines serialize");
+    s.push('\n');
+    s
+}
+
+/// `GET /v1/trace`.
+async fn trace_state(State(state): State<ApiState>) -> Response {
+    match blocking(&state, |c| c.trace_state()).await {
+        Ok(s) => Json(s).into_response(),
+        Err(e) => request_error(e),
+    }
+}
+
 /// `POST /v1/services/{service}/backends/{ip:port}/{drain|enable|disable}`.
 async fn backend_action(
     State(state): State<ApiState>,
@@ -407,6 +495,7 @@ mod tests {
         events: EventLog,
         resources: Resources,
         stopped: AtomicBool,
+        trace: Arc<trace::Hub>,
     }
 
     fn fake() -> Arc<Fake> {
@@ -414,6 +503,7 @@ mod tests {
             events: EventLog::new(8),
             resources: Resources::default(),
             stopped: AtomicBool::new(false),
+            trace: trace::Hub::new(),
         })
     }
 
@@ -481,6 +571,22 @@ mod tests {
             &self.resources
         }
         fn local_shortage(&self, _: &'static str, _: &str) {}
+        fn trace(
+            &self,
+            service: Option<&str>,
+            _client: Option<&str>,
+            duration: std::time::Duration,
+        ) -> Result<trace::Session, RequestError> {
+            if service.is_some_and(|s| s != "web") {
+                return Err(RequestError::NotFound("no service \"other\"".to_owned()));
+            }
+            self.trace
+                .open(trace::Filter::default(), duration, "everything")
+                .map_err(RequestError::Failed)
+        }
+        fn trace_state(&self) -> Result<TraceState, RequestError> {
+            self.trace.status().map_err(RequestError::Failed)
+        }
     }
 
     /// One request through the router: (status, headers, body).
@@ -723,5 +829,65 @@ mod tests {
             }
         );
         assert!(fake.stopped.load(Ordering::Relaxed));
+    }
+
+    /// The trace streams one JSON line per record to an authorized client, and says how it
+    /// is; opening one is an admin action, reading its state is not.
+    #[tokio::test]
+    async fn the_trace_is_an_admin_stream() {
+        let fake = fake();
+        let (status, _, body) = call(
+            &fake,
+            None,
+            false,
+            req("POST", "/v1/trace").body(Body::empty()).unwrap(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+        let (status, _, body) = call(
+            &fake,
+            None,
+            false,
+            req("GET", "/v1/trace").body(Body::empty()).unwrap(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let state: TraceState = serde_json::from_str(&body).unwrap();
+        assert_eq!((state.on, state.sessions), (false, 0));
+        for (uri, want) in [
+            ("/v1/trace?seconds=0", StatusCode::BAD_REQUEST),
+            ("/v1/trace?seconds=601", StatusCode::BAD_REQUEST),
+            ("/v1/trace?seconds=x", StatusCode::BAD_REQUEST),
+            ("/v1/trace?service=other", StatusCode::NOT_FOUND),
+        ] {
+            let (status, _, body) = call(
+                &fake,
+                None,
+                true,
+                req("POST", uri).body(Body::empty()).unwrap(),
+            )
+            .await;
+            assert_eq!(status, want, "{uri}: {body}");
+        }
+        // A one-second trace: its first line, then its last, then the end of the stream.
+        let (status, headers, body) = call(
+            &fake,
+            None,
+            true,
+            req("POST", "/v1/trace?service=web&seconds=1")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(headers[header::CONTENT_TYPE], "application/x-ndjson");
+        let lines: Vec<TraceLine> = body
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2, "{body}");
+        assert!(lines[0].text.starts_with("tracing"), "{body}");
+        assert_eq!(lines[1].text, "trace ended: its time is up");
+        assert_eq!(fake.trace.status().unwrap().sessions, 0);
     }
 }

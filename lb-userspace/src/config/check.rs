@@ -3,6 +3,8 @@
 
 use std::{ops::RangeInclusive, time::Duration};
 
+use bytes::Bytes;
+
 use super::WindowSettings;
 use super::{
     Expect, Protocol,
@@ -76,8 +78,10 @@ pub struct Check {
     /// Probe this port instead of the backend's.
     pub port: Option<u16>,
     pub window: WindowSettings,
-    /// tcp-connect and udp: bytes to send, and what the reply must hold.
-    pub send: Option<Vec<u8>>,
+    /// tcp-connect and udp: bytes to send, and what the reply must hold. Shared, not copied:
+    /// every backend's probe key holds this check (up to 4 KiB each, 10,000 targets), and
+    /// each probe sends from it.
+    pub send: Option<Bytes>,
     pub expect: Option<Expect>,
     /// http and https.
     pub http: Option<HttpOptions>,
@@ -198,7 +202,7 @@ pub fn read_check(f: &Fields, protocol: Protocol) -> Option<Check> {
     {
         f.problem("unhealthy_interval", "must not be shorter than timeout");
     }
-    let send = payload(f, "send", "send_hex");
+    let send = payload(f, "send", "send_hex").map(Bytes::from);
     let expect = read_expect(f);
     let http = read_http(f, kind);
     let through_tunnel = f.bool_or("through_tunnel", false);

@@ -1358,6 +1358,12 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
         .unwrap();
         let check = &c.services[0].check;
         assert_eq!(check.send.as_deref(), Some(&[0x12, 0x34, 0x01, 0x00][..]));
+        // Each backend's probe key holds a clone of the check: its payload is shared.
+        let copy = check.clone();
+        assert_eq!(
+            copy.send.as_deref().map(<[u8]>::as_ptr),
+            check.send.as_deref().map(<[u8]>::as_ptr)
+        );
         assert_eq!(
             check.expect,
             Some(crate::config::Expect {

@@ -4,8 +4,9 @@
 use crate::{
     api::{self, RequestError},
     events::EventLog,
-    model::{Admin, AdminReply, HostReply, ReloadReply, Status, StopReply},
+    model::{Admin, AdminReply, HostReply, ReloadReply, Status, StopReply, TraceState},
     resources::Resources,
+    trace,
 };
 
 use super::{Shared, Stop};
@@ -73,5 +74,45 @@ impl api::Control for Shared {
 
     fn local_shortage(&self, place: &'static str, what: &str) {
         Shared::local_shortage(self, place, what);
+    }
+
+    fn trace(
+        &self,
+        service: Option<&str>,
+        client: Option<&str>,
+        duration: std::time::Duration,
+    ) -> Result<trace::Session, RequestError> {
+        let service_id = match service {
+            None => None,
+            Some(name) => {
+                let inner = self.lock();
+                let id = inner
+                    .balancer
+                    .service_index(name)
+                    .and_then(|i| inner.balancer.service_id(i));
+                Some(id.ok_or_else(|| RequestError::NotFound(format!("no service {name:?}")))?)
+            }
+        };
+        let client = client
+            .map(trace::record::parse_client)
+            .transpose()
+            .map_err(|e| RequestError::Invalid(vec![e]))?;
+        let what = match (service, client) {
+            (None, None) => "every packet".to_owned(),
+            (Some(s), None) => format!("service {s}"),
+            (None, Some((ip, len))) => format!("client {ip}/{len}"),
+            (Some(s), Some((ip, len))) => format!("service {s}, client {ip}/{len}"),
+        };
+        let filter = trace::Filter {
+            service: service_id,
+            client,
+        };
+        self.trace
+            .open(filter, duration, &what)
+            .map_err(RequestError::Failed)
+    }
+
+    fn trace_state(&self) -> Result<TraceState, RequestError> {
+        self.trace.status().map_err(RequestError::Failed)
     }
 }

@@ -179,12 +179,17 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
         .or_else(|| config.lb.api_token.clone());
     // The passive signals are read as they come, without the daemon's lock.
     let ring = writer::watch(dataplane.signal_ring()?)?;
+    // So are the datapath trace's records; its switches go with the trace's sessions.
+    let trace_hub = crate::trace::Hub::new();
+    let (trace_maps, trace_log) = dataplane.take_trace(trace_hub.sink())?;
+    trace_hub.set_maps(trace_maps);
     let shared = Arc::new(Shared::new(
         config_path.to_owned(),
         pin_dir.as_deref().map(state::ids_file),
         pin_dir.as_deref().map(announce::host_file),
         Shared::inner(config, dataplane, balancer, checker, host),
         stop_tx,
+        trace_hub.clone(),
     ));
     let (work_tx, work_rx) = mpsc::unbounded_channel();
     let (next_end_tx, next_end_rx) = watch::channel(None);
@@ -220,6 +225,10 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
             shared.announce.clone(),
         )
         .instrument(info_span!("health")),
+    );
+    let tracer = tokio::spawn(
+        crate::trace::read(trace_hub, trace_log, tasks_stop.clone())
+            .instrument(info_span!("trace")),
     );
     let neighbours = tokio::spawn(
         keep_neighbours(shared.clone(), tasks_stop.clone()).instrument(info_span!("neighbours")),
@@ -270,6 +279,9 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
     }
     if let Err(e) = neighbours.await {
         error!(error = %e, "neighbour task");
+    }
+    if let Err(e) = tracer.await {
+        error!(error = %e, "trace reader task");
     }
     if let Err(e) = feeder.await {
         error!(error = %e, "health feeder task");

@@ -29,6 +29,7 @@ use crate::{
         window::{Counters, HealthState},
     },
     model::{Event, ProbeCounters},
+    trace,
 };
 
 /// How the daemon should end.
@@ -50,6 +51,8 @@ pub struct Shared {
     pub events: EventLog,
     /// The daemon's own resources and shortages (outside the lock: counted from anywhere).
     pub resources: crate::resources::Resources,
+    /// The datapath trace (`lb trace`): its sessions and the names of the ids it shows.
+    pub trace: Arc<trace::Hub>,
     config_path: PathBuf,
     /// Where the ids of a pinned datapath are saved (None: not pinned).
     ids_file: Option<PathBuf>,
@@ -87,6 +90,33 @@ pub struct BackendView {
     pub since: Instant,
 }
 
+/// Who the trace's ids are (services, backends, how each service forwards).
+fn names(config: &Config, balancer: &Balancer) -> trace::Names {
+    let ids = balancer.ids();
+    trace::Names {
+        services: ids
+            .services
+            .iter()
+            .map(|s| (s.id, s.name.clone()))
+            .collect(),
+        backends: ids
+            .services
+            .iter()
+            .flat_map(|s| s.backends.iter().map(|&(address, id, _)| (id, address)))
+            .collect(),
+        dsr: ids
+            .services
+            .iter()
+            .filter_map(|s| {
+                let c = config.services.iter().find(|c| c.name == s.name)?;
+                c.forwarding
+                    .is_dsr()
+                    .then_some((s.id, c.forwarding.as_str()))
+            })
+            .collect(),
+    }
+}
+
 fn members(config: &Config) -> HashMap<ProbeKey, Vec<(usize, usize)>> {
     crate::health::checker::plan(config).into_iter().collect()
 }
@@ -98,13 +128,16 @@ impl Shared {
         host_file: Option<PathBuf>,
         inner: Inner,
         stop: watch::Sender<Stop>,
+        trace: Arc<trace::Hub>,
     ) -> Self {
+        trace.set_names(names(&inner.config, &inner.balancer));
         let shared = Self {
             inner: Mutex::new(inner),
             announce: Arc::default(),
             host_file,
             events: EventLog::new(crate::events::CAPACITY),
             resources: Default::default(),
+            trace,
             config_path,
             ids_file,
             stop,
@@ -420,6 +453,7 @@ impl Shared {
         inner.members = members(&new);
         inner.config = new;
         inner.set_reporting();
+        self.trace.set_names(names(&inner.config, &inner.balancer));
         // Ejections of what is gone are forgotten; the rest keep running.
         let config = &inner.config;
         inner.passive.retain(|scope| match scope {

@@ -5,6 +5,7 @@ pub mod pin;
 mod signals;
 mod stats;
 mod tc;
+mod trace;
 
 use std::{
     ffi::CString,
@@ -28,7 +29,8 @@ use lb_common::{
     ICMP_PROGRAM_NAME, ICMP6_PROG, ICMP6_PROGRAM_NAME, NatSlot, PARAMS_GLOBAL, PASS_PROGRAM_NAME,
     PROBE_ENCAP_PROGRAM_NAME, PROBE_REPLY_PROG, PROBE_REPLY_PROGRAM_NAME, PROGRAM_NAME, Params,
     ProbeReply, ProbeReply6, ServiceInfo, ServiceKey, ServiceKey6, TOO_BIG_PROG,
-    TOO_BIG_PROGRAM_NAME, TunnelProbe, TunnelProbe6, XDP6_PROG, XDP6_PROGRAM_NAME, map_name, ways,
+    TOO_BIG_PROGRAM_NAME, TRACE_PROGRAM_NAME, TunnelProbe, TunnelProbe6, XDP6_PROG,
+    XDP6_PROGRAM_NAME, map_name, ways,
 };
 use tracing::{info, warn};
 
@@ -41,6 +43,7 @@ use crate::{
 pub use pin::{BPFFS, patiently, remove_pinned};
 pub use signals::{MAX_PER_TAKE as MAX_SIGNALS_PER_TAKE, SignalRing};
 pub use stats::{Stats, TrafficCounters};
+pub use trace::TraceMaps;
 
 /// The XDP object built by build.rs (empty when built with LB_EBPF_STUB=1).
 pub fn object() -> &'static [u8] {
@@ -223,6 +226,7 @@ impl Dataplane {
             ICMP6_PROGRAM_NAME,
             TOO_BIG_PROGRAM_NAME,
             PROBE_REPLY_PROGRAM_NAME,
+            TRACE_PROGRAM_NAME,
         ]
         .into_iter()
         .map(|name| {
@@ -737,6 +741,7 @@ fn verify(mut ebpf: Ebpf) -> anyhow::Result<Ebpf> {
         ICMP6_PROGRAM_NAME,
         TOO_BIG_PROGRAM_NAME,
         PROBE_REPLY_PROGRAM_NAME,
+        TRACE_PROGRAM_NAME,
         PASS_PROGRAM_NAME,
     ] {
         let prog: &mut Xdp = ebpf
@@ -777,6 +782,7 @@ fn verify(mut ebpf: Ebpf) -> anyhow::Result<Ebpf> {
             .set(slot, &fd, 0)
             .with_context(|| format!("installing program {name}"))?;
     }
+    trace::install(&mut ebpf)?;
     Ok(ebpf)
 }
 

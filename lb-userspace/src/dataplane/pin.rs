@@ -60,11 +60,18 @@ pub const SCRATCH: [&str; 5] = [
 
 /// Maps the daemon fills anew at every start (the health probes through the tunnel, which it
 /// starts again): never pinned, each load has its own, written before its probes start.
-pub const PER_RUN: [&str; 4] = [
+///
+/// The datapath trace's too: a new daemon starts with it off, and its program array empties
+/// when the daemon that filled it dies (see lb_common's trace.rs).
+pub const PER_RUN: [&str; 8] = [
     map_name::TUNNEL_PROBES,
     map_name::TUNNEL_PROBES6,
     map_name::PROBE_REPLIES,
     map_name::PROBE_REPLIES6,
+    map_name::TRACE,
+    map_name::TRACE_CPU,
+    map_name::TRACE_PROG,
+    map_name::AYA_LOGS,
 ];
 
 const LINK_PREFIX: &str = "link-";

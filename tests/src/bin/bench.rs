@@ -28,6 +28,11 @@ struct Args {
     /// The IPv4 cases only (the set of cases before IPv6, to compare with an older build's run).
     #[arg(long)]
     ipv4_only: bool,
+    /// The datapath trace on while measuring (as `lb trace` runs it: every packet, the
+    /// daemon's rate, its records read as they come), to see what tracing costs. Off, the
+    /// build with the trace is measured as it runs normally.
+    #[arg(long)]
+    trace: bool,
 }
 
 const SERVICES: &str = r#"
@@ -94,6 +99,12 @@ fn main() -> anyhow::Result<()> {
         SERVICES,
     )?;
     let mut net = net;
+    // Held while measuring: the trace's switches and its reader.
+    let _trace = if args.trace {
+        Some(trace_on(&mut net)?)
+    } else {
+        None
+    };
     let table = {
         let ns = net.ns.clone();
         ns.enter(|| measure(&mut net, args.iterations, args.ipv4_only))?
@@ -113,6 +124,61 @@ fn main() -> anyhow::Result<()> {
         std::fs::write(&out, &table).with_context(|| format!("writing {}", out.display()))?;
     }
     Ok(())
+}
+
+/// Switches the datapath trace on for every packet, with the daemon's rate, and reads its
+/// records in a thread of its own (as the daemon does; they are dropped here) until the
+/// returned guard goes.
+fn trace_on(net: &mut TestNet) -> anyhow::Result<TraceOn> {
+    struct Discard;
+    impl log::Log for Discard {
+        fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+            true
+        }
+        fn log(&self, _: &log::Record<'_>) {}
+        fn flush(&self) {}
+    }
+    let (mut maps, mut logger) = net.dp.take_trace(Discard)?;
+    maps.start(&lb_common::TraceFilter {
+        service_id: lb_common::TRACE_NONE,
+        rate: lb::trace::RATE,
+        rate_scaled: lb_common::Params::per_2_32_ns(lb::trace::RATE),
+        client_prefix: 0,
+        client: [0; 4],
+        until_ns: u64::MAX,
+    })?;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reading = stop.clone();
+    let reader = std::thread::spawn(move || {
+        while !reading.load(std::sync::atomic::Ordering::Relaxed) {
+            logger.flush();
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    });
+    Ok(TraceOn {
+        maps,
+        stop,
+        reader: Some(reader),
+    })
+}
+
+struct TraceOn {
+    maps: lb::dataplane::TraceMaps,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for TraceOn {
+    fn drop(&mut self) {
+        if let Ok((limited, lost)) = self.maps.losses() {
+            println!("trace: {limited} records beyond the rate, {lost} lost to a full ring");
+        }
+        let _ = self.maps.stop();
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+    }
 }
 
 /// An established flow from `client` to `vip` (ADDR:PORT each, one family): its data packet
