@@ -1,6 +1,7 @@
 //! Raw BPF for the packet-rate benchmark, which aya does not cover: tiny XDP programs written as
-//! instructions (a MAC-swap bounce, a sink that restores the frame and drops it), their XDP
-//! links, and BPF_PROG_TEST_RUN in live-frames mode (`BPF_F_TEST_XDP_LIVE_FRAMES`).
+//! instructions (a MAC-swap bounce, a sink that writes the next flow's frame over the page and
+//! drops it), the sink's one-slot array map, their XDP links, and BPF_PROG_TEST_RUN in
+//! live-frames mode (`BPF_F_TEST_XDP_LIVE_FRAMES`).
 
 use std::{
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd},
@@ -9,10 +10,14 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
+const BPF_MAP_CREATE: libc::c_long = 0;
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_PROG_TEST_RUN: libc::c_long = 10;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_PROG_TYPE_XDP: u32 = 6;
+const BPF_MAP_TYPE_ARRAY: u32 = 2;
 /// `enum bpf_attach_type`: BPF_XDP.
 const BPF_XDP: u32 = 37;
 const XDP_FLAGS_DRV_MODE: u32 = 1 << 2;
@@ -50,6 +55,13 @@ const STX_H: u8 = 0x6b;
 const ST_W: u8 = 0x62;
 const ST_H: u8 = 0x6a;
 const ST_B: u8 = 0x72;
+const LD_IMM64: u8 = 0x18;
+const ADD64_X: u8 = 0x0f;
+const SUB64_X: u8 = 0x1f;
+const LSH64_K: u8 = 0x67;
+/// ALU | END | TO_BE: byte swap to big endian (network order), the width in `imm`.
+const TO_BE: u8 = 0xdc;
+const JEQ_K: u8 = 0x15;
 const MOV64_X: u8 = 0xbf;
 const MOV64_K: u8 = 0xb7;
 const ADD64_K: u8 = 0x07;
@@ -57,6 +69,10 @@ const JGT_X: u8 = 0x2d;
 const JNE_K: u8 = 0x55;
 const CALL: u8 = 0x85;
 const EXIT: u8 = 0x95;
+/// `src` of LD_IMM64: `imm` is a map's file descriptor.
+const PSEUDO_MAP_FD: u8 = 1;
+/// Helper number of `bpf_map_lookup_elem`.
+const MAP_LOOKUP_ELEM: i32 = 1;
 /// Helper number of `bpf_xdp_adjust_head`.
 const XDP_ADJUST_HEAD: i32 = 44;
 /// IP in IP: what lb puts in front of a frame for direct server return (`ipip`), 20 bytes.
@@ -101,17 +117,45 @@ pub fn just(action: i32) -> Vec<Insn> {
     ret(action).to_vec()
 }
 
-/// Writes `frame` over the start of every frame it sees (when the frame is at least that long),
-/// then XDP_DROP. Attached to the veth peers that receive the benchmark's output: live-frames
-/// mode recycles its pages without rewriting them, so a program that rewrites the frame (lb)
-/// would otherwise see its own output the next time the page comes round. An IPv4-in-IPv4 frame
-/// (lb's direct server return) loses its outer header first, so the page's frame starts where
-/// the generator put it.
-pub fn restore_and_drop(frame: &[u8]) -> Vec<Insn> {
+/// Where the sink varies the flow of an IPv4 TCP frame (20-byte headers): the TCP source port
+/// and the first 16-bit word of the payload.
+pub const SPORT_AT: usize = 14 + 20;
+pub const WORD_AT: usize = 14 + 20 + 20;
+
+/// `template` as flow `i` of its cycle: source port + i, first payload word − i. The two words'
+/// sum, and so the TCP checksum, stay those of the template: every flow's frame is valid.
+pub fn flow_frame(template: &[u8], i: u16) -> Vec<u8> {
+    let mut f = template.to_vec();
+    let word = |f: &[u8], at: usize| u16::from_be_bytes([f[at], f[at + 1]]);
+    let (sport, w) = (word(&f, SPORT_AT) + i, word(&f, WORD_AT) - i);
+    f[SPORT_AT..SPORT_AT + 2].copy_from_slice(&sport.to_be_bytes());
+    f[WORD_AT..WORD_AT + 2].copy_from_slice(&w.to_be_bytes());
+    f
+}
+
+/// The most flows a cycle over `template` can have (its port and payload word do not wrap).
+pub fn max_flows(template: &[u8]) -> u32 {
+    let word = |at: usize| u32::from(u16::from_be_bytes([template[at], template[at + 1]]));
+    (0x1_0000 - word(SPORT_AT)).min(word(WORD_AT) + 1)
+}
+
+/// The sink: writes frame `i` of the cycle over `template` (see [`flow_frame`]) over the start of
+/// every frame it sees, moves the cycle on (`cursor`), then XDP_DROP. Attached to the veth peers
+/// that receive the benchmark's output. Live-frames mode copies its input into a page once, when
+/// the page pool allocates it, and then recycles the page without rewriting it: so the program
+/// under test sees what the sink last wrote there, the next flow of the cycle, and never its
+/// own output (lb rewrites addresses). An IPv4-in-IPv4 frame (lb's direct server return) loses
+/// its outer header first, so the page's frame starts where the generator put it. With the
+/// cursor's census on, it counts the arriving frames by TCP source port (lb's SNAT port).
+pub fn next_flow_and_drop(template: &[u8], cursor: &Cursor) -> Vec<Insn> {
+    assert!(
+        template.len() >= WORD_AT + 2 && template[12..14] == [8, 0] && template[23] == 6,
+        "the sink's template is an IPv4 TCP frame with a payload"
+    );
     let mut stores = Vec::new();
     let mut i = 0;
-    while i < frame.len() {
-        let rest = &frame[i..];
+    while i < template.len() {
+        let rest = &template[i..];
         let (code, n, imm) = if rest.len() >= 4 {
             (
                 ST_W,
@@ -126,23 +170,157 @@ pub fn restore_and_drop(frame: &[u8]) -> Vec<Insn> {
         stores.push(insn(code, 2, 0, i as i16, imm));
         i += n;
     }
-    // IPv4's protocol byte (14 + 9) read when the frame holds it; 4: strip 20 bytes.
-    let strip = [
+    let word = |at: usize| i32::from(u16::from_be_bytes([template[at], template[at + 1]]));
+    // Jumps to the final XDP_DROP, their offsets set at the end.
+    let mut to_drop = Vec::new();
+    let mut p = vec![insn(MOV64_X, 6, 1, 0, 0)]; // r6 = ctx
+    let mut check = |p: &mut Vec<Insn>, len: usize| {
+        p.extend(bounds(len as i32, 0));
+        to_drop.push(p.len() - 1);
+    };
+    check(&mut p, SPORT_AT + 2);
+    p.extend([
+        insn(LDX_H, 8, 2, SPORT_AT as i16, 0), // r8 = the arriving source port (census)
+        // IPv4's protocol byte (14 + 9); 4 (IP in IP): strip the 20-byte outer header.
         insn(LDX_B, 4, 2, 23, 0),
-        insn(JNE_K, 4, 0, 4, 4),
-        insn(MOV64_X, 6, 1, 0, 0),
+        insn(JNE_K, 4, 0, 3, 4),
         insn(MOV64_K, 2, 0, 0, IPIP_OUTER),
         insn(CALL, 0, 0, 0, XDP_ADJUST_HEAD),
         insn(MOV64_X, 1, 6, 0, 0),
-    ];
-    let restore = bounds(frame.len() as i32, stores.len() as i16);
-    let skip_all = (strip.len() + restore.len() + stores.len()) as i16;
-    let mut p = bounds(24, skip_all).to_vec();
-    p.extend(strip);
-    p.extend(restore);
+    ]);
+    check(&mut p, template.len());
     p.extend(stores);
+    p.extend([
+        insn(MOV64_X, 7, 2, 0, 0), // r7 = data, kept across the helper call
+        insn(ST_W, 10, 0, -4, 0),  // key 0
+        insn(LD_IMM64, 1, PSEUDO_MAP_FD, 0, cursor.fd()),
+        insn(0, 0, 0, 0, 0),
+        insn(MOV64_X, 2, 10, 0, 0),
+        insn(ADD64_K, 2, 0, 0, -4),
+        insn(CALL, 0, 0, 0, MAP_LOOKUP_ELEM),
+        insn(JEQ_K, 0, 0, 0, 0),
+    ]);
+    to_drop.push(p.len() - 1);
+    p.extend([
+        insn(LDX_W, 3, 0, 0, 0), // r3 = i, this frame's flow
+        insn(MOV64_X, 4, 3, 0, 0),
+        insn(ADD64_K, 4, 0, 0, 1),
+        insn(LDX_W, 5, 0, 4, 0), // r5 = flows
+        insn(JGT_X, 5, 4, 1, 0),
+        insn(MOV64_K, 4, 0, 0, 0),
+        insn(STX_W, 0, 4, 0, 0), // next = (i + 1) % flows
+        insn(MOV64_K, 5, 0, 0, word(SPORT_AT)),
+        insn(ADD64_X, 5, 3, 0, 0),
+        insn(TO_BE, 5, 0, 0, 16),
+        insn(STX_H, 7, 5, SPORT_AT as i16, 0),
+        insn(MOV64_K, 5, 0, 0, word(WORD_AT)),
+        insn(SUB64_X, 5, 3, 0, 0),
+        insn(TO_BE, 5, 0, 0, 16),
+        insn(STX_H, 7, 5, WORD_AT as i16, 0),
+        insn(LDX_W, 4, 0, 8, 0), // census on?
+        insn(JEQ_K, 4, 0, 0, 0),
+    ]);
+    to_drop.push(p.len() - 1);
+    p.extend([
+        insn(LSH64_K, 8, 0, 0, 2),
+        insn(ADD64_X, 0, 8, 0, 0),
+        insn(LDX_W, 4, 0, CURSOR_HEAD as i16, 0),
+        insn(ADD64_K, 4, 0, 0, 1),
+        insn(STX_W, 0, 4, CURSOR_HEAD as i16, 0),
+    ]);
+    let drop_at = p.len();
+    for j in to_drop {
+        p[j].off = (drop_at - j - 1) as i16;
+    }
     p.extend(ret(XDP_DROP));
     p
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct MapCreateAttr {
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    map_flags: u32,
+}
+
+#[repr(C)]
+struct MapElemAttr {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
+/// The cursor's value: next flow (u32), flows in the cycle (u32), census on (u32), padding, then
+/// a frame count per TCP source port (u32 each, indexed by the port as the sink loads it: its
+/// bytes swapped).
+const CURSOR_HEAD: usize = 16;
+const CURSOR_SIZE: usize = CURSOR_HEAD + 4 * 0x1_0000;
+
+/// The sinks' shared state: where the cycle of flows is, and the optional census (a one-slot
+/// array map; closed on drop).
+pub struct Cursor {
+    fd: OwnedFd,
+}
+
+impl Cursor {
+    pub fn new() -> anyhow::Result<Self> {
+        let mut attr = MapCreateAttr {
+            map_type: BPF_MAP_TYPE_ARRAY,
+            key_size: 4,
+            value_size: CURSOR_SIZE as u32,
+            max_entries: 1,
+            ..Default::default()
+        };
+        let fd = bpf(BPF_MAP_CREATE, &mut attr).context("creating the sink's cursor map")?;
+        // SAFETY: the kernel returned a new file descriptor that nothing else owns.
+        Ok(Self {
+            fd: unsafe { OwnedFd::from_raw_fd(fd as RawFd) },
+        })
+    }
+
+    fn fd(&self) -> i32 {
+        self.fd.as_raw_fd()
+    }
+
+    fn elem(&self, cmd: libc::c_long, value: &mut [u8]) -> anyhow::Result<()> {
+        let key = 0u32;
+        let mut attr = MapElemAttr {
+            map_fd: self.fd() as u32,
+            _pad: 0,
+            key: &key as *const u32 as u64,
+            value: value.as_mut_ptr() as u64,
+            flags: 0,
+        };
+        bpf(cmd, &mut attr).context("the sink's cursor map")?;
+        Ok(())
+    }
+
+    /// Starts a cycle of `flows` flows at flow 0, the census cleared and on or off.
+    pub fn start(&self, flows: u32, census: bool) -> anyhow::Result<()> {
+        let mut v = vec![0u8; CURSOR_SIZE];
+        v[4..8].copy_from_slice(&flows.max(1).to_ne_bytes());
+        v[8..12].copy_from_slice(&u32::from(census).to_ne_bytes());
+        self.elem(BPF_MAP_UPDATE_ELEM, &mut v)
+    }
+
+    /// The census: frames counted per TCP source port (host order), those seen.
+    pub fn census(&self) -> anyhow::Result<Vec<(u16, u32)>> {
+        let mut v = vec![0u8; CURSOR_SIZE];
+        self.elem(BPF_MAP_LOOKUP_ELEM, &mut v)?;
+        Ok(v[CURSOR_HEAD..]
+            .as_chunks::<4>()
+            .0
+            .iter()
+            .enumerate()
+            .map(|(i, c)| ((i as u16).swap_bytes(), u32::from_ne_bytes(*c)))
+            .filter(|&(_, n)| n != 0)
+            .collect())
+    }
 }
 
 fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> std::io::Result<libc::c_long> {
@@ -308,20 +486,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn restore_covers_the_frame_and_jumps_past_the_stores() {
-        let p = restore_and_drop(&[1, 2, 3, 4, 5, 6, 7]);
-        // 5 bounds, 6 to strip an outer header, 5 bounds + W, H, B stores + 2 return.
-        assert_eq!(p.len(), 21);
-        assert_eq!(4 + 1 + p[4].off as usize, 19, "too short: to the return");
-        assert_eq!(
-            6 + 1 + p[6].off as usize,
-            11,
-            "not IP in IP: to the restore"
-        );
-        assert_eq!(p[15].off, 3, "skip the three stores");
-        assert_eq!((p[16].code, p[16].off, p[16].imm), (ST_W, 0, 0x0403_0201));
-        assert_eq!((p[17].code, p[17].off, p[17].imm), (ST_H, 4, 0x0605));
-        assert_eq!((p[18].code, p[18].off, p[18].imm), (ST_B, 6, 7));
+    fn flow_frames_keep_the_sum_and_stop_before_a_wrap() {
+        let mut t = vec![0u8; 64];
+        t[SPORT_AT..SPORT_AT + 2].copy_from_slice(&40000u16.to_be_bytes());
+        t[WORD_AT..WORD_AT + 2].copy_from_slice(&0x5555u16.to_be_bytes());
+        let f = flow_frame(&t, 7);
+        assert_eq!(f[SPORT_AT..SPORT_AT + 2], 40007u16.to_be_bytes());
+        assert_eq!(f[WORD_AT..WORD_AT + 2], 0x554eu16.to_be_bytes());
+        assert_eq!(f[..SPORT_AT], t[..SPORT_AT]);
+        // The payload word wraps first: 0x5555 - 0x5555 is its last.
+        assert_eq!(max_flows(&t), 0x5555 + 1);
     }
 
     #[test]
