@@ -265,13 +265,13 @@ fn draw_charts(dir: &Path, res: &Results) -> anyhow::Result<Vec<String>> {
             .cases
             .iter()
             .map(|c| match c.name {
-                rate::DROP => "XDP_DROP (ceiling)".into(),
-                rate::BOUNCE => "bounce (XDP_TX)".into(),
-                rate::ONE_ARM => "lb 1-arm NAT, 1 flow".into(),
-                rate::ONE_ARM_MANY => "lb 1-arm NAT, 10k".into(),
-                rate::TWO_ARM => "lb 2-arm NAT, 1 flow".into(),
-                rate::TWO_ARM_MANY => "lb 2-arm NAT, 10k".into(),
-                rate::LB_DSR => "lb 1-arm DSR, 1 flow".into(),
+                rate::DROP => "ceiling (DROP)".into(),
+                rate::BOUNCE => "bounce (TX)".into(),
+                rate::ONE_ARM => "1-arm, 1 flow".into(),
+                rate::ONE_ARM_MANY => "1-arm, 10k".into(),
+                rate::TWO_ARM => "2-arm, 1 flow".into(),
+                rate::TWO_ARM_MANY => "2-arm, 10k".into(),
+                rate::LB_DSR => "DSR, 1 flow".into(),
                 other => other.into(),
             })
             .collect();
