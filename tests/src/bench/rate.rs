@@ -10,7 +10,9 @@
 //! ```
 //! One-arm: the client and the backend are behind the same interface, so lb's route lookup
 //! gives the ingress interface and lb sends with XDP_TX, as the bounce does; two-arm: the
-//! backend is behind another interface, reached with XDP_REDIRECT through lb's devmap.
+//! backend is behind another interface, reached with XDP_REDIRECT through lb's devmap. (Live-frames
+//! mode, outside a driver, sends an XDP_TX frame as a redirect to the ingress device found by its
+//! index: the bounce and lb one-arm pay that alike.)
 //!
 //! **Many flows.** Live-frames mode copies its input frame into a page once, when its page pool
 //! allocates the page, and then recycles the page without rewriting it: the program under test

@@ -471,7 +471,8 @@ fn report(res: &Results, ctx: &Context, img: &str) -> anyhow::Result<String> {
                  mode sends back out of that veth. **lb one-arm full NAT**: the client and the \
                  backend are behind the same veth, so lb (connection-table hit, full-NAT rewrite, \
                  cached next hop) sends the frame back out with XDP_TX, like the bounce: the ratio \
-                 compares like with like. **lb two-arm full NAT**: the backend is behind another \
+                 compares like with like (live-frames mode sends an XDP_TX frame as a redirect \
+                 to the device it came in on, looked up by its index, for both). **lb two-arm full NAT**: the backend is behind another \
                  veth, reached with XDP_REDIRECT through lb's devmap. **lb one-arm direct server \
                  return**: the frame inside an IP-in-IP header, XDP_TX. XDP_DROP in lb's place \
                  shows the generator's own ceiling.\n\n\
