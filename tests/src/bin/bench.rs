@@ -40,6 +40,10 @@ struct Args {
     /// flows into a table holding them); 0 leaves the rows out.
     #[arg(long, default_value_t = 1_000_000)]
     live_flows: usize,
+    /// Both programs attached nowhere (as lb-bench measured before: an indirect call each), to
+    /// compare with an older run's table.
+    #[arg(long)]
+    detached: bool,
 }
 
 const SERVICES: &str = r#"
@@ -107,7 +111,9 @@ fn main() -> anyhow::Result<()> {
     )?;
     let mut net = net;
     // Both programs attached, as the kernel runs them (see TestNet::attach_idle).
-    net.attach_idle()?;
+    if !args.detached {
+        net.attach_idle()?;
+    }
     // Held while measuring: the trace's switches and its reader.
     let _trace = if args.trace {
         Some(trace_on(&mut net)?)
@@ -116,14 +122,14 @@ fn main() -> anyhow::Result<()> {
     };
     let table = {
         let ns = net.ns.clone();
-        ns.enter(|| measure(&mut net, args.iterations, args.ipv4_only))?
+        ns.enter(|| measure(&mut net, args.iterations, args.ipv4_only, !args.detached))?
     };
     let mut table = table;
     if args.live_flows > 0 {
         if args.live_flows < 1000 {
             bail!("--live-flows must be 0 or at least 1000");
         }
-        let rows = flows::measure(args.live_flows, args.iterations)?;
+        let rows = flows::measure(args.live_flows, args.iterations, !args.detached)?;
         table.push_str(&many_flow_rows(rows));
         let _ = writeln!(
             table,
@@ -241,7 +247,7 @@ fn established(net: &TestNet, client: &str, vip: &str) -> anyhow::Result<(Vec<u8
     Ok((data, reply))
 }
 
-fn measure(net: &mut TestNet, n: usize, ipv4_only: bool) -> anyhow::Result<String> {
+fn measure(net: &mut TestNet, n: usize, ipv4_only: bool, attached: bool) -> anyhow::Result<String> {
     let (data, reply) = established(net, "10.0.1.2:40000", "10.100.0.1:80")?;
     let (data6, reply6) = established(net, "[2001:db8:1::2]:40000", "[2001:db8:100::1]:80")?;
     let new_flows = (0..n)
@@ -330,7 +336,7 @@ fn measure(net: &mut TestNet, n: usize, ipv4_only: bool) -> anyhow::Result<Strin
             case.samples.push(ns);
         }
     }
-    Ok(report(&mut cases, n))
+    Ok(report(&mut cases, n, attached))
 }
 
 /// Direct server return: a new flow (each a different one) and an established flow per mode
@@ -471,14 +477,19 @@ fn stats(s: &mut [u64]) -> (f64, f64) {
     (mean, s[s.len() / 2] as f64)
 }
 
-fn report(cases: &mut [Case], n: usize) -> String {
+fn report(cases: &mut [Case], n: usize, attached: bool) -> String {
     let (base_mean, base_median) = stats(&mut cases[0].samples);
     let mut out = String::new();
     let _ = writeln!(
         out,
         "Datapath cost per packet, BPF_PROG_TEST_RUN, repeat = 1, {n} interleaved samples per case; \
-         the balancer and the empty program both attached (native XDP, each to an idle veth of \
-         its own), so both are called as the kernel calls attached programs\n"
+         the balancer and the empty program both {}\n",
+        if attached {
+            "attached (native XDP, each to an idle veth of its own), so both are called as the \
+             kernel calls attached programs"
+        } else {
+            "attached nowhere (--detached: each called through an indirect call)"
+        }
     );
     let _ = writeln!(
         out,

@@ -125,8 +125,9 @@ fn sample(
 }
 
 /// Established packets over `live / 10` and `live` live flows in random order, then new flows
-/// into the table holding `live`; `n` samples each.
-pub fn measure(live: usize, n: usize) -> anyhow::Result<Vec<Row>> {
+/// into the table holding `live`; `n` samples each; both programs attached (see
+/// `TestNet::attach_idle`) or neither.
+pub fn measure(live: usize, n: usize, attached: bool) -> anyhow::Result<Vec<Row>> {
     // Twice the slots of the flows: the table a deployment would size for them.
     let slots = (2 * live).next_power_of_two() as u32;
     let mut net = TestNet::new(
@@ -136,7 +137,9 @@ pub fn measure(live: usize, n: usize) -> anyhow::Result<Vec<Row>> {
         ),
         &services(),
     )?;
-    net.attach_idle()?;
+    if attached {
+        net.attach_idle()?;
+    }
     let ns = net.ns.clone();
     ns.enter(|| {
         let mut live_flows = Live {
