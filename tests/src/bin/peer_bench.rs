@@ -297,18 +297,25 @@ fn many_flows_chart(dir: &Path, datapath: Option<&Path>) -> anyhow::Result<Optio
         let (Some(name), Some(ratio)) = (cells.get(1), cells.get(5)) else {
             continue;
         };
+        // The first number in a row's name, short (100000 → 100k).
+        let count = |rest: &str| {
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            match digits.parse::<u64>() {
+                Ok(n) if n % 1_000_000 == 0 => format!("{}M", n / 1_000_000),
+                Ok(n) if n % 1000 == 0 => format!("{}k", n / 1000),
+                _ => digits,
+            }
+        };
         let label = if *name == "established flow" {
-            "established, one flow".to_owned()
+            "established: 1 flow".to_owned()
         } else if let Some(rest) = name.strip_prefix("established flow, ") {
-            format!(
-                "established, {}",
-                rest.split(" visited").next().unwrap_or(rest)
-            )
+            format!("established: {} live", count(rest))
         } else if *name == "new flow (SYN), each a different flow: cold table memory" {
-            "new flow, cold table".to_owned()
-        } else if let Some(rest) = name.strip_prefix("new flow (SYN), each a different flow, into ")
+            "new: cold table".to_owned()
+        } else if let Some(rest) =
+            name.strip_prefix("new flow (SYN), each a different flow, into a table holding ")
         {
-            format!("new flow, {rest}")
+            format!("new: {} live", count(rest))
         } else {
             continue;
         };
