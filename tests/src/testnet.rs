@@ -134,6 +134,24 @@ impl TestNet {
         })
     }
 
+    /// Attaches the balancer and the pass program (native XDP) to the two ends of a veth pair of
+    /// their own in the namespace, so that a benchmark runs both as the kernel runs attached
+    /// programs (through its XDP dispatcher, a direct call; unattached, an indirect call, which
+    /// retpoline-style mitigations slow). The pair carries no traffic: no addresses, IPv6 off
+    /// (no neighbour discovery). Both are detached with the namespace.
+    pub fn attach_idle(&mut self) -> anyhow::Result<()> {
+        let off = "net/ipv6/conf/default/disable_ipv6";
+        self.ns.sysctl(off, "1")?;
+        let pair = crate::netns::veth_maybe_addressed(&self.ns, None, &self.ns, None);
+        self.ns.sysctl(off, "0")?;
+        let (a, b) = pair?;
+        let dp = &mut self.dp;
+        self.ns.enter(|| -> anyhow::Result<()> {
+            dp.attach(&a.ifname, config::XdpMode::Native)?;
+            dp.attach_pass_program(&b.ifname)
+        })
+    }
+
     /// Runs fixtures inside the namespace (route lookups happen there).
     pub fn run(&self, fixtures: &[Fixture]) {
         self.ns.enter(|| run_fixtures(&self.dp, fixtures));

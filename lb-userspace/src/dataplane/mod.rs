@@ -266,6 +266,21 @@ impl Dataplane {
         self.named_program(PASS_PROGRAM_NAME)
     }
 
+    /// Attaches the pass program (native mode) to `iface`: a benchmark measures it in the same
+    /// attach state as the balancer (the kernel calls an attached XDP program through its
+    /// dispatcher, directly; a program attached nowhere through an indirect call). Detached when
+    /// this `Dataplane` drops.
+    pub fn attach_pass_program(&mut self, iface: &str) -> anyhow::Result<()> {
+        let index = self.add_redirect_target(iface)?;
+        let prog: &mut Xdp = self
+            .ebpf
+            .program_mut(PASS_PROGRAM_NAME)
+            .and_then(|p| p.try_into().ok())
+            .expect("verified in load()");
+        attach_mode(prog, iface, index, XdpMode::Driver)?;
+        Ok(())
+    }
+
     fn named_program(&self, name: &str) -> &Xdp {
         self.ebpf
             .program(name)

@@ -5,6 +5,9 @@
 //! repeat = 1 (the kernel does not restore the frame between repeats, so repeat > 1 would time a
 //! rewriting program on its own output); cases are interleaved so drift hits all alike.
 
+#[path = "bench/flows.rs"]
+mod flows;
+
 use std::{fmt::Write as _, path::PathBuf};
 
 use anyhow::{Context as _, bail};
@@ -33,6 +36,14 @@ struct Args {
     /// build with the trace is measured as it runs normally.
     #[arg(long)]
     trace: bool,
+    /// Live flows of the many-flows rows (established over a tenth of them and over all, new
+    /// flows into a table holding them); 0 leaves the rows out.
+    #[arg(long, default_value_t = 1_000_000)]
+    live_flows: usize,
+    /// Both programs attached nowhere (as lb-bench measured before: an indirect call each), to
+    /// compare with an older run's table.
+    #[arg(long)]
+    detached: bool,
 }
 
 const SERVICES: &str = r#"
@@ -99,6 +110,10 @@ fn main() -> anyhow::Result<()> {
         SERVICES,
     )?;
     let mut net = net;
+    // Both programs attached, as the kernel runs them (see TestNet::attach_idle).
+    if !args.detached {
+        net.attach_idle()?;
+    }
     // Held while measuring: the trace's switches and its reader.
     let _trace = if args.trace {
         Some(trace_on(&mut net)?)
@@ -107,8 +122,23 @@ fn main() -> anyhow::Result<()> {
     };
     let table = {
         let ns = net.ns.clone();
-        ns.enter(|| measure(&mut net, args.iterations, args.ipv4_only))?
+        ns.enter(|| measure(&mut net, args.iterations, args.ipv4_only, !args.detached))?
     };
+    let mut table = table;
+    if args.live_flows > 0 {
+        if args.live_flows < 1000 {
+            bail!("--live-flows must be 0 or at least 1000");
+        }
+        let rows = flows::measure(args.live_flows, args.iterations, !args.detached)?;
+        table.push_str(&many_flow_rows(rows));
+        let _ = writeln!(
+            table,
+            "\nMany flows (the last rows): flows made by the program (SYN, then ACK) in a table \
+             of twice their number of slots, visited in a shuffled order, each sample another \
+             flow; each row sampled alternately with the empty program, its ratios to those \
+             samples."
+        );
+    }
     print!("{table}");
     let verified: Vec<String> = net
         .dp
@@ -217,7 +247,7 @@ fn established(net: &TestNet, client: &str, vip: &str) -> anyhow::Result<(Vec<u8
     Ok((data, reply))
 }
 
-fn measure(net: &mut TestNet, n: usize, ipv4_only: bool) -> anyhow::Result<String> {
+fn measure(net: &mut TestNet, n: usize, ipv4_only: bool, attached: bool) -> anyhow::Result<String> {
     let (data, reply) = established(net, "10.0.1.2:40000", "10.100.0.1:80")?;
     let (data6, reply6) = established(net, "[2001:db8:1::2]:40000", "[2001:db8:100::1]:80")?;
     let new_flows = (0..n)
@@ -306,7 +336,7 @@ fn measure(net: &mut TestNet, n: usize, ipv4_only: bool) -> anyhow::Result<Strin
             case.samples.push(ns);
         }
     }
-    Ok(report(&mut cases, n))
+    Ok(report(&mut cases, n, attached))
 }
 
 /// Direct server return: a new flow (each a different one) and an established flow per mode
@@ -423,17 +453,43 @@ fn run(net: &mut TestNet, c: usize, case: &Case, i: usize) -> anyhow::Result<u64
     Ok(r.duration_ns)
 }
 
-fn report(cases: &mut [Case], n: usize) -> String {
-    let stats = |s: &mut Vec<u64>| {
-        s.sort_unstable();
-        let mean = s.iter().sum::<u64>() as f64 / s.len() as f64;
-        (mean, s[s.len() / 2] as f64)
-    };
+/// The many-flows rows, under the table's columns: each to the empty program sampled with it.
+fn many_flow_rows(rows: Vec<flows::Row>) -> String {
+    let mut out = String::new();
+    for mut r in rows {
+        let (mean, median) = stats(&mut r.samples);
+        let (base_mean, base_median) = stats(&mut r.empty);
+        let _ = writeln!(
+            out,
+            "| {} | {mean:.1} | {median:.0} | {:.2}× | {:.2}× |  |  |",
+            r.name,
+            mean / base_mean,
+            median / base_median
+        );
+    }
+    out
+}
+
+/// Mean and median of samples.
+fn stats(s: &mut [u64]) -> (f64, f64) {
+    s.sort_unstable();
+    let mean = s.iter().sum::<u64>() as f64 / s.len() as f64;
+    (mean, s[s.len() / 2] as f64)
+}
+
+fn report(cases: &mut [Case], n: usize, attached: bool) -> String {
     let (base_mean, base_median) = stats(&mut cases[0].samples);
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "Datapath cost per packet, BPF_PROG_TEST_RUN, repeat = 1, {n} interleaved samples per case\n"
+        "Datapath cost per packet, BPF_PROG_TEST_RUN, repeat = 1, {n} interleaved samples per case; \
+         the balancer and the empty program both {}\n",
+        if attached {
+            "attached (native XDP, each to an idle veth of its own), so both are called as the \
+             kernel calls attached programs"
+        } else {
+            "attached nowhere (--detached: each called through an indirect call)"
+        }
     );
     let _ = writeln!(
         out,

@@ -167,7 +167,8 @@ fn run(args: &Args, started: Instant) -> anyhow::Result<()> {
     bench::checkpoint()?;
     let load_end = bench::load();
     let font = chart::init_font();
-    let charts = draw_charts(&args.out_dir, &res)?;
+    let mut charts = draw_charts(&args.out_dir, &res)?;
+    charts.extend(many_flows_chart(&args.out_dir, args.datapath.as_deref())?);
     let run_s = args.before_s + started.elapsed().as_secs_f64();
     let ctx = Context {
         args,
@@ -288,6 +289,64 @@ fn draw_charts(dir: &Path, res: &Results) -> anyhow::Result<Vec<String>> {
         out.push("packet_rate.png".into());
     }
     Ok(out)
+}
+
+/// lb-bench's one-flow and many-flows rows as a chart (median / empty program), when its table
+/// has the many-flows rows.
+fn many_flows_chart(dir: &Path, datapath: Option<&Path>) -> anyhow::Result<Option<String>> {
+    let Some(text) = datapath.and_then(|p| std::fs::read_to_string(p).ok()) else {
+        return Ok(None);
+    };
+    let mut cats = Vec::new();
+    let mut values = Vec::new();
+    for line in text.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let (Some(name), Some(ratio)) = (cells.get(1), cells.get(5)) else {
+            continue;
+        };
+        // The first number in a row's name, short (100000 → 100k).
+        let count = |rest: &str| {
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            match digits.parse::<u64>() {
+                Ok(n) if n % 1_000_000 == 0 => format!("{}M", n / 1_000_000),
+                Ok(n) if n % 1000 == 0 => format!("{}k", n / 1000),
+                _ => digits,
+            }
+        };
+        let label = if *name == "established flow" {
+            "established: 1 flow".to_owned()
+        } else if let Some(rest) = name.strip_prefix("established flow, ") {
+            format!("established: {} live", count(rest))
+        } else if *name == "new flow (SYN), each a different flow: cold table memory" {
+            "new: cold table".to_owned()
+        } else if let Some(rest) =
+            name.strip_prefix("new flow (SYN), each a different flow, into a table holding ")
+        {
+            format!("new: {} live", count(rest))
+        } else {
+            continue;
+        };
+        let Ok(v) = ratio.trim_end_matches('×').parse::<f64>() else {
+            continue;
+        };
+        cats.push(label);
+        values.push((v, v, v));
+    }
+    if cats.len() < 3 {
+        return Ok(None);
+    }
+    let file = "datapath_flows.png";
+    chart::grouped_bars(
+        &dir.join(file),
+        "Datapath cost: one flow and many live flows (lb-bench, median)",
+        "× the empty XDP program",
+        &cats,
+        &[chart::Series {
+            name: "median / empty".into(),
+            values,
+        }],
+    )?;
+    Ok(Some(file.to_owned()))
 }
 
 fn first_line(cmd: &str, args: &[&str]) -> String {
