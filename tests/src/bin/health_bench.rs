@@ -64,7 +64,8 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_values_t = [1000, 10000, 50000])]
     targets: Vec<usize>,
     /// The other check kinds of the cost part, each at `--kind-targets` targets (checker, NAPI
-    /// threads); their servers are nginx's (`cargo xtask bench` installs it).
+    /// threads); their servers are nginx's (`cargo xtask bench` installs it). `tcp` alone:
+    /// none of them.
     #[arg(long, value_delimiter = ',', default_values_t = [Kind::TcpConnect, Kind::Http, Kind::Icmp, Kind::Udp])]
     kinds: Vec<Kind>,
     /// Targets of each other check kind.
