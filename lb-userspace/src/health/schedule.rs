@@ -64,6 +64,11 @@ pub(super) enum Command {
 struct Target {
     /// Unique per scheduler: tells this target from a later one in the same place.
     id: u64,
+    /// The key's address and kind, kept here: a half-open probe's start and result read
+    /// nothing else of the key, whose allocation (with 50,000 targets, seldom in the CPU's
+    /// cache) is then not loaded per probe.
+    addr: SocketAddr,
+    kind: CheckKind,
     key: Arc<ProbeKey>,
     shared: Arc<TargetShared>,
     http: Option<Arc<HttpCheck>>,
@@ -173,7 +178,14 @@ impl Scheduler {
                 biased;
                 _ = stop.wait_for(|s| *s) => return,
                 command = commands.recv() => match command {
-                    Some(command) => self.command(command),
+                    Some(command) => {
+                        self.command(command);
+                        // Every command queued in one turn: a config of 50,000 targets comes
+                        // as 50,000 commands, and a turn also starts the probes due.
+                        while let Ok(command) = commands.try_recv() {
+                            self.command(command);
+                        }
+                    }
                     None => return,
                 },
                 Some(first) = self.in_flight.next(), if !self.in_flight.is_empty() => {
@@ -190,11 +202,7 @@ impl Scheduler {
                 () = syn_finished(&probers, &mut self.syn_done), if self.syn_in_flight > 0 => {
                     let mut done = std::mem::take(&mut self.syn_done);
                     self.syn_in_flight -= done.len();
-                    for &(token, _) in &done {
-                        if let Some(target) = self.targets.get((token >> 32) as usize) {
-                            prefetch(target, 1);
-                        }
-                    }
+                    self.prefetch(done.iter().map(|&(token, _)| (token >> 32) as usize));
                     // One clock read for the batch: the results came in together.
                     let now = Instant::now();
                     for (token, result) in done.drain(..) {
@@ -232,6 +240,8 @@ impl Scheduler {
                 let due = now + phase(key.target, key.check.window.interval);
                 let target = Target {
                     id,
+                    addr: key.target,
+                    kind: key.check.kind,
                     key: key.clone(),
                     shared,
                     http,
@@ -266,15 +276,10 @@ impl Scheduler {
         self.advance(now);
         // The slot's targets lie scattered in memory: ask for all of them (and what they point
         // to) before using any, so their cache misses overlap instead of coming one by one.
-        for &(place, _) in &self.due {
-            prefetch(&self.targets[place], 1);
-        }
-        for &(place, _) in &self.due {
-            if let Some(t) = &self.targets[place] {
-                prefetch(&*t.shared, 1);
-                prefetch(&*t.key, 1);
-            }
-        }
+        // Only those that start now: while the in-flight bound holds the rest back, `due` may
+        // be long, and this runs on every turn of the task.
+        let room = MAX_PROBES_IN_FLIGHT.saturating_sub(self.out() + self.syn_batch.len());
+        self.prefetch(self.due.iter().take(room).map(|&(place, _)| place));
         let probers = self.probers.clone();
         let syn = probers.syn.get();
         while self.out() + self.syn_batch.len() < MAX_PROBES_IN_FLIGHT {
@@ -290,13 +295,13 @@ impl Scheduler {
                 self.file(now + again, place, id, now);
                 continue;
             }
-            if target.key.check.kind == CheckKind::Tcp && syn.is_some() {
+            if target.kind == CheckKind::Tcp && syn.is_some() {
                 // The place and the low half of the id: an id repeats in a place only after
                 // 2^32 targets were added.
                 let token = (place as u64) << 32 | (id & 0xffff_ffff);
-                let timeout = target.key.check.window.timeout;
+                let timeout = target.window.settings().timeout;
                 self.syn_batch
-                    .push((token, target.key.target, timeout, target.via));
+                    .push((token, target.addr, timeout, target.via));
                 continue;
             }
             let probe = probe(&self.probers, &target.key, target.http.as_ref(), target.via);
@@ -310,6 +315,25 @@ impl Scheduler {
             self.probers.sent.fetch_add(n as u64, Ordering::Relaxed);
             self.syn_in_flight += n;
             self.syn_batch.clear();
+        }
+    }
+
+    /// Asks the CPU to load the targets at `places`, and their shared parts (status, flags),
+    /// ahead of their use: a batch's targets lie scattered in memory, and asking for all of
+    /// them before using any lets their cache misses overlap instead of coming one by one.
+    /// Whole: a probe's start and result touch most of a target (which need not start at a
+    /// cache line, hence one line more).
+    fn prefetch(&self, places: impl Iterator<Item = usize> + Clone) {
+        for place in places.clone() {
+            if let Some(slot) = self.targets.get(place) {
+                prefetch(slot, size_of::<Option<Target>>().div_ceil(64) + 1);
+            }
+        }
+        // Then what they point to (reading the pointers waits for the lines asked for above).
+        for place in places {
+            if let Some(Some(t)) = self.targets.get(place) {
+                prefetch(&*t.shared, size_of::<TargetShared>().div_ceil(64) + 1);
+            }
         }
     }
 
@@ -364,9 +388,8 @@ impl Scheduler {
         let Some(target) = self.targets[place].as_mut().filter(|t| t.id == id) else {
             return true; // removed while in flight
         };
-        let check = &target.key.check;
         if let ProbeResult::Success { latency } = result {
-            self.probers.latency[check.kind as usize].observe(latency);
+            self.probers.latency[target.kind as usize].observe(latency);
         }
         let transition = target
             .window

@@ -11,6 +11,7 @@ pub mod chart;
 pub mod cluster;
 pub mod detect;
 pub mod e2e;
+pub mod health_cost;
 pub mod maglev;
 pub mod peers;
 pub mod rate;

@@ -132,6 +132,38 @@ pub fn nginx_stream(
     Ok(p)
 }
 
+/// nginx answering the health checks of every address of `ns` (wildcard listeners): HTTP on
+/// `http_port` (`GET /health` → 200, other paths 404; also the port tcp-connect checks open and
+/// close) and UDP on `udp_port` (each datagram answered with `pong`, from the address it was
+/// sent to). One worker: the benchmark measures the checker, not nginx.
+pub fn health_targets(
+    ns: &Netns,
+    dir: &Path,
+    http_port: u16,
+    udp_port: u16,
+) -> anyhow::Result<Process> {
+    let dir = workdir(dir, "health-nginx")?;
+    let d = dir.display();
+    let conf = format!(
+        "load_module /usr/lib/nginx/modules/ngx_stream_module.so;\n\
+         daemon off;\nmaster_process on;\nworker_processes 1;\npid {d}/nginx.pid;\n\
+         error_log {d}/error.log warn;\nevents {{ worker_connections 16384; }}\n\
+         http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  \
+         fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n  \
+         server {{\n    listen {http_port} backlog=4096;\n    location = /health {{ return 200 \"ok\\n\"; }}\n    \
+         location / {{ return 404; }}\n  }}\n}}\n\
+         stream {{\n  server {{ listen {udp_port} udp; return \"pong\"; }}\n}}\n"
+    );
+    let p = nginx(ns, &dir, &conf)?;
+    wait_listening(
+        ns,
+        SocketAddr::from((Ipv4Addr::LOCALHOST, http_port)),
+        "health nginx",
+        &nginx_log(&dir),
+    )?;
+    Ok(p)
+}
+
 /// HAProxy in tcp mode: `listen` sections of (name, bind, server address, server options).
 pub struct Haproxy {
     pub process: Process,

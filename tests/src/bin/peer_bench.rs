@@ -15,7 +15,7 @@ use lb_tests::bench::{
     self, chart, cluster,
     detect::{self, Detection},
     e2e::{self, E2e, Target, Test},
-    maglev, median, min_max, peers,
+    health_cost, maglev, median, min_max, peers,
     rate::{self, Rate},
 };
 
@@ -75,6 +75,8 @@ struct Results {
     detect: Option<Detection>,
     maglev: Option<(Vec<maglev::Row>, usize, usize)>,
     cluster: Option<(cluster::Cluster6, usize)>,
+    /// lb-health-bench's checker cost (the JSON beside `--health`).
+    health_cost: Option<health_cost::HealthCost>,
     /// Busy share of all CPUs during 1 s idle pauses between parts (others' load).
     background: Vec<(String, f64)>,
 }
@@ -126,6 +128,10 @@ fn run(args: &Args, started: Instant) -> anyhow::Result<()> {
         detect: None,
         maglev: None,
         cluster: None,
+        health_cost: match &args.health {
+            Some(md) => health_cost::read(md)?,
+            None => None,
+        },
         background: Vec::new(),
     };
     res.background
@@ -246,6 +252,10 @@ fn draw_charts(dir: &Path, res: &Results) -> anyhow::Result<Vec<String>> {
             chart::grouped_bars(&dir.join(file), title, unit, &cats, &series)?;
             out.push(file.to_owned());
         }
+    }
+    if let Some(h) = &res.health_cost {
+        h.chart(&dir.join("health_cost.png"))?;
+        out.push("health_cost.png".into());
     }
     if let Some(d) = &res.detect {
         let (lo, hi) = detect::window();
@@ -601,6 +611,9 @@ fn report(res: &Results, ctx: &Context, img: &str) -> anyhow::Result<String> {
         "## 4. Health checking\n\n### Cost of checking many targets\n"
     );
     include(&mut s, args.health.as_deref(), "lb-health-bench", 4);
+    if res.health_cost.is_some() {
+        let _ = writeln!(s, "\n![health cost]({img}health_cost.png)\n");
+    }
     let _ = writeln!(s, "### Detection of a killed backend, beside HAProxy\n");
     match &res.detect {
         Some(d) => {
@@ -767,6 +780,9 @@ fn goals(s: &mut String, res: &Results) {
                 verdict(x >= 2.0)
             );
         }
+    }
+    if let Some((goal, measured, met)) = res.health_cost.as_ref().and_then(|h| h.goal()) {
+        let _ = writeln!(s, "| {goal} | {measured} | {} |", verdict(met));
     }
     s.push('\n');
     reading(s, res);

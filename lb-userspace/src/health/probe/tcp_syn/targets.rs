@@ -94,11 +94,15 @@ impl Targets {
         }
     }
 
-    /// Asks the CPU to load the state at `place` ahead of its use (see `start_many`): its
-    /// first two cache lines, which hold the address and the fields a probe reads.
+    /// Asks the CPU to load the state at `place` ahead of its use (see `start_many`): all of
+    /// it, since a probe reads the address and most fields (the link it copies lies past the
+    /// second cache line), with one line more, as it need not start at a line.
     pub(super) fn prefetch(&self, place: usize) {
         if let Some(slot) = self.places.get(place) {
-            crate::health::prefetch(slot, 2);
+            crate::health::prefetch(
+                slot,
+                size_of::<Option<(SocketAddr, Target)>>().div_ceil(64) + 1,
+            );
         }
     }
 
