@@ -2,7 +2,8 @@
 //! iperf3 server; the client reaches it directly (routed by the balancer namespace's kernel) or
 //! through a VIP of lb, nftables DNAT, HAProxy or nginx stream, all in the balancer namespace.
 //! Rounds of (direct, lb, nft, haproxy, nginx), each running every test, so slow drift of the
-//! machine hits all alike; medians over rounds.
+//! machine hits all alike; medians over rounds. Every test also measures the balancer's own CPU
+//! (see [`cpu`]): its interfaces' threaded NAPI polls and its processes.
 //!
 //! ```text
 //!  client 10.0.1.2 ── 10.0.1.1 [lb ns] 10.0.2.1 ── bridge ── backend 10.0.2.10
@@ -23,7 +24,9 @@ use anyhow::Context as _;
 
 use crate::{
     bench::{
-        checkpoint, median, min_max,
+        checkpoint,
+        cpu::{self, Meter, Spent},
+        median, min_max,
         peers::{self, HTTP_PORT, IPERF_PORT, VIP_HTTP_PORT},
         sleep,
     },
@@ -74,6 +77,16 @@ impl Target {
         }
     }
 
+    /// The balancer's processes on this path (by command name), whose CPU counts as its own.
+    pub fn processes(self) -> &'static [&'static str] {
+        match self {
+            Target::Direct | Target::Nft => &[],
+            Target::Lb => &["lb"],
+            Target::Haproxy => &["haproxy"],
+            Target::Nginx => &["nginx"],
+        }
+    }
+
     /// The tests this path runs.
     pub fn tests(self) -> &'static [Test] {
         &Test::ALL
@@ -114,6 +127,30 @@ impl Test {
             Test::KeepAlive | Test::Close => "requests/s",
         }
     }
+
+    /// The unit of work the balancer's CPU is divided by.
+    pub fn work_unit(self) -> &'static str {
+        match self {
+            Test::Tcp1 | Test::Tcp4 => "Gbit",
+            Test::KeepAlive => "1,000 requests",
+            Test::Close => "1,000 connections",
+        }
+    }
+}
+
+/// The balancer's CPU during one test and the work moved.
+#[derive(Clone, Copy, Debug)]
+pub struct CpuSample {
+    pub spent: Spent,
+    /// Gbit received, or thousands of requests (one connection each with `Connection: close`).
+    pub work: f64,
+}
+
+impl CpuSample {
+    /// Milliseconds of CPU per unit of work ([`Test::work_unit`]).
+    pub fn ms_per_unit(&self) -> f64 {
+        1e3 * self.spent.total() / self.work
+    }
 }
 
 /// The sandbox with its backend's servers and the proxies, shared by the end-to-end and the
@@ -134,6 +171,7 @@ impl Bed {
     pub fn build() -> anyhow::Result<Self> {
         let dir = TempDir::new()?;
         let sb = Sandbox::build(Arms::Two, 1, SERVICE_PORT)?;
+        cpu::thread_napi(&sb)?;
         let backend = sb.backends[0].addr;
         let mut procs = vec![
             peers::backend_http(&sb.backends[0].ns, &dir.0, backend)?,
@@ -259,11 +297,26 @@ pub struct E2e {
     pub failures: Vec<String>,
     /// lb's datapath counters summed over its turns (those that moved).
     pub lb_counters: BTreeMap<String, u64>,
+    /// The balancer's CPU per test and round.
+    pub cpu: BTreeMap<(Target, Test), Vec<CpuSample>>,
 }
 
 impl E2e {
     pub fn median(&self, t: Target, test: Test) -> f64 {
         self.samples.get(&(t, test)).map_or(f64::NAN, |s| median(s))
+    }
+
+    /// Per round: the balancer's CPU in ms per unit of work.
+    pub fn cpu_per_unit(&self, t: Target, test: Test) -> Vec<f64> {
+        self.cpu
+            .get(&(t, test))
+            .map(|v| v.iter().map(CpuSample::ms_per_unit).collect())
+            .unwrap_or_default()
+    }
+
+    /// Median over rounds of the balancer's CPU in ms per unit of work.
+    pub fn cpu_median(&self, t: Target, test: Test) -> f64 {
+        median(&self.cpu_per_unit(t, test))
     }
 }
 
@@ -284,6 +337,7 @@ pub fn run(bed: &Bed, rounds: usize, seconds: u64, connections: u32) -> anyhow::
         errors: BTreeMap::new(),
         failures: Vec::new(),
         lb_counters: BTreeMap::new(),
+        cpu: BTreeMap::new(),
     };
     let backend = bed.backend();
     let client = &bed.sb.client.ns;
@@ -327,23 +381,36 @@ pub fn run(bed: &Bed, rounds: usize, seconds: u64, connections: u32) -> anyhow::
                 }
                 _ => {}
             }
+            let meter = Meter::new(&bed.sb, target.processes())?;
             for &test in target.tests() {
                 checkpoint()?;
                 // Let the previous test's connections finish closing.
                 sleep(Duration::from_millis(300))?;
+                let before = meter.read();
+                // (result, errors, work: Gbit or thousands of requests)
                 let result = match test {
-                    Test::Tcp1 => peers::iperf(client, iperf_to, 1, seconds).map(|g| (g, 0)),
-                    Test::Tcp4 => peers::iperf(client, iperf_to, 4, seconds).map(|g| (g, 0)),
+                    Test::Tcp1 | Test::Tcp4 => {
+                        let streams = if test == Test::Tcp1 { 1 } else { 4 };
+                        peers::iperf(client, iperf_to, streams, seconds)
+                            .map(|i| (i.gbit_per_s, 0, i.bytes * 8.0 / 1e9))
+                    }
                     Test::KeepAlive | Test::Close => {
                         peers::wrk(client, http_to, test == Test::Close, connections, seconds)
-                            .map(|w| (w.requests_per_s, w.errors))
+                            .map(|w| (w.requests_per_s, w.errors, w.requests as f64 / 1e3))
                     }
                 };
+                let spent = meter.read().since(&before);
                 checkpoint()?;
                 match result {
-                    Ok((v, errors)) => {
+                    Ok((v, errors, work)) => {
                         r.samples.entry((target, test)).or_default().push(v);
                         *r.errors.entry((target, test)).or_default() += errors;
+                        if work > 0.0 {
+                            r.cpu
+                                .entry((target, test))
+                                .or_default()
+                                .push(CpuSample { spent, work });
+                        }
                     }
                     Err(e) => r.failures.push(format!(
                         "round {round}, {}, {}: {e:#}",
@@ -442,4 +509,60 @@ pub fn markdown(r: &E2e) -> String {
         s.push('\n');
     }
     s
+}
+
+/// The balancer's CPU per unit of work: per path and test the median over rounds with its range,
+/// then the kernel's share (NAPI threads) of it.
+pub fn cpu_markdown(r: &E2e) -> String {
+    let mut s = String::new();
+    let header: Vec<String> = Test::ALL
+        .iter()
+        .map(|t| format!("{} (ms / {})", t.name(), t.work_unit()))
+        .collect();
+    let _ = writeln!(
+        s,
+        "**The balancer's CPU** per unit of work (median of {} rounds, min – max)\n\n| path | {} |\n|---|{}",
+        r.rounds,
+        header.join(" | "),
+        "---:|".repeat(Test::ALL.len())
+    );
+    let mut share = String::new();
+    let _ = writeln!(
+        share,
+        "Of that, the kernel's part (the NAPI threads of the balancer's interfaces; the rest is \
+         the balancer's processes), median over rounds:\n\n| path | {} |\n|---|{}",
+        Test::ALL.map(Test::name).join(" | "),
+        "---:|".repeat(Test::ALL.len())
+    );
+    for t in Target::ALL {
+        let mut cells = Vec::new();
+        let mut shares = Vec::new();
+        for test in Test::ALL {
+            let v = r.cpu_per_unit(t, test);
+            let (lo, hi) = min_max(&v);
+            cells.push(if v.is_empty() {
+                "–".to_owned()
+            } else {
+                format!("{:.2} ({lo:.2} – {hi:.2})", median(&v))
+            });
+            let k: Vec<f64> = r
+                .cpu
+                .get(&(t, test))
+                .map(|v| {
+                    v.iter()
+                        .map(|c| c.spent.napi / c.spent.total())
+                        .collect()
+                })
+                .unwrap_or_default();
+            shares.push(if k.is_empty() {
+                "–".to_owned()
+            } else {
+                format!("{:.0}%", 100.0 * median(&k))
+            });
+        }
+        let _ = writeln!(s, "| {} | {} |", t.name(), cells.join(" | "));
+        let _ = writeln!(share, "| {} | {} |", t.name(), shares.join(" | "));
+    }
+    s.push('\n');
+    s + &share + "\n"
 }
