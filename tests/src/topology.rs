@@ -145,7 +145,13 @@ impl Sandbox {
                 pass.push(attach_pass_program(&sw)?);
                 client_ns.ip(&["route", "add", "10.100.0.0/24", "via", "10.0.0.1"])?;
                 client_ns.ip(&["route", "add", "2001:db8:100::/64", "via", "2001:db8::1"])?;
-                (client, vec![lb_port], vec![sw], [10, 0, 0], [0x2001, 0xdb8, 0])
+                (
+                    client,
+                    vec![lb_port],
+                    vec![sw],
+                    [10, 0, 0],
+                    [0x2001, 0xdb8, 0],
+                )
             }
         };
         let mut hosts = Vec::new();

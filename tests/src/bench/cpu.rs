@@ -147,6 +147,47 @@ impl Meter {
     }
 }
 
+/// The kernel's run time of the XDP programs on the balancer's interfaces (BPF_ENABLE_STATS:
+/// the program alone, without the veth's receive and redirect around it, so a lower bound of the
+/// balancer's CPU). Statistics stay on, for every BPF program on the machine (two clock reads per
+/// run), only while this lives.
+pub struct XdpStats {
+    _enabled: std::os::fd::OwnedFd,
+    ids: Vec<u32>,
+}
+
+impl XdpStats {
+    pub fn start(sb: &Sandbox) -> anyhow::Result<Self> {
+        let mut ids = Vec::new();
+        for i in sb.lb_interfaces() {
+            let out = sb.lb.ip(&["-d", "link", "show", "dev", &i])?;
+            let id = out
+                .split("prog/xdp id ")
+                .nth(1)
+                .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+                .with_context(|| format!("no XDP program on {i}: {out}"))?;
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+        let enabled =
+            aya::sys::enable_stats(aya::sys::Stats::RunTime).context("BPF_ENABLE_STATS")?;
+        Ok(Self {
+            _enabled: enabled,
+            ids,
+        })
+    }
+
+    /// Nanoseconds the programs have run while statistics were on.
+    pub fn run_time_ns(&self) -> u64 {
+        aya::programs::loaded_programs()
+            .filter_map(Result::ok)
+            .filter(|p| self.ids.contains(&p.id()))
+            .map(|p| p.run_time().as_nanos() as u64)
+            .sum()
+    }
+}
+
 fn pids() -> impl Iterator<Item = (u32, PathBuf)> {
     std::fs::read_dir("/proc")
         .into_iter()

@@ -25,7 +25,7 @@ use anyhow::Context as _;
 use crate::{
     bench::{
         checkpoint,
-        cpu::{self, Meter, Spent},
+        cpu::{self, Meter, Spent, XdpStats},
         median, min_max,
         peers::{self, HTTP_PORT, IPERF_PORT, VIP_HTTP_PORT},
         sleep,
@@ -142,6 +142,8 @@ impl Test {
 #[derive(Clone, Copy, Debug)]
 pub struct CpuSample {
     pub spent: Spent,
+    /// Seconds in lb's XDP program (kernel BPF statistics; lb's turns only).
+    pub xdp: Option<f64>,
     /// Gbit received, or thousands of requests (one connection each with `Connection: close`).
     pub work: f64,
 }
@@ -365,12 +367,14 @@ pub fn run(bed: &Bed, rounds: usize, seconds: u64, connections: u32) -> anyhow::
                 ),
             };
             let mut daemon = None;
+            let mut xdp = None;
             let mut _nft = None;
             match target {
                 Target::Lb => {
                     let d = Daemon::start(&bed.sb.lb, &lb_config(bed, ""))?;
                     wait_for_neighbours(&bed.sb, &BTreeSet::from([backend.into()]))?;
                     daemon = Some((counters(&d)?, d));
+                    xdp = Some(XdpStats::start(&bed.sb)?);
                 }
                 Target::Nft => {
                     _nft = Some(NftNat::add(
@@ -387,6 +391,7 @@ pub fn run(bed: &Bed, rounds: usize, seconds: u64, connections: u32) -> anyhow::
                 // Let the previous test's connections finish closing.
                 sleep(Duration::from_millis(300))?;
                 let before = meter.read();
+                let xdp_before = xdp.as_ref().map(XdpStats::run_time_ns);
                 // (result, errors, work: Gbit or thousands of requests)
                 let result = match test {
                     Test::Tcp1 | Test::Tcp4 => {
@@ -400,16 +405,21 @@ pub fn run(bed: &Bed, rounds: usize, seconds: u64, connections: u32) -> anyhow::
                     }
                 };
                 let spent = meter.read().since(&before);
+                let xdp_spent = xdp
+                    .as_ref()
+                    .zip(xdp_before)
+                    .map(|(x, b)| x.run_time_ns().saturating_sub(b) as f64 / 1e9);
                 checkpoint()?;
                 match result {
                     Ok((v, errors, work)) => {
                         r.samples.entry((target, test)).or_default().push(v);
                         *r.errors.entry((target, test)).or_default() += errors;
                         if work > 0.0 {
-                            r.cpu
-                                .entry((target, test))
-                                .or_default()
-                                .push(CpuSample { spent, work });
+                            r.cpu.entry((target, test)).or_default().push(CpuSample {
+                                spent,
+                                xdp: xdp_spent,
+                                work,
+                            });
                         }
                     }
                     Err(e) => r.failures.push(format!(
@@ -419,6 +429,7 @@ pub fn run(bed: &Bed, rounds: usize, seconds: u64, connections: u32) -> anyhow::
                     )),
                 }
             }
+            drop(xdp); // statistics off before lb goes
             if let Some((before, d)) = daemon {
                 let after = counters(&d)?;
                 for (name, v) in after {
@@ -548,11 +559,7 @@ pub fn cpu_markdown(r: &E2e) -> String {
             let k: Vec<f64> = r
                 .cpu
                 .get(&(t, test))
-                .map(|v| {
-                    v.iter()
-                        .map(|c| c.spent.napi / c.spent.total())
-                        .collect()
-                })
+                .map(|v| v.iter().map(|c| c.spent.napi / c.spent.total()).collect())
                 .unwrap_or_default();
             shares.push(if k.is_empty() {
                 "–".to_owned()
@@ -563,6 +570,33 @@ pub fn cpu_markdown(r: &E2e) -> String {
         let _ = writeln!(s, "| {} | {} |", t.name(), cells.join(" | "));
         let _ = writeln!(share, "| {} | {} |", t.name(), shares.join(" | "));
     }
+    let xdp: Vec<String> = Test::ALL
+        .iter()
+        .map(|&test| {
+            let v: Vec<f64> = r
+                .cpu
+                .get(&(Target::Lb, test))
+                .map(|v| {
+                    v.iter()
+                        .filter_map(|c| Some(1e3 * c.xdp? / c.work))
+                        .collect()
+                })
+                .unwrap_or_default();
+            if v.is_empty() {
+                "–".to_owned()
+            } else {
+                format!("{:.2}", median(&v))
+            }
+        })
+        .collect();
     s.push('\n');
-    s + &share + "\n"
+    s += &share;
+    let _ = writeln!(
+        s,
+        "\nlb's XDP program alone, by the kernel's BPF statistics (`run_time_ns` with \
+         BPF_ENABLE_STATS on during lb's turns; no veth receive or redirect around it, so a \
+         lower bound of lb's figure), median ms per unit in the same order: {}.\n",
+        xdp.join(" / ")
+    );
+    s
 }

@@ -225,7 +225,10 @@ pub fn iperf(ns: &Netns, to: SocketAddr, streams: u32, seconds: u64) -> anyhow::
         bail!("iperf3 to {to}: {}{err}", json["error"]);
     }
     let received = &json["end"]["sum_received"];
-    match (received["bits_per_second"].as_f64(), received["bytes"].as_f64()) {
+    match (
+        received["bits_per_second"].as_f64(),
+        received["bytes"].as_f64(),
+    ) {
         (Some(bits), Some(bytes)) => Ok(Iperf {
             gbit_per_s: bits / 1e9,
             bytes,
