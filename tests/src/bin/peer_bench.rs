@@ -667,7 +667,10 @@ fn balancer_cpu(s: &mut String, e: &E2e, img: &str) {
          test: Gbit received by iperf3, or thousands of wrk requests (with `Connection: close` \
          each is one TCP connection, accepted, served and closed through the balancer). The \
          medians below are over the rounds; direct routing is shown as the kernel's bare \
-         forwarding, not as a balancer.\n"
+         forwarding, not as a balancer. Two things of this setup weigh on the comparison: \
+         threaded NAPI adds a wake-up and context switch per poll batch (to every path alike), \
+         and GRO on the balancer's interfaces lets the kernel paths and the proxies handle \
+         merged packets of up to 64 KB once, where XDP handles every MTU-sized frame.\n"
     );
     s.push_str(&e2e::cpu_markdown(e));
     let _ = writeln!(
@@ -678,11 +681,16 @@ fn balancer_cpu(s: &mut String, e: &E2e, img: &str) {
     let _ = writeln!(
         s,
         "### What each path does differently\n\n\
-         - **lb**: an XDP program on the balancer's interfaces, run in the driver's receive poll \
-         before the kernel allocates a socket buffer: a connection-table lookup (Maglev for a new \
-         flow), full NAT rewrite with incremental checksums, and `XDP_REDIRECT` to the other \
-         interface. No GRO, no IP stack, no socket, no process on the packet path; the daemon \
-         only programs the maps.\n\
+         - **lb**: an XDP program on the balancer's interfaces, run in the driver's receive poll: \
+         a connection-table lookup (Maglev for a new flow), full NAT rewrite with incremental \
+         checksums, and `XDP_REDIRECT` to the other interface, frame by frame. No GRO, no IP \
+         stack, no socket, no process on the packet path; the daemon programs the maps and reads \
+         the datapath's signals and counters (its share is the process part above). On a NIC the \
+         program runs on the received buffer before any socket buffer exists; on a veth the frame \
+         arrives as the sender's socket buffer (TCP data in page fragments, cloned for \
+         retransmission), which veth copies into a page for XDP, and the far end builds a new \
+         socket buffer: a cost of the veth that lb's figure here includes and a NIC would not \
+         have, which is why lb's program time alone is given too.\n\
          - **nft DNAT**: the kernel's own NAT. Each packet goes through GRO, the IP stack's \
          prerouting hook (conntrack lookup or a new entry, DNAT), the routing decision, the \
          forward and postrouting hooks (SNAT on the first packet) and the output path; state is \
