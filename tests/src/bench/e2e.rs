@@ -316,6 +316,18 @@ impl E2e {
             .unwrap_or_default()
     }
 
+    /// Per lb round: ms per unit of work in lb's XDP program alone (BPF statistics).
+    pub fn xdp_per_unit(&self, test: Test) -> Vec<f64> {
+        self.cpu
+            .get(&(Target::Lb, test))
+            .map(|v| {
+                v.iter()
+                    .filter_map(|c| Some(1e3 * c.xdp? / c.work))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Median over rounds of the balancer's CPU in ms per unit of work.
     pub fn cpu_median(&self, t: Target, test: Test) -> f64 {
         median(&self.cpu_per_unit(t, test))
@@ -573,15 +585,7 @@ pub fn cpu_markdown(r: &E2e) -> String {
     let xdp: Vec<String> = Test::ALL
         .iter()
         .map(|&test| {
-            let v: Vec<f64> = r
-                .cpu
-                .get(&(Target::Lb, test))
-                .map(|v| {
-                    v.iter()
-                        .filter_map(|c| Some(1e3 * c.xdp? / c.work))
-                        .collect()
-                })
-                .unwrap_or_default();
+            let v = r.xdp_per_unit(test);
             if v.is_empty() {
                 "–".to_owned()
             } else {

@@ -880,11 +880,18 @@ fn reading(s: &mut String, res: &Results) {
              connections): {}; direct routing by the balancer namespace's kernel {:.2} / {:.2} / \
              {:.2}. This is the figure that replaces \"lb ≥ 2× HAProxy's throughput\": the CPU \
              spent in the balancer's part of the path alone, measured as section 3 describes, so \
-             it does not depend on how the client and the backend share the CPUs with it.",
+             it does not depend on how the client and the backend share the CPUs with it. \
+             lb's XDP program itself is {:.0}% of lb's figure with one stream ({:.2} ms per Gbit) \
+             and {:.0}% per connection; the rest is the veth around it (each frame copied out of \
+             the sender's socket buffer into a page for XDP, the redirect), work a NIC does not \
+             do that way, while the kernel paths and the proxies work on GRO-merged packets.",
             cpu.join("; "),
             e.cpu_median(Target::Direct, Test::Tcp1),
             e.cpu_median(Target::Direct, Test::Tcp4),
-            e.cpu_median(Target::Direct, Test::Close)
+            e.cpu_median(Target::Direct, Test::Close),
+            100.0 * median(&e.xdp_per_unit(Test::Tcp1)) / e.cpu_median(Target::Lb, Test::Tcp1),
+            median(&e.xdp_per_unit(Test::Tcp1)),
+            100.0 * median(&e.xdp_per_unit(Test::Close)) / e.cpu_median(Target::Lb, Test::Close),
         ));
         notes.push(format!(
             "**Against HAProxy.** lb moves {:.2}× HAProxy's throughput with one stream and {:.2}× \
