@@ -24,27 +24,59 @@ use anyhow::{Context as _, bail};
 
 use crate::{netns::sh, topology::Sandbox};
 
-/// Turns GRO on for the balancer's interfaces (a veth has a NAPI poll only with GRO or an XDP
-/// program, and the paths without XDP need one to be threaded), then threaded NAPI on them and
-/// on their peers. Fails unless every one of the balancer's interfaces has its NAPI thread.
-pub fn thread_napi(sb: &Sandbox) -> anyhow::Result<()> {
-    for p in &sb.lb_ports {
-        sh(p.ns.command("ethtool").args(["-K", &p.ifname, "gro", "on"]))?;
+/// Threaded NAPI on the balancer's links while it lives, after GRO on for the balancer's
+/// interfaces (a veth has a NAPI poll only with GRO or an XDP program, and the paths without XDP
+/// need one to be threaded); both back off when dropped. Only for the CPU rounds: it changes the
+/// throughput (a wake-up of a thread per poll instead of a softirq run in place).
+pub struct Threaded<'a> {
+    sb: &'a Sandbox,
+}
+
+impl<'a> Threaded<'a> {
+    /// Fails unless every one of the balancer's interfaces then has its NAPI thread.
+    pub fn on(sb: &'a Sandbox) -> anyhow::Result<Self> {
+        let guard = Self { sb };
+        guard.set(true)?;
+        let meter = Meter::new(sb, &[])?;
+        let threads = meter.napi_threads();
+        for i in &meter.ifnames {
+            if !threads.iter().any(|(_, name)| napi_of(name, i)) {
+                bail!("no NAPI thread for {i} after enabling threaded NAPI");
+            }
+        }
+        Ok(guard)
     }
-    for p in sb.lb_ports.iter().chain(&sb.lb_peers) {
-        // `ip netns exec` mounts the namespace's own /sys.
-        let file = format!("/sys/class/net/{}/threaded", p.ifname);
-        sh(p.ns.command("sh").args(["-c", &format!("echo 1 > {file}")]))
-            .with_context(|| format!("threaded NAPI on {}", p.ifname))?;
+
+    fn set(&self, on: bool) -> anyhow::Result<()> {
+        let (gro, threaded) = if on { ("on", "1") } else { ("off", "0") };
+        if on {
+            for p in &self.sb.lb_ports {
+                sh(p.ns.command("ethtool").args(["-K", &p.ifname, "gro", gro]))?;
+            }
+        }
+        for p in self.sb.lb_ports.iter().chain(&self.sb.lb_peers) {
+            // `ip netns exec` mounts the namespace's own /sys.
+            let file = format!("/sys/class/net/{}/threaded", p.ifname);
+            sh(p.ns
+                .command("sh")
+                .args(["-c", &format!("echo {threaded} > {file}")]))
+            .with_context(|| format!("threaded NAPI {threaded} on {}", p.ifname))?;
+        }
+        if !on {
+            for p in &self.sb.lb_ports {
+                sh(p.ns.command("ethtool").args(["-K", &p.ifname, "gro", gro]))?;
+            }
+        }
+        Ok(())
     }
-    let meter = Meter::new(sb, &[])?;
-    let threads = meter.napi_threads();
-    for i in &meter.ifnames {
-        if !threads.iter().any(|(_, name)| napi_of(name, i)) {
-            bail!("no NAPI thread for {i} after enabling threaded NAPI");
+}
+
+impl Drop for Threaded<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.set(false) {
+            eprintln!("warning: turning threaded NAPI off: {e:#}");
         }
     }
-    Ok(())
 }
 
 fn napi_of(thread: &str, ifname: &str) -> bool {

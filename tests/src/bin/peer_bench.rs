@@ -27,6 +27,9 @@ struct Args {
     /// End-to-end rounds (default 5, 1 with --quick).
     #[arg(long)]
     rounds: Option<usize>,
+    /// End-to-end CPU rounds, after those (default 3, 1 with --quick; 0 skips them).
+    #[arg(long)]
+    cpu_rounds: Option<usize>,
     /// Seconds per iperf3 / wrk run (default 4, 2 with --quick).
     #[arg(long)]
     seconds: Option<u64>,
@@ -113,6 +116,7 @@ fn run(args: &Args, started: Instant) -> anyhow::Result<()> {
     let q = args.quick;
     let rounds = args.rounds.unwrap_or(if q { 1 } else { 5 });
     let seconds = args.seconds.unwrap_or(if q { 2 } else { 4 });
+    let cpu_rounds = args.cpu_rounds.unwrap_or(if q { 1 } else { 3 });
     let rate_rounds = args.rate_rounds.unwrap_or(if q { 3 } else { 10 });
     let trials = args.trials.unwrap_or(if q { 2 } else { 8 });
     std::fs::create_dir_all(&args.out_dir)?;
@@ -139,8 +143,17 @@ fn run(args: &Args, started: Instant) -> anyhow::Result<()> {
         eprintln!("==> sandbox with nginx, iperf3, HAProxy, nginx stream");
         let mut bed = e2e::Bed::build()?;
         if want(args, "e2e") {
-            eprintln!("==> end to end: {rounds} rounds × 5 paths × 4 tests × {seconds} s");
-            res.e2e = Some(e2e::run(&bed, rounds, seconds, args.connections)?);
+            eprintln!(
+                "==> end to end: {rounds} rounds × 5 paths × 4 tests, then {cpu_rounds} CPU \
+                 rounds × 5 paths × 3 tests, × {seconds} s"
+            );
+            res.e2e = Some(e2e::run(
+                &bed,
+                rounds,
+                cpu_rounds,
+                seconds,
+                args.connections,
+            )?);
             res.background.push((
                 "after end to end".into(),
                 background_busy(Duration::from_secs(1)),
@@ -293,13 +306,13 @@ fn cpu_charts(dir: &Path, e: &E2e) -> anyhow::Result<Vec<String>> {
             "e2e_cpu_gbit.png",
             "Balancer CPU per Gbit moved (iperf3; median, min–max)",
             "ms of CPU per Gbit",
-            [Test::Tcp1, Test::Tcp4],
+            &[Test::Tcp1, Test::Tcp4][..],
         ),
         (
             "e2e_cpu_conn.png",
-            "Balancer CPU per 1,000 requests (wrk; median, min–max)",
-            "ms of CPU per 1,000 requests",
-            [Test::KeepAlive, Test::Close],
+            "Balancer CPU per 1,000 connections (wrk, Connection: close; median, min–max)",
+            "ms of CPU per 1,000 connections",
+            &[Test::Close][..],
         ),
     ] {
         let series: Vec<chart::Series> = tests
@@ -540,9 +553,8 @@ fn report(res: &Results, ctx: &Context, img: &str) -> anyhow::Result<String> {
                  medians to direct and to HAProxy. All veths have TX checksum offload off (needed \
                  for forwarded TCP on veth), so segments cross them at MTU size on every path; the \
                  client's veth and the bridge port facing the balancer carry an XDP_PASS program \
-                 in every turn (native XDP on veth needs one on the receiving peer). The \
-                 balancer's two interfaces have GRO on, and they and the far ends of their links \
-                 poll in threaded NAPI, for the CPU accounting below.\n",
+                 in every turn (native XDP on veth needs one on the receiving peer). The CPU \
+                 rounds below come after these and are set up differently.\n",
                 peers::FILE_SIZE,
                 e.seconds,
                 e.connections,
@@ -645,7 +657,8 @@ fn balancer_cpu(s: &mut String, e: &E2e, img: &str) {
         s,
         "### The balancer's own CPU\n\n\
          Client, balancer and backend share the CPUs, so throughput cannot show what the balancer \
-         itself costs; this does. A veth's receive work (its NAPI poll: lb's XDP program, or GRO, \
+         itself costs; this does, in {} further rounds of the same paths (1 and 4 iperf3 \
+         streams, wrk with `Connection: close`) after the throughput rounds. A veth's receive work (its NAPI poll: lb's XDP program, or GRO, \
          routing, netfilter and TCP receive for the others) normally runs as a softirq on top of \
          whatever task is on the CPU, and this kernel (no `CONFIG_IRQ_TIME_ACCOUNTING`) charges \
          it to that task, so neither /proc/stat nor a process's time says whose work it was. \
@@ -670,13 +683,17 @@ fn balancer_cpu(s: &mut String, e: &E2e, img: &str) {
          forwarding, not as a balancer. Two things of this setup weigh on the comparison: \
          threaded NAPI adds a wake-up and context switch per poll batch (to every path alike), \
          and GRO on the balancer's interfaces lets the kernel paths and the proxies handle \
-         merged packets of up to 64 KB once, where XDP handles every MTU-sized frame.\n"
+         merged packets of up to 64 KB once, where XDP handles every MTU-sized frame. Threaded \
+         NAPI is on only in these rounds because it changes the throughput: in two 1-round \
+         checks on this machine it lowered the forwarding paths' iperf3 rates (direct, lb, nft) \
+         and raised the proxies' a little.\n",
+        e.cpu_rounds
     );
     s.push_str(&e2e::cpu_markdown(e));
     let _ = writeln!(
         s,
         "![balancer CPU per Gbit]({img}e2e_cpu_gbit.png)\n\n\
-         ![balancer CPU per 1,000 requests]({img}e2e_cpu_conn.png)\n"
+         ![balancer CPU per 1,000 connections]({img}e2e_cpu_conn.png)\n"
     );
     let _ = writeln!(
         s,
