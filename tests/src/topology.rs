@@ -40,6 +40,9 @@ pub struct Sandbox {
     pub client: Port,
     /// The balancer's interfaces (lb attaches to all of them).
     pub lb_ports: Vec<Port>,
+    /// The far ends of the balancer's links: the client's end (two-arm) and the bridge port
+    /// facing the balancer.
+    pub lb_peers: Vec<Port>,
     pub lb: Netns,
     pub backends: Vec<BackendHost>,
     /// The port every backend serves TCP and UDP on.
@@ -115,7 +118,7 @@ impl Sandbox {
             switch.ip(&["link", "set", &sw.ifname, "master", "br0"])?;
             Ok((host, sw))
         };
-        let (client, lb_ports, subnet, subnet6) = match arms {
+        let (client, lb_ports, lb_peers, subnet, subnet6) = match arms {
             Arms::Two => {
                 let (client, lb_client_side) = veth(&client_ns, "10.0.1.2/24", &lb, "10.0.1.1/24")?;
                 client.add_address("2001:db8:1::2/64")?;
@@ -126,12 +129,13 @@ impl Sandbox {
                 // program: the client's end and the bridge port facing lb.
                 pass.push(attach_pass_program(&client)?);
                 pass.push(attach_pass_program(&sw)?);
+                let peers = vec![client.clone(), sw];
                 client_ns.ip(&["route", "add", "10.0.2.0/24", "via", "10.0.1.1"])?;
                 client_ns.ip(&["route", "add", "10.100.0.0/24", "via", "10.0.1.1"])?;
                 client_ns.ip(&["route", "add", "2001:db8:2::/64", "via", "2001:db8:1::1"])?;
                 client_ns.ip(&["route", "add", "2001:db8:100::/64", "via", "2001:db8:1::1"])?;
                 let sides = vec![lb_client_side, lb_backend_side];
-                (client, sides, [10, 0, 2], [0x2001, 0xdb8, 2])
+                (client, sides, peers, [10, 0, 2], [0x2001, 0xdb8, 2])
             }
             Arms::One => {
                 let (client, _) = bridge_port(&client_ns, "10.0.0.2/24")?;
@@ -141,7 +145,13 @@ impl Sandbox {
                 pass.push(attach_pass_program(&sw)?);
                 client_ns.ip(&["route", "add", "10.100.0.0/24", "via", "10.0.0.1"])?;
                 client_ns.ip(&["route", "add", "2001:db8:100::/64", "via", "2001:db8::1"])?;
-                (client, vec![lb_port], [10, 0, 0], [0x2001, 0xdb8, 0])
+                (
+                    client,
+                    vec![lb_port],
+                    vec![sw],
+                    [10, 0, 0],
+                    [0x2001, 0xdb8, 0],
+                )
             }
         };
         let mut hosts = Vec::new();
@@ -172,6 +182,7 @@ impl Sandbox {
             arms,
             client,
             lb_ports,
+            lb_peers,
             lb,
             backends: hosts,
             service_port,

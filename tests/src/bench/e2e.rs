@@ -2,7 +2,9 @@
 //! iperf3 server; the client reaches it directly (routed by the balancer namespace's kernel) or
 //! through a VIP of lb, nftables DNAT, HAProxy or nginx stream, all in the balancer namespace.
 //! Rounds of (direct, lb, nft, haproxy, nginx), each running every test, so slow drift of the
-//! machine hits all alike; medians over rounds.
+//! machine hits all alike; medians over rounds. Then CPU rounds of [`CPU_TESTS`] measure the
+//! balancer's own CPU (see [`crate::bench::cpu`]): its interfaces' threaded NAPI polls and its
+//! processes; threaded NAPI changes the throughput, so those rounds are apart.
 //!
 //! ```text
 //!  client 10.0.1.2 ── 10.0.1.1 [lb ns] 10.0.2.1 ── bridge ── backend 10.0.2.10
@@ -23,7 +25,9 @@ use anyhow::Context as _;
 
 use crate::{
     bench::{
-        checkpoint, median, min_max,
+        checkpoint,
+        cpu::{Meter, Spent, Threaded, XdpStats},
+        median, min_max,
         peers::{self, HTTP_PORT, IPERF_PORT, VIP_HTTP_PORT},
         sleep,
     },
@@ -74,6 +78,16 @@ impl Target {
         }
     }
 
+    /// The balancer's processes on this path (by command name), whose CPU counts as its own.
+    pub fn processes(self) -> &'static [&'static str] {
+        match self {
+            Target::Direct | Target::Nft => &[],
+            Target::Lb => &["lb"],
+            Target::Haproxy => &["haproxy"],
+            Target::Nginx => &["nginx"],
+        }
+    }
+
     /// The tests this path runs.
     pub fn tests(self) -> &'static [Test] {
         &Test::ALL
@@ -113,6 +127,35 @@ impl Test {
             Test::Tcp1 | Test::Tcp4 => "Gbit/s",
             Test::KeepAlive | Test::Close => "requests/s",
         }
+    }
+
+    /// The unit of work the balancer's CPU is divided by.
+    pub fn work_unit(self) -> &'static str {
+        match self {
+            Test::Tcp1 | Test::Tcp4 => "Gbit",
+            Test::KeepAlive => "1,000 requests",
+            Test::Close => "1,000 connections",
+        }
+    }
+}
+
+/// The tests of the CPU rounds: per Gbit and per 1,000 connections.
+pub const CPU_TESTS: [Test; 3] = [Test::Tcp1, Test::Tcp4, Test::Close];
+
+/// The balancer's CPU during one test and the work moved.
+#[derive(Clone, Copy, Debug)]
+pub struct CpuSample {
+    pub spent: Spent,
+    /// Seconds in lb's XDP program (kernel BPF statistics; lb's turns only).
+    pub xdp: Option<f64>,
+    /// Gbit received, or thousands of requests (one connection each with `Connection: close`).
+    pub work: f64,
+}
+
+impl CpuSample {
+    /// Milliseconds of CPU per unit of work ([`Test::work_unit`]).
+    pub fn ms_per_unit(&self) -> f64 {
+        1e3 * self.spent.total() / self.work
     }
 }
 
@@ -250,6 +293,8 @@ impl Drop for NftNat {
 
 pub struct E2e {
     pub rounds: usize,
+    /// Rounds of the CPU measurement (threaded NAPI), after the throughput rounds.
+    pub cpu_rounds: usize,
     pub seconds: u64,
     pub connections: u32,
     pub samples: BTreeMap<(Target, Test), Vec<f64>>,
@@ -259,11 +304,38 @@ pub struct E2e {
     pub failures: Vec<String>,
     /// lb's datapath counters summed over its turns (those that moved).
     pub lb_counters: BTreeMap<String, u64>,
+    /// The balancer's CPU per test and round.
+    pub cpu: BTreeMap<(Target, Test), Vec<CpuSample>>,
 }
 
 impl E2e {
     pub fn median(&self, t: Target, test: Test) -> f64 {
         self.samples.get(&(t, test)).map_or(f64::NAN, |s| median(s))
+    }
+
+    /// Per round: the balancer's CPU in ms per unit of work.
+    pub fn cpu_per_unit(&self, t: Target, test: Test) -> Vec<f64> {
+        self.cpu
+            .get(&(t, test))
+            .map(|v| v.iter().map(CpuSample::ms_per_unit).collect())
+            .unwrap_or_default()
+    }
+
+    /// Per lb round: ms per unit of work in lb's XDP program alone (BPF statistics).
+    pub fn xdp_per_unit(&self, test: Test) -> Vec<f64> {
+        self.cpu
+            .get(&(Target::Lb, test))
+            .map(|v| {
+                v.iter()
+                    .filter_map(|c| Some(1e3 * c.xdp? / c.work))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Median over rounds of the balancer's CPU in ms per unit of work.
+    pub fn cpu_median(&self, t: Target, test: Test) -> f64 {
+        median(&self.cpu_per_unit(t, test))
     }
 }
 
@@ -275,22 +347,28 @@ fn counters(d: &Daemon) -> anyhow::Result<BTreeMap<String, u64>> {
         .collect())
 }
 
-pub fn run(bed: &Bed, rounds: usize, seconds: u64, connections: u32) -> anyhow::Result<E2e> {
+pub fn run(
+    bed: &Bed,
+    rounds: usize,
+    cpu_rounds: usize,
+    seconds: u64,
+    connections: u32,
+) -> anyhow::Result<E2e> {
     let mut r = E2e {
         rounds,
+        cpu_rounds,
         seconds,
         connections,
         samples: BTreeMap::new(),
         errors: BTreeMap::new(),
         failures: Vec::new(),
         lb_counters: BTreeMap::new(),
+        cpu: BTreeMap::new(),
     };
-    let backend = bed.backend();
-    let client = &bed.sb.client.ns;
     // Warm-up (not recorded): caches, neighbour entries, the servers' first accepts.
     peers::wrk(
-        client,
-        SocketAddr::from((backend, HTTP_PORT)),
+        &bed.sb.client.ns,
+        SocketAddr::from((bed.backend(), HTTP_PORT)),
         false,
         connections,
         1,
@@ -298,73 +376,131 @@ pub fn run(bed: &Bed, rounds: usize, seconds: u64, connections: u32) -> anyhow::
     .context("warm-up wrk, direct")?;
     for round in 1..=rounds {
         for target in Target::ALL {
-            checkpoint()?;
             eprintln!("  round {round}/{rounds}: {}", target.name());
-            let (iperf_to, http_to) = match target.vip() {
-                None => (
-                    SocketAddr::from((backend, IPERF_PORT)),
-                    SocketAddr::from((backend, HTTP_PORT)),
-                ),
-                Some(vip) => (
-                    SocketAddr::from((vip, IPERF_PORT)),
-                    SocketAddr::from((vip, VIP_HTTP_PORT)),
-                ),
-            };
-            let mut daemon = None;
-            let mut _nft = None;
-            match target {
-                Target::Lb => {
-                    let d = Daemon::start(&bed.sb.lb, &lb_config(bed, ""))?;
-                    wait_for_neighbours(&bed.sb, &BTreeSet::from([backend.into()]))?;
-                    daemon = Some((counters(&d)?, d));
-                }
-                Target::Nft => {
-                    _nft = Some(NftNat::add(
-                        &bed.sb.lb,
-                        target.vip().expect("a VIP"),
-                        backend,
-                    )?);
-                }
-                _ => {}
-            }
-            for &test in target.tests() {
-                checkpoint()?;
-                // Let the previous test's connections finish closing.
-                sleep(Duration::from_millis(300))?;
-                let result = match test {
-                    Test::Tcp1 => peers::iperf(client, iperf_to, 1, seconds).map(|g| (g, 0)),
-                    Test::Tcp4 => peers::iperf(client, iperf_to, 4, seconds).map(|g| (g, 0)),
-                    Test::KeepAlive | Test::Close => {
-                        peers::wrk(client, http_to, test == Test::Close, connections, seconds)
-                            .map(|w| (w.requests_per_s, w.errors))
-                    }
-                };
-                checkpoint()?;
-                match result {
-                    Ok((v, errors)) => {
-                        r.samples.entry((target, test)).or_default().push(v);
-                        *r.errors.entry((target, test)).or_default() += errors;
-                    }
-                    Err(e) => r.failures.push(format!(
-                        "round {round}, {}, {}: {e:#}",
-                        target.name(),
-                        test.name()
-                    )),
-                }
-            }
-            if let Some((before, d)) = daemon {
-                let after = counters(&d)?;
-                for (name, v) in after {
-                    let delta = v - before.get(&name).copied().unwrap_or(0);
-                    if delta > 0 {
-                        *r.lb_counters.entry(name).or_default() += delta;
-                    }
-                }
-                drop(d); // SIGTERM: lb detaches (--no-pin) before the next target's turn
+            r.turn(bed, target, round, target.tests(), false)?;
+        }
+    }
+    if cpu_rounds > 0 {
+        let _threaded = Threaded::on(&bed.sb)?;
+        for round in 1..=cpu_rounds {
+            for target in Target::ALL {
+                eprintln!("  CPU round {round}/{cpu_rounds}: {}", target.name());
+                r.turn(bed, target, round, &CPU_TESTS, true)?;
             }
         }
     }
     Ok(r)
+}
+
+impl E2e {
+    /// One path's turn: its balancer set up, `tests` run, torn down. With `cpu`, the tests
+    /// record the balancer's CPU (not the throughput).
+    fn turn(
+        &mut self,
+        bed: &Bed,
+        target: Target,
+        round: usize,
+        tests: &[Test],
+        cpu: bool,
+    ) -> anyhow::Result<()> {
+        checkpoint()?;
+        let backend = bed.backend();
+        let client = &bed.sb.client.ns;
+        let (iperf_to, http_to) = match target.vip() {
+            None => (
+                SocketAddr::from((backend, IPERF_PORT)),
+                SocketAddr::from((backend, HTTP_PORT)),
+            ),
+            Some(vip) => (
+                SocketAddr::from((vip, IPERF_PORT)),
+                SocketAddr::from((vip, VIP_HTTP_PORT)),
+            ),
+        };
+        let mut daemon = None;
+        let mut xdp = None;
+        let mut _nft = None;
+        match target {
+            Target::Lb => {
+                let d = Daemon::start(&bed.sb.lb, &lb_config(bed, ""))?;
+                wait_for_neighbours(&bed.sb, &BTreeSet::from([backend.into()]))?;
+                daemon = Some((counters(&d)?, d));
+                if cpu {
+                    xdp = Some(XdpStats::start(&bed.sb)?);
+                }
+            }
+            Target::Nft => {
+                _nft = Some(NftNat::add(
+                    &bed.sb.lb,
+                    target.vip().expect("a VIP"),
+                    backend,
+                )?);
+            }
+            _ => {}
+        }
+        let meter = Meter::new(&bed.sb, target.processes())?;
+        for &test in tests {
+            checkpoint()?;
+            // Let the previous test's connections finish closing.
+            sleep(Duration::from_millis(300))?;
+            let before = cpu.then(|| meter.read());
+            let xdp_before = xdp.as_ref().map(XdpStats::run_time_ns);
+            // (result, errors, work: Gbit or thousands of requests)
+            let result = match test {
+                Test::Tcp1 | Test::Tcp4 => {
+                    let streams = if test == Test::Tcp1 { 1 } else { 4 };
+                    peers::iperf(client, iperf_to, streams, self.seconds)
+                        .map(|i| (i.gbit_per_s, 0, i.bytes * 8.0 / 1e9))
+                }
+                Test::KeepAlive | Test::Close => peers::wrk(
+                    client,
+                    http_to,
+                    test == Test::Close,
+                    self.connections,
+                    self.seconds,
+                )
+                .map(|w| (w.requests_per_s, w.errors, w.requests as f64 / 1e3)),
+            };
+            let spent = before.map(|b| meter.read().since(&b));
+            let xdp_spent = xdp
+                .as_ref()
+                .zip(xdp_before)
+                .map(|(x, b)| x.run_time_ns().saturating_sub(b) as f64 / 1e9);
+            checkpoint()?;
+            match (result, spent) {
+                (Ok((_, _, work)), Some(spent)) => {
+                    if work > 0.0 {
+                        self.cpu.entry((target, test)).or_default().push(CpuSample {
+                            spent,
+                            xdp: xdp_spent,
+                            work,
+                        });
+                    }
+                }
+                (Ok((v, errors, _)), None) => {
+                    self.samples.entry((target, test)).or_default().push(v);
+                    *self.errors.entry((target, test)).or_default() += errors;
+                }
+                (Err(e), _) => self.failures.push(format!(
+                    "{}round {round}, {}, {}: {e:#}",
+                    if cpu { "CPU " } else { "" },
+                    target.name(),
+                    test.name()
+                )),
+            }
+        }
+        drop(xdp); // statistics off before lb goes
+        if let Some((before, d)) = daemon {
+            let after = counters(&d)?;
+            for (name, v) in after {
+                let delta = v - before.get(&name).copied().unwrap_or(0);
+                if delta > 0 {
+                    *self.lb_counters.entry(name).or_default() += delta;
+                }
+            }
+            drop(d); // SIGTERM: lb detaches (--no-pin) before the next target's turn
+        }
+        Ok(())
+    }
 }
 
 fn ratio(a: f64, b: f64) -> String {
@@ -441,5 +577,76 @@ pub fn markdown(r: &E2e) -> String {
         }
         s.push('\n');
     }
+    s
+}
+
+/// The balancer's CPU per unit of work: per path and test the median over rounds with its range,
+/// then the kernel's share (NAPI threads) of it.
+pub fn cpu_markdown(r: &E2e) -> String {
+    let mut s = String::new();
+    let header: Vec<String> = CPU_TESTS
+        .iter()
+        .map(|t| format!("{} (ms / {})", t.name(), t.work_unit()))
+        .collect();
+    let _ = writeln!(
+        s,
+        "**The balancer's CPU** per unit of work (median of {} rounds, min – max)\n\n| path | {} |\n|---|{}",
+        r.cpu_rounds,
+        header.join(" | "),
+        "---:|".repeat(CPU_TESTS.len())
+    );
+    let mut share = String::new();
+    let _ = writeln!(
+        share,
+        "Of that, the kernel's part (the NAPI threads of the balancer's interfaces; the rest is \
+         the balancer's processes), median over rounds:\n\n| path | {} |\n|---|{}",
+        CPU_TESTS.map(Test::name).join(" | "),
+        "---:|".repeat(CPU_TESTS.len())
+    );
+    for t in Target::ALL {
+        let mut cells = Vec::new();
+        let mut shares = Vec::new();
+        for test in CPU_TESTS {
+            let v = r.cpu_per_unit(t, test);
+            let (lo, hi) = min_max(&v);
+            cells.push(if v.is_empty() {
+                "–".to_owned()
+            } else {
+                format!("{:.2} ({lo:.2} – {hi:.2})", median(&v))
+            });
+            let k: Vec<f64> = r
+                .cpu
+                .get(&(t, test))
+                .map(|v| v.iter().map(|c| c.spent.napi / c.spent.total()).collect())
+                .unwrap_or_default();
+            shares.push(if k.is_empty() {
+                "–".to_owned()
+            } else {
+                format!("{:.0}%", 100.0 * median(&k))
+            });
+        }
+        let _ = writeln!(s, "| {} | {} |", t.name(), cells.join(" | "));
+        let _ = writeln!(share, "| {} | {} |", t.name(), shares.join(" | "));
+    }
+    let xdp: Vec<String> = CPU_TESTS
+        .iter()
+        .map(|&test| {
+            let v = r.xdp_per_unit(test);
+            if v.is_empty() {
+                "–".to_owned()
+            } else {
+                format!("{:.2}", median(&v))
+            }
+        })
+        .collect();
+    s.push('\n');
+    s += &share;
+    let _ = writeln!(
+        s,
+        "\nlb's XDP program alone, by the kernel's BPF statistics (`run_time_ns` with \
+         BPF_ENABLE_STATS on during lb's turns; no veth receive or redirect around it, so a \
+         lower bound of lb's figure), median ms per unit in the same order: {}.\n",
+        xdp.join(" / ")
+    );
     s
 }

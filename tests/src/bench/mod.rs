@@ -9,6 +9,7 @@
 pub mod bpf;
 pub mod chart;
 pub mod cluster;
+pub mod cpu;
 pub mod detect;
 pub mod e2e;
 pub mod health_cost;

@@ -228,8 +228,15 @@ impl Haproxy {
     }
 }
 
-/// `iperf3 -c` from `ns` for `seconds` with `streams` parallel streams: received Gbit/s.
-pub fn iperf(ns: &Netns, to: SocketAddr, streams: u32, seconds: u64) -> anyhow::Result<f64> {
+/// One iperf3 run: what the receiver got.
+#[derive(Clone, Copy, Debug)]
+pub struct Iperf {
+    pub gbit_per_s: f64,
+    pub bytes: f64,
+}
+
+/// `iperf3 -c` from `ns` for `seconds` with `streams` parallel streams.
+pub fn iperf(ns: &Netns, to: SocketAddr, streams: u32, seconds: u64) -> anyhow::Result<Iperf> {
     let (ok, out, err) = run_limited(
         ns.command("iperf3").args([
             "-c",
@@ -249,10 +256,17 @@ pub fn iperf(ns: &Netns, to: SocketAddr, streams: u32, seconds: u64) -> anyhow::
     if !ok || json.get("error").is_some() {
         bail!("iperf3 to {to}: {}{err}", json["error"]);
     }
-    json["end"]["sum_received"]["bits_per_second"]
-        .as_f64()
-        .map(|b| b / 1e9)
-        .with_context(|| format!("no end.sum_received in iperf3 output: {out}"))
+    let received = &json["end"]["sum_received"];
+    match (
+        received["bits_per_second"].as_f64(),
+        received["bytes"].as_f64(),
+    ) {
+        (Some(bits), Some(bytes)) => Ok(Iperf {
+            gbit_per_s: bits / 1e9,
+            bytes,
+        }),
+        _ => bail!("no end.sum_received in iperf3 output: {out}"),
+    }
 }
 
 /// One wrk run.
