@@ -80,6 +80,8 @@ struct Results {
     cluster: Option<(cluster::Cluster6, usize)>,
     /// lb-health-bench's checker cost (the JSON beside `--health`).
     health_cost: Option<health_cost::HealthCost>,
+    /// lb-bench's table (`--datapath`), for the datapath goals.
+    datapath: Option<String>,
     /// Busy share of all CPUs during 1 s idle pauses between parts (others' load).
     background: Vec<(String, f64)>,
 }
@@ -136,6 +138,10 @@ fn run(args: &Args, started: Instant) -> anyhow::Result<()> {
             Some(md) => health_cost::read(md)?,
             None => None,
         },
+        datapath: args
+            .datapath
+            .as_deref()
+            .and_then(|p| std::fs::read_to_string(p).ok()),
         background: Vec::new(),
     };
     res.background
@@ -867,6 +873,9 @@ fn include(s: &mut String, path: Option<&Path>, what: &str, level: usize) {
 
 fn goals(s: &mut String, res: &Results) {
     let _ = writeln!(s, "## Goals\n\n| goal | measured | |\n|---|---:|---|");
+    if let Some(text) = &res.datapath {
+        datapath_goals(s, text);
+    }
     if let Some(r) = &res.rate {
         let b = r.median(rate::BOUNCE);
         for (case, goal, min) in [
@@ -945,6 +954,45 @@ fn cpu_goals(s: &mut String, e: &E2e) {
             test.work_unit(),
             test.name(),
             verdict(ok)
+        );
+    }
+}
+
+/// The datapath's goals, from lb-bench's table: a row's median ratio column by its case name.
+fn datapath_goals(s: &mut String, table: &str) {
+    let ratio = |case: &str, column: usize| {
+        table.lines().find_map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            (cells.get(1) == Some(&case))
+                .then(|| cells.get(column)?.trim_end_matches('×').parse::<f64>().ok())
+                .flatten()
+        })
+    };
+    // Columns: 1 case, 2 mean ns, 3 median ns, 4 mean / empty, 5 median / empty, 6 / IPv4's,
+    // 7 / full NAT's.
+    let cold = "new flow (SYN), each a different flow: cold table memory";
+    if let Some(x) = ratio(cold, 5) {
+        let _ = writeln!(
+            s,
+            "| datapath: a new flow into a cold table ≤ 6× the empty program | {x:.2}× | {} |",
+            verdict(x <= 6.0)
+        );
+    }
+    let dsr: Vec<f64> = [
+        "DSR ipip: established flow",
+        "DSR gue: established flow",
+        "IPv6 DSR ipip: established flow",
+        "IPv6 DSR gue: established flow",
+    ]
+    .iter()
+    .filter_map(|c| ratio(c, 7))
+    .collect();
+    if let Some(worst) = dsr.iter().copied().reduce(f64::max) {
+        let best = dsr.iter().copied().fold(f64::INFINITY, f64::min);
+        let _ = writeln!(
+            s,
+            "| datapath: direct server return's established path ≤ 1× full NAT's | {best:.2}–{worst:.2}× | {} |",
+            verdict(worst <= 1.0)
         );
     }
 }
