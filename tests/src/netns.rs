@@ -1,7 +1,6 @@
 //! Network namespaces, veth pairs and processes inside them, each removed when its guard drops,
-//! also when a test panics. Names are unique per process (`lbt-<pid>-<n>-<role>`; the prefix can
-//! be changed with `LB_TEST_NETNS_PREFIX`, e.g. to tell concurrent runs apart), and namespaces
-//! left by a killed run of the same prefix (whose pid is gone) are swept on first use.
+//! also when a test panics. Names are unique per process (`lbt-<pid>-<n>-<role>`), and namespaces
+//! left by a killed run (whose pid is gone) are swept on first use.
 
 use std::{
     fs::File,
@@ -19,12 +18,7 @@ use anyhow::{Context as _, bail};
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 static SWEEP: Once = Once::new();
-
-/// The namespaces' name prefix: `LB_TEST_NETNS_PREFIX`, or `lbt-`.
-fn prefix() -> &'static str {
-    static PREFIX: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    PREFIX.get_or_init(|| std::env::var("LB_TEST_NETNS_PREFIX").unwrap_or_else(|_| "lbt-".into()))
-}
+const PREFIX: &str = "lbt-";
 
 fn next_id() -> u32 {
     NEXT.fetch_add(1, Ordering::Relaxed)
@@ -63,9 +57,9 @@ pub fn stale_entries(dir: &Path, prefix: &str) -> Vec<(String, std::path::PathBu
         .collect()
 }
 
-/// Deletes `<prefix><pid>-*` namespaces whose process no longer exists.
+/// Deletes `lbt-<pid>-*` namespaces whose process no longer exists.
 fn sweep_stale() {
-    for (name, _) in stale_entries(Path::new("/run/netns"), prefix()) {
+    for (name, _) in stale_entries(Path::new("/run/netns"), PREFIX) {
         eprintln!("removing stale test namespace {name}");
         let _ = sh(Command::new("ip").args(["netns", "del", &name])); // best effort
     }
@@ -92,7 +86,7 @@ impl Netns {
     /// A new namespace with loopback up.
     pub fn new(role: &str) -> anyhow::Result<Self> {
         SWEEP.call_once(sweep_stale);
-        let name = format!("{}{}-{}-{role}", prefix(), std::process::id(), next_id());
+        let name = format!("{PREFIX}{}-{}-{role}", std::process::id(), next_id());
         sh(Command::new("ip").args(["netns", "add", &name]))?;
         let ns = Self(Arc::new(Inner { name }));
         ns.ip(&["link", "set", "lo", "up"])?;

@@ -271,7 +271,7 @@ impl Dataplane {
     /// dispatcher, directly; a program attached nowhere through an indirect call). Detached when
     /// this `Dataplane` drops.
     pub fn attach_pass_program(&mut self, iface: &str) -> anyhow::Result<()> {
-        let index = self.add_redirect_target(iface)?;
+        let index = ifindex(iface)?;
         let prog: &mut Xdp = self
             .ebpf
             .program_mut(PASS_PROGRAM_NAME)
@@ -303,12 +303,7 @@ impl Dataplane {
 
     /// Makes `iface` a target of XDP_REDIRECT (attach does this too); returns its index.
     pub fn add_redirect_target(&mut self, iface: &str) -> anyhow::Result<u32> {
-        let ifname = CString::new(iface).context("interface name")?;
-        // SAFETY: `ifname` is a valid NUL-terminated string.
-        let index = unsafe { libc::if_nametoindex(ifname.as_ptr()) };
-        if index == 0 {
-            bail!("interface {iface:?} does not exist (in this network namespace)");
-        }
+        let index = ifindex(iface)?;
         check_forwarding(iface)?;
         let mut ports: DevMapHash<&mut MapData> = DevMapHash::try_from(
             self.ebpf
@@ -910,6 +905,17 @@ fn check_forwarding(iface: &str) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// `iface`'s index in this network namespace.
+fn ifindex(iface: &str) -> anyhow::Result<u32> {
+    let ifname = CString::new(iface).context("interface name")?;
+    // SAFETY: `ifname` is a valid NUL-terminated string.
+    let index = unsafe { libc::if_nametoindex(ifname.as_ptr()) };
+    if index == 0 {
+        bail!("interface {iface:?} does not exist (in this network namespace)");
+    }
+    Ok(index)
 }
 
 fn attach_mode(

@@ -22,7 +22,10 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::{netns::sh, topology::Sandbox};
+use crate::{
+    netns::{Port, sh},
+    topology::Sandbox,
+};
 
 /// Threaded NAPI on the balancer's links while it lives, after GRO on for the balancer's
 /// interfaces (a veth has a NAPI poll only with GRO or an XDP program, and the paths without XDP
@@ -48,23 +51,18 @@ impl<'a> Threaded<'a> {
     }
 
     fn set(&self, on: bool) -> anyhow::Result<()> {
-        let (gro, threaded) = if on { ("on", "1") } else { ("off", "0") };
+        // GRO first on, last off: a veth end has a NAPI instance to thread only with it.
         if on {
             for p in &self.sb.lb_ports {
-                sh(p.ns.command("ethtool").args(["-K", &p.ifname, "gro", gro]))?;
+                gro(p, true)?;
             }
         }
         for p in self.sb.lb_ports.iter().chain(&self.sb.lb_peers) {
-            // `ip netns exec` mounts the namespace's own /sys.
-            let file = format!("/sys/class/net/{}/threaded", p.ifname);
-            sh(p.ns
-                .command("sh")
-                .args(["-c", &format!("echo {threaded} > {file}")]))
-            .with_context(|| format!("threaded NAPI {threaded} on {}", p.ifname))?;
+            threaded(p, on)?;
         }
         if !on {
             for p in &self.sb.lb_ports {
-                sh(p.ns.command("ethtool").args(["-K", &p.ifname, "gro", gro]))?;
+                gro(p, false)?;
             }
         }
         Ok(())
@@ -79,11 +77,48 @@ impl Drop for Threaded<'_> {
     }
 }
 
+/// Whether kernel thread `thread` (its `comm`) is a NAPI thread of `ifname`: named
+/// `napi/IFNAME-ID`, cut to 15 characters by the kernel.
 fn napi_of(thread: &str, ifname: &str) -> bool {
-    thread
-        .strip_prefix("napi/")
-        .and_then(|r| r.strip_prefix(ifname))
-        .is_some_and(|r| r.starts_with('-'))
+    let want: String = format!("napi/{ifname}-").chars().take(15).collect();
+    thread.starts_with(&want)
+}
+
+fn gro(port: &Port, on: bool) -> anyhow::Result<()> {
+    let on = if on { "on" } else { "off" };
+    sh(port
+        .ns
+        .command("ethtool")
+        .args(["-K", &port.ifname, "gro", on]))
+    .with_context(|| format!("GRO {on} on {}", port.ifname))?;
+    Ok(())
+}
+
+fn threaded(port: &Port, on: bool) -> anyhow::Result<()> {
+    let file = format!("/sys/class/net/{}/threaded", port.ifname);
+    let value = u8::from(on);
+    // `ip netns exec` mounts the namespace's own /sys.
+    sh(port
+        .ns
+        .command("sh")
+        .args(["-c", &format!("echo {value} > {file}")]))
+    .with_context(|| format!("threaded NAPI {value} on {}", port.ifname))?;
+    Ok(())
+}
+
+/// Turns on GRO (which gives a veth end a NAPI instance) and threaded NAPI for `port`; returns
+/// its NAPI threads' ids. (Left on: the port's namespace goes with the run.)
+pub fn threaded_napi(port: &Port) -> anyhow::Result<Vec<u32>> {
+    gro(port, true)?;
+    threaded(port, true)?;
+    let threads: Vec<u32> = pids()
+        .filter(|(_, dir)| comm(dir).is_some_and(|c| napi_of(&c, &port.ifname)))
+        .map(|(pid, _)| pid)
+        .collect();
+    if threads.is_empty() {
+        bail!("no NAPI thread for {}", port.ifname);
+    }
+    Ok(threads)
 }
 
 /// Reads the CPU time of the balancer's NAPI threads and of its processes with given names.
@@ -258,6 +293,9 @@ mod tests {
         assert!(!napi_of("napi/v12x3ab-258", "v12x3a"));
         assert!(!napi_of("napi/v12x31a-258", "v12x3"));
         assert!(!napi_of("kworker/v12x3a-258", "v12x3a"));
+        // Cut to 15 characters: the id, or more, is gone.
+        assert!(napi_of("napi/v123456x25", "v123456x25b"));
+        assert!(!napi_of("napi/v123456x26", "v123456x25b"));
     }
 
     #[test]

@@ -46,8 +46,8 @@ use lb::health::{
     window::{HealthState, Window, WindowSettings},
 };
 use lb_tests::{
-    bench::{median, min_max},
-    netns::{Netns, Port, sh, veth},
+    bench::{cpu, median, min_max},
+    netns::{Netns, sh, veth},
 };
 use tokio::sync::{mpsc, watch};
 
@@ -208,44 +208,6 @@ fn thread_cpu_seconds(pids: &[u32]) -> f64 {
         / hz
 }
 
-/// The NAPI kernel threads of a veth end: named `napi/IFNAME-ID`, cut to 15 characters.
-fn napi_threads(ifname: &str) -> anyhow::Result<Vec<u32>> {
-    let want: String = format!("napi/{ifname}-").chars().take(15).collect();
-    let mut pids = Vec::new();
-    for entry in std::fs::read_dir("/proc")? {
-        let entry = entry?;
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if let Ok(comm) = std::fs::read_to_string(entry.path().join("comm"))
-            && comm.trim_end().starts_with(&want)
-        {
-            pids.push(pid);
-        }
-    }
-    anyhow::ensure!(!pids.is_empty(), "no NAPI thread for {ifname}");
-    Ok(pids)
-}
-
-/// Turns on GRO (which gives a veth end a NAPI instance) and threaded NAPI for `port`; returns
-/// its NAPI threads.
-fn threaded_napi(port: &Port) -> anyhow::Result<Vec<u32>> {
-    sh(port
-        .ns
-        .command("ethtool")
-        .args(["-K", &port.ifname, "gro", "on"]))?;
-    // `ip netns exec` mounts the namespace's own /sys.
-    sh(port.ns.command("sh").args([
-        "-c",
-        &format!("echo 1 > /sys/class/net/{}/threaded", port.ifname),
-    ]))?;
-    napi_threads(&port.ifname)
-}
-
 /// The targets' ports: the kernel's listener (half-open checks), nginx's HTTP (http and
 /// tcp-connect checks) and UDP (udp checks).
 const SYN_PORT: u16 = 8080;
@@ -318,7 +280,7 @@ fn cost_run(
     let targets_ns = Netns::new("hb-targets")?;
     let (ours, theirs) = veth(&checker_ns, "10.49.0.1/16", &targets_ns, "10.49.0.2/16")?;
     let napi = match threaded {
-        true => Some((threaded_napi(&ours)?, threaded_napi(&theirs)?)),
+        true => Some((cpu::threaded_napi(&ours)?, cpu::threaded_napi(&theirs)?)),
         false => None,
     };
     // A veth has no queue of its own (noqueue): a burst larger than its peer's ring (256

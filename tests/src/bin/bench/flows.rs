@@ -10,7 +10,7 @@
 
 use std::{net::Ipv4Addr, time::Instant};
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 use lb_common::{FlowKey, PROTO_TCP, counter, ways};
 use lb_tests::{
     fixture::{XDP_PASS, XDP_REDIRECT, run_once, verdict_name},
@@ -44,9 +44,16 @@ fn services() -> String {
 
 /// Client `i` of the flows: one address each (10.128.0.0/9), so the per-source SYN buckets are
 /// spread too.
+fn client_addr(i: usize) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 128, 0, 0)) + i as u32)
+}
+
+fn client_port(i: usize) -> u16 {
+    (1024 + i % 60000) as u16
+}
+
 fn client(i: usize) -> String {
-    let addr = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 128, 0, 0)) + i as u32);
-    format!("{addr}:{}", 1024 + i % 60000)
+    format!("{}:{}", client_addr(i), client_port(i))
 }
 
 fn frame(i: usize, flags: u8, payload: bool) -> Vec<u8> {
@@ -82,10 +89,8 @@ impl Live {
         while self.flows.len() < count {
             let i = self.next;
             self.next += 1;
-            let port = (1024 + i % 60000) as u16;
-            let c = client(i);
-            let addr = c.split(':').next().context("client")?;
-            let key = FlowKey::new(ne(addr), vip, port.to_be(), 80u16.to_be(), PROTO_TCP);
+            let saddr = u32::from_ne_bytes(client_addr(i).octets());
+            let key = FlowKey::new(saddr, vip, client_port(i).to_be(), 80u16.to_be(), PROTO_TCP);
             let set = (ways(key.hash(), self.mask).0 / 2) as usize;
             if self.sets[set] == 2 {
                 continue;
