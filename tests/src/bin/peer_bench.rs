@@ -193,7 +193,7 @@ fn run(args: &Args, started: Instant) -> anyhow::Result<()> {
     let load_end = bench::load();
     let font = chart::init_font();
     let mut charts = draw_charts(&args.out_dir, &res)?;
-    charts.extend(many_flows_chart(&args.out_dir, args.datapath.as_deref())?);
+    charts.extend(many_flows_chart(&args.out_dir, res.datapath.as_deref())?);
     let run_s = args.before_s + started.elapsed().as_secs_f64();
     let ctx = Context {
         args,
@@ -323,14 +323,13 @@ fn draw_charts(dir: &Path, res: &Results) -> anyhow::Result<Vec<String>> {
 
 /// lb-bench's one-flow and many-flows rows as a chart (median / empty program), when its table
 /// has the many-flows rows.
-fn many_flows_chart(dir: &Path, datapath: Option<&Path>) -> anyhow::Result<Option<String>> {
-    let Some(text) = datapath.and_then(|p| std::fs::read_to_string(p).ok()) else {
+fn many_flows_chart(dir: &Path, datapath: Option<&str>) -> anyhow::Result<Option<String>> {
+    let Some(text) = datapath else {
         return Ok(None);
     };
     let mut cats = Vec::new();
     let mut values = Vec::new();
-    for line in text.lines() {
-        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+    for cells in table_rows(text) {
         let (Some(name), Some(ratio)) = (cells.get(1), cells.get(5)) else {
             continue;
         };
@@ -958,11 +957,16 @@ fn cpu_goals(s: &mut String, e: &E2e) {
     }
 }
 
+/// The cells of a markdown table's lines (index 1 is the first column).
+fn table_rows(text: &str) -> impl Iterator<Item = Vec<&str>> {
+    text.lines()
+        .map(|line| line.split('|').map(str::trim).collect())
+}
+
 /// The datapath's goals, from lb-bench's table: a row's median ratio column by its case name.
 fn datapath_goals(s: &mut String, table: &str) {
     let ratio = |case: &str, column: usize| {
-        table.lines().find_map(|line| {
-            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        table_rows(table).find_map(|cells| {
             (cells.get(1) == Some(&case))
                 .then(|| cells.get(column)?.trim_end_matches('×').parse::<f64>().ok())
                 .flatten()
