@@ -1,6 +1,7 @@
 //! The XDP program and its maps: load (sized from the config), pin, attach, write, read
 //! counters. Everything that touches the kernel's BPF objects lives here.
 
+mod batch;
 pub mod pin;
 mod signals;
 mod stats;
@@ -690,13 +691,20 @@ impl MapWriter for Dataplane {
 
     fn set_ring_slots(&mut self, service_id: u32, slots: &[(u32, u32)]) -> anyhow::Result<()> {
         let base = service_id * self.ring_size;
-        let mut rings = self.array::<u32>(map_name::RINGS)?;
-        for &(slot, id) in slots {
-            rings
-                .set(base + slot, &id, 0)
-                .with_context(|| format!("writing ring slot {slot} of service {service_id}"))?;
-        }
-        Ok(())
+        let (keys, ids): (Vec<u32>, Vec<u32>) =
+            slots.iter().map(|&(slot, id)| (base + slot, id)).unzip();
+        let map = self
+            .ebpf
+            .map(map_name::RINGS)
+            .context("map LB_RINGS missing")?;
+        let aya::maps::Map::Array(rings) = map else {
+            bail!("map LB_RINGS is not an array");
+        };
+        batch::update(std::os::fd::AsFd::as_fd(rings.fd()), &keys, &ids).map_err(|(done, e)| {
+            let slot = slots.get(done).map_or(0, |s| s.0);
+            anyhow::Error::new(e)
+                .context(format!("writing ring slot {slot} of service {service_id}"))
+        })
     }
 
     fn set_tunnel(&mut self, slot: u32, entry: AnyTunnel) -> anyhow::Result<()> {
