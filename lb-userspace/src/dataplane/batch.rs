@@ -23,15 +23,16 @@ struct BatchAttr {
 }
 
 /// Writes `values[i]` at `keys[i]` of the map `fd` (keys and values of the map's own sizes,
-/// `K` and `V`), in order. On failure, how many were written before it, and the error.
+/// `K` and `V`), in order. On failure the error and, when the kernel got as far as the
+/// elements, the index of the one it failed at (those before it are written).
 pub fn update<K, V>(
     fd: BorrowedFd<'_>,
     keys: &[K],
     values: &[V],
-) -> Result<(), (usize, io::Error)> {
+) -> Result<(), (Option<usize>, io::Error)> {
     assert_eq!(keys.len(), values.len(), "one value per key");
     let Ok(count) = u32::try_from(keys.len()) else {
-        return Err((0, io::Error::from(io::ErrorKind::InvalidInput)));
+        return Err((None, io::Error::from(io::ErrorKind::InvalidInput)));
     };
     if count == 0 {
         return Ok(());
@@ -54,7 +55,32 @@ pub fn update<K, V>(
         )
     };
     if rc < 0 {
-        return Err((attr.count as usize, io::Error::last_os_error()));
+        let e = io::Error::last_os_error();
+        // The kernel writes back how many it wrote once it works on the elements; refused
+        // before that (a bad descriptor, flags), `count` still holds what was asked.
+        let failed = (attr.count < count).then_some(attr.count as usize);
+        return Err((failed, e));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsFd;
+
+    use super::*;
+
+    #[test]
+    fn an_fd_that_is_no_map_is_an_error_with_nothing_written() {
+        let file = std::fs::File::open("/dev/null").unwrap();
+        let (failed, e) = update(file.as_fd(), &[0u32, 1], &[7u32, 8]).unwrap_err();
+        assert_eq!(failed, None);
+        assert!(e.raw_os_error().is_some(), "{e}");
+    }
+
+    #[test]
+    fn nothing_to_write_makes_no_call() {
+        let file = std::fs::File::open("/dev/null").unwrap();
+        assert!(update::<u32, u32>(file.as_fd(), &[], &[]).is_ok());
+    }
 }

@@ -700,10 +700,12 @@ impl MapWriter for Dataplane {
         let aya::maps::Map::Array(rings) = map else {
             bail!("map LB_RINGS is not an array");
         };
-        batch::update(std::os::fd::AsFd::as_fd(rings.fd()), &keys, &ids).map_err(|(done, e)| {
-            let slot = slots.get(done).map_or(0, |s| s.0);
-            anyhow::Error::new(e)
-                .context(format!("writing ring slot {slot} of service {service_id}"))
+        batch::update(std::os::fd::AsFd::as_fd(rings.fd()), &keys, &ids).map_err(|(failed, e)| {
+            let what = match failed.and_then(|i| slots.get(i)) {
+                Some((slot, _)) => format!("writing ring slot {slot} of service {service_id}"),
+                None => format!("writing the ring of service {service_id}"),
+            };
+            anyhow::Error::new(e).context(what)
         })
     }
 
