@@ -963,17 +963,20 @@ fn table_rows(text: &str) -> impl Iterator<Item = Vec<&str>> {
         .map(|line| line.split('|').map(str::trim).collect())
 }
 
+/// The number in `column` of lb-bench's table row named `case` (a ratio without its `×`).
+/// Columns: 1 case, 2 mean ns, 3 median ns, 4 mean / empty, 5 median / empty, 6 / IPv4's,
+/// 7 / full NAT's.
+fn cell(table: &str, case: &str, column: usize) -> Option<f64> {
+    table_rows(table).find_map(|cells| {
+        (cells.get(1) == Some(&case))
+            .then(|| cells.get(column)?.trim_end_matches('×').parse::<f64>().ok())
+            .flatten()
+    })
+}
+
 /// The datapath's goals, from lb-bench's table: a row's median ratio column by its case name.
 fn datapath_goals(s: &mut String, table: &str) {
-    let ratio = |case: &str, column: usize| {
-        table_rows(table).find_map(|cells| {
-            (cells.get(1) == Some(&case))
-                .then(|| cells.get(column)?.trim_end_matches('×').parse::<f64>().ok())
-                .flatten()
-        })
-    };
-    // Columns: 1 case, 2 mean ns, 3 median ns, 4 mean / empty, 5 median / empty, 6 / IPv4's,
-    // 7 / full NAT's.
+    let ratio = |case: &str, column: usize| cell(table, case, column);
     let cold = "new flow (SYN), each a different flow: cold table memory";
     if let Some(x) = ratio(cold, 5) {
         // What one uncached connection-table read costs alone, from the same run: below it,
@@ -1021,13 +1024,7 @@ fn cold_read(table: &str) -> Option<f64> {
 /// Mean ns over the empty program's, from lb-bench's table: a packet not for a VIP (parsed,
 /// its address looked up, passed) and an established flow's.
 fn look_only(table: &str) -> Option<(f64, f64)> {
-    let mean = |case: &str| {
-        table_rows(table).find_map(|c| {
-            (c.get(1) == Some(&case))
-                .then(|| c.get(2)?.parse::<f64>().ok())
-                .flatten()
-        })
-    };
+    let mean = |case: &str| cell(table, case, 2);
     let empty = mean("empty XDP program (baseline)")?;
     Some((
         mean("not for a VIP: pass")? - empty,
@@ -1039,13 +1036,7 @@ fn look_only(table: &str) -> Option<(f64, f64)> {
 fn reading(s: &mut String, res: &Results) {
     let mut notes = Vec::new();
     if let Some(t) = &res.datapath {
-        let ratio = |case: &str| {
-            table_rows(t).find_map(|c| {
-                (c.get(1) == Some(&case))
-                    .then(|| c.get(5)?.trim_end_matches('×').parse::<f64>().ok())
-                    .flatten()
-            })
-        };
+        let ratio = |case: &str| cell(t, case, 5);
         if let (Some(cold), Some(hot), Some(read)) = (
             ratio("new flow (SYN), each a different flow: cold table memory"),
             ratio("new flow (SYN), the same flow created anew each time"),
