@@ -259,6 +259,24 @@ impl Daemon {
             .map(|e| e.time)
     }
 
+    /// [`Daemon::moved_at`], waited for up to `limit`: the status shows a new state as soon as
+    /// the window decides, and the event follows once the verdict is written to the maps (the
+    /// flags, then the rings), which a loaded machine or a debug build can stretch.
+    pub fn wait_moved_at(&self, service: &str, backend: &str, state: &str, limit: Duration) -> f64 {
+        let start = Instant::now();
+        loop {
+            if let Some(at) = self.moved_at(service, backend, state) {
+                return at;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "no event of {service} {backend} -> {state} after {limit:?}\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Checks `holds` on the status for all of `period` (a state that must not change: each
     /// poll is checked, so a violation fails at once, with what was seen).
     pub fn holds_for(

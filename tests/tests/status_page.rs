@@ -538,9 +538,7 @@ fn live_page_shows_a_failing_backend_without_reload() {
 
     sb.stop_backend(1);
     daemon.wait_state("tcp", &addr(1), "unhealthy", Duration::from_secs(10));
-    let moved = daemon
-        .moved_at("tcp", &addr(1), "unhealthy")
-        .expect("an event of the move");
+    let moved = daemon.wait_moved_at("tcp", &addr(1), "unhealthy", Duration::from_secs(5));
     let shown = page
         .wait_for(
             &format!(
@@ -907,9 +905,7 @@ fn noscript_refresh_shows_a_failing_backend() {
 
     sb.stop_backend(1);
     daemon.wait_state("tcp", &addrs[1], "unhealthy", Duration::from_secs(10));
-    let moved = daemon
-        .moved_at("tcp", &addrs[1], "unhealthy")
-        .expect("an event of the move");
+    let moved = daemon.wait_moved_at("tcp", &addrs[1], "unhealthy", Duration::from_secs(5));
     let row = format!(
         "document.querySelector('tr[data-backend=\"{}\"]')",
         addrs[1]
