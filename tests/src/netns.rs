@@ -310,13 +310,16 @@ impl Port {
     }
 }
 
-/// Turns GRO on for a veth end: with it, frames redirected into the veth by native XDP are
-/// received without a program on the peer.
-pub fn enable_gro(port: &Port) -> anyhow::Result<()> {
+/// Turns GRO on or off for a veth end. With it on, frames redirected into the veth by native
+/// XDP are received without a program on the peer, and the end has a NAPI instance (which
+/// threaded NAPI needs).
+pub fn set_gro(port: &Port, on: bool) -> anyhow::Result<()> {
+    let on = if on { "on" } else { "off" };
     sh(port
         .ns
         .command("ethtool")
-        .args(["-K", &port.ifname, "gro", "on"]))?;
+        .args(["-K", &port.ifname, "gro", on]))
+    .with_context(|| format!("GRO {on} on {}", port.ifname))?;
     Ok(())
 }
 

@@ -23,7 +23,7 @@ use std::{
 use anyhow::{Context as _, bail};
 
 use crate::{
-    netns::{Port, sh},
+    netns::{Port, set_gro, sh},
     topology::Sandbox,
 };
 
@@ -40,12 +40,8 @@ impl<'a> Threaded<'a> {
     pub fn on(sb: &'a Sandbox) -> anyhow::Result<Self> {
         let guard = Self { sb };
         guard.set(true)?;
-        let meter = Meter::new(sb, &[])?;
-        let threads = meter.napi_threads();
-        for i in &meter.ifnames {
-            if !threads.iter().any(|(_, name)| napi_of(name, i)) {
-                bail!("no NAPI thread for {i} after enabling threaded NAPI");
-            }
+        for i in sb.lb_interfaces() {
+            napi_threads(&i)?;
         }
         Ok(guard)
     }
@@ -54,7 +50,7 @@ impl<'a> Threaded<'a> {
         // GRO first on, last off: a veth end has a NAPI instance to thread only with it.
         if on {
             for p in &self.sb.lb_ports {
-                gro(p, true)?;
+                set_gro(p, true)?;
             }
         }
         for p in self.sb.lb_ports.iter().chain(&self.sb.lb_peers) {
@@ -62,7 +58,7 @@ impl<'a> Threaded<'a> {
         }
         if !on {
             for p in &self.sb.lb_ports {
-                gro(p, false)?;
+                set_gro(p, false)?;
             }
         }
         Ok(())
@@ -84,16 +80,6 @@ fn napi_of(thread: &str, ifname: &str) -> bool {
     thread.starts_with(&want)
 }
 
-fn gro(port: &Port, on: bool) -> anyhow::Result<()> {
-    let on = if on { "on" } else { "off" };
-    sh(port
-        .ns
-        .command("ethtool")
-        .args(["-K", &port.ifname, "gro", on]))
-    .with_context(|| format!("GRO {on} on {}", port.ifname))?;
-    Ok(())
-}
-
 fn threaded(port: &Port, on: bool) -> anyhow::Result<()> {
     let file = format!("/sys/class/net/{}/threaded", port.ifname);
     let value = u8::from(on);
@@ -109,14 +95,19 @@ fn threaded(port: &Port, on: bool) -> anyhow::Result<()> {
 /// Turns on GRO (which gives a veth end a NAPI instance) and threaded NAPI for `port`; returns
 /// its NAPI threads' ids. (Left on: the port's namespace goes with the run.)
 pub fn threaded_napi(port: &Port) -> anyhow::Result<Vec<u32>> {
-    gro(port, true)?;
+    set_gro(port, true)?;
     threaded(port, true)?;
+    napi_threads(&port.ifname)
+}
+
+/// The ids of `ifname`'s NAPI threads; an error when it has none (threaded NAPI is off).
+fn napi_threads(ifname: &str) -> anyhow::Result<Vec<u32>> {
     let threads: Vec<u32> = pids()
-        .filter(|(_, dir)| comm(dir).is_some_and(|c| napi_of(&c, &port.ifname)))
+        .filter(|(_, dir)| comm(dir).is_some_and(|c| napi_of(&c, ifname)))
         .map(|(pid, _)| pid)
         .collect();
     if threads.is_empty() {
-        bail!("no NAPI thread for {}", port.ifname);
+        bail!("no NAPI thread for {ifname}");
     }
     Ok(threads)
 }
@@ -175,16 +166,6 @@ impl Meter {
                 .ino(),
             comms: comms.iter().map(|c| (*c).to_owned()).collect(),
         })
-    }
-
-    /// (pid, name) of the kernel's NAPI threads.
-    fn napi_threads(&self) -> Vec<(u32, String)> {
-        pids()
-            .filter_map(|(pid, dir)| {
-                let comm = comm(&dir)?;
-                comm.starts_with("napi/").then_some((pid, comm))
-            })
-            .collect()
     }
 
     pub fn read(&self) -> Reading {

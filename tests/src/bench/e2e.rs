@@ -580,6 +580,15 @@ pub fn markdown(r: &E2e) -> String {
     s
 }
 
+/// A table cell: the median of `v` as `show` writes it, or "–" when there are no samples.
+fn median_cell(v: &[f64], show: impl Fn(f64) -> String) -> String {
+    if v.is_empty() {
+        "–".to_owned()
+    } else {
+        show(median(v))
+    }
+}
+
 /// The balancer's CPU per unit of work: per path and test the median over rounds with its range,
 /// then the kernel's share (NAPI threads) of it.
 pub fn cpu_markdown(r: &E2e) -> String {
@@ -609,35 +618,20 @@ pub fn cpu_markdown(r: &E2e) -> String {
         for test in CPU_TESTS {
             let v = r.cpu_per_unit(t, test);
             let (lo, hi) = min_max(&v);
-            cells.push(if v.is_empty() {
-                "–".to_owned()
-            } else {
-                format!("{:.2} ({lo:.2} – {hi:.2})", median(&v))
-            });
+            cells.push(median_cell(&v, |m| format!("{m:.2} ({lo:.2} – {hi:.2})")));
             let k: Vec<f64> = r
                 .cpu
                 .get(&(t, test))
                 .map(|v| v.iter().map(|c| c.spent.napi / c.spent.total()).collect())
                 .unwrap_or_default();
-            shares.push(if k.is_empty() {
-                "–".to_owned()
-            } else {
-                format!("{:.0}%", 100.0 * median(&k))
-            });
+            shares.push(median_cell(&k, |m| format!("{:.0}%", 100.0 * m)));
         }
         let _ = writeln!(s, "| {} | {} |", t.name(), cells.join(" | "));
         let _ = writeln!(share, "| {} | {} |", t.name(), shares.join(" | "));
     }
     let xdp: Vec<String> = CPU_TESTS
         .iter()
-        .map(|&test| {
-            let v = r.xdp_per_unit(test);
-            if v.is_empty() {
-                "–".to_owned()
-            } else {
-                format!("{:.2}", median(&v))
-            }
-        })
+        .map(|&test| median_cell(&r.xdp_per_unit(test), |m| format!("{m:.2}")))
         .collect();
     s.push('\n');
     s += &share;

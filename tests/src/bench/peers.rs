@@ -33,11 +33,21 @@ pub fn workdir(dir: &Path, name: &str) -> anyhow::Result<PathBuf> {
     Ok(d)
 }
 
-fn nginx_common(dir: &Path) -> String {
+/// The main context of an nginx working in `dir`, with `workers` worker processes.
+fn nginx_common(dir: &Path, workers: &str) -> String {
     format!(
-        "daemon off;\nmaster_process on;\nworker_processes auto;\npid {d}/nginx.pid;\n\
+        "daemon off;\nmaster_process on;\nworker_processes {workers};\npid {d}/nginx.pid;\n\
          error_log {d}/error.log warn;\nevents {{ worker_connections 16384; }}\n",
         d = dir.display()
+    )
+}
+
+/// An `http` context's temporary paths, in `dir` (nginx's defaults need its prefix writable).
+fn http_temp_paths(dir: &Path) -> String {
+    let d = dir.display();
+    format!(
+        "client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  \
+         fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n  "
     )
 }
 
@@ -78,13 +88,11 @@ pub fn backend_http(ns: &Netns, dir: &Path, addr: Ipv4Addr) -> anyhow::Result<Pr
         www.join(FILE.trim_start_matches('/')),
         "x".repeat(FILE_SIZE - 1) + "\n",
     )?;
-    let d = dir.display();
     let conf = format!(
         "{}http {{\n  access_log off;\n  default_type text/plain;\n  keepalive_requests 10000000;\n  \
-         client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fastcgi;\n  \
-         uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n  \
-         server {{\n    listen {addr}:{HTTP_PORT} backlog=4096;\n    root {};\n  }}\n}}\n",
-        nginx_common(&dir),
+         {}server {{\n    listen {addr}:{HTTP_PORT} backlog=4096;\n    root {};\n  }}\n}}\n",
+        nginx_common(&dir, "auto"),
+        http_temp_paths(&dir),
         www.display()
     );
     let p = nginx(ns, &dir, &conf)?;
@@ -120,7 +128,7 @@ pub fn nginx_stream(
         "load_module /usr/lib/nginx/modules/ngx_stream_module.so;\n{}stream {{\n  \
          server {{ listen {vip}:{IPERF_PORT} backlog=4096; proxy_pass {backend}:{IPERF_PORT}; }}\n  \
          server {{ listen {vip}:{VIP_HTTP_PORT} backlog=4096; proxy_pass {backend}:{HTTP_PORT}; }}\n}}\n",
-        nginx_common(&dir)
+        nginx_common(&dir, "auto")
     );
     let p = nginx(ns, &dir, &conf)?;
     wait_listening(
@@ -143,16 +151,14 @@ pub fn health_targets(
     udp_port: u16,
 ) -> anyhow::Result<Process> {
     let dir = workdir(dir, "health-nginx")?;
-    let d = dir.display();
     let conf = format!(
-        "load_module /usr/lib/nginx/modules/ngx_stream_module.so;\n\
-         daemon off;\nmaster_process on;\nworker_processes 1;\npid {d}/nginx.pid;\n\
-         error_log {d}/error.log warn;\nevents {{ worker_connections 16384; }}\n\
-         http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  \
-         fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n  \
+        "load_module /usr/lib/nginx/modules/ngx_stream_module.so;\n{}\
+         http {{\n  access_log off;\n  {}\
          server {{\n    listen {http_port} backlog=4096;\n    location = /health {{ return 200 \"ok\\n\"; }}\n    \
          location / {{ return 404; }}\n  }}\n}}\n\
-         stream {{\n  server {{ listen {udp_port} udp; return \"pong\"; }}\n}}\n"
+         stream {{\n  server {{ listen {udp_port} udp; return \"pong\"; }}\n}}\n",
+        nginx_common(&dir, "1"),
+        http_temp_paths(&dir)
     );
     let p = nginx(ns, &dir, &conf)?;
     wait_listening(

@@ -355,7 +355,7 @@ fn many_flows_chart(dir: &Path, datapath: Option<&str>) -> anyhow::Result<Option
         } else {
             continue;
         };
-        let Ok(v) = ratio.trim_end_matches('×').parse::<f64>() else {
+        let Some(v) = number(ratio) else {
             continue;
         };
         cats.push(label);
@@ -934,7 +934,7 @@ fn cheapest_peer(e: &E2e, test: Test) -> Option<(f64, Target)> {
 
 /// Goal: lb's own CPU the lowest of the balancers, per Gbit and per 1,000 connections.
 fn cpu_goals(s: &mut String, e: &E2e) {
-    for test in [Test::Tcp1, Test::Tcp4, Test::Close] {
+    for test in e2e::CPU_TESTS {
         let lb = e.cpu_median(Target::Lb, test);
         let (measured, ok) = match cheapest_peer(e, test) {
             Some((v, t)) => (
@@ -963,22 +963,23 @@ fn table_rows(text: &str) -> impl Iterator<Item = Vec<&str>> {
         .map(|line| line.split('|').map(str::trim).collect())
 }
 
-/// The number in `column` of lb-bench's table row named `case` (a ratio without its `×`).
-/// Columns: 1 case, 2 mean ns, 3 median ns, 4 mean / empty, 5 median / empty, 6 / IPv4's,
-/// 7 / full NAT's.
+/// A table cell's number (a ratio without its `×`).
+fn number(cell: &str) -> Option<f64> {
+    cell.trim_end_matches('×').parse().ok()
+}
+
+/// The number in `column` of lb-bench's table row named `case`. Columns: 1 case, 2 mean ns,
+/// 3 median ns, 4 mean / empty, 5 median / empty, 6 / IPv4's, 7 / full NAT's.
 fn cell(table: &str, case: &str, column: usize) -> Option<f64> {
-    table_rows(table).find_map(|cells| {
-        (cells.get(1) == Some(&case))
-            .then(|| cells.get(column)?.trim_end_matches('×').parse::<f64>().ok())
-            .flatten()
-    })
+    table_rows(table)
+        .find(|cells| cells.get(1) == Some(&case))
+        .and_then(|cells| number(cells.get(column)?))
 }
 
 /// The datapath's goals, from lb-bench's table: a row's median ratio column by its case name.
 fn datapath_goals(s: &mut String, table: &str) {
-    let ratio = |case: &str, column: usize| cell(table, case, column);
     let cold = "new flow (SYN), each a different flow: cold table memory";
-    if let Some(x) = ratio(cold, 5) {
+    if let Some(x) = cell(table, cold, 5) {
         // What one uncached connection-table read costs alone, from the same run: below it,
         // the goal is one this machine's memory cannot meet (a new flow makes that read and more).
         let floor = cold_read(table)
@@ -997,10 +998,10 @@ fn datapath_goals(s: &mut String, table: &str) {
         "IPv6 DSR gue: established flow",
     ]
     .iter()
-    .filter_map(|c| ratio(c, 7))
+    .filter_map(|c| cell(table, c, 7))
     .collect();
-    if let Some(worst) = dsr.iter().copied().reduce(f64::max) {
-        let best = dsr.iter().copied().fold(f64::INFINITY, f64::min);
+    if !dsr.is_empty() {
+        let (best, worst) = min_max(&dsr);
         let _ = writeln!(
             s,
             "| datapath: direct server return's established path ≤ 1× full NAT's | {best:.2}–{worst:.2}× | {} |",
@@ -1009,15 +1010,15 @@ fn datapath_goals(s: &mut String, table: &str) {
     }
 }
 
-/// The median ratio of lb-bench's established flow over the fewest live flows in random order:
-/// a packet whose only uncached access is its connection-table slot.
+/// The lowest median ratio among lb-bench's rows of established flows over many live flows in
+/// random order: each a packet whose only uncached access is its connection-table slot.
 fn cold_read(table: &str) -> Option<f64> {
     table_rows(table)
         .filter(|c| {
             c.get(1)
                 .is_some_and(|n| n.starts_with("established flow, "))
         })
-        .filter_map(|c| c.get(5)?.trim_end_matches('×').parse::<f64>().ok())
+        .filter_map(|c| number(c.get(5)?))
         .reduce(f64::min)
 }
 
