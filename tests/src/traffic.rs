@@ -57,9 +57,9 @@ pub fn download(client: &Netns, to: SocketAddr, expect: usize, limit: Duration) 
 
 /// Asserts each backend's share of `n` flows is the wanted one, within what chance allows: the
 /// flows' source ports place them on the ring like random draws, so a backend's count is
-/// binomial. Allowed: [`SIGMAS`] standard deviations (a fixed 5 points was 3.2 of them for 900
-/// flows, and a CI run failed on 27.9% against 33.3%); a backend left out or weights ignored are
-/// still far outside it.
+/// binomial. Allowed: [`SIGMAS`] standard deviations of it, so that the bound follows `n` (a
+/// fixed 5 points was 3.2 of them at 900 flows); a backend left out or weights ignored are still
+/// far outside it.
 pub fn assert_shares(seen: &HashMap<String, usize>, n: usize, want: &[(&str, f64)]) {
     for (name, share) in want {
         let got = *seen.get(*name).unwrap_or(&0) as f64 / n as f64;
