@@ -5,10 +5,12 @@
 //!    where one listener makes the kernel answer every SYN. The probes run in-process, driven
 //!    either by the daemon's checker (`lb::health::checker::spawn`: its scheduler task starts
 //!    the probes due in each 10 ms slot, the half-open ones as one batch, and feeds each result
-//!    to the target's window) or by a single task that starts one probe future per target due
-//!    in each 10 ms slot and polls them itself (the prober's `probe` futures without windows,
-//!    verdicts, phase or jitter). Every case runs once per round, rounds interleaved, and the
-//!    table shows medians. Each in two modes:
+//!    to the target's window), by one task handing each slot's targets to the prober in one
+//!    batch as that scheduler does (the prober alone: what the scheduler and windows add), or
+//!    by a single task that starts one probe future per target due in each 10 ms slot and polls
+//!    them itself (the prober's `probe` futures without windows, verdicts, phase or jitter).
+//!    Every case runs once per round, rounds interleaved, and the table shows medians. Each in
+//!    two modes:
 //!    - *in process*: plain veth, whose receive path runs in the sender's context, so the
 //!      process CPU also holds the whole simulated network: the targets' kernel answering SYNs,
 //!      our kernel receiving the SYN+ACK and sending the RST (how the cost was first measured);
@@ -75,7 +77,7 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_values_t = [Mode::InProcess, Mode::Threaded])]
     modes: Vec<Mode>,
     /// Who schedules the probes in the cost part.
-    #[arg(long, value_delimiter = ',', default_values_t = [Driver::Checker, Driver::Single])]
+    #[arg(long, value_delimiter = ',', default_values_t = [Driver::Checker, Driver::Prober, Driver::Single])]
     drivers: Vec<Driver>,
     /// Detection trials per kind of death (RST, silence).
     #[arg(long, default_value_t = 20)]
@@ -105,6 +107,9 @@ enum Mode {
 enum Driver {
     /// The daemon's checker: its scheduler task, windows and verdicts.
     Checker,
+    /// One task handing each 10 ms slot's targets to the prober in one batch and taking the
+    /// results: the prober alone, what the checker's scheduler and windows add to it.
+    Prober,
     /// One task starting the probes due in each 10 ms slot and polling them itself.
     Single,
 }
@@ -136,6 +141,7 @@ impl std::fmt::Display for Driver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Self::Checker => "checker",
+            Self::Prober => "prober",
             Self::Single => "single",
         })
     }
@@ -313,6 +319,7 @@ fn cost_run(
             let (measuring_tx, measuring) = watch::channel(false);
             let running = match driver {
                 Driver::Checker => run_checker(targets, kind, stop_rx, measuring)?,
+                Driver::Prober => run_prober(targets, stop_rx, measuring)?,
                 Driver::Single => run_single(targets, stop_rx, measuring)?,
             };
             tokio::time::sleep(Duration::from_secs(3)).await;
@@ -415,6 +422,66 @@ fn run_checker(
     Ok(Running { probes, done })
 }
 
+/// The prober and single drivers' slot, interval and timeout: the checker's (its config).
+const SLOT: Duration = Duration::from_millis(10);
+const INTERVAL: Duration = Duration::from_secs(1);
+const TIMEOUT: Duration = Duration::from_millis(500);
+
+/// The prober alone: every 10 ms one task hands the slot's share of the targets (each once per
+/// interval) to [`SynProber::start_many`] and takes the results from [`SynProber::finished`],
+/// without the checker's scheduler, windows or verdicts.
+fn run_prober(
+    targets: usize,
+    mut stop: watch::Receiver<bool>,
+    measuring: watch::Receiver<bool>,
+) -> anyhow::Result<Running> {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    };
+    let prober = Arc::new(SynProber::new()?);
+    let sent = Arc::new(AtomicU64::new(0));
+    let probes = {
+        let sent = sent.clone();
+        Box::new(move || sent.load(Ordering::Relaxed))
+    };
+    let done = tokio::spawn(async move {
+        let slots = (INTERVAL.as_nanos() / SLOT.as_nanos()) as usize;
+        let mut ticker = tokio::time::interval(SLOT);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let (mut slot, mut failures) = (0usize, 0u64);
+        let (mut batch, mut results) = (Vec::new(), Vec::new());
+        loop {
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => break,
+                _ = ticker.tick() => {
+                    // Targets i with i × slots / targets == slot, as the single task's; the
+                    // token's high half is the target's place in the prober's table.
+                    let first = (slot * targets).div_ceil(slots);
+                    let last = ((slot + 1) * targets).div_ceil(slots);
+                    batch.clear();
+                    batch.extend((first..last).map(|i| {
+                        ((i as u64) << 32, target(i).into(), TIMEOUT, None)
+                    }));
+                    prober.start_many(&batch);
+                    sent.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                    slot = (slot + 1) % slots;
+                }
+                () = prober.finished(&mut results) => {
+                    let measured = *measuring.borrow();
+                    for (_, result) in results.drain(..) {
+                        if measured && !matches!(result, lb::health::window::ProbeResult::Success { .. }) {
+                            failures += 1;
+                        }
+                    }
+                }
+            }
+        }
+        failures
+    });
+    Ok(Running { probes, done })
+}
+
 /// The probes of every target from a single task: every [`SLOT`] it starts the targets whose
 /// turn it is (each once per interval) and polls the probes in flight itself, so neither a
 /// task nor a timer is spent per probe. What a scheduler could cost on top of the prober.
@@ -424,9 +491,6 @@ fn run_single(
     measuring: watch::Receiver<bool>,
 ) -> anyhow::Result<Running> {
     use std::{future::Future, pin::Pin, sync::Arc, task::Poll};
-    const SLOT: Duration = Duration::from_millis(10);
-    const INTERVAL: Duration = Duration::from_secs(1);
-    const TIMEOUT: Duration = Duration::from_millis(500);
     let prober = Arc::new(SynProber::new()?);
     let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let probes = {
@@ -488,6 +552,10 @@ fn cost(args: &Args) -> anyhow::Result<String> {
          starts the probes due in each 10 ms slot (half-open ones as one batch, without a \
          future each) and feeds each result to the target's window (its per-target phase and \
          jitter spread the probes evenly).\n\
+         - *prober*: one task hands each 10 ms slot's targets to the prober in one batch \
+         (`SynProber::start_many`, as the checker's scheduler does) and takes the results: the \
+         prober alone, so *checker* − *prober* is what the scheduler and the windows cost \
+         (NAPI threads only).\n\
          - *single*: one task starts a `SynProber::probe` future per target due in each 10 ms \
          slot and polls them itself: the prober's future API, without windows or verdicts (up \
          to 10,000 targets: it polls every probe in flight at each wake-up, and falls behind \
@@ -500,7 +568,7 @@ fn cost(args: &Args) -> anyhow::Result<String> {
          wake-up of the targets' NAPI thread); *rx* is the checker host's receive path (SYN+ACK \
          in, raw-socket delivery, the kernel's RST out: what a NIC's softirq costs that host); \
          *targets* is the backends' side, not the checker's. *host* = process + rx.\n\n\
-         *failures*: checker: state changes to anything but healthy while measuring, and targets not healthy at the end; single: \
+         *failures*: checker: state changes to anything but healthy while measuring, and targets not healthy at the end; prober, single: \
          failed probes while measuring (both should be 0; summed over the rounds). *sleeps/s*: voluntary context \
          switches of the process per second (a thread going to sleep, woken again later).\n\n\
          | targets | driver | mode | probes/s | process (min – max) | rx | host | targets | µs per probe (process) | sleeps/s | failures |\n\
@@ -513,9 +581,14 @@ fn cost(args: &Args) -> anyhow::Result<String> {
         let drivers = args
             .drivers
             .iter()
-            .filter(|&&d| d == Driver::Checker || targets <= SINGLE_MAX);
+            .filter(|&&d| d != Driver::Single || targets <= SINGLE_MAX);
         for &driver in drivers {
             for &mode in &args.modes {
+                // The prober is there to be set beside the checker's own cost, which only the
+                // NAPI-thread mode shows apart from the simulated network.
+                if driver == Driver::Prober && mode == Mode::InProcess {
+                    continue;
+                }
                 cases.push((targets, driver, mode, Kind::Tcp));
             }
         }
