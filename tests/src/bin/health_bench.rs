@@ -427,6 +427,12 @@ const SLOT: Duration = Duration::from_millis(10);
 const INTERVAL: Duration = Duration::from_secs(1);
 const TIMEOUT: Duration = Duration::from_millis(500);
 
+/// The targets due in `slot` of `slots`: those i with i × slots / targets == slot, an even
+/// share per slot.
+fn slot_targets(slot: usize, slots: usize, targets: usize) -> std::ops::Range<usize> {
+    (slot * targets).div_ceil(slots)..((slot + 1) * targets).div_ceil(slots)
+}
+
 /// The prober alone: every 10 ms one task hands the slot's share of the targets (each once per
 /// interval) to [`SynProber::start_many`] and takes the results from [`SynProber::finished`],
 /// without the checker's scheduler, windows or verdicts.
@@ -455,12 +461,9 @@ fn run_prober(
             tokio::select! {
                 _ = stop.wait_for(|s| *s) => break,
                 _ = ticker.tick() => {
-                    // Targets i with i × slots / targets == slot, as the single task's; the
-                    // token's high half is the target's place in the prober's table.
-                    let first = (slot * targets).div_ceil(slots);
-                    let last = ((slot + 1) * targets).div_ceil(slots);
+                    // The token's high half is the target's place in the prober's table.
                     batch.clear();
-                    batch.extend((first..last).map(|i| {
+                    batch.extend(slot_targets(slot, slots, targets).map(|i| {
                         ((i as u64) << 32, target(i).into(), TIMEOUT, None)
                     }));
                     prober.start_many(&batch);
@@ -508,13 +511,11 @@ fn run_single(
         let prober = &*prober;
         std::future::poll_fn(|cx| {
             while ticker.poll_tick(cx).is_ready() {
-                // Targets i with i × slots / targets == slot: an even share per slot.
-                let first = (slot * targets).div_ceil(slots);
-                let last = ((slot + 1) * targets).div_ceil(slots);
-                for i in first..last {
+                let due = slot_targets(slot, slots, targets);
+                sent.fetch_add(due.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                for i in due {
                     in_flight.push(Box::pin(prober.probe(target(i).into(), TIMEOUT)));
                 }
-                sent.fetch_add((last - first) as u64, std::sync::atomic::Ordering::Relaxed);
                 slot = (slot + 1) % slots;
             }
             in_flight.retain_mut(|probe| match probe.as_mut().poll(cx) {
@@ -569,7 +570,7 @@ fn cost(args: &Args) -> anyhow::Result<String> {
          in, raw-socket delivery, the kernel's RST out: what a NIC's softirq costs that host); \
          *targets* is the backends' side, not the checker's. *host* = process + rx.\n\n\
          *failures*: checker: state changes to anything but healthy while measuring, and targets not healthy at the end; prober, single: \
-         failed probes while measuring (both should be 0; summed over the rounds). *sleeps/s*: voluntary context \
+         failed probes while measuring (all should be 0; summed over the rounds). *sleeps/s*: voluntary context \
          switches of the process per second (a thread going to sleep, woken again later).\n\n\
          | targets | driver | mode | probes/s | process (min – max) | rx | host | targets | µs per probe (process) | sleeps/s | failures |\n\
          |---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
