@@ -9,6 +9,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
+use lb::model::HealthState;
 use lb_tests::{
     daemon::Daemon,
     require_root, servers,
@@ -497,5 +498,116 @@ fn a_dns_probe_checks_the_reply_id_and_rcode_against_dnsmasq() {
     assert!(
         b.counters.payload_failure >= 2 && b.counters.http_failure == 0,
         "{b:?}"
+    );
+}
+
+/// Many backends failing together (a rack losing power, a switch dying): each verdict reaches
+/// the datapath soon after it is decided, not behind the ring rewrites of all the verdicts
+/// before it. 400 backends of one service (addresses of one namespace, whose kernel answers
+/// for all of them) fail within one interval when their listener closes; the daemon stamps each
+/// backend's "unhealthy" event as its verdict is written, and those stamps must fall within
+/// the interval the verdicts were decided in, plus a margin. Applied one verdict at a time,
+/// each rewrote the service's ring (a Maglev population of 65,537 slots: milliseconds each,
+/// tens in a debug build), so the last verdict waited for all the others' rewrites.
+#[test]
+fn verdicts_of_many_backends_failing_together_are_written_together() {
+    use lb_tests::netns::{Netns, veth};
+    require_root();
+    const N: usize = 400;
+    let lb_ns = Netns::new("burstl").unwrap();
+    let farm = Netns::new("burstf").unwrap();
+    lb_ns.sysctl("net/ipv4/ip_forward", "1").unwrap();
+    let (lb_port, _) = veth(&lb_ns, "10.61.0.1/24", &farm, "10.61.0.2/24").unwrap();
+    farm.ip(&["route", "add", "local", "10.62.0.0/23", "dev", "lo"])
+        .unwrap();
+    lb_ns
+        .ip(&["route", "add", "10.62.0.0/23", "via", "10.61.0.2"])
+        .unwrap();
+    // One listener answers every backend address's SYNs (the kernel's SYN+ACK; the prober
+    // resets them); closed, each SYN gets a RST.
+    let listener = farm
+        .enter(|| std::net::TcpListener::bind("0.0.0.0:8080"))
+        .unwrap();
+    let backend = |i: usize| format!("10.62.{}.{}:8080", i / 200, 1 + i % 200);
+    let backends: Vec<String> = (0..N)
+        .map(|i| format!("{{ address = \"{}\" }}", backend(i)))
+        .collect();
+    let config = format!(
+        "[lb]\ninterfaces = [\"{}\"]\n\n[[service]]\nname = \"tcp\"\nvip = \"10.100.0.1:80\"\n\
+         backends = [{}]\n[service.check]\nkind = \"tcp\"\ntimeout = \"200ms\"\n\
+         interval = \"500ms\"\nhealthy_threshold = 1\nunhealthy_threshold = 1\n",
+        lb_port.ifname,
+        backends.join(", ")
+    );
+    let daemon = Daemon::start(&lb_ns, &config).unwrap();
+    let count = |state: HealthState| {
+        daemon.status().ok().map_or(0, |s| {
+            let service = s.service("tcp").expect("the service");
+            service.backends.iter().filter(|b| b.state == state).count()
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while count(HealthState::Healthy) < N {
+        assert!(
+            Instant::now() < deadline,
+            "not all {N} backends healthy after 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let closed = unix_now();
+    drop(listener);
+    // Every verdict decided (the status follows the checker at once)...
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while count(HealthState::Unhealthy) < N {
+        assert!(
+            Instant::now() < deadline,
+            "not all {N} backends unhealthy after 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let decided = unix_now();
+    // ... and written: each backend's event, stamped as its verdict went into the maps.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let written: Vec<f64> = loop {
+        let events = daemon.events().unwrap();
+        let mut down = HashMap::new();
+        for e in &events.events {
+            if e.service == "tcp" && e.to == "unhealthy" && e.time >= closed {
+                down.insert(e.backend.clone(), e.time);
+            }
+        }
+        if down.len() == N {
+            break down.into_values().collect();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {N} verdicts written 120 s after the listener closed",
+            down.len()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let last = written.iter().copied().fold(f64::MIN, f64::max);
+    let first = written.iter().copied().fold(f64::MAX, f64::min);
+    eprintln!(
+        "{N} verdicts written {:.3}–{:.3} s after the listener closed; all seen decided at {:.3} s",
+        first - closed,
+        last - closed,
+        decided - closed
+    );
+    // Decided within about one interval of the close; written, all of them, within 3 s of
+    // the last being decided (seen by a poll every 100 ms).
+    assert!(
+        last - decided < 3.0,
+        "the last of {N} verdicts was written {:.2} s after all were decided ({:.2} s after \
+         the listener closed)\n{}",
+        last - decided,
+        last - closed,
+        daemon
+            .log_text()
+            .lines()
+            .rev()
+            .take(20)
+            .collect::<Vec<_>>()
+            .join("\n")
     );
 }

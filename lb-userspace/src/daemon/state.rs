@@ -203,99 +203,118 @@ impl Shared {
         self.stop.send_replace(how);
     }
 
-    /// Writes a verdict into the datapath (flag first, then ring) for every (service, backend)
-    /// the probe stands for, and records the events.
-    pub fn apply_verdict(&self, v: Verdict) {
-        if let ProbeResult::Local(_) = v.result {
-            crate::resources::Resources::count(&self.resources.probe_local_failures);
-            let text = v.result.failure(v.probe.check.window.timeout);
-            self.local_shortage(
-                "health probes",
-                &format!(
-                    "{} probe of {}: {} (no verdict against the backend)",
-                    v.probe.check.label(),
-                    v.probe.target,
-                    text.unwrap_or_default()
-                ),
-            );
-            return;
-        }
-        self.passive_probe(&v);
-        let Some(t) = &v.transition else {
-            return;
-        };
-        let up = t.to.is_available();
-        let mut inner = self.lock();
-        let inner = &mut *inner;
-        // A verdict of a probe that a reload removed: nobody to apply it to.
-        let Some(pairs) = inner.members.get(&v.probe).cloned() else {
-            return;
-        };
-        let (mut flag_us, mut ring_us) = (None, None);
-        let mut changed_services = BTreeSet::new();
-        for &(sid, bid) in &pairs {
-            // Compared with what is written, not with the old state: an adopted datapath may
-            // hold a flag from before the restart that this first verdict must correct.
-            // The figure is the write itself (the syscall), not the wait for the lock.
-            let writing = Instant::now();
-            match inner
-                .balancer
-                .write_up_flag(sid, bid, up, &mut inner.dataplane)
-            {
-                Ok(true) => {
-                    flag_us.get_or_insert(writing.elapsed().as_micros() as u64);
-                    changed_services.insert(sid);
-                }
-                Ok(false) => {}
-                Err(e) => warn!(error = %format!("{e:#}"), "writing a health flag failed"),
+    /// Writes verdicts into the datapath for every (service, backend) their probes stand for,
+    /// flags first, then rings, and records the events. The verdicts the writer found waiting
+    /// together (a burst: backends failing at once) are written together: every flag, then
+    /// each changed service's ring once. One at a time, each verdict waited for the ring
+    /// rewrites of all before it (milliseconds each), seconds for a rack of backends.
+    pub fn apply_verdicts(&self, verdicts: Vec<Verdict>) {
+        let mut moved = Vec::new();
+        for v in verdicts {
+            if let ProbeResult::Local(_) = v.result {
+                crate::resources::Resources::count(&self.resources.probe_local_failures);
+                let text = v.result.failure(v.probe.check.window.timeout);
+                self.local_shortage(
+                    "health probes",
+                    &format!(
+                        "{} probe of {}: {} (no verdict against the backend)",
+                        v.probe.check.label(),
+                        v.probe.target,
+                        text.unwrap_or_default()
+                    ),
+                );
+                continue;
+            }
+            self.passive_probe(&v);
+            if let Some(t) = v.transition {
+                moved.push((v, t));
             }
         }
+        if moved.is_empty() {
+            return;
+        }
+        let mut inner = self.lock();
+        let inner = &mut *inner;
+        let mut changed_services = BTreeSet::new();
+        // Each moved verdict with its (service, backend) pairs and its first flag write's time.
+        let mut written = Vec::with_capacity(moved.len());
+        for (v, t) in moved {
+            // A verdict of a probe that a reload removed: nobody to apply it to.
+            let Some(pairs) = inner.members.get(&v.probe).cloned() else {
+                continue;
+            };
+            let up = t.to.is_available();
+            let mut flag_us = None;
+            for &(sid, bid) in &pairs {
+                // Compared with what is written, not with the old state: an adopted datapath
+                // may hold a flag from before the restart that this first verdict must
+                // correct. The figure is the write itself (the syscall), not the wait for the
+                // lock.
+                let writing = Instant::now();
+                match inner
+                    .balancer
+                    .write_up_flag(sid, bid, up, &mut inner.dataplane)
+                {
+                    Ok(true) => {
+                        flag_us.get_or_insert(writing.elapsed().as_micros() as u64);
+                        changed_services.insert(sid);
+                    }
+                    Ok(false) => {}
+                    Err(e) => warn!(error = %format!("{e:#}"), "writing a health flag failed"),
+                }
+            }
+            written.push((v, t, pairs, flag_us));
+        }
+        // The rings' rewrite after the flags of every verdict written with it.
         let writing = Instant::now();
+        let mut ring_us = None;
         for sid in changed_services {
             if let Err(e) = inner.balancer.sync_service(sid, &mut inner.dataplane) {
                 warn!(error = %format!("{e:#}"), "rewriting a ring failed");
             }
             ring_us = Some(writing.elapsed().as_micros() as u64);
         }
-        let reason = v.result.failure(v.probe.check.window.timeout);
-        for &(sid, bid) in &pairs {
-            let service = &inner.config.services[sid];
-            let backend = service.backends[bid].address;
-            let w = &service.check.window;
-            info!(
-                service = %service.name,
-                %backend,
-                from = t.from.as_str(),
-                to = t.to.as_str(),
-                source = service.check.label(),
-                reason = reason.as_deref(),
-                success = t.counters.success,
-                tcp_failure = t.counters.tcp_failure,
-                tls_failure = t.counters.tls_failure,
-                http_failure = t.counters.http_failure,
-                payload_failure = t.counters.payload_failure,
-                timeout_failure = t.counters.timeout_failure,
-                healthy_threshold = w.healthy_threshold,
-                unhealthy_threshold = w.unhealthy_threshold,
-                flag_write_us = flag_us,
-                ring_write_us = ring_us,
-                "health state changed"
-            );
-            self.events.push(Event {
-                seq: 0,
-                time: 0.0,
-                service: service.name.clone(),
-                backend: backend.to_string(),
-                from: t.from.as_str().to_owned(),
-                to: t.to.as_str().to_owned(),
-                source: service.check.label(),
-                counters: counters(t.counters),
-                healthy_threshold: w.healthy_threshold,
-                unhealthy_threshold: w.unhealthy_threshold,
-                flag_write_us: flag_us,
-                reason: reason.clone(),
-                vip: None,
-            });
+        for (v, t, pairs, flag_us) in written {
+            let reason = v.result.failure(v.probe.check.window.timeout);
+            for &(sid, bid) in &pairs {
+                let service = &inner.config.services[sid];
+                let backend = service.backends[bid].address;
+                let w = &service.check.window;
+                info!(
+                    service = %service.name,
+                    %backend,
+                    from = t.from.as_str(),
+                    to = t.to.as_str(),
+                    source = service.check.label(),
+                    reason = reason.as_deref(),
+                    success = t.counters.success,
+                    tcp_failure = t.counters.tcp_failure,
+                    tls_failure = t.counters.tls_failure,
+                    http_failure = t.counters.http_failure,
+                    payload_failure = t.counters.payload_failure,
+                    timeout_failure = t.counters.timeout_failure,
+                    healthy_threshold = w.healthy_threshold,
+                    unhealthy_threshold = w.unhealthy_threshold,
+                    flag_write_us = flag_us,
+                    ring_write_us = ring_us,
+                    "health state changed"
+                );
+                self.events.push(Event {
+                    seq: 0,
+                    time: 0.0,
+                    service: service.name.clone(),
+                    backend: backend.to_string(),
+                    from: t.from.as_str().to_owned(),
+                    to: t.to.as_str().to_owned(),
+                    source: service.check.label(),
+                    counters: counters(t.counters),
+                    healthy_threshold: w.healthy_threshold,
+                    unhealthy_threshold: w.unhealthy_threshold,
+                    flag_write_us: flag_us,
+                    reason: reason.clone(),
+                    vip: None,
+                });
+            }
         }
     }
 

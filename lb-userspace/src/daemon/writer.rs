@@ -32,6 +32,10 @@ pub const TRAFFIC_EVERY: Duration = Duration::from_secs(1);
 /// loop would, so a test can see systemd's watchdog pings stop.
 const STALL_ENV: &str = "LB_TEST_STALL_WRITER_AFTER_MS";
 
+/// Most pieces of work taken in one turn of the writer: a turn's flags and rings are written,
+/// and the routes brought up to date, before more is taken.
+const MAX_TURN: usize = 1024;
+
 pub enum Work {
     Verdict(Verdict),
     /// Signals from the ring (none: only ejections that ended).
@@ -65,33 +69,50 @@ pub fn spawn(
             if let Some(table) = table.as_mut() {
                 shared.announce_sync(table, true, Some("start"));
             }
-            while let Some(w) = work.blocking_recv() {
+            while let Some(first) = work.blocking_recv() {
                 if stall_at.is_some_and(|at| Instant::now() >= at) {
                     warn!("{STALL_ENV}: the health writer stalls for good (test hook)");
                     loop {
                         std::thread::park();
                     }
                 }
-                let mut reread = false;
-                let ejections = match w {
-                    Work::Verdict(v) => {
-                        shared.apply_verdict(v);
-                        true
+                // What else is waiting goes in the same turn: consecutive verdicts are written
+                // together (see `apply_verdicts`); other work keeps its place among them.
+                let mut turn = vec![first];
+                while turn.len() < MAX_TURN
+                    && let Ok(w) = work.try_recv()
+                {
+                    turn.push(w);
+                }
+                let (mut reread, mut ejections) = (false, false);
+                let mut verdicts = Vec::new();
+                for w in turn {
+                    if let Work::Verdict(v) = w {
+                        verdicts.push(v);
+                        ejections = true;
+                        continue;
                     }
-                    Work::Signals(s) => {
-                        shared.passive_apply(s);
-                        true
+                    if !verdicts.is_empty() {
+                        shared.apply_verdicts(std::mem::take(&mut verdicts));
                     }
-                    Work::Traffic => {
-                        shared.traffic_poll();
-                        notifier.alive(|| shared.summary());
-                        reread = read_at.elapsed() >= REREAD_EVERY;
-                        false
+                    match w {
+                        Work::Signals(s) => {
+                            shared.passive_apply(s);
+                            ejections = true;
+                        }
+                        Work::Traffic => {
+                            shared.traffic_poll();
+                            notifier.alive(|| shared.summary());
+                            reread |= read_at.elapsed() >= REREAD_EVERY;
+                        }
+                        Work::Verdict(_) | Work::Announce => {}
                     }
-                    Work::Announce => false,
-                };
-                // Right after the verdict (or action) that changed availability; nothing is
-                // written when nothing changed. Each tick also retries what failed.
+                }
+                if !verdicts.is_empty() {
+                    shared.apply_verdicts(verdicts);
+                }
+                // Right after the turn's verdicts (or the action) that changed availability;
+                // nothing is written when nothing changed. Each tick also retries what failed.
                 if let Some(table) = table.as_mut() {
                     shared.announce_sync(table, reread, None);
                     if reread {
