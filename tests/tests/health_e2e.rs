@@ -556,17 +556,7 @@ fn verdicts_of_many_backends_failing_together_are_written_together() {
     }
     let closed = unix_now();
     drop(listener);
-    // Every verdict decided (the status follows the checker at once)...
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while count(HealthState::Unhealthy) < N {
-        assert!(
-            Instant::now() < deadline,
-            "not all {N} backends unhealthy after 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let decided = unix_now();
-    // ... and written: each backend's event, stamped as its verdict went into the maps.
+    // Each backend's event, stamped as its verdict went into the maps.
     let deadline = Instant::now() + Duration::from_secs(120);
     let written: Vec<f64> = loop {
         let events = daemon.events().unwrap();
@@ -589,19 +579,19 @@ fn verdicts_of_many_backends_failing_together_are_written_together() {
     let last = written.iter().copied().fold(f64::MIN, f64::max);
     let first = written.iter().copied().fold(f64::MAX, f64::min);
     eprintln!(
-        "{N} verdicts written {:.3}–{:.3} s after the listener closed; all seen decided at {:.3} s",
+        "{N} verdicts written {:.3}–{:.3} s after the listener closed",
         first - closed,
-        last - closed,
-        decided - closed
+        last - closed
     );
-    // Decided within about one interval of the close; written, all of them, within 3 s of
-    // the last being decided (seen by a poll every 100 ms).
+    // Every probe after the close is refused (a RST at once), so the verdicts are decided
+    // within one interval (0.5 s) of it; all written 2 s after that at the latest, on a
+    // loaded machine too. One ring rewrite per verdict took 3.6–3.7 s for the 400 (release
+    // build, idle machine), 16 s in a debug build.
     assert!(
-        last - decided < 3.0,
-        "the last of {N} verdicts was written {:.2} s after all were decided ({:.2} s after \
-         the listener closed)\n{}",
-        last - decided,
+        last - closed < 2.5,
+        "the last of {N} verdicts was written {:.2} s after the listener closed (first {:.2} s)\n{}",
         last - closed,
+        first - closed,
         daemon
             .log_text()
             .lines()
