@@ -3,7 +3,7 @@
 //! (the API) never sees them disagree; every change is an event.
 
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::{BTreeSet, HashMap, HashSet},
     net::{IpAddr, SocketAddr},
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
@@ -474,17 +474,17 @@ impl Shared {
         inner.set_reporting();
         self.trace.set_names(names(&inner.config, &inner.balancer));
         // Ejections of what is gone are forgotten; the rest keep running.
-        let config = &inner.config;
+        let watched: HashSet<(&str, SocketAddr)> = inner
+            .config
+            .services
+            .iter()
+            .filter(|s| s.passive.enabled)
+            .flat_map(|s| s.backends.iter().map(move |b| (s.name.as_str(), b.address)))
+            .collect();
+        let hosts: HashSet<IpAddr> = watched.iter().map(|(_, b)| b.ip()).collect();
         inner.passive.retain(|scope| match scope {
-            Scope::Host(ip) => config
-                .services
-                .iter()
-                .any(|s| s.passive.enabled && s.backends.iter().any(|b| b.address.ip() == *ip)),
-            Scope::Service { service, backend } => config.services.iter().any(|s| {
-                s.passive.enabled
-                    && s.name == *service
-                    && s.backends.iter().any(|b| b.address == *backend)
-            }),
+            Scope::Host(ip) => hosts.contains(ip),
+            Scope::Service { service, backend } => watched.contains(&(service.as_str(), *backend)),
         });
         let slots = (
             inner.balancer.service_slots(),
@@ -500,21 +500,19 @@ impl Shared {
             .collect();
         drop(guard);
         super::resolve_neighbours(&backends);
-        // Added and removed backends are events too.
+        // Added and removed backends are events too (by hash: a reload of 20,000 backends
+        // compared each with every other).
+        fn known(states: &[(String, SocketAddr, HealthState)]) -> HashSet<(&str, SocketAddr)> {
+            states.iter().map(|(s, b, _)| (s.as_str(), *b)).collect()
+        }
+        let (before, after) = (known(&old_states), known(&new_states));
         for (service, backend, state) in &new_states {
-            let before = old_states
-                .iter()
-                .find(|(s, b, _)| s == service && b == backend)
-                .map(|x| x.2);
-            if before.is_none() {
+            if !before.contains(&(service.as_str(), *backend)) {
                 self.reload_event(service, *backend, HealthState::Unused, *state);
             }
         }
         for (service, backend, state) in &old_states {
-            if !new_states
-                .iter()
-                .any(|(s, b, _)| s == service && b == backend)
-            {
+            if !after.contains(&(service.as_str(), *backend)) {
                 self.reload_event(service, *backend, *state, HealthState::Unused);
             }
         }
