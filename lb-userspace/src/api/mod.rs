@@ -270,13 +270,15 @@ async fn healthcheck_one(
 }
 
 async fn metrics(State(state): State<ApiState>) -> Response {
-    match blocking(&state, |c| c.status(None)).await {
-        Ok(status) => (
+    // Rendered off the async workers too, which run the probes: 20,000 backends make 31 MB
+    // of text, about a second of CPU.
+    match blocking(&state, |c| c.status(None).map(|s| metrics::render(&s))).await {
+        Ok(text) => (
             [(
                 header::CONTENT_TYPE,
                 "text/plain; version=0.0.4; charset=utf-8",
             )],
-            metrics::render(&status),
+            text,
         )
             .into_response(),
         Err(e) => request_error(e),
