@@ -396,10 +396,19 @@ impl Balancer {
                     weight: backends[i].weight,
                 })
                 .collect();
-            let base = if member_list.is_empty() {
-                Vec::new()
-            } else {
-                maglev::populate(&member_list, self.ring_size)
+            // The same members (keys and weights, in order) make the same ring: a reload keeps
+            // it rather than populating every service's again (milliseconds each, under the
+            // daemon's lock: 500 unchanged services took 2.5 s).
+            let kept = old_service.filter(|o| {
+                o.members.len() == member_list.len()
+                    && o.members.iter().zip(&member_list).all(|(&i, m)| {
+                        o.backends[i].key == m.key && o.backends[i].weight == m.weight
+                    })
+            });
+            let base = match kept {
+                _ if member_list.is_empty() => Vec::new(),
+                Some(o) => o.base.clone(),
+                None => maglev::populate(&member_list, self.ring_size),
             };
             let key = AnyServiceKey::new(s.vip, s.protocol.number());
             let (ring, dirty, flags) = match old_service {
@@ -1090,6 +1099,58 @@ mod tests {
         assert!(
             ratio < 20.0,
             "8,000 backends took {large:?} to apply again, 1,000 took {small:?}: {ratio:.1}×"
+        );
+    }
+
+    /// A reload keeps the Maglev ring of a service whose members did not change instead of
+    /// populating it again (milliseconds a service, under the daemon's lock: 500 unchanged
+    /// services took 2.5 s). Applying the same config again must cost under a third of applying
+    /// one that changes a weight in every service, which does populate them all (debug build
+    /// here: 39 ms against 255; populating them again, 169 against 244).
+    #[test]
+    fn applying_again_keeps_the_rings_of_unchanged_services() {
+        let config = |first_weight: u32| {
+            let services: Vec<String> = (0..10)
+                .map(|i| {
+                    format!(
+                        "[[service]]\nname = \"s{i}\"\nvip = \"10.100.0.{}:80\"\nbackends = [\
+                         {{ address = \"10.0.2.2:8080\", weight = {first_weight} }}, \
+                         {{ address = \"10.0.2.3:8080\" }}, {{ address = \"10.0.2.4:8080\" }}]\n",
+                        i + 1
+                    )
+                })
+                .collect();
+            config::parse(&format!(
+                "[lb]\ninterfaces = [\"eth1\"]\n{}",
+                services.concat()
+            ))
+            .unwrap()
+        };
+        let (same, changed) = (config(1), config(2));
+        let (mut b, mut maps) = build(&same);
+        let mut apply = |c: &Config| {
+            let start = std::time::Instant::now();
+            b.apply(c, snat, |_, _, _| true, &mut maps).unwrap();
+            start.elapsed()
+        };
+        let (mut unchanged, mut repopulated) = (std::time::Duration::MAX, std::time::Duration::MAX);
+        for _ in 0..3 {
+            unchanged = unchanged.min(apply(&same));
+            repopulated = repopulated.min(apply(&changed));
+            apply(&same);
+        }
+        assert!(
+            unchanged * 3 < repopulated,
+            "applying the same config again took {unchanged:?}, one changing every service \
+             {repopulated:?}"
+        );
+        // Kept, the rings are still right: the first backend's share follows its weight.
+        b.apply(&changed, snat, |_, _, _| true, &mut maps).unwrap();
+        let doubled = share(&maps, 0);
+        b.apply(&same, snat, |_, _, _| true, &mut maps).unwrap();
+        assert!(
+            share(&maps, 0) < doubled,
+            "the ring follows the weight back"
         );
     }
 
