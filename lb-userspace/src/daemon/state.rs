@@ -233,10 +233,12 @@ impl Shared {
         if moved.is_empty() {
             return;
         }
-        let mut inner = self.lock();
-        let inner = &mut *inner;
+        let mut guard = self.lock();
+        let inner = &mut *guard;
         let mut changed_services = BTreeSet::new();
-        // Each moved verdict with its (service, backend) pairs and its first flag write's time.
+        // What each (service, backend) pair of a moved verdict logs, with the verdict's
+        // transition, reason and first flag write's time: read now, while the config is the
+        // one the pairs index.
         let mut written = Vec::with_capacity(moved.len());
         for (v, t) in moved {
             // A verdict of a probe that a reload removed: nobody to apply it to.
@@ -245,6 +247,7 @@ impl Shared {
             };
             let up = t.to.is_available();
             let mut flag_us = None;
+            let mut moves = Vec::with_capacity(pairs.len());
             for &(sid, bid) in &pairs {
                 // Compared with what is written, not with the old state: an adopted datapath
                 // may hold a flag from before the restart that this first verdict must
@@ -262,30 +265,43 @@ impl Shared {
                     Ok(false) => {}
                     Err(e) => warn!(error = %format!("{e:#}"), "writing a health flag failed"),
                 }
+                let service = &inner.config.services[sid];
+                moves.push(Moved {
+                    service: service.name.clone(),
+                    backend: service.backends[bid].address,
+                    source: service.check.label(),
+                    healthy_threshold: service.check.window.healthy_threshold,
+                    unhealthy_threshold: service.check.window.unhealthy_threshold,
+                });
             }
-            written.push((v, t, pairs, flag_us));
+            let reason = v.result.failure(v.probe.check.window.timeout);
+            written.push((t, reason, flag_us, moves));
         }
-        // The rings' rewrite after the flags of every verdict written with it.
+        drop(guard);
+        // Then the rings, each under the lock on its own: a backend shared by many services
+        // changes them all (500 services: 3.6 s of rewrites), and the API and the other
+        // writers get their turn between two. A reload meanwhile has rewritten every ring
+        // itself: rewriting one again then changes nothing.
         let writing = Instant::now();
         let mut ring_us = None;
         for sid in changed_services {
-            if let Err(e) = inner.balancer.sync_service(sid, &mut inner.dataplane) {
+            let mut guard = self.lock();
+            let inner = &mut *guard;
+            if sid < inner.config.services.len()
+                && let Err(e) = inner.balancer.sync_service(sid, &mut inner.dataplane)
+            {
                 warn!(error = %format!("{e:#}"), "rewriting a ring failed");
             }
             ring_us = Some(writing.elapsed().as_micros() as u64);
         }
-        for (v, t, pairs, flag_us) in written {
-            let reason = v.result.failure(v.probe.check.window.timeout);
-            for &(sid, bid) in &pairs {
-                let service = &inner.config.services[sid];
-                let backend = service.backends[bid].address;
-                let w = &service.check.window;
+        for (t, reason, flag_us, moves) in written {
+            for m in moves {
                 info!(
-                    service = %service.name,
-                    %backend,
+                    service = %m.service,
+                    backend = %m.backend,
                     from = t.from.as_str(),
                     to = t.to.as_str(),
-                    source = service.check.label(),
+                    source = m.source,
                     reason = reason.as_deref(),
                     success = t.counters.success,
                     tcp_failure = t.counters.tcp_failure,
@@ -293,8 +309,8 @@ impl Shared {
                     http_failure = t.counters.http_failure,
                     payload_failure = t.counters.payload_failure,
                     timeout_failure = t.counters.timeout_failure,
-                    healthy_threshold = w.healthy_threshold,
-                    unhealthy_threshold = w.unhealthy_threshold,
+                    healthy_threshold = m.healthy_threshold,
+                    unhealthy_threshold = m.unhealthy_threshold,
                     flag_write_us = flag_us,
                     ring_write_us = ring_us,
                     "health state changed"
@@ -302,14 +318,14 @@ impl Shared {
                 self.events.push(Event {
                     seq: 0,
                     time: 0.0,
-                    service: service.name.clone(),
-                    backend: backend.to_string(),
+                    service: m.service,
+                    backend: m.backend.to_string(),
                     from: t.from.as_str().to_owned(),
                     to: t.to.as_str().to_owned(),
-                    source: service.check.label(),
+                    source: m.source,
                     counters: counters(t.counters),
-                    healthy_threshold: w.healthy_threshold,
-                    unhealthy_threshold: w.unhealthy_threshold,
+                    healthy_threshold: m.healthy_threshold,
+                    unhealthy_threshold: m.unhealthy_threshold,
                     flag_write_us: flag_us,
                     reason: reason.clone(),
                     vip: None,
@@ -634,6 +650,15 @@ impl Inner {
             .map(|(sid, bid, name, addr)| (name, addr, self.view(sid, bid).state))
             .collect()
     }
+}
+
+/// What a verdict's move of one (service, backend) pair logs and records as an event.
+struct Moved {
+    service: String,
+    backend: SocketAddr,
+    source: String,
+    healthy_threshold: u32,
+    unhealthy_threshold: u32,
 }
 
 pub(super) fn counters(c: Counters) -> ProbeCounters {
