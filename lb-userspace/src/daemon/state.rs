@@ -236,9 +236,10 @@ impl Shared {
         let mut guard = self.lock();
         let inner = &mut *guard;
         let mut changed_services = BTreeSet::new();
-        // What each (service, backend) pair of a moved verdict logs, with the verdict's
-        // transition, reason and first flag write's time: read now, while the config is the
-        // one the pairs index.
+        // Each verdict's events go out with its flags (stamped as they are written, before
+        // the lock is let go: a status that shows the move finds its event); its log lines
+        // after the rings, with their rewrite's time. What they name is read now, while the
+        // config is the one the pairs index.
         let mut written = Vec::with_capacity(moved.len());
         for (v, t) in moved {
             // A verdict of a probe that a reload removed: nobody to apply it to.
@@ -247,7 +248,6 @@ impl Shared {
             };
             let up = t.to.is_available();
             let mut flag_us = None;
-            let mut moves = Vec::with_capacity(pairs.len());
             for &(sid, bid) in &pairs {
                 // Compared with what is written, not with the old state: an adopted datapath
                 // may hold a flag from before the restart that this first verdict must
@@ -265,16 +265,35 @@ impl Shared {
                     Ok(false) => {}
                     Err(e) => warn!(error = %format!("{e:#}"), "writing a health flag failed"),
                 }
+            }
+            let reason = v.result.failure(v.probe.check.window.timeout);
+            let mut moves = Vec::with_capacity(pairs.len());
+            for &(sid, bid) in &pairs {
                 let service = &inner.config.services[sid];
-                moves.push(Moved {
+                let m = Moved {
                     service: service.name.clone(),
                     backend: service.backends[bid].address,
                     source: service.check.label(),
                     healthy_threshold: service.check.window.healthy_threshold,
                     unhealthy_threshold: service.check.window.unhealthy_threshold,
+                };
+                self.events.push(Event {
+                    seq: 0,
+                    time: 0.0,
+                    service: m.service.clone(),
+                    backend: m.backend.to_string(),
+                    from: t.from.as_str().to_owned(),
+                    to: t.to.as_str().to_owned(),
+                    source: m.source.clone(),
+                    counters: counters(t.counters),
+                    healthy_threshold: m.healthy_threshold,
+                    unhealthy_threshold: m.unhealthy_threshold,
+                    flag_write_us: flag_us,
+                    reason: reason.clone(),
+                    vip: None,
                 });
+                moves.push(m);
             }
-            let reason = v.result.failure(v.probe.check.window.timeout);
             written.push((t, reason, flag_us, moves));
         }
         drop(guard);
@@ -315,21 +334,6 @@ impl Shared {
                     ring_write_us = ring_us,
                     "health state changed"
                 );
-                self.events.push(Event {
-                    seq: 0,
-                    time: 0.0,
-                    service: m.service,
-                    backend: m.backend.to_string(),
-                    from: t.from.as_str().to_owned(),
-                    to: t.to.as_str().to_owned(),
-                    source: m.source,
-                    counters: counters(t.counters),
-                    healthy_threshold: m.healthy_threshold,
-                    unhealthy_threshold: m.unhealthy_threshold,
-                    flag_write_us: flag_us,
-                    reason: reason.clone(),
-                    vip: None,
-                });
             }
         }
     }
