@@ -348,7 +348,8 @@ impl Balancer {
             for b in &s.backends {
                 let snat_addr = snat(sid, b.address)
                     .with_context(|| format!("SNAT address for {} of {}", b.address, s.name))?;
-                let (id, admin, healthy_now) = match previous(&s.name, b.address) {
+                let prev = previous(&s.name, b.address);
+                let (id, admin, healthy_now) = match prev {
                     Some((id, admin, Some(state))) => (id, admin, state.healthy),
                     Some((id, admin, None)) => (id, admin, healthy(sid, b.address, Some(id))),
                     None => {
@@ -375,9 +376,7 @@ impl Balancer {
                     key: b.address.to_string().into_bytes(),
                     weight: b.weight,
                     healthy: healthy_now,
-                    ejected: previous(&s.name, b.address)
-                        .and_then(|p| p.2)
-                        .is_some_and(|b| b.ejected),
+                    ejected: prev.and_then(|p| p.2).is_some_and(|b| b.ejected),
                     admin,
                     encap: s.forwarding.backend_flag(),
                     info: AnyBackend::new(b.address, snat_addr, no_data_ticks(&s.passive))
@@ -405,10 +404,12 @@ impl Balancer {
                         o.backends[i].key == m.key && o.backends[i].weight == m.weight
                     })
             });
-            let base = match kept {
-                _ if member_list.is_empty() => Vec::new(),
-                Some(o) => o.base.clone(),
-                None => maglev::populate(&member_list, self.ring_size),
+            let base = if member_list.is_empty() {
+                Vec::new()
+            } else if let Some(o) = kept {
+                o.base.clone()
+            } else {
+                maglev::populate(&member_list, self.ring_size)
             };
             let key = AnyServiceKey::new(s.vip, s.protocol.number());
             let (ring, dirty, flags) = match old_service {

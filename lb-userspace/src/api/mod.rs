@@ -271,7 +271,7 @@ async fn healthcheck_one(
 
 async fn metrics(State(state): State<ApiState>) -> Response {
     // Rendered off the async workers too, which run the probes: 20,000 backends make 31 MB
-    // of text, about a second of CPU.
+    // of text (`curl /metrics` took 1.1 s here).
     match blocking(&state, |c| c.status(None).map(|s| metrics::render(&s))).await {
         Ok(text) => (
             [(

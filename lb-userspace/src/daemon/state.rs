@@ -237,9 +237,9 @@ impl Shared {
         let inner = &mut *guard;
         let mut changed_services = BTreeSet::new();
         // Each verdict's events go out with its flags (stamped as they are written, before
-        // the lock is let go: a status that shows the move finds its event); its log lines
-        // after the rings, with their rewrite's time. What they name is read now, while the
-        // config is the one the pairs index.
+        // the lock is let go: a status that shows the move finds its event); the same events
+        // are logged after the rings, with their rewrite's time. What they name is read now,
+        // while the config is the one the pairs index.
         let mut written = Vec::with_capacity(moved.len());
         for (v, t) in moved {
             // A verdict of a probe that a reload removed: nobody to apply it to.
@@ -267,34 +267,26 @@ impl Shared {
                 }
             }
             let reason = v.result.failure(v.probe.check.window.timeout);
-            let mut moves = Vec::with_capacity(pairs.len());
             for &(sid, bid) in &pairs {
                 let service = &inner.config.services[sid];
-                let m = Moved {
-                    service: service.name.clone(),
-                    backend: service.backends[bid].address,
-                    source: service.check.label(),
-                    healthy_threshold: service.check.window.healthy_threshold,
-                    unhealthy_threshold: service.check.window.unhealthy_threshold,
-                };
-                self.events.push(Event {
+                let event = Event {
                     seq: 0,
                     time: 0.0,
-                    service: m.service.clone(),
-                    backend: m.backend.to_string(),
+                    service: service.name.clone(),
+                    backend: service.backends[bid].address.to_string(),
                     from: t.from.as_str().to_owned(),
                     to: t.to.as_str().to_owned(),
-                    source: m.source.clone(),
+                    source: service.check.label(),
                     counters: counters(t.counters),
-                    healthy_threshold: m.healthy_threshold,
-                    unhealthy_threshold: m.unhealthy_threshold,
+                    healthy_threshold: service.check.window.healthy_threshold,
+                    unhealthy_threshold: service.check.window.unhealthy_threshold,
                     flag_write_us: flag_us,
                     reason: reason.clone(),
                     vip: None,
-                });
-                moves.push(m);
+                };
+                self.events.push(event.clone());
+                written.push(event);
             }
-            written.push((t, reason, flag_us, moves));
         }
         drop(guard);
         // Then the rings, each under the lock on its own: a backend shared by many services
@@ -313,28 +305,27 @@ impl Shared {
             }
             ring_us = Some(writing.elapsed().as_micros() as u64);
         }
-        for (t, reason, flag_us, moves) in written {
-            for m in moves {
-                info!(
-                    service = %m.service,
-                    backend = %m.backend,
-                    from = t.from.as_str(),
-                    to = t.to.as_str(),
-                    source = m.source,
-                    reason = reason.as_deref(),
-                    success = t.counters.success,
-                    tcp_failure = t.counters.tcp_failure,
-                    tls_failure = t.counters.tls_failure,
-                    http_failure = t.counters.http_failure,
-                    payload_failure = t.counters.payload_failure,
-                    timeout_failure = t.counters.timeout_failure,
-                    healthy_threshold = m.healthy_threshold,
-                    unhealthy_threshold = m.unhealthy_threshold,
-                    flag_write_us = flag_us,
-                    ring_write_us = ring_us,
-                    "health state changed"
-                );
-            }
+        for e in written {
+            let c = e.counters;
+            info!(
+                service = %e.service,
+                backend = %e.backend,
+                from = e.from,
+                to = e.to,
+                source = e.source,
+                reason = e.reason.as_deref(),
+                success = c.success,
+                tcp_failure = c.tcp_failure,
+                tls_failure = c.tls_failure,
+                http_failure = c.http_failure,
+                payload_failure = c.payload_failure,
+                timeout_failure = c.timeout_failure,
+                healthy_threshold = e.healthy_threshold,
+                unhealthy_threshold = e.unhealthy_threshold,
+                flag_write_us = e.flag_write_us,
+                ring_write_us = ring_us,
+                "health state changed"
+            );
         }
     }
 
@@ -654,15 +645,6 @@ impl Inner {
             .map(|(sid, bid, name, addr)| (name, addr, self.view(sid, bid).state))
             .collect()
     }
-}
-
-/// What a verdict's move of one (service, backend) pair logs and records as an event.
-struct Moved {
-    service: String,
-    backend: SocketAddr,
-    source: String,
-    healthy_threshold: u32,
-    unhealthy_threshold: u32,
 }
 
 pub(super) fn counters(c: Counters) -> ProbeCounters {
