@@ -3,6 +3,7 @@
 #![cfg_attr(not(target_arch = "bpf"), allow(dead_code))]
 
 use aya_ebpf::{
+    bindings::BPF_F_MMAPABLE,
     macros::map,
     maps::{Array, DevMapHash, HashMap, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
 };
@@ -56,9 +57,11 @@ pub static BACKENDS: Array<BackendInfo> = Array::with_max_entries(DEFAULT_MAX_BA
 #[map(name = "LB_BACKENDS6")]
 pub static BACKENDS6: Array<BackendInfo6> = Array::with_max_entries(DEFAULT_MAX_BACKENDS, 0);
 
-/// Maglev rings of all services, back to back: slot → backend id.
+/// Maglev rings of all services, back to back: slot → backend id. Mappable: the daemon writes
+/// the slots through a shared mapping of the array, without a system call per slot.
 #[map(name = "LB_RINGS")]
-pub static RINGS: Array<u32> = Array::with_max_entries(DEFAULT_MAX_SERVICES * DEFAULT_RING_SIZE, 0);
+pub static RINGS: Array<u32> =
+    Array::with_max_entries(DEFAULT_MAX_SERVICES * DEFAULT_RING_SIZE, BPF_F_MMAPABLE);
 
 /// Client → VIP flows: a 2-way set-associative table in plain array memory (see table.rs).
 #[map(name = "LB_CONNTRACK")]

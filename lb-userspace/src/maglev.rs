@@ -84,7 +84,13 @@ pub fn populate(members: &[Member], size: u32) -> Vec<u32> {
                 // An empty slot exists (ring not full) and a permutation over a prime size
                 // visits every slot, so this ends.
                 while ring[pos[i] as usize] != u32::MAX {
-                    pos[i] = (pos[i] + skip[i]) % size64;
+                    // pos and skip are below size, so one subtraction wraps (this step runs
+                    // about size × ln(size) times; with a division here a 4-member ring took
+                    // 3.5 ms against 3.0, release build).
+                    pos[i] += skip[i];
+                    if pos[i] >= size64 {
+                        pos[i] -= size64;
+                    }
                 }
                 ring[pos[i] as usize] = i as u32;
                 filled += 1;

@@ -1,8 +1,8 @@
 //! The XDP program and its maps: load (sized from the config), pin, attach, write, read
 //! counters. Everything that touches the kernel's BPF objects lives here.
 
-mod batch;
 pub mod pin;
+mod rings;
 mod signals;
 mod stats;
 mod tc;
@@ -11,6 +11,7 @@ mod trace;
 use std::{
     ffi::CString,
     io,
+    os::fd::AsFd as _,
     path::{Path, PathBuf},
 };
 
@@ -42,6 +43,7 @@ use crate::{
     entries::{AnyBackend, AnyServiceKey, AnyTunnel},
 };
 pub use pin::{BPFFS, patiently, remove_pinned};
+use rings::Rings;
 pub use signals::{MAX_PER_TAKE as MAX_SIGNALS_PER_TAKE, SignalRing};
 pub use stats::{Stats, TrafficCounters};
 pub use trace::TraceMaps;
@@ -101,6 +103,8 @@ pub struct Dataplane {
     /// The bpffs directory holding the pins, if pinned, and our lock on it.
     pin: Option<(PathBuf, pin::DirLock)>,
     adopted: bool,
+    /// LB_RINGS, mapped: ring slots are written through it.
+    rings: Rings,
     ring_size: u32,
     params: Params,
     services: u32,
@@ -160,6 +164,7 @@ impl Dataplane {
                 .with_context(|| format!("reading {}", dir.display()))?
                 .next()
                 .is_none();
+            migrate_rings(dir)?;
             let found = pin::pinned_maps(dir);
             adopted = !found.is_empty();
             if adopted && found.len() < pin::MAPS.len() {
@@ -187,8 +192,14 @@ impl Dataplane {
         if let Some(dir) = pin {
             info!(dir = %dir.display(), adopted, "datapath maps pinned");
         }
+        let rings = match ebpf.map(map_name::RINGS) {
+            Some(aya::maps::Map::Array(map)) => Rings::map(map.fd().as_fd(), ring_entries)
+                .context("mapping the ring array LB_RINGS into memory")?,
+            _ => bail!("map LB_RINGS missing or not an array"),
+        };
         Ok(Self {
             ebpf,
+            rings,
             attached: Vec::new(),
             egress: Vec::new(),
             egress_error: None,
@@ -690,22 +701,12 @@ impl MapWriter for Dataplane {
     }
 
     fn set_ring_slots(&mut self, service_id: u32, slots: &[(u32, u32)]) -> anyhow::Result<()> {
-        let base = service_id * self.ring_size;
-        let (keys, ids): (Vec<u32>, Vec<u32>) =
-            slots.iter().map(|&(slot, id)| (base + slot, id)).unzip();
-        let map = self
-            .ebpf
-            .map(map_name::RINGS)
-            .context("map LB_RINGS missing")?;
-        let aya::maps::Map::Array(rings) = map else {
-            bail!("map LB_RINGS is not an array");
-        };
-        batch::update(std::os::fd::AsFd::as_fd(rings.fd()), &keys, &ids).map_err(|(failed, e)| {
-            let what = match failed.and_then(|i| slots.get(i)) {
-                Some((slot, _)) => format!("writing ring slot {slot} of service {service_id}"),
-                None => format!("writing the ring of service {service_id}"),
-            };
-            anyhow::Error::new(e).context(what)
+        let first = service_id
+            .checked_mul(self.ring_size)
+            .with_context(|| format!("the ring of service {service_id} lies beyond LB_RINGS"))?;
+        self.rings.write(first, slots).map_err(|bad| {
+            let slot = slots[bad].0;
+            anyhow!("ring slot {slot} of service {service_id} lies beyond LB_RINGS")
         })
     }
 
@@ -807,6 +808,21 @@ fn verify(mut ebpf: Ebpf) -> anyhow::Result<Ebpf> {
 }
 
 /// A load error; a pinned map that does not fit this config names the setting and the way out.
+/// An lb before the mapped rings pinned LB_RINGS without the flag that lets it be mapped. The
+/// rings hold nothing but what the daemon writes in full at every start, before it attaches
+/// its program: such a pin is removed, so that the load makes a mappable array. The program
+/// still attached keeps the old array until the new program takes its place.
+fn migrate_rings(dir: &Path) -> anyhow::Result<()> {
+    let path = dir.join(map_name::RINGS);
+    if rings::pinned_without_mapping(&path) {
+        std::fs::remove_file(&path).with_context(|| {
+            format!("removing the pin of the old ring array {}", path.display())
+        })?;
+        info!(pin = %path.display(), "the pinned rings predate mapped rings: a new array takes their place, written in full before the program changes");
+    }
+    Ok(())
+}
+
 fn load_error(e: EbpfError, pin: Option<&Path>) -> anyhow::Error {
     let (
         EbpfError::MapError(MapError::IncompatiblePinnedMap {
