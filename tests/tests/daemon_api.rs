@@ -877,6 +877,24 @@ fn the_service_state_follows_its_backends() {
         page.contains("down (on_all_unhealthy = use-all in force)"),
         "{page}"
     );
+    // The same URL as a page or as JSON, each with its type.
+    let content_type = |headers: &[&str]| {
+        let mut curl = daemon.ns.command("curl");
+        curl.args(["-s", "-o", "/dev/null", "-m", "10", "-w", "%{content_type}"]);
+        for h in headers {
+            curl.args(["-H", h]);
+        }
+        let out = curl
+            .arg(format!("{API}/v1/healthcheck/tcp"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(
+        content_type(&["Accept: text/html"]),
+        "text/html; charset=utf-8"
+    );
+    assert_eq!(content_type(&[]), "application/json");
 
     sb.start_backend(0).unwrap();
     daemon.wait_state("tcp", addr(0), "healthy", Duration::from_secs(5));

@@ -242,19 +242,21 @@ async fn blocking<T: Send + 'static>(
 }
 
 async fn status_reply(state: &ApiState, headers: &HeaderMap, only: Option<String>) -> Response {
-    match blocking(state, move |c| c.status(only.as_deref())).await {
-        Ok(status) if wants_html(headers) => {
+    let html = wants_html(headers);
+    // Rendered off the async workers, which run the probes: 20,000 backends make 7.9 MB of
+    // JSON.
+    let rendered = blocking(state, move |c| {
+        let status = c.status(only.as_deref())?;
+        if html {
             // The whole log (1024 events at most): the page draws its timelines from it.
-            let events = state.control.events().after(0, crate::events::CAPACITY);
-            (
-                [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-                html::page(&status, &events.events, PAGE_REFRESH_S),
-            )
-                .into_response()
+            let events = c.events().after(0, crate::events::CAPACITY);
+            let page = html::page(&status, &events.events, PAGE_REFRESH_S);
+            let html = [(header::CONTENT_TYPE, "text/html; charset=utf-8")];
+            return Ok((html, page).into_response());
         }
-        Ok(status) => Json(status).into_response(),
-        Err(e) => request_error(e),
-    }
+        Ok(Json(status).into_response())
+    });
+    rendered.await.unwrap_or_else(request_error)
 }
 
 async fn healthcheck_all(State(state): State<ApiState>, headers: HeaderMap) -> Response {

@@ -103,7 +103,7 @@ pub struct Dataplane {
     /// The bpffs directory holding the pins, if pinned, and our lock on it.
     pin: Option<(PathBuf, pin::DirLock)>,
     adopted: bool,
-    /// LB_RINGS, mapped: ring slots are written through it.
+    /// LB_RINGS: ring slots are written through mappings of it.
     rings: Rings,
     ring_size: u32,
     params: Params,
@@ -193,7 +193,7 @@ impl Dataplane {
             info!(dir = %dir.display(), adopted, "datapath maps pinned");
         }
         let rings = match ebpf.map(map_name::RINGS) {
-            Some(aya::maps::Map::Array(map)) => Rings::map(map.fd().as_fd(), ring_entries)
+            Some(aya::maps::Map::Array(map)) => Rings::new(map.fd().as_fd(), ring_entries)
                 .context("mapping the ring array LB_RINGS into memory")?,
             _ => bail!("map LB_RINGS missing or not an array"),
         };
@@ -701,13 +701,11 @@ impl MapWriter for Dataplane {
     }
 
     fn set_ring_slots(&mut self, service_id: u32, slots: &[(u32, u32)]) -> anyhow::Result<()> {
-        let first = service_id
+        service_id
             .checked_mul(self.ring_size)
-            .with_context(|| format!("the ring of service {service_id} lies beyond LB_RINGS"))?;
-        self.rings.write(first, slots).map_err(|bad| {
-            let slot = slots[bad].0;
-            anyhow!("ring slot {slot} of service {service_id} lies beyond LB_RINGS")
-        })
+            .context("beyond the ring array")
+            .and_then(|first| self.rings.write(first, slots))
+            .with_context(|| format!("writing the ring of service {service_id}"))
     }
 
     fn set_tunnel(&mut self, slot: u32, entry: AnyTunnel) -> anyhow::Result<()> {
