@@ -342,6 +342,10 @@ impl Balancer {
         }
         let mut next_free = 0u32;
         let mut services = Vec::with_capacity(config.services.len());
+        // Services whose ring must be populated, and for each service (None: new) whether a
+        // setting other than its members changed.
+        let mut to_populate = Vec::new();
+        let mut settings_changed = Vec::with_capacity(config.services.len());
         for (sid, s) in config.services.iter().enumerate() {
             let old_service = old.get(s.name.as_str());
             let mut backends = Vec::with_capacity(s.backends.len());
@@ -404,31 +408,25 @@ impl Balancer {
                         o.backends[i].key == m.key && o.backends[i].weight == m.weight
                     })
             });
-            let base = if member_list.is_empty() {
-                Vec::new()
-            } else if let Some(o) = kept {
-                o.base.clone()
-            } else {
-                maglev::populate(&member_list, self.ring_size)
+            // The others are populated together after this loop.
+            let base = match kept {
+                Some(o) if !member_list.is_empty() => o.base.clone(),
+                _ => Vec::new(),
             };
+            if kept.is_none() && !member_list.is_empty() {
+                to_populate.push(sid);
+            }
             let key = AnyServiceKey::new(s.vip, s.protocol.number());
             let (ring, dirty, flags) = match old_service {
                 Some(o) => (o.ring.clone(), o.key != key, o.info.flags),
                 None => (Vec::new(), true, 0),
             };
-            match old_service {
-                None => changes.services_added.push(s.name.clone()),
-                Some(o)
-                    if o.key != key
-                        || o.keep_flows != (s.existing_flows == ExistingFlows::Keep)
-                        || o.on_all_unhealthy != s.on_all_unhealthy
-                        || o.forwarding != s.forwarding
-                        || o.base != base =>
-                {
-                    changes.services_changed.push(s.name.clone())
-                }
-                Some(_) => {}
-            }
+            settings_changed.push(old_service.map(|o| {
+                o.key != key
+                    || o.keep_flows != (s.existing_flows == ExistingFlows::Keep)
+                    || o.on_all_unhealthy != s.on_all_unhealthy
+                    || o.forwarding != s.forwarding
+            }));
             services.push(ServiceState {
                 name: s.name.clone(),
                 key,
@@ -446,6 +444,34 @@ impl Balancer {
                 ring,
                 dirty,
             });
+        }
+        let lists: Vec<Vec<Member>> = to_populate
+            .iter()
+            .map(|&sid| {
+                let s: &ServiceState = &services[sid];
+                s.members
+                    .iter()
+                    .map(|&i| Member {
+                        key: &s.backends[i].key,
+                        weight: s.backends[i].weight,
+                    })
+                    .collect()
+            })
+            .collect();
+        let bases = maglev::populate_all(&lists, self.ring_size);
+        drop(lists);
+        for (sid, base) in to_populate.into_iter().zip(bases) {
+            services[sid].base = base;
+        }
+        for (s, settings) in services.iter().zip(settings_changed) {
+            match (settings, old.get(s.name.as_str())) {
+                (None, _) | (_, None) => changes.services_added.push(s.name.clone()),
+                (Some(true), _) => changes.services_changed.push(s.name.clone()),
+                (Some(false), Some(o)) if o.base != s.base => {
+                    changes.services_changed.push(s.name.clone())
+                }
+                _ => {}
+            }
         }
         let mut wanted = Addresses::default();
         for (s, c) in services.iter().zip(&config.services) {

@@ -103,6 +103,51 @@ pub fn populate(members: &[Member], size: u32) -> Vec<u32> {
     ring
 }
 
+/// [`populate`] of each member list, spread over the machine's cores: a start or a reload
+/// populates every new or changed service's ring (500 services of 4 backends: 1.5 s on one
+/// core, release build), each on its own and with the same result wherever it runs.
+///
+/// # Panics
+/// If `size` is not prime.
+pub fn populate_all(lists: &[Vec<Member>], size: u32) -> Vec<Vec<u32>> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(lists.len());
+    if threads <= 1 {
+        return lists.iter().map(|l| populate(l, size)).collect();
+    }
+    // Each thread takes the next list not taken: rings of very different sizes still spread.
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut rings = vec![Vec::new(); lists.len()];
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(list) = lists.get(i) else {
+                            return done;
+                        };
+                        done.push((i, populate(list, size)));
+                    }
+                })
+            })
+            .collect();
+        for worker in workers {
+            match worker.join() {
+                Ok(done) => {
+                    for (i, ring) in done {
+                        rings[i] = ring;
+                    }
+                }
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+    });
+    rings
+}
+
 /// The ring lb programs: `populate(members)` with the slots of unavailable members handed to
 /// their owner in the ring of the available members. `available[i]` says whether member `i` may
 /// take new flows. None if no member (with weight > 0) is available.
@@ -263,6 +308,28 @@ mod tests {
                 "member {i}: {share} vs {want}"
             );
         }
+    }
+
+    #[test]
+    fn populating_many_at_once_gives_each_its_own_ring() {
+        let k = keys(12);
+        let lists: Vec<Vec<Member>> = (0..9)
+            .map(|i| {
+                k[i..i + 1 + i % 4]
+                    .iter()
+                    .map(|key| Member {
+                        key,
+                        weight: 1 + (i % 3) as u32,
+                    })
+                    .collect()
+            })
+            .chain([Vec::new()])
+            .collect();
+        let rings = populate_all(&lists, 1009);
+        let one_by_one: Vec<Vec<u32>> = lists.iter().map(|l| populate(l, 1009)).collect();
+        assert_eq!(rings, one_by_one);
+        assert!(rings[9].is_empty() && rings[0].len() == 1009);
+        assert!(populate_all(&[], 1009).is_empty());
     }
 
     #[test]
