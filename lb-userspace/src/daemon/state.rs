@@ -290,7 +290,7 @@ impl Shared {
         }
         drop(guard);
         // Then the rings, each on its own: a backend shared by many services changes them all
-        // (500 services: 1.5 s of rewrites in a release build). Each ring is computed outside
+        // (500 services: 2–3 s of rewrites in a release build). Each ring is computed outside
         // the lock (its Maglev population is milliseconds) and only written under it, so the
         // API and the other writers wait for a write, not a computation. A reload meanwhile
         // has rewritten every ring itself: the ring is then computed again under the lock,
