@@ -529,10 +529,27 @@ impl Balancer {
                     .collect()
             })
             .collect();
-        let bases = maglev::populate_all(&lists, self.ring_size);
+        // Services with the same members (one pool of hosts serving many ports) share one
+        // population and one base ring.
+        let mut distinct: HashMap<&[Member], usize> = HashMap::new();
+        let which: Vec<usize> = lists
+            .iter()
+            .map(|list| {
+                let next = distinct.len();
+                *distinct.entry(list.as_slice()).or_insert(next)
+            })
+            .collect();
+        let mut unique = vec![Vec::new(); distinct.len()];
+        for (list, i) in distinct {
+            unique[i] = list.to_vec();
+        }
+        let bases: Vec<Arc<[u32]>> = maglev::populate_all(&unique, self.ring_size)
+            .into_iter()
+            .map(Arc::from)
+            .collect();
         drop(lists);
-        for (sid, base) in to_populate.into_iter().zip(bases) {
-            services[sid].base = base.into();
+        for (sid, i) in to_populate.into_iter().zip(which) {
+            services[sid].base = bases[i].clone();
         }
         for (s, settings) in services.iter().zip(settings_changed) {
             match (settings, old.get(s.name.as_str())) {
@@ -1205,6 +1222,43 @@ mod tests {
             list(backends_a)
         ))
         .unwrap()
+    }
+
+    /// Services over the same members share one base ring (one population), and the others
+    /// keep their own.
+    #[test]
+    fn services_with_the_same_members_share_one_base_ring() {
+        let text = |third: &str| {
+            format!(
+                "[lb]\ninterfaces = [\"eth1\"]\nring_size = 1009\n\
+                 [[service]]\nname = \"a\"\nvip = \"10.100.0.1:80\"\nbackends = [{{ address = \"10.0.2.2:80\" }}, {{ address = \"10.0.2.3:80\" }}]\n\
+                 [[service]]\nname = \"b\"\nvip = \"10.100.0.1:443\"\nbackends = [{{ address = \"10.0.2.2:80\" }}, {{ address = \"10.0.2.3:80\" }}]\n\
+                 [[service]]\nname = \"c\"\nvip = \"10.100.0.2:80\"\nbackends = [{third}]\n"
+            )
+        };
+        let same = "{ address = \"10.0.2.2:80\" }, { address = \"10.0.2.3:80\" }";
+        let weighted = "{ address = \"10.0.2.2:80\", weight = 2 }, { address = \"10.0.2.3:80\" }";
+        let (b, _) = build(&config::parse(&text(same)).unwrap());
+        let base = |i: usize| &b.services[i].base;
+        assert!(Arc::ptr_eq(base(0), base(1)) && Arc::ptr_eq(base(0), base(2)));
+        let (b, _) = build(&config::parse(&text(weighted)).unwrap());
+        let base = |i: usize| &b.services[i].base;
+        assert!(Arc::ptr_eq(base(0), base(1)) && !Arc::ptr_eq(base(0), base(2)));
+        assert_ne!(base(0)[..], base(2)[..]);
+        let alone = maglev::populate(
+            &[
+                Member {
+                    key: b"10.0.2.2:80",
+                    weight: 2,
+                },
+                Member {
+                    key: b"10.0.2.3:80",
+                    weight: 1,
+                },
+            ],
+            1009,
+        );
+        assert_eq!(base(2)[..], alone[..]);
     }
 
     /// A reload looks each backend up in the previous state by hash: applying a config again

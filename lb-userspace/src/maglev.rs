@@ -41,7 +41,7 @@ pub fn is_prime(n: u32) -> bool {
 
 /// One backend as Maglev sees it. `key` identifies the backend (e.g. its "ip:port" bytes) and
 /// seeds its permutation; `weight` > 0 (weight-0 backends must simply be left out by callers).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Member<'a> {
     pub key: &'a [u8],
     pub weight: u32,
