@@ -182,6 +182,19 @@ struct ServiceState {
     dirty: bool,
 }
 
+impl ServiceState {
+    /// Its ring members as Maglev sees them.
+    fn member_list(&self) -> Vec<Member<'_>> {
+        self.members
+            .iter()
+            .map(|&i| Member {
+                key: &self.backends[i].key,
+                weight: self.backends[i].weight,
+            })
+            .collect()
+    }
+}
+
 /// The "no data back" timeout of a service's backends in the datapath's ticks (2^20 ns); 0 off.
 fn no_data_ticks(passive: &crate::config::Passive) -> u16 {
     match passive.no_data_timeout {
@@ -413,9 +426,7 @@ impl Balancer {
         }
         let mut next_free = 0u32;
         let mut services = Vec::with_capacity(config.services.len());
-        // Services whose ring must be populated, and for each service (None: new) whether a
-        // setting other than its members changed.
-        let mut to_populate = Vec::new();
+        // For each service (None: new) whether a setting other than its members changed.
         let mut settings_changed = Vec::with_capacity(config.services.len());
         for (sid, s) in config.services.iter().enumerate() {
             let old_service = old.get(s.name.as_str());
@@ -463,30 +474,6 @@ impl Balancer {
             let members: Vec<usize> = (0..backends.len())
                 .filter(|&i| backends[i].weight > 0)
                 .collect();
-            let member_list: Vec<Member> = members
-                .iter()
-                .map(|&i| Member {
-                    key: &backends[i].key,
-                    weight: backends[i].weight,
-                })
-                .collect();
-            // The same members (keys and weights, in order) make the same ring: a reload keeps
-            // it rather than populating every service's again (milliseconds each, under the
-            // daemon's lock: 500 unchanged services took 2.5 s).
-            let kept = old_service.filter(|o| {
-                o.members.len() == member_list.len()
-                    && o.members.iter().zip(&member_list).all(|(&i, m)| {
-                        o.backends[i].key == m.key && o.backends[i].weight == m.weight
-                    })
-            });
-            // The others are populated together after this loop.
-            let base = match kept {
-                Some(o) if !member_list.is_empty() => o.base.clone(),
-                _ => Arc::from([]),
-            };
-            if kept.is_none() && !member_list.is_empty() {
-                to_populate.push(sid);
-            }
             let key = AnyServiceKey::new(s.vip, s.protocol.number());
             let (ring, dirty, flags) = match old_service {
                 Some(o) => (o.ring.clone(), o.key != key, o.info.flags),
@@ -511,54 +498,47 @@ impl Balancer {
                 answer_ping: s.answer_ping,
                 backends,
                 members,
-                base,
+                base: Arc::from([]), // set below
                 ring,
                 dirty,
             });
         }
-        let lists: Vec<Vec<Member>> = to_populate
-            .iter()
-            .map(|&sid| {
-                let s: &ServiceState = &services[sid];
-                s.members
-                    .iter()
-                    .map(|&i| Member {
-                        key: &s.backends[i].key,
-                        weight: s.backends[i].weight,
-                    })
-                    .collect()
-            })
-            .collect();
-        // Services with the same members (one pool of hosts serving many ports) share one
-        // population and one base ring.
-        let mut distinct: HashMap<&[Member], usize> = HashMap::new();
-        let which: Vec<usize> = lists
-            .iter()
-            .map(|list| {
-                let next = distinct.len();
-                *distinct.entry(list.as_slice()).or_insert(next)
-            })
-            .collect();
-        let mut unique = vec![Vec::new(); distinct.len()];
-        for (list, i) in distinct {
-            unique[i] = list.to_vec();
-        }
-        let bases: Vec<Arc<[u32]>> = maglev::populate_all(&unique, self.ring_size)
-            .into_iter()
-            .map(Arc::from)
-            .collect();
-        drop(lists);
-        for (sid, i) in to_populate.into_iter().zip(which) {
-            services[sid].base = bases[i].clone();
+        // The same members (keys and weights, in order) make the same ring: a reload keeps it
+        // rather than populating every service's again (milliseconds each, under the daemon's
+        // lock: 500 unchanged services took 2.5 s). The others are populated together, once
+        // per distinct member list: services over the same members (one pool of hosts serving
+        // many ports) share one population and one base ring.
+        // Each service's base ring as kept (Ok), or the member list to populate (Err).
+        let (sources, populated) = {
+            let mut lists: Vec<Vec<Member>> = Vec::new();
+            let mut index: HashMap<Vec<Member>, usize> = HashMap::new();
+            let sources: Vec<Result<Arc<[u32]>, usize>> = services
+                .iter()
+                .map(|s| {
+                    let list = s.member_list();
+                    match old.get(s.name.as_str()) {
+                        _ if list.is_empty() => Ok(Arc::from([])),
+                        Some(o) if o.member_list() == list => Ok(o.base.clone()),
+                        _ => Err(*index.entry(list.clone()).or_insert_with(|| {
+                            lists.push(list);
+                            lists.len() - 1
+                        })),
+                    }
+                })
+                .collect();
+            (sources, maglev::populate_all(&lists, self.ring_size))
+        };
+        let populated: Vec<Arc<[u32]>> = populated.into_iter().map(Arc::from).collect();
+        for (s, source) in services.iter_mut().zip(sources) {
+            s.base = source.unwrap_or_else(|i| populated[i].clone());
         }
         for (s, settings) in services.iter().zip(settings_changed) {
-            match (settings, old.get(s.name.as_str())) {
-                (None, _) | (_, None) => changes.services_added.push(s.name.clone()),
-                (Some(true), _) => changes.services_changed.push(s.name.clone()),
-                (Some(false), Some(o)) if o.base != s.base => {
-                    changes.services_changed.push(s.name.clone())
-                }
-                _ => {}
+            let members_changed = || old.get(s.name.as_str()).is_some_and(|o| o.base != s.base);
+            match settings {
+                None => changes.services_added.push(s.name.clone()),
+                Some(true) => changes.services_changed.push(s.name.clone()),
+                Some(false) if members_changed() => changes.services_changed.push(s.name.clone()),
+                Some(false) => {}
             }
         }
         let mut wanted = Addresses::default();
@@ -770,12 +750,12 @@ impl Balancer {
         writer: &mut dyn MapWriter,
         change: impl FnOnce(&mut BackendState) -> bool,
     ) -> anyhow::Result<bool> {
+        // Moved by every attempt: a plan taken before is at worst computed again.
+        self.epoch += 1;
         let b = self.backend_mut(service, backend)?;
         if !change(b) {
             return Ok(false);
         }
-        self.epoch += 1;
-        let b = self.backend_mut(service, backend)?;
         let flags = b.flags();
         if flags != b.info.flags() {
             b.info.set_flags(flags);

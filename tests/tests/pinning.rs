@@ -637,7 +637,7 @@ fn rings_pinned_by_an_older_lb_are_made_anew() {
     let vip = SocketAddr::from((VIP, 80));
     let mappable = |dir: &Path| {
         let info = aya::maps::MapInfo::from_pin(dir.join(map_name::RINGS)).unwrap();
-        info.map_flags() & 1 << 10 != 0
+        info.map_flags() & 1 << 10 != 0 // BPF_F_MMAPABLE
     };
 
     let dp = start(&sb, &config, pins.path());

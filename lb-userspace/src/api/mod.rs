@@ -251,8 +251,8 @@ async fn status_reply(state: &ApiState, headers: &HeaderMap, only: Option<String
             // The whole log (1024 events at most): the page draws its timelines from it.
             let events = c.events().after(0, crate::events::CAPACITY);
             let page = html::page(&status, &events.events, PAGE_REFRESH_S);
-            let html = [(header::CONTENT_TYPE, "text/html; charset=utf-8")];
-            return Ok((html, page).into_response());
+            let kind = [(header::CONTENT_TYPE, "text/html; charset=utf-8")];
+            return Ok((kind, page).into_response());
         }
         Ok(Json(status).into_response())
     });

@@ -805,7 +805,6 @@ fn verify(mut ebpf: Ebpf) -> anyhow::Result<Ebpf> {
     Ok(ebpf)
 }
 
-/// A load error; a pinned map that does not fit this config names the setting and the way out.
 /// An lb before the mapped rings pinned LB_RINGS without the flag that lets it be mapped. The
 /// rings hold nothing but what the daemon writes in full at every start, before it attaches
 /// its program: such a pin is removed, so that the load makes a mappable array. The program
@@ -821,6 +820,7 @@ fn migrate_rings(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A load error; a pinned map that does not fit this config names the setting and the way out.
 fn load_error(e: EbpfError, pin: Option<&Path>) -> anyhow::Error {
     let (
         EbpfError::MapError(MapError::IncompatiblePinnedMap {
