@@ -543,23 +543,22 @@ fn filter_keeps_bulk_traffic_away_from_the_reader() {
     });
 }
 
-/// Raw TCP sockets of the calling thread's namespace (`/proc/thread-self/net/raw`; protocol 6
-/// shows as local port 0006).
-fn raw_tcp_sockets() -> usize {
-    std::fs::read_to_string("/proc/thread-self/net/raw")
+/// Packet sockets bound to IPv4 (EtherType 0800) in the calling thread's namespace
+/// (`/proc/thread-self/net/packet`: sk RefCnt Type Proto Iface ...).
+fn ipv4_packet_sockets() -> usize {
+    std::fs::read_to_string("/proc/thread-self/net/packet")
         .unwrap()
         .lines()
         .skip(1)
-        .filter(|l| {
-            l.split_whitespace()
-                .nth(1)
-                .is_some_and(|a| a.ends_with(":0006"))
-        })
+        .filter(|l| l.split_whitespace().nth(3) == Some("0800"))
         .count()
 }
 
+/// The prober reads IPv4 replies from a packet socket's ring and sends through a raw socket
+/// that receives nothing (IPPROTO_RAW): no raw TCP socket, which the kernel would hand a clone
+/// of every TCP segment the host receives. Its sockets close with its reader.
 #[test]
-fn dropping_the_prober_stops_its_reader() {
+fn the_prober_takes_no_copy_of_the_hosts_tcp_traffic_and_closes_with_its_reader() {
     let p = pair();
     p.prober.enter(|| {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -567,16 +566,24 @@ fn dropping_the_prober_stops_its_reader() {
             .build()
             .unwrap();
         rt.block_on(async {
-            assert_eq!(raw_tcp_sockets(), 0);
+            let open = || {
+                let raw = |proto| raw_sockets("raw", proto);
+                (raw(6), raw(255), ipv4_packet_sockets())
+            };
+            assert_eq!(open(), (0, 0, 0));
             let prober = SynProber::new().unwrap();
-            assert_eq!(raw_tcp_sockets(), 1, "one raw socket");
+            assert_eq!(
+                open(),
+                (0, 1, 1),
+                "(raw TCP, raw IPPROTO_RAW, IPv4 packet) sockets"
+            );
             drop(prober);
-            // The reader task owns the socket too: it closes once the aborted task is dropped.
+            // The reader task owns the ring: it closes once the aborted task is dropped.
             let deadline = Instant::now() + Duration::from_secs(1);
-            while raw_tcp_sockets() > 0 && Instant::now() < deadline {
+            while open() != (0, 0, 0) && Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            assert_eq!(raw_tcp_sockets(), 0, "raw socket closed with the reader");
+            assert_eq!(open(), (0, 0, 0), "sockets closed with the reader");
         });
     });
 }
@@ -1105,13 +1112,18 @@ fn dropping_the_prober_closes_its_ipv6_socket_too() {
             assert_eq!(raw_sockets("raw6", 6), 0);
             let prober = SynProber::new().unwrap();
             assert_eq!(raw_sockets("raw6", 6), 1, "one IPv6 raw socket");
-            assert_eq!(raw_sockets("raw", 6), 1, "one IPv4 raw socket");
+            assert_eq!(
+                raw_sockets("raw", 255),
+                1,
+                "one IPv4 raw socket (send only)"
+            );
             drop(prober);
             let deadline = Instant::now() + Duration::from_secs(1);
-            while raw_sockets("raw6", 6) + raw_sockets("raw", 6) > 0 && Instant::now() < deadline {
+            let open = || raw_sockets("raw6", 6) + raw_sockets("raw", 255);
+            while open() > 0 && Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            assert_eq!(raw_sockets("raw6", 6) + raw_sockets("raw", 6), 0);
+            assert_eq!(open(), 0);
         });
     });
 }

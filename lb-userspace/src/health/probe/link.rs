@@ -37,7 +37,7 @@ use socket2::SockRef;
 
 use crate::rtnl::{self, Message};
 
-use super::sys::{MAX_BATCH, fold, ones_sum, send_headers};
+use super::sys::{MAX_BATCH, default_ttl, ipv4_header, send_headers};
 
 // rtnetlink constants not in the libc crate (linux/rtnetlink.h, neighbour.h).
 const RTA_DST: u16 = 1;
@@ -123,11 +123,7 @@ impl Links {
         let packet = socket2::Socket::new(socket2::Domain::PACKET, kind, None)?;
         packet.set_send_buffer_size(SNDBUF)?;
         let packet = OwnedFd::from(packet);
-        // /proc/sys/net is the namespace of the thread that opens it, as the sockets are.
-        let ttl = std::fs::read_to_string("/proc/sys/net/ipv4/ip_default_ttl")
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(64);
+        let ttl = default_ttl();
         Ok(Self {
             requests: Mutex::new(requests),
             events,
@@ -349,29 +345,6 @@ impl Links {
         // SAFETY: `n` headers whose buffers (IP headers, payloads) and addresses are alive.
         unsafe { send_headers(self.packet.as_fd(), &mut msgs[..n]) }
     }
-}
-
-/// An IPv4 header (20 bytes, no options) for `payload_len` bytes of `protocol` from `source` to
-/// `destination`: DF set and ID 0, as Linux sends an unfragmentable datagram of an unconnected
-/// socket (RFC 6864 lets an atomic datagram's ID be anything); checksum filled in.
-fn ipv4_header(
-    source: Ipv4Addr,
-    destination: Ipv4Addr,
-    protocol: u8,
-    payload_len: usize,
-    ttl: u8,
-) -> [u8; 20] {
-    let mut h = [0u8; 20];
-    h[0] = 0x45; // version 4, 5 words
-    h[2..4].copy_from_slice(&((20 + payload_len) as u16).to_be_bytes());
-    h[6] = 0x40; // DF
-    h[8] = ttl;
-    h[9] = protocol;
-    h[12..16].copy_from_slice(&source.octets());
-    h[16..20].copy_from_slice(&destination.octets());
-    let checksum = !fold(ones_sum(&h));
-    h[10..12].copy_from_slice(&checksum.to_be_bytes());
-    h
 }
 
 /// The fields of an `RTM_NEWROUTE` answer that matter here.
@@ -660,6 +633,7 @@ mod tests {
 
     #[test]
     fn the_ip_header_checksums_to_zero() {
+        use crate::health::probe::sys::{fold, ones_sum};
         let h = ipv4_header(
             Ipv4Addr::new(10, 0, 1, 5),
             Ipv4Addr::new(10, 0, 2, 7),

@@ -27,6 +27,38 @@ pub fn fold(mut sum: u32) -> u16 {
     sum as u16
 }
 
+/// An IPv4 header (20 bytes, no options) for `payload_len` bytes of `protocol` from `source` to
+/// `destination`: DF set and ID 0, as Linux sends an unfragmentable datagram of an unconnected
+/// socket (RFC 6864 lets an atomic datagram's ID be anything); checksum filled in.
+pub fn ipv4_header(
+    source: Ipv4Addr,
+    destination: Ipv4Addr,
+    protocol: u8,
+    payload_len: usize,
+    ttl: u8,
+) -> [u8; 20] {
+    let mut h = [0u8; 20];
+    h[0] = 0x45; // version 4, 5 words
+    h[2..4].copy_from_slice(&((20 + payload_len) as u16).to_be_bytes());
+    h[6] = 0x40; // DF
+    h[8] = ttl;
+    h[9] = protocol;
+    h[12..16].copy_from_slice(&source.octets());
+    h[16..20].copy_from_slice(&destination.octets());
+    let checksum = !fold(ones_sum(&h));
+    h[10..12].copy_from_slice(&checksum.to_be_bytes());
+    h
+}
+
+/// The namespace's `ip_default_ttl`: the TTL of the IPv4 headers built here. /proc/sys/net is
+/// the namespace of the thread that reads it, as the sockets are.
+pub fn default_ttl() -> u8 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_default_ttl")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(64)
+}
+
 pub fn setsockopt<T>(
     fd: BorrowedFd<'_>,
     level: libc::c_int,
@@ -304,48 +336,8 @@ pub unsafe fn send_headers(fd: BorrowedFd<'_>, msgs: &mut [libc::mmsghdr]) -> io
     }
 }
 
-/// Most datagrams [`recv_many`] takes in one call.
+/// Most datagrams [`send_many`] sends and [`recv_many6`] takes in one call.
 pub const MAX_BATCH: usize = 64;
-
-/// Up to `bufs.len()` (at most [`MAX_BATCH`]) datagrams in one `recvmmsg`, without blocking:
-/// datagram `i` lands in `bufs[i]` (cut to its length) and its length in `lens[i]`. Returns how
-/// many arrived; `WouldBlock` when none was queued.
-pub fn recv_many<const L: usize>(
-    fd: BorrowedFd<'_>,
-    bufs: &mut [[u8; L]],
-    lens: &mut [usize],
-) -> io::Result<usize> {
-    let n = bufs.len().min(lens.len()).min(MAX_BATCH);
-    // SAFETY: all-zero iovecs and mmsghdrs are valid; the pointers set below outlive the call.
-    let mut iov: [libc::iovec; MAX_BATCH] = unsafe { std::mem::zeroed() };
-    let mut msgs: [libc::mmsghdr; MAX_BATCH] = unsafe { std::mem::zeroed() };
-    for i in 0..n {
-        iov[i] = libc::iovec {
-            iov_base: bufs[i].as_mut_ptr().cast(),
-            iov_len: L,
-        };
-        msgs[i].msg_hdr.msg_iov = &raw mut iov[i];
-        msgs[i].msg_hdr.msg_iovlen = 1;
-    }
-    // SAFETY: valid fd; `n` headers, each pointing to a writable buffer of its length.
-    let got = unsafe {
-        libc::recvmmsg(
-            fd.as_raw_fd(),
-            msgs.as_mut_ptr(),
-            n as libc::c_uint,
-            libc::MSG_DONTWAIT,
-            std::ptr::null_mut(),
-        )
-    };
-    if got < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let got = got as usize;
-    for i in 0..got {
-        lens[i] = (msgs[i].msg_len as usize).min(L);
-    }
-    Ok(got)
-}
 
 /// What [`recv_many6`] tells of each datagram besides its bytes: the address it came from and
 /// the one it was sent to (an IPv6 raw socket hands over the payload only, without the IP
@@ -364,8 +356,10 @@ pub struct Addresses6 {
 #[repr(C, align(8))]
 struct RecvControl([u8; 64]);
 
-/// As [`recv_many`], on an IPv6 raw socket with `IPV6_RECVPKTINFO` set: also the source and
-/// destination address of each datagram, in `addrs[i]`.
+/// Up to `bufs.len()` (at most [`MAX_BATCH`]) datagrams in one `recvmmsg` on an IPv6 raw socket
+/// with `IPV6_RECVPKTINFO` set, without blocking: datagram `i` lands in `bufs[i]` (cut to its
+/// length), its length in `lens[i]`, its source and destination address in `addrs[i]`. Returns
+/// how many arrived; `WouldBlock` when none was queued.
 pub fn recv_many6<const L: usize>(
     fd: BorrowedFd<'_>,
     bufs: &mut [[u8; L]],

@@ -1,37 +1,43 @@
-//! The classic BPF programs that keep the host's ordinary TCP traffic away from the raw sockets:
-//! one for the IPv4 socket, which sees packets from their IP header, and one for the IPv6
-//! socket, which sees them from their TCP header.
+//! The classic BPF programs that keep the host's ordinary TCP traffic away from the prober:
+//! one for the IPv4 replies' packet socket (see [`super::ring`]), which sees packets from their
+//! IP header, and one for the IPv6 raw socket, which sees them from their TCP header.
 
 use std::{io, os::fd::BorrowedFd};
 
 use super::wire::{ACK, RST, SYN};
 use crate::health::probe::sys::setsockopt;
 
-/// The classic BPF program on the raw socket: it passes IPv4 TCP segments with RST set, or with
-/// both SYN and ACK set, and drops everything else in the kernel. A raw socket hands the filter
-/// the packet from its IP header; the TCP header starts `4 × IHL` bytes in. A load past the end
-/// of a short packet ends the program with "drop".
+/// Bytes of a packet the IPv4 filter keeps: an IP header with options (60 bytes) and a TCP
+/// header (20) are all a reply needs; the ring's frames hold this much.
+pub(super) const REPLY_BYTES: u32 = 128;
+
+/// The classic BPF program on the IPv4 replies' packet socket: it passes unfragmented IPv4 TCP
+/// segments with RST set, or with both SYN and ACK set, and drops everything else in the
+/// kernel. A packet socket of type `SOCK_DGRAM` hands the filter every IPv4 packet the host
+/// receives from its IP header (before the IP layer has checked or reassembled it, hence the
+/// fragment test: a later fragment holds no TCP header); the TCP header starts `4 × IHL` bytes
+/// in. A load past the end of a short packet ends the program with "drop".
 ///
 /// ```text
 ///  0  ldb  [0]                 A = version/IHL byte
 ///  1  rsh  #4                  A = version
-///  2  jeq  #4, 0, 8            not IPv4 -> 11
+///  2  jeq  #4, 0, 10           not IPv4 -> 13
 ///  3  ldb  [9]                 A = protocol
-///  4  jeq  #6, 0, 6            not TCP -> 11
-///  5  ldxb 4*([0]&0xf)         X = IP header length
-///  6  ldb  [x+13]              A = TCP flags
-///  7  jset #0x04, 2, 0         RST -> 10
-///  8  and  #0x12               A = SYN and ACK bits
-///  9  jeq  #0x12, 0, 1         both -> 10, else -> 11
-/// 10  ret  #0xffffffff         accept, whole packet
-/// 11  ret  #0                  drop
+///  4  jeq  #6, 0, 8            not TCP -> 13
+///  5  ldh  [6]                 A = flags/fragment offset
+///  6  jset #0x3fff, 6, 0       more fragments or an offset -> 13
+///  7  ldxb 4*([0]&0xf)         X = IP header length
+///  8  ldb  [x+13]              A = TCP flags
+///  9  jset #0x04, 2, 0         RST -> 12
+/// 10  and  #0x12               A = SYN and ACK bits
+/// 11  jeq  #0x12, 0, 1         both -> 12, else -> 13
+/// 12  ret  #128                accept, its first REPLY_BYTES bytes
+/// 13  ret  #0                  drop
 /// ```
-/// (The socket is AF_INET / IPPROTO_TCP, so the first checks always hold today; they keep the
-/// program correct on its own and cost two instructions.)
-fn reply_filter() -> [libc::sock_filter; 12] {
+fn reply_filter() -> [libc::sock_filter; 14] {
     use libc::{
-        BPF_ABS, BPF_ALU, BPF_AND, BPF_B, BPF_IND, BPF_JEQ, BPF_JMP, BPF_JSET, BPF_K, BPF_LD,
-        BPF_LDX, BPF_MSH, BPF_RET, BPF_RSH,
+        BPF_ABS, BPF_ALU, BPF_AND, BPF_B, BPF_H, BPF_IND, BPF_JEQ, BPF_JMP, BPF_JSET, BPF_K,
+        BPF_LD, BPF_LDX, BPF_MSH, BPF_RET, BPF_RSH,
     };
     let op = |code: u32, k: u32| libc::sock_filter {
         code: code as u16,
@@ -50,15 +56,17 @@ fn reply_filter() -> [libc::sock_filter; 12] {
     [
         op(BPF_LD | BPF_B | BPF_ABS, 0),
         op(BPF_ALU | BPF_RSH | BPF_K, 4),
-        jump(BPF_JMP | BPF_JEQ | BPF_K, 4, 0, 8),
+        jump(BPF_JMP | BPF_JEQ | BPF_K, 4, 0, 10),
         op(BPF_LD | BPF_B | BPF_ABS, 9),
-        jump(BPF_JMP | BPF_JEQ | BPF_K, tcp, 0, 6),
+        jump(BPF_JMP | BPF_JEQ | BPF_K, tcp, 0, 8),
+        op(BPF_LD | BPF_H | BPF_ABS, 6),
+        jump(BPF_JMP | BPF_JSET | BPF_K, 0x3fff, 6, 0),
         op(BPF_LDX | BPF_B | BPF_MSH, 0),
         op(BPF_LD | BPF_B | BPF_IND, 13),
         jump(BPF_JMP | BPF_JSET | BPF_K, u32::from(RST), 2, 0),
         op(BPF_ALU | BPF_AND | BPF_K, syn_ack),
         jump(BPF_JMP | BPF_JEQ | BPF_K, syn_ack, 0, 1),
-        op(BPF_RET | BPF_K, u32::MAX),
+        op(BPF_RET | BPF_K, REPLY_BYTES),
         op(BPF_RET | BPF_K, 0),
     ]
 }
@@ -104,7 +112,8 @@ fn reply_filter6() -> [libc::sock_filter; 6] {
     ]
 }
 
-/// Attaches [`reply_filter`] to `fd` (SO_ATTACH_FILTER; the kernel copies the program).
+/// Attaches [`reply_filter`] to `fd`, the IPv4 replies' packet socket (SO_ATTACH_FILTER; the
+/// kernel copies the program).
 pub(super) fn attach_filter(fd: BorrowedFd<'_>) -> io::Result<()> {
     attach(fd, &mut reply_filter())
 }
@@ -180,6 +189,15 @@ mod tests {
         let mut v6 = reply(SYN | ACK, 1, 0);
         v6[0] = 0x65;
         assert!(!passes(&v6), "not IPv4");
+        // Fragments: the first (more fragments set) and a later one (an offset).
+        for fragment in [[0x20, 0x00], [0x00, 0x01], [0x40 | 0x1f, 0xff]] {
+            let mut f = reply(SYN | ACK, 1, 0);
+            f[6..8].copy_from_slice(&fragment);
+            assert!(!passes(&f), "fragment {fragment:x?}");
+        }
+        let mut df = reply(SYN | ACK, 1, 0);
+        df[6..8].copy_from_slice(&[0x40, 0x00]);
+        assert!(passes(&df), "DF alone is no fragment");
         let full = reply(SYN | ACK, 1, 0);
         assert!(!passes(&full[..33]), "too short to hold the flags");
         assert!(passes(&full[..34]), "just long enough");

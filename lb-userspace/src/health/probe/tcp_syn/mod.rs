@@ -4,25 +4,29 @@
 //! local socket owns the connection, so the backend does not keep a half-open entry. Targets
 //! are IPv4 or IPv6 (`SocketAddr`), and the same holds for both.
 //!
-//! Two raw `IPPROTO_TCP` sockets serve every probe of the daemon: an `AF_INET` one for IPv4
-//! targets and an `AF_INET6` one for IPv6 targets (left out, with a warning, on a host without
-//! IPv6; its IPv6 probes are then `Local` failures). A probe registers itself in one map keyed by
-//! the connection, whatever its family, and queues its SYN; a sender task sends the queued SYNs
-//! on the socket of their family, and a reader task receives the replies of both sockets,
-//! completes the matching probes and also ends the probes whose deadline has passed. The checker starts probes with [`SynProber::start_many`] and takes
-//! their results from [`SynProber::finished`]; [`SynProber::probe`] starts one the same way and
-//! has its result come to the future instead. A raw TCP socket receives a copy of *every* TCP
-//! segment of its family that reaches this host, so a classic BPF filter in the kernel passes
-//! only segments with SYN+ACK or RST set: the reader does not wake for the host's ordinary TCP
-//! traffic. The two sockets see different bytes, hence two filters: the IPv4 socket gets each
+//! Three sockets serve every probe of the daemon. IPv4: a raw `IPPROTO_RAW` socket sends the
+//! SYNs that take the kernel's path (whole datagrams, the IP header built here; it receives
+//! nothing), and a packet socket bound to IPv4 on every device reads the replies from a ring
+//! it shares with the kernel ([`ring`]). IPv6: a raw `IPPROTO_TCP` socket does both (left out,
+//! with a warning, on a host without IPv6; its IPv6 probes are then `Local` failures). A probe
+//! registers itself in one map keyed by the connection, whatever its family, and queues its
+//! SYN; a sender task sends the queued SYNs on the socket of their family, and a reader task
+//! takes the replies of the ring and the IPv6 socket, completes the matching probes and also
+//! ends the probes whose deadline has passed. The checker starts probes with
+//! [`SynProber::start_many`] and takes their results from [`SynProber::finished`];
+//! [`SynProber::probe`] starts one the same way and has its result come to the future instead.
+//! Both receiving sockets see far more than replies (the ring every IPv4 packet the host
+//! receives, the IPv6 raw socket every TCP segment of its family), so a classic BPF filter in
+//! the kernel passes only segments with SYN+ACK or RST set: the reader does not wake for the
+//! host's ordinary traffic. They see different bytes, hence two filters: the ring's gets each
 //! packet from its IP header (the flags sit behind the header's variable length), the IPv6
-//! socket from its TCP header (the kernel has pulled the IPv6 header and any extension headers;
-//! the addresses come with `recvmsg`: the source as the sender's address, the destination from
-//! `IPV6_PKTINFO`).
+//! socket's from its TCP header (the kernel has pulled the IPv6 header and any extension
+//! headers; the addresses come with `recvmsg`: the source as the sender's address, the
+//! destination from `IPV6_PKTINFO`).
 //!
 //! What a probe costs (issue 4: 10,000 targets a second must stay cheap): its share of a
-//! `sendmmsg` and of a `recvmmsg` and a few short lock sections. Everything else is shared or
-//! amortised:
+//! `sendmmsg`, the kernel's copy of its reply into the ring, and a few short lock sections.
+//! Everything else is shared or amortised:
 //! - source ports come from a pool reserved once (see below), not a socket per probe;
 //! - the source address is looked up per target at most every [`ROUTE_TTL`] (and again after a
 //!   timeout or a failed send), not per probe;
@@ -44,10 +48,14 @@
 //!   kernel's path through the raw socket, so the kernel resolves the next hop, and a failure
 //!   (unless it is the first timeout) is always seen through the kernel's own routing. On that
 //!   path a SYN skips netfilter's OUTPUT and POSTROUTING hooks and IPsec policies (README,
-//!   limitations); the answers come back through the raw socket either way.
+//!   limitations); the answers come back through the ring either way. The ring sees them as they
+//!   come off the device, before netfilter's PREROUTING and INPUT hooks and IPsec's policy
+//!   checks: a reply the host's firewall drops still counts (the backend answered), and replies
+//!   of transport-mode IPsec, decrypted past every packet socket, are not seen (README,
+//!   limitations).
 //!
 //! Timing: the timeout runs from the call to [`SynProber::start_many`] (or
-//! [`SynProber::probe`]). The reader reads the socket before it expires deadlines, so a SYN+ACK
+//! [`SynProber::probe`]). The reader reads the ring and the socket before it expires deadlines, so a SYN+ACK
 //! or RST that arrived before the deadline always counts. One that arrives a little after it
 //! (before the reader's next pass, which tokio's 1 ms timer and the [`COALESCE`] pause can delay
 //! by a couple of milliseconds) may count too, as with a per-probe timer. The latency runs from
@@ -58,7 +66,8 @@
 //! - the address is the kernel's own choice towards the target (a connected UDP socket's local
 //!   address), cached per target for [`ROUTE_TTL`] so it follows route changes within that time;
 //!   a timeout or a failed send drops the cached address, so the next probe looks it up again.
-//!   The SYN is sent with that source (`IP_PKTINFO`, `IPV6_PKTINFO`): the checksum covers it,
+//!   The SYN is sent with that source (in the IPv4 header built here, and `IP_PKTINFO` for the
+//!   route; `IPV6_PKTINFO`): the checksum covers it,
 //!   so it must be the address in the IP header, and a source that is no longer local makes the
 //!   send fail (then the probe looks the route up again and resends once). An IPv4 SYN's
 //!   checksum is computed here; an IPv6 one's by the kernel (`IPV6_CHECKSUM`), over the
@@ -74,9 +83,9 @@
 //!   was lost. When every pooled port is busy towards one target, a probe reserves a port of its
 //!   own for its lifetime (a socket bound to `(source, 0)`).
 //!
-//! ICMP and ICMPv6 errors (e.g. a firewall's port-unreachable) are not matched to probes: an
-//! unconnected raw socket only hears of them with IP_RECVERR (IPV6_RECVERR), through its error
-//! queue, which this prober does not read. Such a target times out, which is a failure all the same.
+//! ICMP and ICMPv6 errors (e.g. a firewall's port-unreachable) are not matched to probes: the
+//! ring's filter passes TCP only, and an unconnected raw socket only hears of them with
+//! IPV6_RECVERR, through its error queue, which this prober does not read. Such a target times out, which is a failure all the same.
 //!
 //! Sockets are created in the network namespace of the calling thread: [`SynProber::new`] and
 //! the calls that start probes must run in the same one (the daemon runs in a single
@@ -84,6 +93,7 @@
 
 mod filter;
 mod pending;
+mod ring;
 mod shared;
 mod socket;
 mod targets;
@@ -106,12 +116,13 @@ use super::link::Links;
 use super::sys::register;
 use super::{ProbeResult, Via};
 use pending::Waiter;
+use ring::ReplyRing;
 use shared::Shared;
 use socket::{open_raw_socket, open_raw_socket6};
 use targets::Pool;
 use tasks::{read_replies, send_queued};
 
-/// The raw sockets (one per family) serving every half-open probe of the daemon.
+/// The sockets (see the module's doc) serving every half-open probe of the daemon.
 pub struct SynProber {
     shared: Arc<Shared>,
     reader: JoinHandle<()>,
@@ -119,7 +130,7 @@ pub struct SynProber {
 }
 
 impl SynProber {
-    /// Opens the raw sockets (needs CAP_NET_RAW; the error says so), reserves the pooled source
+    /// Opens the sockets (needs CAP_NET_RAW; the error says so), reserves the pooled source
     /// ports and starts the reader and sender tasks on the current tokio runtime (which must
     /// have IO and time enabled). The IPv6 socket is left out, with a warning, where the host
     /// has no IPv6: its IPv6 probes are then local failures.
@@ -134,6 +145,7 @@ impl SynProber {
             }
             Err(e) => return Err(e),
         };
+        let ring = ReplyRing::open()?;
         let pool = Pool::reserve();
         let links = Links::open()
             .inspect_err(|e| {
@@ -143,7 +155,7 @@ impl SynProber {
             })
             .ok();
         let shared = Arc::new(Shared::new(socket, socket6, pool, links)?);
-        let reader = runtime.spawn(read_replies(Arc::clone(&shared)));
+        let reader = runtime.spawn(read_replies(Arc::clone(&shared), ring));
         let sender = runtime.spawn(send_queued(Arc::clone(&shared)));
         Ok(Self {
             shared,

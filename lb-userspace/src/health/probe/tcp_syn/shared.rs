@@ -21,12 +21,16 @@ use super::targets::{Home, Path, Pool, Target, Targets};
 use super::wire::{RST_LEN, SYN_LEN, Segment, Verdict, initial_sequence, rst_segment, syn_segment};
 use crate::health::outcome::{Reason, from_io};
 use crate::health::probe::link::{Link, Links};
+use crate::health::probe::sys::default_ttl;
 use crate::health::probe::{ProbeResult, Via};
 
 /// What the probes and the reader and sender tasks share.
 pub(super) struct Shared {
-    /// The raw socket of IPv4 probes.
+    /// The raw socket IPv4 SYNs take the kernel's path through (it receives nothing: IPv4
+    /// replies come through the reader's ring).
     pub(super) socket: AsyncFd<OwnedFd>,
+    /// The TTL of the IPv4 headers built for that socket.
+    pub(super) ttl: u8,
     /// The raw socket of IPv6 probes; None on a host without IPv6 (its IPv6 probes then fail
     /// as local failures).
     pub(super) socket6: Option<AsyncFd<OwnedFd>>,
@@ -93,6 +97,7 @@ impl Shared {
     ) -> io::Result<Self> {
         Ok(Self {
             socket,
+            ttl: default_ttl(),
             socket6,
             state: Mutex::new(State {
                 pending: Registry::default(),
@@ -437,8 +442,9 @@ impl Shared {
         }
     }
 
-    /// Completes the probes that IPv4 `packets` (as the IPv4 raw socket reads them) answer, if
-    /// any, with replies read at `at` (see [`Shared::dispatch_segments`]).
+    /// Completes the probes that IPv4 `packets` (from their IP header) answer, if any, with
+    /// replies read at `at` (see [`Shared::dispatch_segments`]).
+    #[cfg(test)]
     pub(super) fn dispatch<'p>(
         &self,
         packets: impl IntoIterator<Item = &'p [u8]>,

@@ -9,7 +9,7 @@ use std::{
     sync::{Mutex, PoisonError},
 };
 
-use super::filter::{attach_filter, attach_filter6};
+use super::filter::attach_filter6;
 use socket2::{Domain, Socket, Type};
 
 use crate::health::probe::sys::{self, recv, setsockopt};
@@ -129,25 +129,16 @@ fn bound(socket: Socket, at: SocketAddr) -> io::Result<(OwnedFd, SocketAddr)> {
     Ok((socket.into(), SocketAddr::new(at.ip(), port)))
 }
 
-/// The IPv4 raw socket: non-blocking, filtered, with a larger receive buffer.
+/// The IPv4 raw socket: non-blocking, for sending only. `IPPROTO_RAW` sends whole datagrams
+/// (IP header included, as `IP_HDRINCL`) through the kernel's IP output path and receives
+/// nothing: an `IPPROTO_TCP` raw socket would be handed a clone of every TCP segment the host
+/// receives, which the replies' ring ([`super::ring`]) made needless.
 pub(super) fn open_raw_socket() -> io::Result<OwnedFd> {
-    let fd = sys::open_raw(
+    sys::open_raw(
         Domain::IPV4,
-        libc::IPPROTO_TCP,
+        libc::IPPROTO_RAW,
         "half-open TCP probes need a raw socket",
-    )?;
-    attach_filter(fd.as_fd())?;
-    sys::grow_receive_buffer(fd.as_fd(), RCVBUF)?;
-    // DF, as a TCP SYN from Linux: also spares the kernel a hashed IP ID per datagram (with DF
-    // an unconnected socket's datagrams get ID 0).
-    setsockopt(
-        fd.as_fd(),
-        libc::IPPROTO_IP,
-        libc::IP_MTU_DISCOVER,
-        &libc::IP_PMTUDISC_DO,
-    )?;
-    drain(fd.as_fd());
-    Ok(fd)
+    )
 }
 
 /// The IPv6 raw socket: non-blocking, filtered, with a larger receive buffer; the kernel fills

@@ -1,6 +1,6 @@
 //! The sender and reader tasks: the sender sends the queued SYNs in batches, through the
-//! link-layer path or the raw socket of their family; the reader reads the replies of both raw
-//! sockets in batches and expires the late probes.
+//! link-layer path or the raw socket of their family; the reader reads the replies (IPv4 ones
+//! from the ring, IPv6 ones from the IPv6 raw socket) in batches and expires the late probes.
 
 use std::{
     io,
@@ -12,12 +12,14 @@ use std::{
 
 use tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
 
+use super::filter::REPLY_BYTES;
 use super::pending::{Answer, Ended};
+use super::ring::{Frames, ReplyRing};
 use super::shared::{Closing, Queued, Shared};
-use super::wire::Segment;
+use super::wire::{SYN_LEN, Segment};
 use crate::health::probe::link::{Frame, Link};
 use crate::health::probe::sys::{
-    Addresses6, MAX_BATCH, Outgoing, recv_many, recv_many6, send_many,
+    Addresses6, MAX_BATCH, Outgoing, ipv4_header, recv_many6, send_many,
 };
 
 /// Under load, the reader's pause between two reads of the socket. It pauses only when replies
@@ -25,10 +27,8 @@ use crate::health::probe::sys::{
 /// lone reply is read at once.
 pub const COALESCE: Duration = Duration::from_millis(1);
 
-/// Bytes kept of each reply: an IP header with options (60 bytes) and a TCP header (20) are all
-/// a reply needs (an IPv6 raw socket's, the TCP header alone); recv discards the rest of a
-/// longer datagram.
-const REPLY_BYTES: usize = 128;
+/// An IPv4 header without options, as the IPv4 socket is handed it.
+const IPV4_HEADER: usize = 20;
 
 /// The sender task: sends the SYNs queued since it last ran together (one `sendmmsg` rather than
 /// a `sendmsg` each).
@@ -115,13 +115,36 @@ async fn send_batch(shared: &Shared, batch: &mut Vec<Queued>) {
 }
 
 /// Sends `plain` (SYNs of one family) through `socket`, the raw socket of that family; without
-/// one (never: an IPv6 probe does not start without the IPv6 socket) they are unsent.
+/// one (never: an IPv6 probe does not start without the IPv6 socket) they are unsent. The IPv4
+/// socket sends whole datagrams (it receives nothing: see [`super::socket::open_raw_socket`]),
+/// so each IPv4 segment goes behind an IP header built here; the IPv6 socket builds its own.
 async fn send_plain(
     shared: &Shared,
     socket: Option<&AsyncFd<OwnedFd>>,
     plain: &[&Queued],
     answers: &mut Vec<Ended>,
 ) {
+    let datagrams: Vec<([u8; IPV4_HEADER + SYN_LEN], usize)> = plain
+        .iter()
+        .map(|q| {
+            let mut d = [0; IPV4_HEADER + SYN_LEN];
+            let segment = &q.segment[..q.len];
+            match (q.key.local, q.key.remote) {
+                (SocketAddr::V4(local), SocketAddr::V4(remote)) => {
+                    let (source, target) = (*local.ip(), *remote.ip());
+                    let protocol = libc::IPPROTO_TCP as u8;
+                    let header = ipv4_header(source, target, protocol, q.len, shared.ttl);
+                    d[..IPV4_HEADER].copy_from_slice(&header);
+                    d[IPV4_HEADER..][..q.len].copy_from_slice(segment);
+                    (d, IPV4_HEADER + q.len)
+                }
+                _ => {
+                    d[..q.len].copy_from_slice(segment);
+                    (d, q.len)
+                }
+            }
+        })
+        .collect();
     let mut i = 0;
     while i < plain.len() {
         let Some(socket) = socket else {
@@ -129,18 +152,19 @@ async fn send_plain(
             i += sent_or_unsent(shared, plain[i], unsent, answers);
             continue;
         };
-        let datagrams: Vec<Outgoing<'_>> = plain[i..]
+        let outgoing: Vec<Outgoing<'_>> = plain[i..]
             .iter()
-            .map(|q| Outgoing {
+            .zip(&datagrams[i..])
+            .map(|(q, (d, len))| Outgoing {
                 source: q.key.local.ip(),
                 target: q.key.remote,
-                bytes: &q.segment[..q.len],
+                bytes: &d[..*len],
                 mark: q.mark,
             })
             .collect();
         let sent = socket
             .async_io(tokio::io::Interest::WRITABLE, |fd| {
-                send_many(fd.as_fd(), &datagrams)
+                send_many(fd.as_fd(), &outgoing)
             })
             .await;
         if let Ok(n) = sent {
@@ -190,9 +214,12 @@ fn sent_or_unsent(
 
 /// Where the reader reads replies into.
 struct Inbox {
-    bufs: [[u8; REPLY_BYTES]; MAX_BATCH],
+    /// The IPv4 replies taken from the ring, until they are dispatched.
+    segments: Vec<Segment>,
+    /// The IPv6 socket's replies (TCP headers: 20 bytes, options up to 60).
+    bufs: [[u8; REPLY_BYTES as usize]; MAX_BATCH],
     lens: [usize; MAX_BATCH],
-    /// The addresses of the IPv6 socket's replies (which come without their IPv6 header).
+    /// Their addresses (they come without their IPv6 header).
     addrs: [Addresses6; MAX_BATCH],
 }
 
@@ -203,17 +230,19 @@ impl Inbox {
             destination: std::net::Ipv6Addr::UNSPECIFIED,
         };
         Box::new(Self {
-            bufs: [[0; REPLY_BYTES]; MAX_BATCH],
+            segments: Vec::with_capacity(MAX_BATCH),
+            bufs: [[0; REPLY_BYTES as usize]; MAX_BATCH],
             lens: [0; MAX_BATCH],
             addrs: [none; MAX_BATCH],
         })
     }
 }
 
-/// The reader task: wakes when either filtered socket has replies, or when the earliest
+/// The reader task: wakes when the ring or the IPv6 socket has replies, or when the earliest
 /// deadline passes; reads the replies (in batches), completes probes, expires the late ones.
-pub(super) async fn read_replies(shared: Arc<Shared>) {
+pub(super) async fn read_replies(shared: Arc<Shared>, mut ring: ReplyRing) {
     let _closing = Closing(&shared);
+    let ReplyRing { socket, frames } = &mut ring;
     let mut inbox = Inbox::new();
     let mut answers = Vec::with_capacity(MAX_BATCH);
     // Far enough never to fire, near enough not to overflow tokio's clock.
@@ -233,13 +262,13 @@ pub(super) async fn read_replies(shared: Arc<Shared>) {
         let mut burst = None;
         tokio::select! {
             biased;
-            ready = shared.socket.readable() => {
+            ready = socket.readable() => {
                 let Ok(ready) = ready.inspect_err(|e| {
                     tracing::error!("half-open probe reader stopped: {e}");
                 }) else {
                     return;
                 };
-                burst = Some(read_ready(&shared, ready, false, &mut inbox, &mut answers));
+                burst = Some(read_ring(&shared, ready, frames, &mut inbox, &mut answers));
             }
             ready = readable6(&shared) => {
                 let Ok(ready) = ready.inspect_err(|e| {
@@ -247,13 +276,13 @@ pub(super) async fn read_replies(shared: Arc<Shared>) {
                 }) else {
                     return;
                 };
-                burst = Some(read_ready(&shared, ready, true, &mut inbox, &mut answers));
+                burst = Some(read_ready6(&shared, ready, &mut inbox, &mut answers));
             }
             () = &mut timer => {
                 timer_at = None;
                 // Replies that arrived before the deadline count: read them first (without
                 // touching the reactor's readiness, which the next turn consumes).
-                drain(&shared, &mut inbox, &mut answers);
+                drain(&shared, frames, &mut inbox, &mut answers);
             }
             () = shared.rearm.notified() => {}
         }
@@ -277,19 +306,55 @@ async fn readable6(shared: &Shared) -> io::Result<AsyncFdReadyGuard<'_, OwnedFd>
     }
 }
 
-/// Reads a socket the reactor found readable (the IPv6 one if `v6`) until it is drained or a
-/// batch came short; how many replies it read.
-fn read_ready(
+/// Reads the ring the reactor found readable until it is empty; how many replies it read.
+fn read_ring(
     shared: &Shared,
     mut ready: AsyncFdReadyGuard<'_, OwnedFd>,
-    v6: bool,
+    frames: &mut Frames,
+    inbox: &mut Inbox,
+    answers: &mut Vec<Ended>,
+) -> usize {
+    shared.wakeups.fetch_add(1, Ordering::Relaxed);
+    let total = read_frames(shared, frames, inbox, answers);
+    // Emptied. Clearing is a no-op if the reactor saw new data since.
+    ready.clear_ready();
+    total
+}
+
+/// Takes the ring's replies in batches of [`MAX_BATCH`] (one lock a batch) until it is empty;
+/// how many it took.
+fn read_frames(
+    shared: &Shared,
+    frames: &mut Frames,
+    inbox: &mut Inbox,
+    answers: &mut Vec<Ended>,
+) -> usize {
+    let mut total = 0;
+    loop {
+        let segments = &mut inbox.segments;
+        let n = frames.read(MAX_BATCH, |packet| segments.extend(Segment::parse(packet)));
+        total += n;
+        if !segments.is_empty() {
+            shared.dispatch_segments(segments.drain(..), Instant::now(), answers);
+        }
+        if n < MAX_BATCH {
+            return total;
+        }
+    }
+}
+
+/// Reads the IPv6 socket the reactor found readable until it is drained or a batch came short;
+/// how many replies it read.
+fn read_ready6(
+    shared: &Shared,
+    mut ready: AsyncFdReadyGuard<'_, OwnedFd>,
     inbox: &mut Inbox,
     answers: &mut Vec<Ended>,
 ) -> usize {
     shared.wakeups.fetch_add(1, Ordering::Relaxed);
     let mut total = 0;
     loop {
-        match ready.try_io(|fd| read_batch(shared, fd.as_fd(), v6, inbox, answers)) {
+        match ready.try_io(|fd| read_batch6(shared, fd.as_fd(), inbox, answers)) {
             Ok(Ok(n)) => {
                 total += n;
                 if n < MAX_BATCH {
@@ -298,8 +363,8 @@ fn read_ready(
                     break;
                 }
             }
-            // Not expected on an unconnected raw socket without IP_RECVERR / IPV6_RECVERR (ICMP
-            // errors are not reported to it). Readiness stays set: read again.
+            // Not expected on an unconnected raw socket without IPV6_RECVERR (ICMPv6 errors
+            // are not reported to it). Readiness stays set: read again.
             Ok(Err(e)) => {
                 tracing::warn!("half-open probe socket: {e}");
                 break;
@@ -310,40 +375,31 @@ fn read_ready(
     total
 }
 
-/// One `recvmmsg` on `fd` (the IPv6 raw socket if `v6`, else the IPv4 one) and the probes its
-/// replies complete; how many replies it read.
-fn read_batch(
+/// One `recvmmsg` on `fd`, the IPv6 raw socket, and the probes its replies complete; how many
+/// replies it read.
+fn read_batch6(
     shared: &Shared,
     fd: BorrowedFd<'_>,
-    v6: bool,
     inbox: &mut Inbox,
     answers: &mut Vec<Ended>,
 ) -> io::Result<usize> {
-    let Inbox { bufs, lens, addrs } = inbox;
-    if v6 {
-        let n = recv_many6(fd, bufs, lens, addrs)?;
-        let segments = (0..n).filter_map(|i| {
-            Segment::parse6(&bufs[i][..lens[i]], addrs[i].source, addrs[i].destination)
-        });
-        shared.dispatch_segments(segments, Instant::now(), answers);
-        Ok(n)
-    } else {
-        let n = recv_many(fd, bufs, lens)?;
-        let packets = bufs.iter().zip(lens.iter()).take(n).map(|(b, &l)| &b[..l]);
-        shared.dispatch(packets, Instant::now(), answers);
-        Ok(n)
-    }
+    let Inbox {
+        bufs, lens, addrs, ..
+    } = inbox;
+    let n = recv_many6(fd, bufs, lens, addrs)?;
+    let segments = (0..n).filter_map(|i| {
+        Segment::parse6(&bufs[i][..lens[i]], addrs[i].source, addrs[i].destination)
+    });
+    shared.dispatch_segments(segments, Instant::now(), answers);
+    Ok(n)
 }
 
-/// Reads what the sockets hold now, without waiting nor going through the reactor.
-fn drain(shared: &Shared, inbox: &mut Inbox, answers: &mut Vec<Ended>) {
-    let sockets = [
-        (Some(&shared.socket), false),
-        (shared.socket6.as_ref(), true),
-    ];
-    for (socket, v6) in sockets {
-        let Some(socket) = socket else { continue };
-        while let Ok(n) = read_batch(shared, socket.get_ref().as_fd(), v6, inbox, answers) {
+/// Reads what the ring and the IPv6 socket hold now, without waiting nor going through the
+/// reactor.
+fn drain(shared: &Shared, frames: &mut Frames, inbox: &mut Inbox, answers: &mut Vec<Ended>) {
+    read_frames(shared, frames, inbox, answers);
+    if let Some(socket) = &shared.socket6 {
+        while let Ok(n) = read_batch6(shared, socket.get_ref().as_fd(), inbox, answers) {
             if n < MAX_BATCH {
                 break;
             }
