@@ -247,7 +247,11 @@ impl SynProber {
             {
                 let mut done = self.shared.finished_queue();
                 if !done.is_empty() {
-                    out.append(&mut done);
+                    if out.is_empty() {
+                        std::mem::swap(out, &mut *done);
+                    } else {
+                        out.append(&mut done);
+                    }
                     return;
                 }
             }

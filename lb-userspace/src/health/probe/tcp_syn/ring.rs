@@ -14,7 +14,7 @@
 
 use std::{
     io,
-    os::fd::{AsFd as _, AsRawFd as _, OwnedFd},
+    os::fd::{AsFd as _, AsRawFd as _, BorrowedFd, OwnedFd},
     ptr::NonNull,
     sync::atomic::{AtomicU32, Ordering},
 };
@@ -52,6 +52,8 @@ pub(super) struct Frames {
     area: NonNull<u8>,
     /// The next frame to read: only the reader task reads the ring (`&mut self`).
     next: usize,
+    /// A frame read said the kernel dropped packets for want of a free frame.
+    losing: bool,
 }
 
 // SAFETY: the mapping is plain memory shared with the kernel; frames are handed over through
@@ -107,7 +109,11 @@ impl ReplyRing {
         };
         let ring = Self {
             socket,
-            frames: Frames { area, next: 0 },
+            frames: Frames {
+                area,
+                next: 0,
+                losing: false,
+            },
         };
         // SAFETY: all-zero is a valid sockaddr_ll.
         let mut at: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
@@ -141,9 +147,11 @@ impl Frames {
             // apart in page-aligned blocks); the kernel writes it concurrently, hence an atomic.
             let status = unsafe { AtomicU32::from_ptr(frame.cast()) };
             // Acquire: the frame's bytes, written before the kernel set the status, are seen.
-            if status.load(Ordering::Acquire) & libc::TP_STATUS_USER == 0 {
+            let status_now = status.load(Ordering::Acquire);
+            if status_now & libc::TP_STATUS_USER == 0 {
                 break;
             }
+            self.losing |= status_now & libc::TP_STATUS_LOSING != 0;
             // SAFETY: the frame is the reader's until its status goes back to the kernel; the
             // header is 4-byte aligned, the address follows it (see ADDRESS).
             let (net, snap, pkttype) = unsafe {
@@ -165,6 +173,33 @@ impl Frames {
             n += 1;
         }
         n
+    }
+}
+
+impl Frames {
+    /// Packets the kernel dropped for want of a free frame since the last call, if a frame
+    /// read since said it did (`PACKET_STATISTICS`, which also resets the counts); their probes
+    /// time out.
+    pub(super) fn dropped(&mut self, socket: BorrowedFd<'_>) -> Option<u32> {
+        if !std::mem::take(&mut self.losing) {
+            return None;
+        }
+        let mut stats = libc::tpacket_stats {
+            tp_packets: 0,
+            tp_drops: 0,
+        };
+        let mut len = size_of::<libc::tpacket_stats>() as libc::socklen_t;
+        // SAFETY: valid fd; `stats` is writable for `len` bytes.
+        let got = unsafe {
+            libc::getsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_STATISTICS,
+                (&raw mut stats).cast(),
+                &raw mut len,
+            )
+        };
+        (got == 0).then_some(stats.tp_drops)
     }
 }
 

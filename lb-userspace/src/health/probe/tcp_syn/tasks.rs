@@ -318,6 +318,12 @@ fn read_ring(
     let total = read_frames(shared, frames, inbox, answers);
     // Emptied. Clearing is a no-op if the reactor saw new data since.
     ready.clear_ready();
+    if let Some(dropped) = frames.dropped(ready.get_inner().as_fd()) {
+        tracing::warn!(
+            dropped,
+            "half-open probes: replies dropped, the receive ring was full (their probes time out)"
+        );
+    }
     total
 }
 
