@@ -16,8 +16,8 @@
 //!      our kernel receiving the SYN+ACK and sending the RST (how the cost was first measured);
 //!    - *NAPI threads*: both veth ends receive through a NAPI kernel thread, so the process CPU
 //!      is the checker's own (user space and its syscalls down to the veth), the checker-side
-//!      thread is what a NIC's receive path costs the checker's host (SYN+ACK in, raw-socket
-//!      delivery, RST out), and the target-side thread is the backends' work, not ours.
+//!      thread is what a NIC's receive path costs the checker's host (SYN+ACK in, its copy into
+//!      the prober's receive ring, RST out), and the target-side thread is the backends' work, not ours.
 //!
 //!    Then the other check kinds at 1,000 targets (tcp-connect, http, icmp, udp), the checker
 //!    in NAPI-thread mode only (its own cost); their servers run outside this process: the
@@ -567,7 +567,7 @@ fn cost(args: &Args) -> anyhow::Result<String> {
          - *NAPI threads*: each veth end receives in a NAPI kernel thread. *process* is then the \
          checker's own cost (user space and its syscalls, including the veth transmit and the \
          wake-up of the targets' NAPI thread); *rx* is the checker host's receive path (SYN+ACK \
-         in, raw-socket delivery, the kernel's RST out: what a NIC's softirq costs that host); \
+         in, its copy into the prober's receive ring, the kernel's RST out: what a NIC's softirq costs that host); \
          *targets* is the backends' side, not the checker's. *host* = process + rx.\n\n\
          *failures*: checker: state changes to anything but healthy while measuring, and targets not healthy at the end; prober, single: \
          failed probes while measuring (all should be 0; summed over the rounds). *sleeps/s*: voluntary context \
