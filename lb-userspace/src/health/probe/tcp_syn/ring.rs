@@ -31,8 +31,8 @@ const FRAME: usize = 256;
 /// Frames per block (a block is the unit the kernel allocates: 4 pages).
 const BLOCK: usize = 16 << 10;
 /// Frames in the ring: replies the reader may fall behind by before the kernel drops some
-/// (those probes then time out). A slot's burst at 50,000 targets a second is about 500; the
-/// raw socket's 4 MiB buffer held some 5,000 replies.
+/// (those probes then time out; the reader logs how many). A slot's burst at 50,000 targets a
+/// second is about 500. 2 MiB.
 const FRAMES: usize = 8192;
 
 /// Where a frame's `sockaddr_ll` starts: behind the `tpacket2_hdr`, aligned as the kernel
