@@ -2,7 +2,8 @@
 //!
 //! Every ring slot is one element of an array map: through `BPF_MAP_UPDATE_BATCH` each cost
 //! about 180 ns of the kernel's copying and checks (500 services of 65,537 slots: about 60% of
-//! a 9.4 s start, by perf, before the API answered), while the program reads the same memory the mapping shows.
+//! a 9.4 s start, by perf, before the API answered), while the program reads the same memory
+//! the mapping shows.
 //! A slot is a `u32` on its own 8 bytes (the kernel rounds an array's elements up to 8), and
 //! an aligned 4-byte store is seen by the program whole: the old backend or the new one, as
 //! with a map update.

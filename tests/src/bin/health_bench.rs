@@ -17,7 +17,8 @@
 //!    - *NAPI threads*: both veth ends receive through a NAPI kernel thread, so the process CPU
 //!      is the checker's own (user space and its syscalls down to the veth), the checker-side
 //!      thread is what a NIC's receive path costs the checker's host (SYN+ACK in, its copy into
-//!      the prober's receive ring, RST out), and the target-side thread is the backends' work, not ours.
+//!      the prober's receive ring, RST out), and the target-side thread is the backends' work,
+//!      not ours.
 //!
 //!    Then the other check kinds at 1,000 targets (tcp-connect, http, icmp, udp), the checker
 //!    in NAPI-thread mode only (its own cost); their servers run outside this process: the

@@ -79,19 +79,24 @@ pub fn setsockopt<T>(
 /// error says `needs` and what to do instead.
 pub fn open_raw(domain: Domain, protocol: libc::c_int, needs: &str) -> io::Result<OwnedFd> {
     let kind = Type::RAW.nonblocking().cloexec();
-    match Socket::new(domain, kind, Some(Protocol::from(protocol))) {
-        Ok(socket) => Ok(socket.into()),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES)) => {
-            Err(io::Error::new(
-                e.kind(),
-                format!(
-                    "{needs}, which needs CAP_NET_RAW ({e}); \
-                     run with that capability or use tcp-connect probes"
-                ),
-            ))
-        }
-        Err(e) => Err(e),
+    Socket::new(domain, kind, Some(Protocol::from(protocol)))
+        .map(OwnedFd::from)
+        .map_err(|e| needs_net_raw(e, needs))
+}
+
+/// `e`, a socket's creation failing; refused for want of a privilege, it says `needs`, that
+/// CAP_NET_RAW is what is missing, and what to do instead.
+pub fn needs_net_raw(e: io::Error, needs: &str) -> io::Error {
+    if !matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES)) {
+        return e;
     }
+    io::Error::new(
+        e.kind(),
+        format!(
+            "{needs}, which needs CAP_NET_RAW ({e}); \
+             run with that capability or use tcp-connect probes"
+        ),
+    )
 }
 
 /// Many probes sent at once get their answers at once: a receive buffer of `bytes`. Forcing

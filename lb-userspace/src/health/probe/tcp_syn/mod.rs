@@ -55,9 +55,9 @@
 //!   limitations).
 //!
 //! Timing: the timeout runs from the call to [`SynProber::start_many`] (or
-//! [`SynProber::probe`]). The reader reads the ring and the socket before it expires deadlines, so a SYN+ACK
-//! or RST that arrived before the deadline always counts. One that arrives a little after it
-//! (before the reader's next pass, which tokio's 1 ms timer and the [`COALESCE`] pause can delay
+//! [`SynProber::probe`]). The reader reads the ring and the socket before it expires deadlines,
+//! so a SYN+ACK or RST that arrived before the deadline always counts. One that arrives a
+//! little after it (before the reader's next pass, which tokio's 1 ms timer and the [`COALESCE`] pause can delay
 //! by a couple of milliseconds) may count too, as with a per-probe timer. The latency runs from
 //! just before the `sendmmsg` that carried the SYN to when the reader read the reply: under load
 //! it may include up to one `COALESCE` pause.

@@ -23,7 +23,7 @@ use socket2::{Domain, Socket, Type};
 use tokio::io::unix::AsyncFd;
 
 use super::filter::{REPLY_BYTES, attach_filter};
-use crate::health::probe::sys::{register, setsockopt};
+use crate::health::probe::sys::{needs_net_raw, register, setsockopt};
 
 /// Bytes per frame: the `tpacket2_hdr`, the `sockaddr_ll` and the kernel's 16 bytes of room
 /// before the data (80 in all), then up to [`REPLY_BYTES`] of the packet.
@@ -67,18 +67,10 @@ impl ReplyRing {
         // Protocol 0: no packet arrives before `bind`.
         let kind = Type::DGRAM.nonblocking().cloexec();
         let socket = Socket::new(Domain::PACKET, kind, None).map_err(|e| {
-            if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES)) {
-                io::Error::new(
-                    e.kind(),
-                    format!(
-                        "half-open TCP probes read their replies through a packet socket, \
-                         which needs CAP_NET_RAW ({e}); run with that capability or use \
-                         tcp-connect probes"
-                    ),
-                )
-            } else {
-                e
-            }
+            needs_net_raw(
+                e,
+                "half-open TCP probes read their replies through a packet socket",
+            )
         })?;
         let fd = OwnedFd::from(socket);
         attach_filter(fd.as_fd())?;
