@@ -11,7 +11,7 @@ use std::{
     net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream},
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
     sync::Arc,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use lb::health::{
@@ -1171,6 +1171,121 @@ fn tcp_connect_to_ipv6_targets() {
         assert!(
             took >= timeout && took < timeout + Duration::from_millis(250),
             "{took:?}"
+        );
+    });
+}
+
+/// The SYN+ACKs from `BACKEND_IP` the raw socket `fd` (with `SO_TIMESTAMPNS`) holds: each
+/// one's source port and when the prober's host received it (the kernel's stamp).
+fn syn_acks_received(fd: &OwnedFd) -> Vec<(u16, SystemTime)> {
+    let mut out = Vec::new();
+    loop {
+        let mut buf = [0u8; 128];
+        let mut control = [0u64; 16];
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        // SAFETY: all-zero is a valid msghdr; the pointers set below outlive the call.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &raw mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = size_of_val(&control);
+        // SAFETY: valid fd and message.
+        let n = unsafe { libc::recvmsg(fd.as_raw_fd(), &raw mut msg, 0) };
+        if n < 0 {
+            return out;
+        }
+        let packet = &buf[..n as usize];
+        let ihl = usize::from(packet[0] & 0x0f) * 4;
+        let from_backend = packet[12..16] == BACKEND_IP.octets();
+        if !from_backend || packet.len() < ihl + 14 || packet[ihl + 13] != 0x12 {
+            continue;
+        }
+        let port = u16::from_be_bytes([packet[ihl], packet[ihl + 1]]);
+        // SAFETY: the control buffer was filled by recvmsg; CMSG_* walk it within its length.
+        let stamp = unsafe {
+            let mut stamp = None;
+            let mut c = libc::CMSG_FIRSTHDR(&raw const msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
+                    let ts = libc::CMSG_DATA(c).cast::<libc::timespec>().read_unaligned();
+                    stamp = Some(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32));
+                }
+                c = libc::CMSG_NXTHDR(&raw const msg, c);
+            }
+            stamp.expect("SO_TIMESTAMPNS gives every packet a stamp")
+        };
+        out.push((port, SystemTime::UNIX_EPOCH + stamp));
+    }
+}
+
+#[test]
+fn a_reply_that_arrived_before_the_deadline_is_never_a_timeout() {
+    // The replies' ring hands a block of replies over a while after they arrive (up to a tick
+    // of the kernel's timer): a probe whose deadline passes meanwhile must not time out.
+    // Short timeouts, one listening port each (so that a late reply cannot be mistaken for
+    // the next probe's); an independent socket stamps when each SYN+ACK arrived.
+    const PROBES: u16 = 60;
+    const TIMEOUT: Duration = Duration::from_millis(1);
+    let p = pair();
+    let _servers: Vec<_> = (0..PROBES).map(|i| listen(&p.backend, 7200 + i)).collect();
+    with_prober(&p.prober, |prober| async move {
+        let watch = unfiltered_raw_socket();
+        let on: libc::c_int = 1;
+        // SAFETY: valid fd and option value.
+        let rc = unsafe {
+            libc::setsockopt(
+                watch.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_TIMESTAMPNS,
+                (&raw const on).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+        let mut probes = Vec::new();
+        for i in 0..PROBES {
+            let started = SystemTime::now();
+            let result = prober.probe(backend(7200 + i), TIMEOUT).await;
+            probes.push((7200 + i, started, result));
+        }
+        let arrivals = syn_acks_received(&watch);
+        let mut wrong = Vec::new();
+        let mut slow = Vec::new();
+        for (port, started, result) in &probes {
+            let arrived = arrivals
+                .iter()
+                .filter(|&&(from, _)| from == *port)
+                .map(|&(_, at)| at)
+                .min();
+            // Well inside the deadline, which the prober set after `started`.
+            let deadline = *started + TIMEOUT - Duration::from_micros(200);
+            if arrived.is_some_and(|at| at < deadline) && *result == ProbeResult::Timeout {
+                wrong.push(port);
+            }
+            // The latency runs to when the reply arrived, not to when the ring handed it over.
+            if let (ProbeResult::Success { latency }, Some(at)) = (result, arrived) {
+                let bound = at.duration_since(*started).unwrap_or_default();
+                if *latency > bound + Duration::from_micros(100) {
+                    slow.push((port, *latency, bound));
+                }
+            }
+        }
+        let timeouts = probes
+            .iter()
+            .filter(|p| p.2 == ProbeResult::Timeout)
+            .count();
+        assert!(
+            wrong.is_empty(),
+            "{} probes timed out though their SYN+ACK arrived before the deadline (ports {wrong:?}; {timeouts} timeouts of {PROBES}, {} SYN+ACKs seen)",
+            wrong.len(),
+            arrivals.len()
+        );
+        assert!(
+            slow.is_empty(),
+            "latencies past the reply's arrival (port, latency, arrival after the start): {slow:?}"
         );
     });
 }

@@ -36,9 +36,10 @@
 //! - deadlines live in one ordered map watched by the reader's single timer, not a timer per
 //!   probe, and a batch shares one entry; the entry goes when its last probe is answered, so the
 //!   timer only fires for real timeouts;
-//! - the reader takes up to 64 replies per `recvmmsg`, and when replies come faster
-//!   than one per [`COALESCE`] it pauses that long between reads, so it wakes at most about once
-//!   per `COALESCE` under load rather than once per reply;
+//! - IPv4 replies reach the reader a block of the ring at a time: the kernel wakes it once per
+//!   block (full, or a millisecond or so after its first reply; see [`ring`]), not per reply.
+//!   IPv6 replies: up to 64 per `recvmmsg`, and when they come faster than one per
+//!   [`COALESCE`] the reader pauses that long between reads;
 //! - the IPv4 SYNs carry DF, like a Linux TCP SYN, which also spares the kernel a hashed IP ID
 //!   each (IPv6 has no fragmentation on the way);
 //! - an IPv4 target whose last probe was answered gets its SYNs through a packet socket on the
@@ -55,12 +56,15 @@
 //!   limitations).
 //!
 //! Timing: the timeout runs from the call to [`SynProber::start_many`] (or
-//! [`SynProber::probe`]). The reader reads the ring and the socket before it expires deadlines,
-//! so a SYN+ACK or RST that arrived before the deadline always counts. One that arrives a
-//! little after it (before the reader's next pass, which tokio's 1 ms timer and the [`COALESCE`] pause can delay
-//! by a couple of milliseconds) may count too, as with a per-probe timer. The latency runs from
-//! just before the `sendmmsg` that carried the SYN to when the reader read the reply: under load
-//! it may include up to one `COALESCE` pause.
+//! [`SynProber::probe`]). A reply that arrived before the deadline always counts: the reader
+//! reads the ring and the socket before it expires deadlines, and while replies still wait in
+//! the ring's open block it expires no deadline later than the last moment up to which it has
+//! read everything ([`ring::Frames::read_until`]); those probes end when the kernel hands the
+//! block over, a millisecond or two later. A reply that arrives a little after the deadline
+//! (before the reader's next pass) may count too, as with a per-probe timer. The latency runs
+//! from just before the `sendmmsg` that carried the SYN to when the reply arrived: the kernel's
+//! timestamp of an IPv4 reply, the read of an IPv6 one (which may include a `COALESCE` pause
+//! under load).
 //!
 //! Source address and port:
 //! - the address is the kernel's own choice towards the target (a connected UDP socket's local

@@ -1,10 +1,19 @@
 //! Where IPv4 replies arrive: a packet socket with a receive ring shared with the kernel
-//! (`PACKET_RX_RING`, `TPACKET_V2`). The kernel runs the socket's filter ([`super::filter`]) on
+//! (`PACKET_RX_RING`, `TPACKET_V3`). The kernel runs the socket's filter ([`super::filter`]) on
 //! every IPv4 packet the host receives and copies the first bytes of the few that pass into the
-//! next free frame of the ring; the reader takes them from memory. A reply then costs no system
+//! open block of the ring; the reader takes them from memory. A reply then costs no system
 //! call, no socket buffer and no copy in the reader's thread, where a raw socket cost a clone of
 //! every TCP segment the host received, and for each reply its dequeue, copy and free in
 //! `recvmmsg`: 22% of the prober's samples at 50,000 probes a second (perf, issue 20).
+//!
+//! The kernel hands a block over (and wakes the reader) when it is full or its timer finds it
+//! holding replies ([`RETIRE_MS`]), not once per reply as `TPACKET_V2` does: under load the
+//! reader wakes once per block of some 70 replies. Two consequences:
+//! - a reply may wait in the open block, unseen, for a millisecond or two. So the reader learns
+//!   when each reply arrived from its kernel timestamp (the latency is right), and it may
+//!   declare a probe late only once every reply that arrived before its deadline has been read:
+//!   [`Frames::read_until`];
+//! - a result is delivered up to that long after its reply arrived.
 //!
 //! A packet socket sees packets as they come off the device, before the IP layer: before
 //! netfilter's PREROUTING and INPUT hooks, reverse-path filtering and IPsec policy checks, which
@@ -17,6 +26,7 @@ use std::{
     os::fd::{AsFd as _, AsRawFd as _, BorrowedFd, OwnedFd},
     ptr::NonNull,
     sync::atomic::{AtomicU32, Ordering},
+    time::{Duration, Instant, SystemTime},
 };
 
 use socket2::{Domain, Socket, Type};
@@ -25,38 +35,55 @@ use tokio::io::unix::AsyncFd;
 use super::filter::{REPLY_BYTES, attach_filter};
 use crate::health::probe::sys::{needs_net_raw, register, setsockopt};
 
-/// Bytes per frame: the `tpacket2_hdr`, the `sockaddr_ll` and the kernel's 16 bytes of room
-/// before the data (80 in all), then up to [`REPLY_BYTES`] of the packet.
-const FRAME: usize = 256;
-/// Frames per block (a block is the unit the kernel allocates: 4 pages).
+/// Bytes per block, the unit the kernel fills and hands over (4 pages): about 70 replies, each
+/// kept in 224 bytes with its header and address.
 const BLOCK: usize = 16 << 10;
-/// Frames in the ring: replies the reader may fall behind by before the kernel drops some
-/// (those probes then time out; the reader logs how many). A slot's burst at 50,000 targets a
-/// second is about 500. 2 MiB.
-const FRAMES: usize = 8192;
+/// Blocks in the ring (2 MiB): replies the reader may fall behind by before the kernel drops
+/// some (those probes then time out; the reader logs how many). A slot's burst at 50,000
+/// targets a second is about 500 replies, 7 blocks.
+const BLOCKS: usize = 128;
+/// The largest record the kernel may write: its header, address and room, then up to
+/// [`REPLY_BYTES`] of the packet.
+const FRAME: usize = 256;
+/// How long the kernel leaves a block open before handing over the replies it holds, ms. Its
+/// timer checks the open block once a period, so a reply that comes while the link is quiet
+/// waits up to two periods: 0.3–2.1 ms measured on kernel 6.18 (a high-resolution timer);
+/// kernels that round the period up to their tick wait longer (4 ms a tick at HZ=250).
+pub(super) const RETIRE_MS: u32 = 1;
 
-/// Where a frame's `sockaddr_ll` starts: behind the `tpacket2_hdr`, aligned as the kernel
+/// Where a record's `sockaddr_ll` starts: behind the `tpacket3_hdr`, aligned as the kernel
 /// aligns it (`TPACKET_ALIGN`, 16 bytes).
-const ADDRESS: usize = size_of::<libc::tpacket2_hdr>().next_multiple_of(16);
+const ADDRESS: usize = size_of::<libc::tpacket3_hdr>().next_multiple_of(16);
+
+/// Offsets of the block descriptor's words the reader uses (`tpacket_block_desc`, `bh1`).
+const BLOCK_STATUS: usize = std::mem::offset_of!(libc::tpacket_block_desc, hdr)
+    + std::mem::offset_of!(libc::tpacket_hdr_v1, block_status);
+const BLOCK_PACKETS: usize = std::mem::offset_of!(libc::tpacket_block_desc, hdr)
+    + std::mem::offset_of!(libc::tpacket_hdr_v1, num_pkts);
 
 /// The IPv4 replies' packet socket and its ring (apart, so that the reader can wait on the one
 /// while it reads the other).
 pub(super) struct ReplyRing {
-    /// For the reactor: readable when a frame waits.
+    /// For the reactor: readable when a block has been handed over.
     pub(super) socket: AsyncFd<OwnedFd>,
     pub(super) frames: Frames,
 }
 
-/// The ring's frames, mapped.
+/// The ring's blocks, mapped.
 pub(super) struct Frames {
     area: NonNull<u8>,
-    /// The next frame to read: only the reader task reads the ring (`&mut self`).
+    /// The next block to read: only the reader task reads the ring (`&mut self`).
     next: usize,
-    /// A frame read said the kernel dropped packets for want of a free frame.
+    /// A block read said the kernel dropped packets for want of room.
     losing: bool,
+    /// Every reply that arrived before this instant has been read.
+    read_until: Instant,
+    /// The block the kernel had open when the reader last emptied the ring, and when: once
+    /// that block is read, every reply that arrived before that instant has been.
+    open: Option<(usize, Instant)>,
 }
 
-// SAFETY: the mapping is plain memory shared with the kernel; frames are handed over through
+// SAFETY: the mapping is plain memory shared with the kernel; blocks are handed over through
 // their status word (atomic loads and stores), and only the owner of the `Frames` reads them.
 unsafe impl Send for Frames {}
 
@@ -74,13 +101,16 @@ impl ReplyRing {
         })?;
         let fd = OwnedFd::from(socket);
         attach_filter(fd.as_fd())?;
-        let version = libc::tpacket_versions::TPACKET_V2 as libc::c_int;
+        let version = libc::tpacket_versions::TPACKET_V3 as libc::c_int;
         setsockopt(fd.as_fd(), libc::SOL_PACKET, libc::PACKET_VERSION, &version)?;
-        let request = libc::tpacket_req {
+        let request = libc::tpacket_req3 {
             tp_block_size: BLOCK as u32,
-            tp_block_nr: (FRAMES * FRAME / BLOCK) as u32,
+            tp_block_nr: BLOCKS as u32,
             tp_frame_size: FRAME as u32,
-            tp_frame_nr: FRAMES as u32,
+            tp_frame_nr: (BLOCKS * BLOCK / FRAME) as u32,
+            tp_retire_blk_tov: RETIRE_MS,
+            tp_sizeof_priv: 0,
+            tp_feature_req_word: 0,
         };
         setsockopt(fd.as_fd(), libc::SOL_PACKET, libc::PACKET_RX_RING, &request)?;
         let socket = register(fd)?;
@@ -88,7 +118,7 @@ impl ReplyRing {
         let area = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                FRAMES * FRAME,
+                BLOCKS * BLOCK,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 socket.as_raw_fd(),
@@ -105,6 +135,8 @@ impl ReplyRing {
                 area,
                 next: 0,
                 losing: false,
+                read_until: Instant::now(),
+                open: None,
             },
         };
         // SAFETY: all-zero is a valid sockaddr_ll.
@@ -127,60 +159,114 @@ impl ReplyRing {
 }
 
 impl Frames {
-    /// Hands up to `most` waiting packets (from their IP header, at most [`REPLY_BYTES`]) to
-    /// `take` in order and gives their frames back to the kernel; how many frames it read.
-    /// Packets the device received for another host (a promiscuous device) are skipped.
-    pub(super) fn read(&mut self, most: usize, mut take: impl FnMut(&[u8])) -> usize {
-        let mut n = 0;
-        while n < most {
-            // SAFETY: `next` < FRAMES, so the frame lies inside the mapping.
-            let frame = unsafe { self.area.as_ptr().add(self.next * FRAME) };
-            // SAFETY: the status word starts the frame, 4-byte aligned (frames are 256 bytes
-            // apart in page-aligned blocks); the kernel writes it concurrently, hence an atomic.
-            let status = unsafe { AtomicU32::from_ptr(frame.cast()) };
-            // Acquire: the frame's bytes, written before the kernel set the status, are seen.
-            let status_now = status.load(Ordering::Acquire);
-            if status_now & libc::TP_STATUS_USER == 0 {
+    /// A word of block `block`'s descriptor; the kernel writes them concurrently, hence atomics.
+    fn word(&self, block: usize, offset: usize) -> &AtomicU32 {
+        // SAFETY: `block` < BLOCKS, so the descriptor lies inside the mapping, and its words
+        // are 4-byte aligned (blocks are page-aligned).
+        unsafe { AtomicU32::from_ptr(self.area.as_ptr().add(block * BLOCK + offset).cast()) }
+    }
+
+    /// Hands every packet of the next block handed over (from its IP header, at most
+    /// [`REPLY_BYTES`]) and when it arrived to `take`, in order, and gives the block back; how
+    /// many packets it held, None when no block waits. Packets the device received for another
+    /// host (a promiscuous device) are skipped.
+    pub(super) fn read_block(&mut self, mut take: impl FnMut(&[u8], Instant)) -> Option<usize> {
+        let block = self.next;
+        // Acquire: the block's bytes, written before the kernel set the status, are seen.
+        let status_now = self.word(block, BLOCK_STATUS).load(Ordering::Acquire);
+        if status_now & libc::TP_STATUS_USER == 0 {
+            return None;
+        }
+        self.losing |= status_now & libc::TP_STATUS_LOSING != 0;
+        let clock = Clock::now();
+        // SAFETY: the block is the reader's until its status goes back to the kernel.
+        let base = unsafe { self.area.as_ptr().add(block * BLOCK) };
+        // SAFETY: the descriptor starts the block.
+        let (count, first) = unsafe {
+            let desc = &*base.cast::<libc::tpacket_block_desc>();
+            (
+                desc.hdr.bh1.num_pkts as usize,
+                desc.hdr.bh1.offset_to_first_pkt as usize,
+            )
+        };
+        let mut at = first;
+        for _ in 0..count {
+            if at + ADDRESS + size_of::<libc::sockaddr_ll>() > BLOCK {
                 break;
             }
-            self.losing |= status_now & libc::TP_STATUS_LOSING != 0;
-            // SAFETY: the frame is the reader's until its status goes back to the kernel; the
-            // header is 4-byte aligned, the address follows it (see ADDRESS).
-            let (net, snap, pkttype) = unsafe {
-                let header = &*frame.cast::<libc::tpacket2_hdr>();
-                let at = frame.add(ADDRESS).cast::<libc::sockaddr_ll>();
+            // SAFETY: the record's header and address lie inside the block, as just checked;
+            // records are 16-byte aligned.
+            let (next, net, snap, stamp, pkttype) = unsafe {
+                let record = base.add(at);
+                let header = &*record.cast::<libc::tpacket3_hdr>();
+                let address = &*record.add(ADDRESS).cast::<libc::sockaddr_ll>();
                 (
+                    header.tp_next_offset as usize,
                     usize::from(header.tp_net),
                     header.tp_snaplen as usize,
-                    (*at).sll_pkttype,
+                    Duration::new(header.tp_sec.into(), header.tp_nsec),
+                    address.sll_pkttype,
                 )
             };
-            if pkttype != libc::PACKET_OTHERHOST && net + snap <= FRAME {
-                // SAFETY: inside the frame, as just checked.
-                take(unsafe { std::slice::from_raw_parts(frame.add(net), snap) });
+            if pkttype != libc::PACKET_OTHERHOST && at + net + snap <= BLOCK {
+                // SAFETY: inside the block, as just checked.
+                take(
+                    unsafe { std::slice::from_raw_parts(base.add(at + net), snap) },
+                    clock.instant(stamp),
+                );
             }
-            // Release: done with the bytes before the kernel may overwrite them.
-            status.store(libc::TP_STATUS_KERNEL, Ordering::Release);
-            self.next = (self.next + 1) % FRAMES;
-            n += 1;
+            if next == 0 {
+                break;
+            }
+            at += next;
         }
-        n
+        // No stale count for `read_until` while the kernel has not opened the block again.
+        self.word(block, BLOCK_PACKETS).store(0, Ordering::Relaxed);
+        // Release: done with the bytes before the kernel may overwrite them.
+        self.word(block, BLOCK_STATUS)
+            .store(libc::TP_STATUS_KERNEL, Ordering::Release);
+        self.next = (block + 1) % BLOCKS;
+        if let Some((open, when)) = self.open
+            && open == block
+        {
+            self.read_until = when;
+            self.open = None;
+        }
+        Some(count)
     }
-}
 
-impl Frames {
-    /// Packets the kernel dropped for want of a free frame since the last call, if a frame
-    /// read since said it did (`PACKET_STATISTICS`, which also resets the counts); their probes
-    /// time out.
+    /// Called at `now` after the ring was read empty: the instant before which every reply
+    /// that arrived has been read. That is `now` when the kernel's open block is empty; else
+    /// the replies in it are unseen until the kernel hands it over, and the instant stays
+    /// where the last such block left it.
+    pub(super) fn read_until(&mut self, now: Instant) -> Instant {
+        let block = self.next;
+        // Acquire: a count read after it is not older than the status.
+        if self.word(block, BLOCK_STATUS).load(Ordering::Acquire) & libc::TP_STATUS_USER != 0 {
+            // Handed over since the ring was read: not empty after all.
+            return self.read_until;
+        }
+        if self.word(block, BLOCK_PACKETS).load(Ordering::Relaxed) == 0 {
+            self.read_until = now;
+            self.open = None;
+        } else {
+            self.open = Some((block, now));
+        }
+        self.read_until
+    }
+
+    /// Packets the kernel dropped for want of room since the last call, if a block read since
+    /// said it did (`PACKET_STATISTICS`, which also resets the counts); their probes time out.
     pub(super) fn dropped(&mut self, socket: BorrowedFd<'_>) -> Option<u32> {
         if !std::mem::take(&mut self.losing) {
             return None;
         }
-        let mut stats = libc::tpacket_stats {
+        let mut stats = libc::tpacket_stats_v3 {
             tp_packets: 0,
             tp_drops: 0,
+            tp_freeze_q_cnt: 0,
         };
-        let mut len = size_of::<libc::tpacket_stats>() as libc::socklen_t;
+        let mut len = size_of::<libc::tpacket_stats_v3>() as libc::socklen_t;
         // SAFETY: valid fd; `stats` is writable for `len` bytes.
         let got = unsafe {
             libc::getsockopt(
@@ -198,15 +284,185 @@ impl Frames {
 impl Drop for Frames {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `open`, no longer used.
-        unsafe { libc::munmap(self.area.as_ptr().cast(), FRAMES * FRAME) };
+        unsafe { libc::munmap(self.area.as_ptr().cast(), BLOCKS * BLOCK) };
+    }
+}
+
+/// The wall clock and the monotonic clock read together, to place a packet's kernel timestamp
+/// (wall clock) on the monotonic clock the probes' times are on.
+struct Clock {
+    wall: Duration,
+    now: Instant,
+}
+
+impl Clock {
+    fn now() -> Self {
+        let wall = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        Self {
+            wall,
+            now: Instant::now(),
+        }
+    }
+
+    /// When a packet stamped `stamp` arrived; never after the clocks were read (a wall clock
+    /// stepped back), at worst too early if it was stepped forward since (the latency then
+    /// reads shorter, never negative: it saturates).
+    fn instant(&self, stamp: Duration) -> Instant {
+        let age = self.wall.saturating_sub(stamp);
+        self.now.checked_sub(age).unwrap_or(self.now)
     }
 }
 
 const _: () = {
-    assert!(BLOCK.is_multiple_of(FRAME) && (FRAMES * FRAME).is_multiple_of(BLOCK));
-    // The kernel's offset of the data: TPACKET2_HDRLEN aligned, plus 16 bytes.
+    assert!(BLOCK.is_multiple_of(FRAME));
+    // The kernel's offset of the data: TPACKET3_HDRLEN aligned, plus 16 bytes.
     assert!(
-        libc::TPACKET2_HDRLEN.next_multiple_of(16) + 16 + REPLY_BYTES as usize <= FRAME,
-        "a kept reply fits its frame"
+        (ADDRESS + size_of::<libc::sockaddr_ll>()).next_multiple_of(16) + 16 + REPLY_BYTES as usize
+            <= FRAME,
+        "a kept reply fits the largest record"
     );
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A ring in anonymous memory, written the way the kernel writes one.
+    fn ring() -> Frames {
+        // SAFETY: a fresh private anonymous mapping, unmapped by `Frames`' Drop.
+        let area = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                BLOCKS * BLOCK,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(area, libc::MAP_FAILED);
+        Frames {
+            area: NonNull::new(area.cast()).unwrap(),
+            next: 0,
+            losing: false,
+            read_until: Instant::now(),
+            open: None,
+        }
+    }
+
+    /// Where the kernel puts the first record: behind the block descriptor.
+    const FIRST: usize = size_of::<libc::tpacket_block_desc>().next_multiple_of(16);
+    /// A record's size here: header, address, room, and a 40-byte packet.
+    const RECORD: usize = 160;
+    /// Where a record's packet starts.
+    const NET: usize = (ADDRESS + size_of::<libc::sockaddr_ll>()).next_multiple_of(16) + 16;
+
+    /// The kernel's side: `stamps.len()` packets (the first byte of each is its index) in
+    /// block `block`, handed over or still open.
+    fn fill(frames: &Frames, block: usize, stamps: &[Duration], handed_over: bool) {
+        let base = unsafe { frames.area.as_ptr().add(block * BLOCK) };
+        for (i, stamp) in stamps.iter().enumerate() {
+            let at = FIRST + i * RECORD;
+            // SAFETY: inside the block; records are 16-byte aligned.
+            unsafe {
+                let header = &mut *base.add(at).cast::<libc::tpacket3_hdr>();
+                header.tp_next_offset = if i + 1 < stamps.len() {
+                    RECORD as u32
+                } else {
+                    0
+                };
+                header.tp_sec = stamp.as_secs() as u32;
+                header.tp_nsec = stamp.subsec_nanos();
+                header.tp_snaplen = 40;
+                header.tp_net = NET as u16;
+                let address = &mut *base.add(at + ADDRESS).cast::<libc::sockaddr_ll>();
+                address.sll_pkttype = libc::PACKET_HOST;
+                *base.add(at + NET) = i as u8;
+            }
+        }
+        // SAFETY: the descriptor starts the block.
+        unsafe {
+            let desc = &mut *base.cast::<libc::tpacket_block_desc>();
+            desc.hdr.bh1.offset_to_first_pkt = FIRST as u32;
+        }
+        frames
+            .word(block, BLOCK_PACKETS)
+            .store(stamps.len() as u32, Ordering::Relaxed);
+        let status = if handed_over {
+            libc::TP_STATUS_USER
+        } else {
+            libc::TP_STATUS_KERNEL
+        };
+        frames
+            .word(block, BLOCK_STATUS)
+            .store(status, Ordering::Release);
+    }
+
+    fn wall_now() -> Duration {
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+    }
+
+    #[test]
+    fn deadlines_wait_for_the_replies_in_the_open_block() {
+        let mut frames = ring();
+        let t = Instant::now();
+        let ms = Duration::from_millis;
+        // Nothing in the ring: everything up to now was read.
+        assert_eq!(frames.read_until(t), t);
+        // A reply in the open block: unseen, so nothing past `t` counts as read.
+        fill(&frames, 0, &[wall_now()], false);
+        assert_eq!(frames.read_until(t + ms(1)), t);
+        assert_eq!(frames.read_until(t + ms(2)), t, "still open: held");
+        // The block handed over while the next one fills: its replies are read, and the read
+        // covers what arrived before the last look at it (t + 2 ms), not later.
+        fill(&frames, 0, &[wall_now(), wall_now()], true);
+        fill(&frames, 1, &[wall_now()], false);
+        let mut got = Vec::new();
+        assert_eq!(frames.read_block(|p, _| got.push(p[0])), Some(2));
+        assert_eq!(got, [0, 1]);
+        assert_eq!(frames.read_block(|_, _| ()), None, "block 1 is still open");
+        assert_eq!(frames.read_until(t + ms(3)), t + ms(2));
+        // Block 1 handed over and read, block 2 open and empty: read up to now.
+        fill(&frames, 1, &[wall_now()], true);
+        assert_eq!(frames.read_block(|_, _| ()), Some(1));
+        assert_eq!(frames.read_until(t + ms(4)), t + ms(4));
+        // Handed over after the last read: not read up to now.
+        fill(&frames, 2, &[wall_now()], true);
+        assert_eq!(frames.read_until(t + ms(5)), t + ms(4));
+    }
+
+    #[test]
+    fn a_block_given_back_reads_as_empty_until_the_kernel_fills_it_again() {
+        let mut frames = ring();
+        fill(&frames, 0, &[wall_now(); 3], true);
+        assert_eq!(frames.read_block(|_, _| ()), Some(3));
+        // Round the ring: the reader is at block 0 again, which the kernel has not reopened.
+        frames.next = 0;
+        let t = Instant::now();
+        assert_eq!(frames.read_until(t), t);
+    }
+
+    #[test]
+    fn replies_are_placed_at_their_kernel_timestamps() {
+        let mut frames = ring();
+        let before = Instant::now();
+        fill(&frames, 0, &[wall_now() - Duration::from_millis(50)], true);
+        let mut arrived = None;
+        frames.read_block(|_, at| arrived = Some(at));
+        let age = Instant::now().duration_since(arrived.unwrap());
+        assert!(
+            age >= Duration::from_millis(50)
+                && before.duration_since(arrived.unwrap()) > Duration::from_millis(40),
+            "arrived {age:?} ago"
+        );
+        // A stamp from the future (a wall clock stepped back since) is placed at the read.
+        let after = Instant::now();
+        fill(&frames, 1, &[wall_now() + Duration::from_secs(5)], true);
+        frames.read_block(|_, at| arrived = Some(at));
+        assert!(arrived.unwrap() >= after);
+    }
+}

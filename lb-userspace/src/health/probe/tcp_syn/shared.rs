@@ -459,24 +459,25 @@ impl Shared {
         at: Instant,
         answers: &mut Vec<Ended>,
     ) {
-        let segments = packets.into_iter().filter_map(Segment::parse);
-        self.dispatch_segments(segments, at, answers);
+        let segments = packets
+            .into_iter()
+            .filter_map(|p| Some((Segment::parse(p)?, at)));
+        self.dispatch_segments(segments, answers);
     }
 
-    /// Completes the probes that `segments` (of either family) answer, if any, with replies
-    /// read at `at`. `answers` is scratch space (empty on return): the answers are delivered
+    /// Completes the probes that `segments` (of either family, each with when it arrived)
+    /// answer, if any. `answers` is scratch space (empty on return): the answers are delivered
     /// after the lock is released.
     pub(super) fn dispatch_segments(
         &self,
-        segments: impl IntoIterator<Item = Segment>,
-        at: Instant,
+        segments: impl IntoIterator<Item = (Segment, Instant)>,
         answers: &mut Vec<Ended>,
     ) {
         let mut resets = Vec::new();
         {
             let mut guard = self.state();
             let state = &mut *guard;
-            for segment in segments {
+            for (segment, at) in segments {
                 let key = Key {
                     local: segment.destination,
                     remote: segment.source,
@@ -1008,8 +1009,7 @@ mod tests {
         // The IPv4 probe's ack on the IPv6 connection, and an answer from another address (the
         // IPv4 one's segment with the IPv6 probe's ack): nothing.
         shared.dispatch_segments(
-            [segment6(SYN | ACK, seq4.wrapping_add(1))],
-            now,
+            [(segment6(SYN | ACK, seq4.wrapping_add(1)), now)],
             &mut scratch,
         );
         shared.dispatch(
@@ -1020,8 +1020,7 @@ mod tests {
         assert_eq!(result_of(&mut v4), None);
         assert_eq!(result_of(&mut v6), None);
         shared.dispatch_segments(
-            [segment6(RST | ACK, seq6.wrapping_add(1))],
-            now,
+            [(segment6(RST | ACK, seq6.wrapping_add(1)), now)],
             &mut scratch,
         );
         assert_eq!(

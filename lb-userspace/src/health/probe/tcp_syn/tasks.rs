@@ -27,6 +27,12 @@ use crate::health::probe::sys::{
 /// lone reply is read at once.
 pub const COALESCE: Duration = Duration::from_millis(1);
 
+/// How long the reader waits before looking again at deadlines held back by replies in the
+/// ring's open block, should the kernel's handover of the block not wake it first (it comes
+/// within about 2 ms here, one timer tick on a kernel at HZ=250: see
+/// [`super::ring::RETIRE_MS`]).
+const HOLD: Duration = Duration::from_millis(5);
+
 /// An IPv4 header without options, as the IPv4 socket is handed it.
 const IPV4_HEADER: usize = 20;
 
@@ -214,8 +220,8 @@ fn sent_or_unsent(
 
 /// Where the reader reads replies into.
 struct Inbox {
-    /// The IPv4 replies taken from the ring, until they are dispatched.
-    segments: Vec<Segment>,
+    /// The IPv4 replies taken from the ring and when they arrived, until they are dispatched.
+    segments: Vec<(Segment, Instant)>,
     /// The IPv6 socket's replies (TCP headers: 20 bytes, options up to 60).
     bufs: [[u8; REPLY_BYTES as usize]; MAX_BATCH],
     lens: [usize; MAX_BATCH],
@@ -230,7 +236,7 @@ impl Inbox {
             destination: std::net::Ipv6Addr::UNSPECIFIED,
         };
         Box::new(Self {
-            segments: Vec::with_capacity(MAX_BATCH),
+            segments: Vec::with_capacity(2 * MAX_BATCH),
             bufs: [[0; REPLY_BYTES as usize]; MAX_BATCH],
             lens: [0; MAX_BATCH],
             addrs: [none; MAX_BATCH],
@@ -251,8 +257,16 @@ pub(super) async fn read_replies(shared: Arc<Shared>, mut ring: ReplyRing) {
     tokio::pin!(timer);
     let mut timer_at: Option<Instant> = None;
     let mut last_read: Option<Instant> = None;
+    // While replies wait in the ring's open block, deadlines past what was read wait for the
+    // kernel to hand the block over (which wakes the reader); the timer then only looks again
+    // at this instant, in case no wake comes.
+    let mut held: Option<Instant> = None;
     loop {
-        let armed = shared.state().pending.armed();
+        let armed = shared
+            .state()
+            .pending
+            .armed()
+            .map(|at| held.map_or(at, |held| at.max(held)));
         if armed != timer_at {
             timer
                 .as_mut()
@@ -268,7 +282,7 @@ pub(super) async fn read_replies(shared: Arc<Shared>, mut ring: ReplyRing) {
                 }) else {
                     return;
                 };
-                burst = Some(read_ring(&shared, ready, frames, &mut inbox, &mut answers));
+                read_ring(&shared, ready, frames, &mut inbox, &mut answers);
             }
             ready = readable6(&shared) => {
                 let Ok(ready) = ready.inspect_err(|e| {
@@ -287,9 +301,12 @@ pub(super) async fn read_replies(shared: Arc<Shared>, mut ring: ReplyRing) {
             () = shared.rearm.notified() => {}
         }
         let now = Instant::now();
-        shared.expire(now, &mut answers);
+        let until = frames.read_until(now);
+        shared.expire(until, &mut answers);
+        held = (until < now).then(|| now + HOLD);
         if let Some(read) = burst {
-            // Replies are coming fast: let a few more queue up before the next read.
+            // IPv6 replies are coming fast: let a few more queue up before the next read (the
+            // ring batches IPv4 replies by itself).
             if read > 1 || last_read.is_some_and(|t| now.saturating_duration_since(t) < COALESCE) {
                 tokio::time::sleep(COALESCE).await;
             }
@@ -306,16 +323,16 @@ async fn readable6(shared: &Shared) -> io::Result<AsyncFdReadyGuard<'_, OwnedFd>
     }
 }
 
-/// Reads the ring the reactor found readable until it is empty; how many replies it read.
+/// Reads the ring the reactor found readable until it is empty.
 fn read_ring(
     shared: &Shared,
     mut ready: AsyncFdReadyGuard<'_, OwnedFd>,
     frames: &mut Frames,
     inbox: &mut Inbox,
     answers: &mut Vec<Ended>,
-) -> usize {
+) {
     shared.wakeups.fetch_add(1, Ordering::Relaxed);
-    let total = read_frames(shared, frames, inbox, answers);
+    read_frames(shared, frames, inbox, answers);
     // Emptied. Clearing is a no-op if the reactor saw new data since.
     ready.clear_ready();
     if let Some(dropped) = frames.dropped(ready.get_inner().as_fd()) {
@@ -324,27 +341,17 @@ fn read_ring(
             "half-open probes: replies dropped, the receive ring was full (their probes time out)"
         );
     }
-    total
 }
 
-/// Takes the ring's replies in batches of [`MAX_BATCH`] (one lock a batch) until it is empty;
-/// how many it took.
-fn read_frames(
-    shared: &Shared,
-    frames: &mut Frames,
-    inbox: &mut Inbox,
-    answers: &mut Vec<Ended>,
-) -> usize {
-    let mut total = 0;
-    loop {
-        let segments = &mut inbox.segments;
-        let n = frames.read(MAX_BATCH, |packet| segments.extend(Segment::parse(packet)));
-        total += n;
+/// Takes the ring's replies a block at a time (one lock a block) until it is empty.
+fn read_frames(shared: &Shared, frames: &mut Frames, inbox: &mut Inbox, answers: &mut Vec<Ended>) {
+    let segments = &mut inbox.segments;
+    while frames
+        .read_block(|packet, at| segments.extend(Segment::parse(packet).map(|s| (s, at))))
+        .is_some()
+    {
         if !segments.is_empty() {
-            shared.dispatch_segments(segments.drain(..), Instant::now(), answers);
-        }
-        if n < MAX_BATCH {
-            return total;
+            shared.dispatch_segments(segments.drain(..), answers);
         }
     }
 }
@@ -393,10 +400,12 @@ fn read_batch6(
         bufs, lens, addrs, ..
     } = inbox;
     let n = recv_many6(fd, bufs, lens, addrs)?;
+    let now = Instant::now();
     let segments = (0..n).filter_map(|i| {
         Segment::parse6(&bufs[i][..lens[i]], addrs[i].source, addrs[i].destination)
+            .map(|s| (s, now))
     });
-    shared.dispatch_segments(segments, Instant::now(), answers);
+    shared.dispatch_segments(segments, answers);
     Ok(n)
 }
 
