@@ -362,13 +362,25 @@ mod tests {
     /// The kernel's side: `stamps.len()` packets (the first byte of each is its index) in
     /// block `block`, handed over or still open.
     fn fill(frames: &Frames, block: usize, stamps: &[Duration], handed_over: bool) {
+        let packets: Vec<_> = stamps.iter().map(|&s| (s, libc::PACKET_HOST)).collect();
+        fill_with(frames, block, &packets, handed_over, 0);
+    }
+
+    /// [`fill`] with each packet's type and more status bits.
+    fn fill_with(
+        frames: &Frames,
+        block: usize,
+        packets: &[(Duration, u8)],
+        handed_over: bool,
+        status_bits: u32,
+    ) {
         let base = unsafe { frames.area.as_ptr().add(block * BLOCK) };
-        for (i, stamp) in stamps.iter().enumerate() {
+        for (i, (stamp, pkttype)) in packets.iter().enumerate() {
             let at = FIRST + i * RECORD;
             // SAFETY: inside the block; records are 16-byte aligned.
             unsafe {
                 let header = &mut *base.add(at).cast::<libc::tpacket3_hdr>();
-                header.tp_next_offset = if i + 1 < stamps.len() {
+                header.tp_next_offset = if i + 1 < packets.len() {
                     RECORD as u32
                 } else {
                     0
@@ -378,7 +390,7 @@ mod tests {
                 header.tp_snaplen = 40;
                 header.tp_net = NET as u16;
                 let address = &mut *base.add(at + ADDRESS).cast::<libc::sockaddr_ll>();
-                address.sll_pkttype = libc::PACKET_HOST;
+                address.sll_pkttype = *pkttype;
                 *base.add(at + NET) = i as u8;
             }
         }
@@ -389,9 +401,9 @@ mod tests {
         }
         frames
             .word(block, BLOCK_PACKETS)
-            .store(stamps.len() as u32, Ordering::Relaxed);
+            .store(packets.len() as u32, Ordering::Relaxed);
         let status = if handed_over {
-            libc::TP_STATUS_USER
+            libc::TP_STATUS_USER | status_bits
         } else {
             libc::TP_STATUS_KERNEL
         };
@@ -464,5 +476,31 @@ mod tests {
         fill(&frames, 1, &[wall_now() + Duration::from_secs(5)], true);
         frames.read_block(|_, at| arrived = Some(at));
         assert!(arrived.unwrap() >= after);
+    }
+
+    #[test]
+    fn packets_for_other_hosts_are_skipped_and_a_losing_block_is_noted() {
+        let mut frames = ring();
+        let now = wall_now();
+        let packets = [
+            (now, libc::PACKET_HOST),
+            (now, libc::PACKET_OTHERHOST),
+            (now, libc::PACKET_HOST),
+        ];
+        fill_with(&frames, 0, &packets, true, 0);
+        let mut got = Vec::new();
+        assert_eq!(frames.read_block(|p, _| got.push(p[0])), Some(3));
+        assert_eq!(
+            got,
+            [0, 2],
+            "the promiscuous device's packet for another host is not ours"
+        );
+        assert!(!frames.losing);
+        fill_with(&frames, 1, &packets[..1], true, libc::TP_STATUS_LOSING);
+        frames.read_block(|_, _| ());
+        assert!(
+            frames.losing,
+            "the reader asks for the drop count after a losing block"
+        );
     }
 }
