@@ -450,19 +450,23 @@ fn unfiltered_raw_socket_of(family: libc::c_int) -> OwnedFd {
     assert!(fd >= 0, "{}", std::io::Error::last_os_error());
     // SAFETY: fresh descriptor.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let size: libc::c_int = 64 << 20;
+    set_socket_option(&fd, libc::SO_RCVBUFFORCE, 64 << 20);
+    fd
+}
+
+/// Sets the `SOL_SOCKET` option `name` of `fd` to `value`.
+fn set_socket_option(fd: &OwnedFd, name: libc::c_int, value: libc::c_int) {
     // SAFETY: valid fd and option value.
     let rc = unsafe {
         libc::setsockopt(
             fd.as_raw_fd(),
             libc::SOL_SOCKET,
-            libc::SO_RCVBUFFORCE,
-            (&raw const size).cast(),
+            name,
+            (&raw const value).cast(),
             size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
     assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
-    fd
 }
 
 fn drain_count(fd: &OwnedFd) -> usize {
@@ -1233,18 +1237,7 @@ fn a_reply_that_arrived_before_the_deadline_is_never_a_timeout() {
     let _servers: Vec<_> = (0..PROBES).map(|i| listen(&p.backend, 7200 + i)).collect();
     with_prober(&p.prober, |prober| async move {
         let watch = unfiltered_raw_socket();
-        let on: libc::c_int = 1;
-        // SAFETY: valid fd and option value.
-        let rc = unsafe {
-            libc::setsockopt(
-                watch.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_TIMESTAMPNS,
-                (&raw const on).cast(),
-                size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+        set_socket_option(&watch, libc::SO_TIMESTAMPNS, 1);
         let mut probes = Vec::new();
         for i in 0..PROBES {
             let started = SystemTime::now();
