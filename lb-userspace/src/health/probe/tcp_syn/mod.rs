@@ -37,7 +37,8 @@
 //!   probe, and a batch shares one entry; the entry goes when its last probe is answered, so the
 //!   timer only fires for real timeouts;
 //! - IPv4 replies reach the reader a block of the ring at a time: the kernel wakes it once per
-//!   block (full, or a millisecond or so after its first reply; see [`ring`]), not per reply.
+//!   block (full, or when the kernel's 1 ms block timer finds it holding replies; see
+//!   [`ring`]), not per reply.
 //!   IPv6 replies: up to 64 per `recvmmsg`, and when they come faster than one per
 //!   [`COALESCE`] the reader pauses that long between reads;
 //! - the IPv4 SYNs carry DF, like a Linux TCP SYN, which also spares the kernel a hashed IP ID

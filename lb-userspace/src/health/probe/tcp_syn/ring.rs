@@ -42,18 +42,24 @@ const BLOCK: usize = 16 << 10;
 /// some (those probes then time out; the reader logs how many). A slot's burst at 50,000
 /// targets a second is about 500 replies, 7 blocks.
 const BLOCKS: usize = 128;
+/// The ring's size, as mapped.
+const RING_BYTES: usize = BLOCKS * BLOCK;
 /// The largest record the kernel may write: its header, address and room, then up to
 /// [`REPLY_BYTES`] of the packet.
 const FRAME: usize = 256;
 /// How long the kernel leaves a block open before handing over the replies it holds, ms. Its
 /// timer checks the open block once a period, so a reply that comes while the link is quiet
-/// waits up to two periods: 0.3–2.1 ms measured on kernel 6.18 (a high-resolution timer);
-/// kernels that round the period up to their tick wait longer (4 ms a tick at HZ=250).
+/// waits up to two periods. On kernel 6.18 here, probes answered 17–228 µs after their SYN
+/// ended 0.3–2.3 ms after they started; kernels that count the period in ticks
+/// (`msecs_to_jiffies`) round it up to one (4 ms at HZ=250).
 pub(super) const RETIRE_MS: u32 = 1;
 
 /// Where a record's `sockaddr_ll` starts: behind the `tpacket3_hdr`, aligned as the kernel
 /// aligns it (`TPACKET_ALIGN`, 16 bytes).
 const ADDRESS: usize = size_of::<libc::tpacket3_hdr>().next_multiple_of(16);
+/// Where the kernel puts a record's packet (from its IP header, the socket being `SOCK_DGRAM`):
+/// behind the address, aligned, plus the 16 bytes it keeps for a link-layer header.
+const DATA: usize = (ADDRESS + size_of::<libc::sockaddr_ll>()).next_multiple_of(16) + 16;
 
 /// Offsets of the block descriptor's words the reader uses (`tpacket_block_desc`, `bh1`).
 const BLOCK_STATUS: usize = std::mem::offset_of!(libc::tpacket_block_desc, hdr)
@@ -107,7 +113,7 @@ impl ReplyRing {
             tp_block_size: BLOCK as u32,
             tp_block_nr: BLOCKS as u32,
             tp_frame_size: FRAME as u32,
-            tp_frame_nr: (BLOCKS * BLOCK / FRAME) as u32,
+            tp_frame_nr: (RING_BYTES / FRAME) as u32,
             tp_retire_blk_tov: RETIRE_MS,
             tp_sizeof_priv: 0,
             tp_feature_req_word: 0,
@@ -118,7 +124,7 @@ impl ReplyRing {
         let area = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                BLOCKS * BLOCK,
+                RING_BYTES,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 socket.as_raw_fd(),
@@ -284,7 +290,7 @@ impl Frames {
 impl Drop for Frames {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `open`, no longer used.
-        unsafe { libc::munmap(self.area.as_ptr().cast(), BLOCKS * BLOCK) };
+        unsafe { libc::munmap(self.area.as_ptr().cast(), RING_BYTES) };
     }
 }
 
@@ -317,10 +323,8 @@ impl Clock {
 
 const _: () = {
     assert!(BLOCK.is_multiple_of(FRAME));
-    // The kernel's offset of the data: TPACKET3_HDRLEN aligned, plus 16 bytes.
     assert!(
-        (ADDRESS + size_of::<libc::sockaddr_ll>()).next_multiple_of(16) + 16 + REPLY_BYTES as usize
-            <= FRAME,
+        DATA + REPLY_BYTES as usize <= FRAME,
         "a kept reply fits the largest record"
     );
 };
@@ -335,7 +339,7 @@ mod tests {
         let area = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                BLOCKS * BLOCK,
+                RING_BYTES,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                 -1,
@@ -356,8 +360,6 @@ mod tests {
     const FIRST: usize = size_of::<libc::tpacket_block_desc>().next_multiple_of(16);
     /// A record's size here: header, address, room, and a 40-byte packet.
     const RECORD: usize = 160;
-    /// Where a record's packet starts.
-    const NET: usize = (ADDRESS + size_of::<libc::sockaddr_ll>()).next_multiple_of(16) + 16;
 
     /// The kernel's side: `stamps.len()` packets (the first byte of each is its index) in
     /// block `block`, handed over or still open.
@@ -388,10 +390,10 @@ mod tests {
                 header.tp_sec = stamp.as_secs() as u32;
                 header.tp_nsec = stamp.subsec_nanos();
                 header.tp_snaplen = 40;
-                header.tp_net = NET as u16;
+                header.tp_net = DATA as u16;
                 let address = &mut *base.add(at + ADDRESS).cast::<libc::sockaddr_ll>();
                 address.sll_pkttype = *pkttype;
-                *base.add(at + NET) = i as u8;
+                *base.add(at + DATA) = i as u8;
             }
         }
         // SAFETY: the descriptor starts the block.

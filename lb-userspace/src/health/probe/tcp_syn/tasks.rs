@@ -29,7 +29,7 @@ pub const COALESCE: Duration = Duration::from_millis(1);
 
 /// How long the reader waits before looking again at deadlines held back by replies in the
 /// ring's open block, should the kernel's handover of the block not wake it first (it comes
-/// within about 2 ms here, one timer tick on a kernel at HZ=250: see
+/// within about 2.5 ms here, one timer tick on a kernel at HZ=250: see
 /// [`super::ring::RETIRE_MS`]).
 const HOLD: Duration = Duration::from_millis(5);
 
@@ -236,6 +236,7 @@ impl Inbox {
             destination: std::net::Ipv6Addr::UNSPECIFIED,
         };
         Box::new(Self {
+            // A block's worth: up to 113 of the smallest replies (a bare RST).
             segments: Vec::with_capacity(2 * MAX_BATCH),
             bufs: [[0; REPLY_BYTES as usize]; MAX_BATCH],
             lens: [0; MAX_BATCH],
