@@ -31,15 +31,20 @@ pub(super) struct Histogram {
 }
 
 impl Histogram {
+    /// Counts a latency. One writer only (the scheduler task): a load and a store, not a
+    /// locked add, which would wait for every store before it (a third of `finish` in a
+    /// profile at 50,000 targets); readers see each count rise, never fall.
     pub(super) fn observe(&self, latency: Duration) {
         let s = latency.as_secs_f64();
         let i = LATENCY_BOUNDS_S
             .iter()
             .position(|&b| s <= b)
             .unwrap_or(LATENCY_BOUNDS_S.len());
-        self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        self.sum_us
-            .fetch_add(latency.as_micros() as u64, Ordering::Relaxed);
+        let add = |counter: &AtomicU64, n: u64| {
+            counter.store(counter.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+        };
+        add(&self.buckets[i], 1);
+        add(&self.sum_us, latency.as_micros() as u64);
     }
 }
 

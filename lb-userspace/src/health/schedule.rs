@@ -9,7 +9,7 @@
 //! reporting, pausing) is shared per target through `TargetShared`.
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     future::Future,
     net::SocketAddr,
     pin::Pin,
@@ -21,7 +21,7 @@ use std::{
 use futures_util::{FutureExt as _, StreamExt as _, stream::FuturesUnordered};
 use tokio::sync::{mpsc, watch};
 
-use crate::config::CheckKind;
+use crate::config::{CheckKind, WindowSettings};
 
 use super::{
     prefetch,
@@ -60,31 +60,45 @@ pub(super) enum Command {
     Remove(Arc<ProbeKey>),
 }
 
-/// A target the scheduler runs.
+/// A target the scheduler runs: what a half-open probe's start and result read, in two cache
+/// lines (with 50,000 targets a target is seldom in the CPU's cache when its probe starts or
+/// ends, and each line more is a miss more); the rest is in `cold`.
+#[repr(align(64))]
 struct Target {
-    /// Unique per scheduler: tells this target from a later one in the same place.
-    id: u64,
-    /// The key's address and kind, kept here: a half-open probe's start and result read
-    /// nothing else of the key, whose allocation (with 50,000 targets, seldom in the CPU's
-    /// cache) is then not loaded per probe.
+    /// Unique per scheduler: tells this target from a later one in the same place (until 2^32
+    /// targets were added).
+    id: u32,
     addr: SocketAddr,
     kind: CheckKind,
-    key: Arc<ProbeKey>,
+    /// Probes go through the tunnel (`cold.via`).
+    tunnel: bool,
     shared: Arc<TargetShared>,
+    window: Window,
+    cold: Box<Cold>,
+}
+
+/// What a target's probes seldom read.
+struct Cold {
+    key: Arc<ProbeKey>,
     http: Option<Arc<HttpCheck>>,
     via: Option<Via>,
-    window: Window,
+}
+
+impl Target {
+    fn via(&self) -> Option<Via> {
+        if self.tunnel { self.cold.via } else { None }
+    }
 }
 
 /// A probe in flight and the target it is for.
 struct Tagged {
     place: usize,
-    id: u64,
+    id: u32,
     probe: Probe,
 }
 
 impl Future for Tagged {
-    type Output = (usize, u64, ProbeResult);
+    type Output = (usize, u32, ProbeResult);
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let (place, id) = (self.place, self.id);
@@ -102,14 +116,16 @@ pub(super) struct Scheduler {
     targets: Vec<Option<Target>>,
     free: Vec<usize>,
     index: HashMap<Arc<ProbeKey>, usize>,
-    next_id: u64,
+    next_id: u32,
+    /// One copy of each check's window settings, shared by its targets' windows.
+    settings: HashSet<Arc<WindowSettings>>,
     /// `(place, target id)` filed by the slot they are due in; entries of removed targets are
     /// skipped.
-    wheel: Wheel<(usize, u64)>,
+    wheel: Wheel<(usize, u32)>,
     /// Taken from the wheel, waiting for a place in flight.
-    due: VecDeque<(usize, u64)>,
+    due: VecDeque<(usize, u32)>,
     /// Scratch space for taking from the wheel.
-    taken: Vec<(usize, u64)>,
+    taken: Vec<(usize, u32)>,
     in_flight: FuturesUnordered<Tagged>,
     /// Half-open probes go to the prober in one batch per turn, without a future each
     /// ([`super::probe::tcp_syn::SynProber::start_many`]): the batch being gathered, the
@@ -136,6 +152,7 @@ impl Scheduler {
             free: Vec::new(),
             index: HashMap::new(),
             next_id: 0,
+            settings: HashSet::new(),
             wheel: Wheel::new((MAX_PAUSE.as_millis() / SLOT.as_millis()) as usize),
             due: VecDeque::new(),
             taken: Vec::new(),
@@ -230,10 +247,11 @@ impl Scheduler {
                     return;
                 }
                 let id = self.next_id;
-                self.next_id += 1;
+                self.next_id = self.next_id.wrapping_add(1);
+                let settings = self.settings(key.check.window);
                 let window = match state {
-                    HealthState::Unhealthy => Window::restored_unhealthy(key.check.window),
-                    _ => Window::new(key.check.window),
+                    HealthState::Unhealthy => Window::restored_unhealthy(settings),
+                    _ => Window::new(settings),
                 };
                 // A fixed phase per target spreads the probes over the interval.
                 let now = Instant::now();
@@ -242,11 +260,14 @@ impl Scheduler {
                     id,
                     addr: key.target,
                     kind: key.check.kind,
-                    key: key.clone(),
+                    tunnel: via.is_some(),
                     shared,
-                    http,
-                    via,
                     window,
+                    cold: Box::new(Cold {
+                        key: key.clone(),
+                        http,
+                        via,
+                    }),
                 };
                 let place = match self.free.pop() {
                     Some(place) => {
@@ -266,6 +287,8 @@ impl Scheduler {
                     // Its queue entry and a probe in flight are ignored when they come up.
                     self.targets[place] = None;
                     self.free.push(place);
+                    // Settings no window uses any more.
+                    self.settings.retain(|s| Arc::strong_count(s) > 1);
                 }
             }
         }
@@ -291,20 +314,21 @@ impl Scheduler {
             };
             if !target.shared.active.load(Ordering::Relaxed) {
                 // Paused: look again a little later, probe nothing.
-                let again = target.key.check.window.interval.min(PAUSED_RECHECK);
+                let again = target.window.settings().interval.min(PAUSED_RECHECK);
                 self.file(now + again, place, id, now);
                 continue;
             }
             if target.kind == CheckKind::Tcp && syn.is_some() {
                 // The place and the low half of the id: an id repeats in a place only after
                 // 2^32 targets were added.
-                let token = (place as u64) << 32 | (id & 0xffff_ffff);
+                let token = (place as u64) << 32 | u64::from(id);
                 let timeout = target.window.settings().timeout;
                 self.syn_batch
-                    .push((token, target.addr, timeout, target.via));
+                    .push((token, target.addr, timeout, target.via()));
                 continue;
             }
-            let probe = probe(&self.probers, &target.key, target.http.as_ref(), target.via);
+            let cold = &target.cold;
+            let probe = probe(&self.probers, &cold.key, cold.http.as_ref(), cold.via);
             self.in_flight.push(Tagged { place, id, probe });
         }
         if let Some(syn) = syn
@@ -321,18 +345,17 @@ impl Scheduler {
     /// Asks the CPU to load the targets at `places`, and their shared parts (status, flags),
     /// ahead of their use: a batch's targets lie scattered in memory, and asking for all of
     /// them before using any lets their cache misses overlap instead of coming one by one.
-    /// Whole: a probe's start and result touch most of a target (which need not start at a
-    /// cache line, hence one line more).
+    /// Whole: a probe's start and result touch most of a target (both start at a cache line).
     fn prefetch(&self, places: impl Iterator<Item = usize> + Clone) {
         for place in places.clone() {
             if let Some(slot) = self.targets.get(place) {
-                prefetch(slot, size_of::<Option<Target>>().div_ceil(64) + 1);
+                prefetch(slot, size_of::<Option<Target>>().div_ceil(64));
             }
         }
         // Then what they point to (reading the pointers waits for the lines asked for above).
         for place in places {
             if let Some(Some(t)) = self.targets.get(place) {
-                prefetch(&*t.shared, size_of::<TargetShared>().div_ceil(64) + 1);
+                prefetch(&*t.shared, size_of::<TargetShared>().div_ceil(64));
             }
         }
     }
@@ -344,17 +367,17 @@ impl Scheduler {
 
     /// A half-open probe's result, by its token.
     fn finish_token(&mut self, token: u64, result: ProbeResult, now: Instant) -> bool {
-        let place = (token >> 32) as usize;
-        let id = self
-            .targets
-            .get(place)
-            .and_then(Option::as_ref)
-            .filter(|t| t.id & 0xffff_ffff == token & 0xffff_ffff)
-            .map(|t| t.id);
-        match id {
-            Some(id) => self.finish(place, id, result, now),
-            None => true, // removed while in flight
+        self.finish((token >> 32) as usize, token as u32, result, now)
+    }
+
+    /// The shared copy of `settings`.
+    fn settings(&mut self, settings: WindowSettings) -> Arc<WindowSettings> {
+        if let Some(shared) = self.settings.get(&settings) {
+            return shared.clone();
         }
+        let shared = Arc::new(settings);
+        self.settings.insert(shared.clone());
+        shared
     }
 
     /// Moves the targets due by `now` from the wheel to the `due` queue.
@@ -366,7 +389,7 @@ impl Scheduler {
 
     /// Files target `(place, id)` to probe at the first slot boundary from `at`; `now` is the
     /// present (read by the caller, once for many).
-    fn file(&mut self, at: Instant, place: usize, id: u64, now: Instant) {
+    fn file(&mut self, at: Instant, place: usize, id: u32, now: Instant) {
         // Keeps the wheel's horizon counted from now, however long the task slept.
         self.advance(now);
         let slot = at
@@ -384,8 +407,13 @@ impl Scheduler {
     /// Feeds a probe's result, come in at `now`, to its target's window; sends the verdict if
     /// there is one to send and queues the next probe. False if the daemon no longer takes
     /// verdicts.
-    fn finish(&mut self, place: usize, id: u64, result: ProbeResult, now: Instant) -> bool {
-        let Some(target) = self.targets[place].as_mut().filter(|t| t.id == id) else {
+    fn finish(&mut self, place: usize, id: u32, result: ProbeResult, now: Instant) -> bool {
+        let Some(target) = self
+            .targets
+            .get_mut(place)
+            .and_then(Option::as_mut)
+            .filter(|t| t.id == id)
+        else {
             return true; // removed while in flight
         };
         if let ProbeResult::Success { latency } = result {
@@ -415,7 +443,7 @@ impl Scheduler {
         // A local failure moves no state, but the daemon reports it (log, metric, event).
         if transition.is_some() || local || target.shared.report.load(Ordering::Relaxed) {
             let verdict = Verdict {
-                probe: target.key.clone(),
+                probe: target.cold.key.clone(),
                 result,
                 transition,
             };
@@ -461,6 +489,12 @@ fn phase(target: SocketAddr, interval: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_target_fits_in_two_cache_lines() {
+        assert_eq!(size_of::<Option<Target>>(), 128);
+        assert_eq!(size_of::<TargetShared>(), 128);
+    }
 
     #[test]
     fn jitter_adds_up_to_five_percent() {

@@ -62,11 +62,14 @@ pub struct TargetStatus {
     pub since: Instant,
 }
 
-/// What the scheduler shares with the rest of the daemon about one target.
+/// What the scheduler shares with the rest of the daemon about one target. Laid out from a
+/// cache line's start, flags first: a probe's start reads the first line only, its result the
+/// first two.
+#[repr(C, align(64))]
 pub(super) struct TargetShared {
-    pub(super) status: Mutex<TargetStatus>,
-    /// Send every result, not only state changes.
-    pub(super) report: AtomicBool,
     /// Probe at all (traffic-triggered probing pauses idle targets).
     pub(super) active: AtomicBool,
+    /// Send every result, not only state changes.
+    pub(super) report: AtomicBool,
+    pub(super) status: Mutex<TargetStatus>,
 }

@@ -16,7 +16,7 @@
 //! either way, so one early blip neither ejects nor confirms it. Time is passed in, so the
 //! machine is pure and the timing bounds are tested in simulated time below.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use serde::Serialize;
 
@@ -97,7 +97,8 @@ pub struct Transition {
 /// The health of one target: settings, counters and state.
 #[derive(Debug, Clone)]
 pub struct Window {
-    settings: WindowSettings,
+    /// Shared by the targets of a check: a probe's window then fits in fewer cache lines.
+    settings: Arc<WindowSettings>,
     state: HealthState,
     counters: Counters,
     disabled: bool,
@@ -108,9 +109,9 @@ pub struct Window {
 
 impl Window {
     /// A target with checks on and no verdict yet.
-    pub fn new(settings: WindowSettings) -> Self {
+    pub fn new(settings: impl Into<Arc<WindowSettings>>) -> Self {
         Self {
-            settings,
+            settings: settings.into(),
             state: HealthState::Initializing,
             counters: Counters::default(),
             disabled: false,
@@ -122,7 +123,7 @@ impl Window {
 
     /// A target found unavailable before a restart (its datapath flag was down): `Unhealthy`
     /// until `healthy_threshold` successes, as it would have been without the restart.
-    pub fn restored_unhealthy(settings: WindowSettings) -> Self {
+    pub fn restored_unhealthy(settings: impl Into<Arc<WindowSettings>>) -> Self {
         Self {
             state: HealthState::Unhealthy,
             ..Self::new(settings)
