@@ -8,9 +8,6 @@ pub struct Wheel<T> {
     slots: Vec<Vec<T>>,
     /// One bit per slot: set while the slot holds items.
     occupied: Vec<u64>,
-    /// Emptied slots' vectors, for the next slots filled: a vector left in its slot would keep
-    /// its room for a lap of the wheel, and every slot would come to hold a slot's worth.
-    spare: Vec<Vec<T>>,
     /// The first slot not taken yet.
     cursor: u64,
     len: usize,
@@ -23,7 +20,6 @@ impl<T> Wheel<T> {
         Self {
             slots: (0..n).map(|_| Vec::new()).collect(),
             occupied: vec![0; n / 64],
-            spare: Vec::new(),
             cursor: 0,
             len: 0,
         }
@@ -39,11 +35,6 @@ impl<T> Wheel<T> {
     pub fn insert(&mut self, slot: u64, item: T) {
         let slot = slot.clamp(self.cursor, self.horizon());
         let i = self.index(slot);
-        if self.slots[i].capacity() == 0
-            && let Some(spare) = self.spare.pop()
-        {
-            self.slots[i] = spare;
-        }
         self.slots[i].push(item);
         self.occupied[i / 64] |= 1 << (i % 64);
         self.len += 1;
@@ -82,8 +73,10 @@ impl<T> Wheel<T> {
             };
             let i = self.index(next);
             self.len -= self.slots[i].len();
-            out.append(&mut self.slots[i]);
-            self.spare.push(std::mem::take(&mut self.slots[i]));
+            // The slot's vector goes with its items: kept, it would hold its room for a lap of
+            // the wheel (or, handed to the next slot filled, a sparse one, as long as that
+            // waits), so memory would follow the busiest slot times the slots, not the items.
+            out.append(&mut std::mem::take(&mut self.slots[i]));
             self.occupied[i / 64] &= !(1 << (i % 64));
             self.cursor = next + 1;
         }
@@ -170,25 +163,38 @@ mod tests {
 
     #[test]
     fn memory_follows_the_items_filed_not_the_slots_visited() {
-        // As the scheduler uses it: every slot taken refills a slot a second ahead. A slot's
-        // vector kept its capacity once taken, so over a lap of the wheel (32,768 slots, 5.5
-        // min) every slot came to hold a slot's worth: the checker at 50,000 targets grew from
-        // 95 MB to 470 MB (measured, `lb-health-bench`); with the vectors reused, 99 MB.
+        // As the scheduler uses it: every slot taken refills a slot ahead, most targets a
+        // second ahead (100 slots), some unhealthy ones 30 s ahead (3,000 slots). A slot's
+        // vector kept its room once taken, so over a lap of the wheel (32,768 slots, 5.5 min)
+        // every slot came to hold a busy slot's worth: the checker at 50,000 targets grew from
+        // 95 MB to 470 MB (measured, `lb-health-bench`). Emptied vectors reused for the next
+        // slots filled still end up in the sparse slots (a busy slot's room, for 30 s each).
+        const BUSY: u64 = 100;
+        const SPARSE: u64 = 3000;
         let mut w = Wheel::new(4096);
         let mut out = Vec::new();
+        for slot in 0..SPARSE {
+            w.insert(slot + SPARSE, SPARSE);
+        }
         for slot in 0..3 * 4096u64 {
+            for _ in 0..BUSY {
+                w.insert(slot + BUSY, BUSY);
+            }
             w.take_until(slot, &mut out);
-            for _ in 0..out.len().max(100) {
-                w.insert(slot + 100, 0u64);
+            for &ahead in &out {
+                if ahead == SPARSE {
+                    w.insert(slot + SPARSE, SPARSE);
+                }
             }
             out.clear();
         }
-        // 100 slots of 100 items are filed at any time; allow for growth by doubling and the
-        // vectors kept for reuse.
-        let kept: usize = w.slots.iter().chain(&w.spare).map(Vec::capacity).sum();
+        // 100 slots of 100 items and 3,000 of one are filed; allow for growth by doubling and
+        // a vector's smallest room (4 items).
+        let filed = (BUSY * BUSY + SPARSE) as usize;
+        let kept: usize = w.slots.iter().map(Vec::capacity).sum();
         assert!(
-            kept <= 4 * 101 * 128,
-            "{kept} items' room kept for 10,100 items filed"
+            kept <= 2 * filed + 4 * (BUSY + SPARSE) as usize,
+            "room for {kept} items kept for {filed} filed"
         );
     }
 }
