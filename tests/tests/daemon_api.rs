@@ -476,6 +476,57 @@ fn reload_applies_in_place_and_rejects_bad_files() {
     echo(&mut stream, "after the check changed").unwrap();
 }
 
+/// An admin change is forgotten with its backend: a backend removed by a reload and added
+/// back starts afresh (its state's age counts from then), and the daemon keeps no record of
+/// backends it no longer has (a record per admin change on replaced backends, kept forever).
+#[test]
+fn a_backend_removed_and_added_back_forgets_its_admin_change() {
+    let (sb, daemon) = start();
+    // The UDP service (the last) without checks: its backends' age is their admin change's.
+    let mut good = std::fs::read_to_string(&daemon.config).unwrap();
+    good.push_str("\n[service.check]\nkind = \"none\"\n");
+    std::fs::write(&daemon.config, &good).unwrap();
+    let out = daemon.lb(&["reload"]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let addr = format!("{}:8080", sb.backends[0].addr);
+    let out = daemon.lb(&["backend", "disable", "udp", &addr]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+
+    let udp_from = good.find("name = \"udp\"").unwrap();
+    let (head, tail) = good.split_at(udp_from);
+    let entry = format!("{{ address = \"{addr}\", weight = 1 }}");
+    let without = if tail.contains(&format!("{entry}, ")) {
+        tail.replacen(&format!("{entry}, "), "", 1)
+    } else {
+        tail.replacen(&format!(", {entry}"), "", 1)
+    };
+    assert_ne!(without, tail);
+    std::fs::write(&daemon.config, format!("{head}{without}")).unwrap();
+    let out = daemon.lb(&["reload"]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let status = daemon.status().unwrap();
+    assert!(status.service("udp").unwrap().backend(&addr).is_none());
+
+    let added = Instant::now();
+    std::fs::write(&daemon.config, &good).unwrap();
+    let out = daemon.lb(&["reload"]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let status = daemon.status().unwrap();
+    let b = status
+        .service("udp")
+        .unwrap()
+        .backend(&addr)
+        .unwrap()
+        .clone();
+    let bound = added.elapsed().as_secs_f64();
+    assert_eq!(b.admin, "enabled", "{b:?}");
+    assert!(
+        b.state_for_s <= bound,
+        "in its state for {} s, but added back {bound} s ago: {b:?}",
+        b.state_for_s
+    );
+}
+
 #[test]
 fn a_pinned_datapath_survives_the_daemon() {
     require_root();

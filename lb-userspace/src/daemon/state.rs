@@ -495,6 +495,16 @@ impl Shared {
             .filter(|s| s.passive.enabled)
             .flat_map(|s| s.backends.iter().map(move |b| (s.name.as_str(), b.address)))
             .collect();
+        // Admin changes of what is gone too: a backend added back starts afresh.
+        let present: HashSet<(&str, SocketAddr)> = inner
+            .config
+            .services
+            .iter()
+            .flat_map(|s| s.backends.iter().map(move |b| (s.name.as_str(), b.address)))
+            .collect();
+        inner
+            .admin_since
+            .retain(|(service, backend), _| present.contains(&(service.as_str(), *backend)));
         let hosts: HashSet<IpAddr> = watched.iter().map(|(_, b)| b.ip()).collect();
         inner.passive.retain(|scope| match scope {
             Scope::Host(ip) => hosts.contains(ip),
