@@ -873,6 +873,73 @@ fn idle_api_connections_neither_lock_the_api_nor_blind_the_checks() {
     );
 }
 
+/// A client that asks for the metrics and then reads none of them is let go after the send
+/// timeout: it held the answer (MBs) and its connection (busy, so never evicted) for ever, and
+/// 256 of them locked the API.
+#[test]
+fn a_client_that_stops_reading_its_answer_is_let_go() {
+    require_root();
+    let sb = Sandbox::build(Arms::Two, 3, 8080).unwrap();
+    // 7,000 backends without checks (ports of the sandbox's own backends): 10 MB of metrics,
+    // more than the sockets' buffers hold (4 MB at most for the sender, here).
+    let backends: Vec<String> = (0..7000)
+        .map(|i| {
+            let b = &sb.backends[i % sb.backends.len()];
+            format!("{{ address = \"{}:{}\" }}", b.addr, 20000 + i)
+        })
+        .collect();
+    let config = format!(
+        "{}\n[[service]]\nname = \"big\"\nvip = \"{}\"\nprotocol = \"tcp\"\nbackends = [{}]\n\
+         [service.check]\nkind = \"none\"\n",
+        sb.config(80, &[], "")
+            .replacen("[lb]\n", "[lb]\nmax_backends = 8192\n", 1),
+        SocketAddr::from((VIP, 81)),
+        backends.join(", ")
+    );
+    let daemon = Daemon::start(&sb.lb, &config).unwrap();
+    let (status, whole) = daemon.http("GET", &format!("{API}/metrics"), &[]);
+    assert_eq!(status, 200);
+    assert!(whole.len() > 8 << 20, "metrics of {} bytes", whole.len());
+
+    let api: SocketAddr = "127.0.0.1:9090".parse().unwrap();
+    let mut stalled = sb.lb.enter(|| std::net::TcpStream::connect(api)).unwrap();
+    stalled
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let asked = Instant::now();
+    // Only the status request's own connection stays open.
+    let deadline = asked + lb::api::SEND_TIMEOUT + Duration::from_secs(20);
+    loop {
+        let open = daemon.status().unwrap().resources.api_connections;
+        if open == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{open} API connections {:?} after a client stopped reading",
+            asked.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        asked.elapsed() >= lb::api::SEND_TIMEOUT,
+        "let go after {:?}",
+        asked.elapsed()
+    );
+    // What it had not taken is gone: the answer was cut.
+    stalled
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut got = Vec::new();
+    let _ = stalled.read_to_end(&mut got);
+    assert!(
+        got.len() < whole.len(),
+        "read {} of {}",
+        got.len(),
+        whole.len()
+    );
+}
+
 /// Seed 004's service states, as backends fail and come back: healthy, degraded, down with the
 /// all-unhealthy policy named; in the JSON, `lb status`, the metrics and the page.
 #[test]

@@ -9,6 +9,7 @@
 pub mod html;
 pub mod metrics;
 mod serve;
+pub use serve::SEND_TIMEOUT;
 
 use std::{net::SocketAddr, sync::Arc};
 
@@ -162,6 +163,7 @@ pub async fn serve(
         %addr,
         max_connections = crate::resources::MAX_API_CONNECTIONS,
         header_timeout_s = serve::HEADER_TIMEOUT.as_secs(),
+        send_timeout_s = serve::SEND_TIMEOUT.as_secs(),
         "control API listening"
     );
     state.stop = shutdown.clone();
