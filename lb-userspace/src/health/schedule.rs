@@ -396,8 +396,8 @@ impl Scheduler {
         self.due.extend(self.taken.drain(..));
     }
 
-    /// Files target `(place, id)` to probe at the first slot boundary from `at`; `now` is the
-    /// present (read by the caller, once for many).
+    /// Files target `(place, id)` to probe at the first slot boundary from `at` (time since the
+    /// epoch); `now` is the present (read by the caller, once for many).
     fn file(&mut self, at: Duration, place: usize, id: u32, now: Now) {
         // Keeps the wheel's horizon counted from now, however long the task slept.
         self.advance(now);
