@@ -54,6 +54,16 @@ fn vip() -> SocketAddr {
     SocketAddr::from((VIP, 80))
 }
 
+/// `config` without the first backend entry of `addr` (as [`Sandbox::config`] writes it).
+fn without_backend(config: &str, addr: &str) -> String {
+    let entry = format!("{{ address = \"{addr}\", weight = 1 }}");
+    if config.contains(&format!("{entry}, ")) {
+        config.replacen(&format!("{entry}, "), "", 1)
+    } else {
+        config.replacen(&format!(", {entry}"), "", 1)
+    }
+}
+
 fn code(out: &std::process::Output) -> i32 {
     out.status.code().unwrap_or(-1)
 }
@@ -390,20 +400,7 @@ fn reload_applies_in_place_and_rejects_bad_files() {
     echo(&mut stream, "after rejected reloads").unwrap();
 
     // A good one: drop a backend of the TCP service (SIGHUP does the same as `lb reload`).
-    let new = good.replacen(
-        &format!("{{ address = \"{removed_addr}\", weight = 1 }}, "),
-        "",
-        1,
-    );
-    let new = if new == good {
-        good.replacen(
-            &format!(", {{ address = \"{removed_addr}\", weight = 1 }}"),
-            "",
-            1,
-        )
-    } else {
-        new
-    };
+    let new = without_backend(&good, &removed_addr);
     assert_ne!(new, good);
     std::fs::write(&daemon.config, &new).unwrap();
     let kill = unsafe { libc::kill(daemon.process.pid() as i32, libc::SIGHUP) };
@@ -494,12 +491,7 @@ fn a_backend_removed_and_added_back_forgets_its_admin_change() {
 
     let udp_from = good.find("name = \"udp\"").unwrap();
     let (head, tail) = good.split_at(udp_from);
-    let entry = format!("{{ address = \"{addr}\", weight = 1 }}");
-    let without = if tail.contains(&format!("{entry}, ")) {
-        tail.replacen(&format!("{entry}, "), "", 1)
-    } else {
-        tail.replacen(&format!(", {entry}"), "", 1)
-    };
+    let without = without_backend(tail, &addr);
     assert_ne!(without, tail);
     std::fs::write(&daemon.config, format!("{head}{without}")).unwrap();
     let out = daemon.lb(&["reload"]);

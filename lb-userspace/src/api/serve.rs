@@ -484,10 +484,13 @@ mod tests {
     #[tokio::test]
     async fn a_slow_reader_that_keeps_reading_is_not_cut() {
         use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-        // Slower than the socket's buffers can hide (8 MB through a reader of 64 KB per 5 ms,
-        // at least 0.6 s), each pause well under the limit.
-        let (mut server, mut client) = pair(Duration::from_secs(2)).await;
-        let total = 8 << 20;
+        // Slower than the socket's buffers can hide (32 MB through a reader of at most 64 KB
+        // per 5 ms: 2.5 s or more), each pause well under the limit, which the whole transfer
+        // outlasts: only a limit counted from the last progress lets it through.
+        let limit = Duration::from_millis(500);
+        let (mut server, mut client) = pair(limit).await;
+        let total = 32 << 20;
+        let started = Instant::now();
         let reader = tokio::spawn(async move {
             let mut buf = vec![0u8; 64 * 1024];
             let mut got = 0;
@@ -502,6 +505,7 @@ mod tests {
         server.write_all(&vec![7u8; total]).await.unwrap();
         server.shutdown().await.unwrap();
         assert_eq!(reader.await.unwrap(), total);
+        assert!(started.elapsed() > limit, "took {:?}", started.elapsed());
     }
 
     #[tokio::test]
