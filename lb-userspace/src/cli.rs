@@ -124,9 +124,10 @@ pub enum Command {
     /// announced).
     Stop {
         /// The pinned datapath's bpffs directory (the config's `pin_path`), for when no daemon
-        /// answers.
-        #[arg(long, default_value = config::DEFAULT_PIN_PATH)]
-        pin_path: PathBuf,
+        /// answers [default: /sys/fs/bpf/lb in the host's network namespace,
+        /// /sys/fs/bpf/lb-netns-INODE in any other]
+        #[arg(long, value_name = "DIR")]
+        pin_path: Option<PathBuf>,
         #[command(flatten)]
         api: ApiArgs,
     },
@@ -193,9 +194,10 @@ pub struct DecapArgs {
     #[arg(long, value_name = "MODE", default_value = "auto", value_parser = xdp_mode)]
     pub xdp_mode: config::XdpMode,
     /// The bpffs directory where the links and maps are pinned (mounting bpffs at /sys/fs/bpf
-    /// if it is not).
-    #[arg(long, value_name = "DIR", default_value = decap::DEFAULT_PIN_PATH)]
-    pub pin_path: PathBuf,
+    /// if it is not) [default: /sys/fs/bpf/lb-decap in the host's network namespace,
+    /// /sys/fs/bpf/lb-decap-netns-INODE in any other, so each namespace has its own]
+    #[arg(long, value_name = "DIR")]
+    pub pin_path: Option<PathBuf>,
     /// Detach from every interface and remove everything pinned at --pin-path.
     #[arg(
         long,
@@ -234,11 +236,14 @@ fn xdp_mode(s: &str) -> Result<config::XdpMode, String> {
 
 /// `lb decap ...`.
 pub fn decap(args: DecapArgs) -> anyhow::Result<()> {
+    let pin_path = args
+        .pin_path
+        .unwrap_or_else(|| crate::netns::default_pin_path(decap::DEFAULT_PIN_PATH));
     if args.stop {
-        return decap::stop(&args.pin_path);
+        return decap::stop(&pin_path);
     }
     if args.stats {
-        return decap::stats(&args.pin_path, args.json);
+        return decap::stats(&pin_path, args.json);
     }
     let destinations = if args.any_destination {
         decap::Destinations::Any
@@ -252,7 +257,7 @@ pub fn decap(args: DecapArgs) -> anyhow::Result<()> {
         gue_port: args.gue_port,
         destinations,
         xdp_mode: args.xdp_mode,
-        pin_path: args.pin_path,
+        pin_path,
     })
 }
 
@@ -693,7 +698,9 @@ pub async fn host(api: ApiArgs, drain: bool) -> anyhow::Result<()> {
 }
 
 /// `lb stop`.
-pub async fn stop(api: ApiArgs, pin_path: PathBuf) -> anyhow::Result<()> {
+pub async fn stop(api: ApiArgs, pin_path: Option<PathBuf>) -> anyhow::Result<()> {
+    let pin_path =
+        pin_path.unwrap_or_else(|| crate::netns::default_pin_path(config::DEFAULT_PIN_PATH));
     match post(&api, "/v1/stop").await {
         Ok(body) => {
             let grace = serde_json::from_str::<StopReply>(&body)
@@ -708,6 +715,11 @@ pub async fn stop(api: ApiArgs, pin_path: PathBuf) -> anyhow::Result<()> {
             Ok(())
         }
         Err(e) if e.is::<client::Unreachable>() => {
+            crate::dataplane::owner::refuse_foreign(
+                &pin_path,
+                "lb stop",
+                &crate::netns::default_pin_path(config::DEFAULT_PIN_PATH),
+            )?;
             // The routes first: they lead to the datapath about to go.
             match crate::daemon::withdraw_left_over(&crate::daemon::host_file(&pin_path)) {
                 Ok(vips) if !vips.is_empty() => println!(

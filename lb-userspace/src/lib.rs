@@ -17,6 +17,7 @@ pub mod health;
 pub mod maglev;
 pub mod manual;
 pub mod model;
+pub mod netns;
 pub mod resources;
 pub mod rtnl;
 pub mod trace;

@@ -39,6 +39,8 @@ static SWEEP: Once = Once::new();
 pub struct DecapGuard {
     ns: Netns,
     pin: PathBuf,
+    /// Whether `--pin-path` is given, or lb decap's default for the namespace is used.
+    explicit: bool,
 }
 
 impl DecapGuard {
@@ -50,8 +52,22 @@ impl DecapGuard {
         let guard = Self {
             ns: ns.clone(),
             pin: Path::new(dataplane::BPFFS).join(format!("{PREFIX}{}-{n}", std::process::id())),
+            explicit: true,
         };
         guard.update(interfaces, extra_args)?;
+        Ok(guard)
+    }
+
+    /// As [`DecapGuard::start`], without `--pin-path`: lb decap's own default for `ns`, which
+    /// the guard computes too, to remove whatever `--stop` leaves there.
+    pub fn start_default(ns: &Netns, interfaces: &[&str]) -> anyhow::Result<Self> {
+        let netns = lb::netns::NetNs::of(&Path::new("/run/netns").join(ns.name()))?;
+        let guard = Self {
+            ns: ns.clone(),
+            pin: lb::netns::pin_path_for(lb::decap::DEFAULT_PIN_PATH, &netns),
+            explicit: false,
+        };
+        guard.update(interfaces, &[])?;
         Ok(guard)
     }
 
@@ -101,7 +117,10 @@ impl DecapGuard {
     /// `lb decap ARGS --pin-path <ours>` in the namespace, whatever its exit status.
     pub fn lb(&self, args: &[&str]) -> anyhow::Result<Output> {
         let mut cmd = lb_decap_command(&self.ns);
-        cmd.args(args).arg("--pin-path").arg(&self.pin);
+        cmd.args(args);
+        if self.explicit {
+            cmd.arg("--pin-path").arg(&self.pin);
+        }
         cmd.stdin(Stdio::null())
             .output()
             .with_context(|| format!("running {cmd:?}"))

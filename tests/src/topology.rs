@@ -295,7 +295,7 @@ impl Sandbox {
     }
 
     /// The backends as TOML inline tables, of one family.
-    fn backends_toml(&self, v6: bool, weights: &[u32]) -> String {
+    pub fn backends_toml(&self, v6: bool, weights: &[u32]) -> String {
         let backends: Vec<String> = self
             .backends
             .iter()
@@ -310,7 +310,9 @@ impl Sandbox {
         backends.join(", ")
     }
 
-    fn services_toml(&self, v6: bool, vip_port: u16, backends: &str, extra: &str) -> String {
+    /// A TCP and a UDP service on the VIP of one family over `backends` (as
+    /// [`Sandbox::backends_toml`] gives them), `extra` lines in each.
+    pub fn services_toml(&self, v6: bool, vip_port: u16, backends: &str, extra: &str) -> String {
         let (vip, suffix): (std::net::IpAddr, &str) = if v6 {
             (VIP6.into(), "6")
         } else {

@@ -1126,3 +1126,88 @@ fn ipv6_services_through_the_api_and_cli() {
     let seen = servers::spread(&sb.client.ns, vip(), 60);
     assert_eq!(seen.len(), 3, "{seen:?}");
 }
+
+/// The default pin directory of `lb run` in `ns` (the host's default plus `-netns-INODE`).
+fn default_pin(ns: &lb_tests::netns::Netns) -> PinGuard {
+    let netns = lb::netns::NetNs::of(&std::path::Path::new("/run/netns").join(ns.name())).unwrap();
+    let path = lb::netns::pin_path_for(lb::config::DEFAULT_PIN_PATH, &netns);
+    PinGuard(path.to_string_lossy().into_owned())
+}
+
+/// Two daemons in two network namespaces of one host, both with the default pin path: each
+/// pins its datapath in a directory of its own and forwards. A datapath left pinned by one
+/// (stopped with SIGTERM) is neither adopted nor removed from the other namespace, even when
+/// named explicitly: the refusal names the namespace it belongs to.
+#[test]
+fn daemons_in_two_namespaces_keep_their_own_pinned_datapaths() {
+    require_root();
+    let sbs = [
+        Sandbox::build(Arms::Two, 1, 8080).unwrap(),
+        Sandbox::build(Arms::Two, 1, 8080).unwrap(),
+    ];
+    let pins = [default_pin(&sbs[0].lb), default_pin(&sbs[1].lb)];
+    assert_ne!(pins[0].0, pins[1].0);
+    let mut daemons: Vec<Daemon> = sbs
+        .iter()
+        .map(|sb| Daemon::start_pinned(&sb.lb, &config(sb, &[], "")).unwrap())
+        .collect();
+    for (sb, pin) in sbs.iter().zip(&pins) {
+        assert!(
+            std::path::Path::new(&pin.0)
+                .join("link-".to_owned() + &sb.lb_ports[0].ifname)
+                .exists(),
+            "{}",
+            pin.0
+        );
+        let (mut stream, name) = connect(&sb.client.ns, vip()).unwrap();
+        assert_eq!(name, "backend-0");
+        echo(&mut stream, "through lb").unwrap();
+    }
+
+    // The first daemon goes with SIGTERM: its datapath stays pinned and forwarding.
+    daemons[0].stop(libc::SIGTERM);
+    let attached = |sb: &Sandbox| {
+        sb.lb_ports
+            .iter()
+            .all(|p| sb.lb.xdp_attached(&p.ifname).unwrap())
+    };
+    assert!(attached(&sbs[0]));
+    // From the second namespace: `lb stop --pin-path <the first's>` with no daemon answering
+    // there (the second daemon stopped first) is refused, naming the first namespace.
+    let out = daemons[1].lb(&["stop"]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    while daemons[1].process.running() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!std::path::Path::new(&pins[1].0).exists());
+    // nsenter, not `ip netns exec`: the pins are only in sight from the host's mount namespace.
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", sbs[1].lb.name()))
+        .arg(lb_bin())
+        .args(["stop", "--pin-path", &pins[0].0])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(code(&out), 0, "{err}");
+    assert!(
+        err.contains(sbs[0].lb.name()) && err.contains("never adopts, replaces or removes"),
+        "{err}"
+    );
+    // Nor does a daemon there adopt it.
+    let foreign = config(&sbs[1], &[], &format!("pin_path = \"{}\"\n", pins[0].0));
+    let refused = Daemon::start_pinned(&sbs[1].lb, &foreign);
+    let err = format!(
+        "{:#}",
+        refused
+            .err()
+            .expect("a daemon adopted another namespace's datapath")
+    );
+    assert!(err.contains(sbs[0].lb.name()), "{err}");
+    // The first namespace's datapath is untouched and forwards.
+    assert!(attached(&sbs[0]));
+    let (mut stream, name) = connect(&sbs[0].client.ns, vip()).unwrap();
+    assert_eq!(name, "backend-0");
+    echo(&mut stream, "still through lb").unwrap();
+    drop(daemons);
+}

@@ -249,3 +249,78 @@ fn the_health_checker_takes_a_dead_dsr_backend_out_and_back() {
     assert_eq!(service.forwarding, "gue");
     assert!(service.passive_signals.is_empty(), "passive checks are off");
 }
+
+/// Backends as containers: one host, each backend in a network namespace of its own running
+/// `lb decap` with the default pin path. Each namespace's decapsulator lives in a directory of
+/// its own (the host's bpffs is shared), shows its own counters and interface, and stopping one
+/// leaves the others decapsulating. Behind an IP-in-IP service (IPv4) and a GUE one (IPv6).
+#[test]
+fn backends_in_three_namespaces_each_decapsulate_with_the_default_pin_path() {
+    require_root();
+    let mut sb = Sandbox::build(Arms::One, 3, PORT).unwrap();
+    sb.serve_vip(VIP.into(), None).unwrap();
+    sb.serve_vip(VIP6.into(), None).unwrap();
+    let decaps: Vec<DecapGuard> = sb
+        .backends
+        .iter()
+        .map(|b| DecapGuard::start_default(&b.ns, &[&b.ifname]).unwrap())
+        .collect();
+    let dirs: std::collections::BTreeSet<_> = decaps.iter().map(|d| d.pin_path()).collect();
+    assert_eq!(dirs.len(), 3, "one pin directory per namespace: {dirs:?}");
+
+    let mut config = format!(
+        "[lb]\ninterfaces = [{}]\nxdp_mode = \"native\"\n\n",
+        sb.interfaces_toml()
+    );
+    config += &sb.services_toml(
+        false,
+        PORT,
+        &sb.backends_toml(false, &[]),
+        "forwarding = \"ipip\"",
+    );
+    config += &sb.services_toml(
+        true,
+        PORT,
+        &sb.backends_toml(true, &[]),
+        "forwarding = \"gue\"",
+    );
+    let mut lb = InProcess::start(&sb, &config).unwrap();
+    let third = 1.0 / 3.0;
+    let names = [
+        ("backend-0", third),
+        ("backend-1", third),
+        ("backend-2", third),
+    ];
+    for vip in [vip4(), vip6()] {
+        let n = 300;
+        let seen = servers::spread(&sb.client.ns, vip, n);
+        assert_shares(&seen, n, &names);
+    }
+    for (decap, b) in decaps.iter().zip(&sb.backends) {
+        let stats = decap.stats().unwrap();
+        let ifaces: Vec<&str> = stats.interfaces.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(ifaces, [b.ifname.as_str()], "{}: {stats:?}", b.name);
+        assert!(
+            stats.counter("decap_ipip") >= 50 && stats.counter("decap_gue") >= 50,
+            "{}: its own counters: {stats:?}",
+            b.name
+        );
+    }
+
+    // One backend's decapsulator stopped: the other two keep answering (backend 0 drained in
+    // lb, so that no new flow goes where nothing decapsulates any more).
+    let out = decaps[0].stop().unwrap();
+    assert!(out.contains(&sb.backends[0].ifname), "{out}");
+    assert!(!decaps[0].pin_path().exists());
+    for s in 0..4 {
+        lb.set_drained(s, 0, true);
+    }
+    for vip in [vip4(), vip6()] {
+        let n = 100;
+        let seen = servers::spread(&sb.client.ns, vip, n);
+        assert_shares(&seen, n, &[("backend-1", 0.5), ("backend-2", 0.5)]);
+    }
+    for decap in &decaps[1..] {
+        assert_eq!(decap.stats().unwrap().interfaces.len(), 1);
+    }
+}

@@ -27,7 +27,8 @@ pub use settings::{FailureKind, PassiveSettings, WindowSettings};
 
 /// The default control API listener.
 pub const DEFAULT_API: &str = "127.0.0.1:9090";
-/// The default bpffs directory of the pinned datapath.
+/// The default bpffs directory of the pinned datapath in the host's network namespace; in any
+/// other, `-netns-INODE` is appended (see [`crate::netns::default_pin_path`]).
 pub const DEFAULT_PIN_PATH: &str = "/sys/fs/bpf/lb";
 
 impl Lb {

@@ -92,7 +92,7 @@ fn read_lb(f: &Fields) -> Option<Lb> {
             .ok(),
     };
     let pin_path = match f.str("pin_path") {
-        None => Some(PathBuf::from(DEFAULT_PIN_PATH)),
+        None => Some(crate::netns::default_pin_path(DEFAULT_PIN_PATH)),
         Some(s) if valid_pin_path(s) => Some(PathBuf::from(s.trim_end_matches('/'))),
         Some(s) => {
             f.problem(

@@ -1,6 +1,7 @@
 //! The XDP program and its maps: load (sized from the config), pin, attach, write, read
 //! counters. Everything that touches the kernel's BPF objects lives here.
 
+pub mod owner;
 pub mod pin;
 mod rings;
 mod signals;
@@ -159,7 +160,12 @@ impl Dataplane {
         let mut lock = None;
         if let Some(dir) = pin {
             pin::prepare_dir(dir)?;
-            lock = Some(pin::lock(dir)?);
+            // Another namespace's datapath is neither adopted nor touched (its lock, when its
+            // daemon runs, would only say "in use").
+            let ours = crate::netns::default_pin_path(config::DEFAULT_PIN_PATH);
+            let refuse_foreign = || owner::refuse_foreign(dir, "lb run", &ours);
+            lock = Some(pin::lock(dir).map_err(|e| refuse_foreign().err().unwrap_or(e))?);
+            refuse_foreign()?;
             fresh = std::fs::read_dir(dir)
                 .with_context(|| format!("reading {}", dir.display()))?
                 .next()

@@ -335,6 +335,7 @@ fn mount_bpffs(at: &Path) -> anyhow::Result<()> {
 // rtnetlink, for the XDP mode of an interface (a bpf_link's info does not say).
 const IFLA_XDP: u16 = 43;
 const IFLA_XDP_ATTACHED: u16 = 2;
+const IFLA_XDP_PROG_ID: u16 = 4;
 const XDP_ATTACHED_DRV: u8 = 1;
 const XDP_ATTACHED_SKB: u8 = 2;
 const XDP_ATTACHED_HW: u8 = 3;
@@ -343,15 +344,7 @@ const IFINFOMSG_LEN: usize = 16;
 /// The mode in which an XDP program is attached to interface `ifindex` of this thread's network
 /// namespace (IFLA_XDP_ATTACHED of RTM_GETLINK): None when none is, `Default` when several are.
 pub fn attached_xdp_mode(ifindex: u32) -> io::Result<Option<XdpMode>> {
-    use crate::rtnl;
-    let fd = rtnl::open(0, false)?;
-    // ifinfomsg: family AF_UNSPEC, type 0, then the index.
-    let mut info = [0u8; IFINFOMSG_LEN];
-    info[4..8].copy_from_slice(&(ifindex as i32).to_ne_bytes());
-    let body = rtnl::request(fd.as_fd(), libc::RTM_GETLINK, &info, &[], libc::RTM_NEWLINK)?;
-    let attrs = body.get(IFINFOMSG_LEN..).ok_or_else(rtnl::malformed)?;
-    let attached = rtnl::find_attr(attrs, IFLA_XDP)
-        .and_then(|xdp| rtnl::find_attr(xdp, IFLA_XDP_ATTACHED))
+    let attached = xdp_attr(ifindex, IFLA_XDP_ATTACHED)?
         .and_then(|v| v.first().copied())
         .unwrap_or(0);
     Ok(match attached {
@@ -361,4 +354,26 @@ pub fn attached_xdp_mode(ifindex: u32) -> io::Result<Option<XdpMode>> {
         XDP_ATTACHED_HW => Some(XdpMode::Hardware),
         _ => Some(XdpMode::Default),
     })
+}
+
+/// The id of the XDP program attached to interface `ifindex` of this thread's network
+/// namespace (IFLA_XDP_PROG_ID), if any.
+pub fn attached_xdp_program(ifindex: u32) -> io::Result<Option<u32>> {
+    Ok(xdp_attr(ifindex, IFLA_XDP_PROG_ID)?
+        .and_then(|v| crate::rtnl::u32_at(&v, 0))
+        .filter(|id| *id != 0))
+}
+
+/// One attribute of interface `ifindex`'s IFLA_XDP nest (RTM_GETLINK).
+fn xdp_attr(ifindex: u32, ty: u16) -> io::Result<Option<Vec<u8>>> {
+    use crate::rtnl;
+    let fd = rtnl::open(0, false)?;
+    // ifinfomsg: family AF_UNSPEC, type 0, then the index.
+    let mut info = [0u8; IFINFOMSG_LEN];
+    info[4..8].copy_from_slice(&(ifindex as i32).to_ne_bytes());
+    let body = rtnl::request(fd.as_fd(), libc::RTM_GETLINK, &info, &[], libc::RTM_NEWLINK)?;
+    let attrs = body.get(IFINFOMSG_LEN..).ok_or_else(rtnl::malformed)?;
+    Ok(rtnl::find_attr(attrs, IFLA_XDP)
+        .and_then(|xdp| rtnl::find_attr(xdp, ty))
+        .map(<[u8]>::to_vec))
 }

@@ -27,7 +27,8 @@ pub use report::{DecapInterface, DecapStatus};
 
 use crate::{config::XdpMode, model::NamedCounter};
 
-/// Where `lb decap` pins its links and maps unless told otherwise.
+/// Where `lb decap` pins its links and maps unless told otherwise, in the host's network
+/// namespace; in any other, `-netns-INODE` is appended (see [`crate::netns::default_pin_path`]).
 pub const DEFAULT_PIN_PATH: &str = "/sys/fs/bpf/lb-decap";
 
 /// A request that cannot be carried out as given (exit code 2, as clap's own usage errors).

@@ -81,6 +81,11 @@ impl PinDir {
             _lock: file,
         };
         dir.check_owned()?;
+        crate::dataplane::owner::refuse_foreign(
+            path,
+            "lb decap",
+            &crate::netns::default_pin_path(super::DEFAULT_PIN_PATH),
+        )?;
         Ok(dir)
     }
 
