@@ -7,7 +7,7 @@ use std::{net::SocketAddr, time::Duration};
 
 use anyhow::{Context as _, anyhow};
 use bytes::Bytes;
-use http_body_util::{BodyExt as _, Empty};
+use http_body_util::{BodyExt as _, Full};
 use hyper::{Request, body::Incoming, client::conn::http1};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
@@ -22,6 +22,9 @@ pub struct Unreachable {
     /// Shown in the message, not chained as a source: `{:#}` would print it twice.
     pub error: std::io::Error,
 }
+
+/// The CLI's User-Agent: the daemon's events say "cli" for changes it makes.
+pub const USER_AGENT: &str = concat!("lb-cli/", env!("CARGO_PKG_VERSION"));
 
 /// Longest wait for a connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -43,6 +46,30 @@ pub async fn request(
     token: Option<&str>,
 ) -> anyhow::Result<(u16, String)> {
     request_within(addr, method, path, token, ANSWER_TIMEOUT).await
+}
+
+/// What a request carries besides its method and path: headers and a JSON body.
+#[derive(Debug, Default, Clone)]
+pub struct Extra {
+    pub headers: Vec<(&'static str, String)>,
+    /// Sent as `application/json`.
+    pub json: Option<Vec<u8>>,
+}
+
+/// Sends `method path` with `extra` and returns (status, body).
+pub async fn request_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    extra: &Extra,
+) -> anyhow::Result<(u16, String)> {
+    let limit = ANSWER_TIMEOUT;
+    tokio::time::timeout(limit, async {
+        read_all(send_with(addr, method, path, token, extra).await?).await
+    })
+    .await
+    .map_err(|_| no_answer(limit))?
 }
 
 /// [`request`] with the answer, head and body, due within `limit`: a daemon that accepted the
@@ -150,6 +177,16 @@ async fn send(
     path: &str,
     token: Option<&str>,
 ) -> anyhow::Result<hyper::Response<Incoming>> {
+    send_with(addr, method, path, token, &Extra::default()).await
+}
+
+async fn send_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    extra: &Extra,
+) -> anyhow::Result<hyper::Response<Incoming>> {
     let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
         .await
         .map_err(|_| Unreachable {
@@ -171,12 +208,24 @@ async fn send(
         .uri(path)
         .header(hyper::header::HOST, addr.to_string())
         .header(hyper::header::ACCEPT, "application/json")
-        .header(hyper::header::CONNECTION, "close");
+        .header(hyper::header::CONNECTION, "close")
+        // The daemon names the CLI as who made a change.
+        .header(hyper::header::USER_AGENT, USER_AGENT);
     if let Some(token) = token {
         request = request.header(hyper::header::AUTHORIZATION, format!("Bearer {token}"));
     }
+    for (name, value) in &extra.headers {
+        request = request.header(*name, value);
+    }
+    let body = match &extra.json {
+        Some(json) => {
+            request = request.header(hyper::header::CONTENT_TYPE, "application/json");
+            Bytes::from(json.clone())
+        }
+        None => Bytes::new(),
+    };
     let request = request
-        .body(Empty::<Bytes>::new())
+        .body(Full::new(body))
         .context("building the request")?;
     sender
         .send_request(request)

@@ -20,6 +20,7 @@ pub mod model;
 pub mod netns;
 pub mod resources;
 pub mod rtnl;
+pub mod source;
 pub mod trace;
 pub mod tunnels;
 
@@ -44,4 +45,7 @@ pub mod exit {
     pub const NOT_FOUND: i32 = 3;
     /// The daemon refused an admin request: token missing or wrong.
     pub const NOPERM: i32 = 77;
+    /// A configuration change was made to another version than the one running (If-Match, a
+    /// file edited by hand, or it exists already): read the configuration again and retry.
+    pub const CONFLICT: i32 = 75;
 }

@@ -60,11 +60,15 @@ fn main() -> ExitCode {
             config: file,
             no_pin,
         } => {
-            let config = match config::load_for_host(&file) {
-                Ok(c) => c,
+            let store = lb::source::FileStore::new(&file);
+            let read = store
+                .read()
+                .and_then(|s| Ok((config::parse_for_host(&s.text)?, s)));
+            let (config, snapshot) = match read {
+                Ok(read) => read,
                 Err(errors) => return config_failure(&file, &errors),
             };
-            runtime().and_then(|rt| rt.block_on(daemon::run(&file, config, !no_pin)))
+            runtime().and_then(|rt| rt.block_on(daemon::run(store, snapshot, config, !no_pin)))
         }
         Command::Status { service, api } => block_on(cli::status(api, service)),
         Command::Events { follow, after, api } => block_on(cli::events(api, follow, after)),
@@ -74,12 +78,9 @@ fn main() -> ExitCode {
             duration,
             api,
         } => block_on(cli::trace(api, service, client, duration)),
-        Command::Backend {
-            action,
-            service,
-            address,
-            api,
-        } => block_on(cli::backend(api, action, service, address)),
+        Command::Backend(cmd) => block_on(cli::changes::backend(cmd)),
+        Command::Service(cmd) => block_on(cli::changes::service(cmd)),
+        Command::Config(cmd) => block_on(cli::changes::config(cmd)),
         Command::DrainHost { api } => block_on(cli::host(api, true)),
         Command::UndrainHost { api } => block_on(cli::host(api, false)),
         Command::Reload { api } => block_on(cli::reload(api)),

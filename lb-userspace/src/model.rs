@@ -26,6 +26,70 @@ pub struct Status {
     /// when lb announces nothing.
     #[serde(default)]
     pub announce: Option<AnnounceStatus>,
+    /// Where the configuration comes from, its version and its last change.
+    #[serde(default)]
+    pub config: Option<ConfigStatus>,
+}
+
+/// The configuration: where it is kept, the version running, changes through the API.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ConfigStatus {
+    /// "file".
+    pub source: String,
+    /// The file.
+    pub path: String,
+    /// The version running (a digest of the file as applied).
+    pub version: String,
+    /// Unix time that version was applied (started, reloaded or changed).
+    pub applied_at: f64,
+    /// The last change made through the API (None: none since lb started).
+    pub last_change: Option<LastChange>,
+    pub writes: ConfigWrites,
+}
+
+/// A change made through the API.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LastChange {
+    /// Unix time.
+    pub time: f64,
+    /// Who made it: "cli", "api", with "token" when one authorized it.
+    pub who: String,
+    /// The version it made.
+    pub version: String,
+    /// Its first line of changes, and how many more.
+    pub summary: String,
+}
+
+/// Changes through the API since lb started, by outcome (dry runs that pass not counted).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ConfigWrites {
+    pub applied: u64,
+    /// Refused as invalid, unknown, or against another version: nothing changed.
+    pub refused: u64,
+    /// Failed to write or apply (read-only file, disk full): nothing changed.
+    pub failed: u64,
+}
+
+/// The answer to a change of the configuration (or its dry run).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ChangeReply {
+    pub dry_run: bool,
+    /// Written and applied (false for a dry run, and for a change that changed nothing).
+    pub applied: bool,
+    /// The version the change was made to.
+    pub previous_version: String,
+    /// The version after it (a dry run: the version it would make).
+    pub version: String,
+    /// What it changes.
+    pub diff: crate::config::Diff,
+}
+
+/// `GET /v1/config`: the configuration running, in the TOML's shape, and its version.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ConfigReply {
+    pub version: String,
+    pub path: String,
+    pub config: serde_json::Value,
 }
 
 /// Route health injection as a whole (README, "Running several lb hosts").

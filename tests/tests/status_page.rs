@@ -167,6 +167,7 @@ fn status(with_unhealthy: bool) -> Status {
                 })
                 .collect(),
         }),
+        config: None,
     }
 }
 

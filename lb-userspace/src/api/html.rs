@@ -108,6 +108,13 @@ pub fn page(status: &Status, events: &[Event], refresh_seconds: u32) -> String {
             escape(&host_words(a))
         );
     }
+    if let Some(c) = &status.config {
+        let _ = writeln!(
+            out,
+            "<p id=\"config\">Configuration: <span data-f=\"config\">{}</span></p>",
+            escape(&config_words(c))
+        );
+    }
     out.push_str("<main id=\"services\">\n");
     for service in &status.services {
         section(&mut out, service);
@@ -216,6 +223,30 @@ fn history(status: &Status, events: &[Event]) -> (String, String) {
         );
     }
     (timelines, last)
+}
+
+/// The configuration line's words: "/etc/lb/lb.toml, version 2f98e37b6d71cb58 (applied
+/// 2026-12-04 17:31:24 UTC); last change 2026-12-04 17:31:28 UTC by cli: + web: backend ...".
+fn config_words(c: &crate::model::ConfigStatus) -> String {
+    let mut words = format!(
+        "{}, version {} (applied {})",
+        c.path,
+        c.version,
+        utc(c.applied_at)
+    );
+    match &c.last_change {
+        Some(l) => {
+            let _ = write!(
+                words,
+                "; last change {} by {}: {}",
+                utc(l.time),
+                l.who,
+                l.summary
+            );
+        }
+        None => words.push_str("; no change through the API since lb started"),
+    }
+    words
 }
 
 /// The host line's words: "announcing — 1 of 2 VIPs announced (table 200)".
@@ -531,6 +562,13 @@ pub const SCRIPT: &str = r#"(() => {
   const esc = (t) => String(t).replace(/[&<>"']/g, (c) => '&#' + c.charCodeAt(0) + ';');
   const apply = (st) => {
     document.getElementById('as-of').textContent = utc(st.time);
+    const conf = document.getElementById('config');
+    if (conf && st.config) {
+      const c = st.config;
+      const last = c.last_change ? '; last change ' + utc(c.last_change.time) + ' by ' + c.last_change.who +
+        ': ' + c.last_change.summary : '; no change through the API since lb started';
+      set(conf, 'config', c.path + ', version ' + c.version + ' (applied ' + utc(c.applied_at) + ')' + last);
+    }
     const host = document.getElementById('host');
     if (host && st.announce) {
       const a = st.announce;
@@ -723,6 +761,7 @@ mod tests {
             events_total: 0,
             resources: Default::default(),
             announce: None,
+            config: None,
         }
     }
 

@@ -338,6 +338,41 @@ pub fn render(status: &Status) -> String {
         );
     }
 
+    if let Some(c) = &status.config {
+        family(
+            &mut out,
+            "lb_config_info",
+            "gauge",
+            "The configuration running: its source, file and version (1).",
+            vec![format!(
+                "{} 1",
+                labels(&[
+                    ("source", &c.source),
+                    ("path", &c.path),
+                    ("version", &c.version)
+                ])
+            )],
+        );
+        family(
+            &mut out,
+            "lb_config_applied_timestamp_seconds",
+            "gauge",
+            "Unix time the configuration running was applied (start, reload or change).",
+            vec![format!(" {}", c.applied_at)],
+        );
+        family(
+            &mut out,
+            "lb_config_writes_total",
+            "counter",
+            "Changes of the configuration through the API, by result: applied (written and              applied), refused (invalid, unknown, another version: nothing changed) or failed              (could not be written or applied: nothing changed).",
+            vec![
+                format!("{} {}", labels(&[("result", "applied")]), c.writes.applied),
+                format!("{} {}", labels(&[("result", "refused")]), c.writes.refused),
+                format!("{} {}", labels(&[("result", "failed")]), c.writes.failed),
+            ],
+        );
+    }
+
     let r = &status.resources;
     family(
         &mut out,
@@ -519,6 +554,7 @@ mod tests {
             events_total: 5,
             resources: Default::default(),
             announce: None,
+            config: None,
         }
     }
 

@@ -6,9 +6,11 @@
 //! listener; on any other address they need `Authorization: Bearer <lb.api_token>`; with a token
 //! configured they always need it.
 
+mod config;
 pub mod html;
 pub mod metrics;
 mod serve;
+pub use config::ChangeRequest;
 pub use serve::SEND_TIMEOUT;
 
 use std::{net::SocketAddr, sync::Arc};
@@ -71,6 +73,10 @@ pub trait Control: Send + Sync + 'static {
     ) -> Result<trace::Session, RequestError>;
     /// Whether the datapath traces now, and what it could not show.
     fn trace_state(&self) -> Result<TraceState, RequestError>;
+    /// The configuration running: its version, its file and the file's text at that version.
+    fn config(&self) -> Result<(crate::source::Version, String, Arc<str>), RequestError>;
+    /// A change of the configuration, or its dry run (blocks: run it off the async workers).
+    fn change(&self, req: ChangeRequest) -> Result<crate::model::ChangeReply, RequestError>;
 }
 
 /// A failed operator request: what the API answers (status code by kind).
@@ -80,6 +86,12 @@ pub enum RequestError {
     NotFound(String),
     #[error("{}", .0.join("\n"))]
     Invalid(Vec<String>),
+    /// The configuration changed under the request (a file edited by hand): 409.
+    #[error("{0}")]
+    Conflict(String),
+    /// The request's precondition (If-Match, create only) does not hold: 412.
+    #[error("{0}")]
+    Precondition(String),
     #[error("{0:#}")]
     Failed(anyhow::Error),
 }
@@ -118,6 +130,7 @@ pub fn router(state: ApiState, loopback: bool) -> Router {
         .route("/v1/stop", post(stop))
         // Admin: it costs the datapath, and shows clients' addresses.
         .route("/v1/trace", post(trace_stream))
+        .merge(config::routes())
         .route_layer(middleware::from_fn_with_state(
             (state.token.clone(), loopback),
             authorize,
@@ -220,6 +233,8 @@ fn request_error(e: RequestError) -> Response {
             }),
         )
             .into_response(),
+        RequestError::Conflict(m) => error(StatusCode::CONFLICT, &m),
+        RequestError::Precondition(m) => error(StatusCode::PRECONDITION_FAILED, &m),
         RequestError::Failed(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e:#}")),
     }
 }
@@ -502,7 +517,13 @@ mod tests {
         resources: Resources,
         stopped: AtomicBool,
         trace: Arc<trace::Hub>,
+        /// The configuration file's text: changes are made to it as the daemon makes them.
+        config: std::sync::Mutex<String>,
     }
+
+    const CONFIG: &str = "[lb]\ninterfaces = [\"eth0\"]\napi_token = \"0123456789abcdef0\"   # secret\n\n\
+                          [[service]]\nname = \"web\"\nvip = \"10.100.0.1:80\"\n\
+                          backends = [{ address = \"10.0.2.1:80\" }]\n";
 
     fn fake() -> Arc<Fake> {
         Arc::new(Fake {
@@ -510,6 +531,7 @@ mod tests {
             resources: Resources::default(),
             stopped: AtomicBool::new(false),
             trace: trace::Hub::new(),
+            config: std::sync::Mutex::new(CONFIG.to_owned()),
         })
     }
 
@@ -523,6 +545,7 @@ mod tests {
             events_total: 0,
             resources: Default::default(),
             announce: None,
+            config: None,
         }
     }
 
@@ -592,6 +615,44 @@ mod tests {
         }
         fn trace_state(&self) -> Result<TraceState, RequestError> {
             self.trace.status().map_err(RequestError::Failed)
+        }
+        fn config(&self) -> Result<(crate::source::Version, String, Arc<str>), RequestError> {
+            let text = self.config.lock().unwrap().clone();
+            Ok((
+                crate::source::Version::of(text.as_bytes()),
+                "/etc/lb/lb.toml".to_owned(),
+                text.into(),
+            ))
+        }
+        fn change(&self, req: ChangeRequest) -> Result<crate::model::ChangeReply, RequestError> {
+            use crate::config::edit::{EditError, edited};
+            let mut text = self.config.lock().unwrap();
+            let version = crate::source::Version::of(text.as_bytes());
+            if req.if_match.as_ref().is_some_and(|t| !version.matches(t)) {
+                return Err(RequestError::Precondition("If-Match".to_owned()));
+            }
+            let new = edited(&text, &req.changes).map_err(|e| match e {
+                EditError::NotFound(m) => RequestError::NotFound(m),
+                EditError::Exists(m) => RequestError::Precondition(m),
+                EditError::Invalid(p) => {
+                    RequestError::Invalid(p.iter().map(ToString::to_string).collect())
+                }
+            })?;
+            let old_config = crate::config::parse(&text).unwrap();
+            let new_config = crate::config::parse(&new).map_err(|e| {
+                RequestError::Invalid(e.0.iter().map(ToString::to_string).collect())
+            })?;
+            let reply = crate::model::ChangeReply {
+                dry_run: req.dry_run,
+                applied: !req.dry_run,
+                previous_version: version.0,
+                version: crate::source::Version::of(new.as_bytes()).0,
+                diff: crate::config::Diff::between(&old_config, &new_config),
+            };
+            if !req.dry_run {
+                *text = new;
+            }
+            Ok(reply)
         }
     }
 
@@ -895,5 +956,178 @@ mod tests {
         assert!(lines[0].text.starts_with("tracing"), "{body}");
         assert_eq!(lines[1].text, "trace ended: its time is up");
         assert_eq!(fake.trace.status().unwrap().sessions, 0);
+    }
+
+    fn body_req(method: &str, uri: &str, headers: &[(&str, &str)], body: &str) -> Request {
+        let mut r = req(method, uri);
+        for (k, v) in headers {
+            r = r.header(*k, *v);
+        }
+        r.body(Body::from(body.to_owned())).unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_configuration_is_read_and_changed_through_the_api() {
+        let fake = fake();
+        // JSON, the token never shown; the file's own text with its comments.
+        let (status, headers, body) =
+            call(&fake, None, true, body_req("GET", "/v1/config", &[], "")).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let reply: crate::model::ConfigReply = serde_json::from_str(&body).unwrap();
+        assert_eq!(reply.config["lb"]["api_token"], "<redacted>");
+        assert_eq!(reply.config["service"][0]["name"], "web");
+        assert_eq!(headers[header::ETAG], format!("\"{}\"", reply.version));
+        let (_, _, text) = call(
+            &fake,
+            None,
+            true,
+            body_req("GET", "/v1/config", &[("accept", "application/toml")], ""),
+        )
+        .await;
+        assert_eq!(
+            text,
+            CONFIG.replace("\"0123456789abcdef0\"", "\"<redacted>\"")
+        );
+        let v1 = reply.version;
+
+        // A backend added against the version read; then the same write again is refused.
+        let if_match = format!("\"{v1}\"");
+        let put = |h: Vec<(&'static str, String)>, uri: &'static str, body: &'static str| {
+            let h: Vec<(&str, String)> = h;
+            let mut r = req("PUT", uri);
+            for (k, v) in h {
+                r = r.header(k, v);
+            }
+            r.body(Body::from(body)).unwrap()
+        };
+        let (status, headers, body) = call(
+            &fake,
+            None,
+            true,
+            put(
+                vec![("if-match", if_match.clone())],
+                "/v1/services/web/backends/10.0.2.2:80",
+                r#"{"weight": 2}"#,
+            ),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let reply: crate::model::ChangeReply = serde_json::from_str(&body).unwrap();
+        assert!(reply.applied);
+        assert_eq!(headers[header::ETAG], format!("\"{}\"", reply.version));
+        assert_eq!(reply.diff.services_changed[0].backends_added[0].weight, 2);
+        let (status, _, _) = call(
+            &fake,
+            None,
+            true,
+            put(
+                vec![("if-match", if_match)],
+                "/v1/services/web/backends/10.0.2.3:80",
+                "",
+            ),
+        )
+        .await;
+        assert_eq!(status, StatusCode::PRECONDITION_FAILED);
+
+        // Refusals, each with its status; none changes the file.
+        let before = fake.config.lock().unwrap().clone();
+        for (request, want) in [
+            (
+                body_req("PUT", "/v1/services/web", &[], "{not json"),
+                StatusCode::BAD_REQUEST,
+            ),
+            (
+                body_req(
+                    "PUT",
+                    "/v1/services/web",
+                    &[("if-none-match", "*")],
+                    r#"{"vip": "10.100.0.1:80"}"#,
+                ),
+                StatusCode::PRECONDITION_FAILED,
+            ),
+            (
+                body_req(
+                    "PUT",
+                    "/v1/services/x",
+                    &[],
+                    r#"{"vip": "10.100.0.1:80", "backends": []}"#,
+                ),
+                StatusCode::BAD_REQUEST,
+            ),
+            (
+                body_req("DELETE", "/v1/services/nope", &[], ""),
+                StatusCode::NOT_FOUND,
+            ),
+            (
+                body_req("DELETE", "/v1/services/web/backends/10.0.2.9:80", &[], ""),
+                StatusCode::NOT_FOUND,
+            ),
+            (
+                body_req("POST", "/v1/config/changes", &[], r#"{"changes": []}"#),
+                StatusCode::BAD_REQUEST,
+            ),
+            (
+                body_req(
+                    "POST",
+                    "/v1/config/changes",
+                    &[],
+                    r#"{"changes": [{"op": "delete_backend", "service": "web", "backend": "10.0.2.2:80"},
+                                    {"op": "delete_service", "service": "nope"}]}"#,
+                ),
+                StatusCode::NOT_FOUND,
+            ),
+            (
+                body_req("PUT", "/v1/services/web?dry_run=maybe", &[], "{}"),
+                StatusCode::BAD_REQUEST,
+            ),
+        ] {
+            let uri = request.uri().to_string();
+            let (status, _, body) = call(&fake, None, true, request).await;
+            assert_eq!(status, want, "{uri}: {body}");
+        }
+        assert_eq!(*fake.config.lock().unwrap(), before);
+
+        // A dry run changes nothing; a batch is applied whole.
+        let (status, _, body) = call(
+            &fake,
+            None,
+            true,
+            body_req(
+                "DELETE",
+                "/v1/services/web/backends/10.0.2.2:80?dry_run=true",
+                &[],
+                "",
+            ),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(*fake.config.lock().unwrap(), before);
+        let (status, _, body) = call(
+            &fake,
+            None,
+            true,
+            body_req(
+                "POST",
+                "/v1/config/changes",
+                &[],
+                r#"{"changes": [{"op": "delete_backend", "service": "web", "backend": "10.0.2.2:80"},
+                                {"op": "put_service", "service": "dns",
+                                 "body": {"vip": "10.100.0.1:53", "protocol": "udp",
+                                          "backends": [{"address": "10.0.2.1:53"}]}}]}"#,
+            ),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let reply: crate::model::ChangeReply = serde_json::from_str(&body).unwrap();
+        assert_eq!(reply.diff.services_added, ["dns"]);
+
+        // Beyond loopback, without the token: 401 for reading and writing alike.
+        for request in [
+            body_req("GET", "/v1/config", &[], ""),
+            body_req("DELETE", "/v1/services/web", &[], ""),
+        ] {
+            let (status, _, _) = call(&fake, Some("0123456789abcdef0"), false, request).await;
+            assert_eq!(status, StatusCode::UNAUTHORIZED);
+        }
     }
 }

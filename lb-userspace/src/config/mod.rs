@@ -3,6 +3,8 @@
 
 mod announce;
 mod check;
+mod diff;
+pub mod edit;
 mod fields;
 pub mod host;
 mod payload;
@@ -20,6 +22,7 @@ pub use announce::{
     Announce, AnnounceMode, DEFAULT_GRACE, DEFAULT_TABLE, MAX_GRACE, ServiceAnnounce,
 };
 pub use check::{Check, CheckKind, HttpMethod, HttpOptions, default_status};
+pub use diff::{BackendChange, Diff, ServiceDiff};
 pub use fields::{Problem, parse_duration, show as show_duration};
 pub use payload::Expect;
 pub use read::parse;
@@ -70,6 +73,25 @@ impl Lb {
         out
     }
 }
+impl Lb {
+    /// Every `[lb]` key whose value differs (what a reload may change and what it may not).
+    pub fn changed_keys(&self, other: &Lb) -> Vec<&'static str> {
+        let mut out = self.fixed_differences(other);
+        let mut check = |name, same: bool| {
+            if !same && !out.contains(&name) {
+                out.push(name);
+            }
+        };
+        check("snat_address", self.snat_address == other.snat_address);
+        check(
+            "syn_rate_per_source",
+            self.syn_rate_per_source == other.syn_rate_per_source,
+        );
+        check("announce", self.announce == other.announce);
+        out
+    }
+}
+
 /// Largest backend weight accepted (weights are relative; 0 drains).
 pub const MAX_WEIGHT: u32 = 1000;
 
@@ -347,6 +369,11 @@ pub const MAX_FILE_BYTES: u64 = 64 << 20;
 
 /// Reads and validates `path`.
 pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+    parse(text(&read_bytes(path)?)?)
+}
+
+/// The bytes of config file `path` (at most [`MAX_FILE_BYTES`]).
+pub fn read_bytes(path: &Path) -> Result<Vec<u8>, ConfigErrors> {
     let problem = |message: String| {
         ConfigErrors(vec![Problem {
             path: String::new(),
@@ -368,13 +395,19 @@ pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
             MAX_FILE_BYTES >> 20
         )));
     }
-    parse(text(&bytes)?)
+    Ok(bytes)
 }
 
 /// Reads and validates `path` for this host: also refuses VIPs and backends that are this
-/// host's own addresses ([`host::check`]). What `lb check-config`, `lb run` and a reload use.
+/// host's own addresses ([`host::check`]). What `lb check-config` uses.
 pub fn load_for_host(path: &Path) -> Result<Config, ConfigErrors> {
-    let config = load(path)?;
+    parse_for_host(text(&read_bytes(path)?)?)
+}
+
+/// Validates `text` for this host, as [`load_for_host`] does a file: what `lb run`, a reload
+/// and a change through the API use.
+pub fn parse_for_host(text: &str) -> Result<Config, ConfigErrors> {
+    let config = parse(text)?;
     let problems = match host::local_addresses() {
         Ok(local) => host::check(&config, &local),
         Err(e) => vec![Problem {

@@ -12,6 +12,17 @@ use crate::{
 use super::{Shared, Stop};
 
 impl api::Control for Shared {
+    fn config(
+        &self,
+    ) -> Result<(crate::source::Version, String, std::sync::Arc<str>), RequestError> {
+        let (version, text) = self.config.running();
+        Ok((version, self.config.path().display().to_string(), text))
+    }
+
+    fn change(&self, req: api::ChangeRequest) -> Result<crate::model::ChangeReply, RequestError> {
+        self.change_config(req)
+    }
+
     fn status(&self, only: Option<&str>) -> Result<Status, RequestError> {
         Shared::status(self, only)
     }

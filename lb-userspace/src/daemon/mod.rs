@@ -5,6 +5,7 @@
 //! grace period, then remove everything.
 
 mod announce;
+mod config;
 mod control;
 mod notify;
 mod passive;
@@ -124,7 +125,12 @@ fn load(
 
 /// `lb run`: until SIGINT/SIGTERM (the datapath stays, pinned, for the next `lb run`) or
 /// `lb stop` (everything removed). `pin = false` (`--no-pin`): nothing outlives the daemon.
-pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Result<()> {
+pub async fn run(
+    store: crate::source::FileStore,
+    snapshot: crate::source::Snapshot,
+    config: Config,
+    pin: bool,
+) -> anyhow::Result<()> {
     // Probes and API connections each need a descriptor: a budget the API cannot exhaust.
     let (fd_limit, short) = crate::resources::raise_fd_limit();
     match short {
@@ -155,7 +161,8 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
         info!(%iface, "detached from an interface the config no longer names");
     }
     info!(
-        config = %config_path.display(),
+        config = %store.path().display(),
+        version = %snapshot.version,
         services = config.services.len(),
         interfaces = ?config.lb.interfaces,
         pinned = ?pin_dir,
@@ -184,7 +191,7 @@ pub async fn run(config_path: &Path, config: Config, pin: bool) -> anyhow::Resul
     let (trace_maps, trace_log) = dataplane.take_trace(trace_hub.sink())?;
     trace_hub.set_maps(trace_maps);
     let shared = Arc::new(Shared::new(
-        config_path.to_owned(),
+        config::ConfigState::new(store, snapshot),
         pin_dir.as_deref().map(state::ids_file),
         pin_dir.as_deref().map(announce::host_file),
         Shared::inner(config, dataplane, balancer, checker, host),

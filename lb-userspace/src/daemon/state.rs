@@ -3,8 +3,8 @@
 //! (the API) never sees them disagree; every change is an event.
 
 use std::{
-    collections::{BTreeSet, HashMap, HashSet},
-    net::{IpAddr, SocketAddr},
+    collections::{BTreeSet, HashMap},
+    net::SocketAddr,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -18,14 +18,14 @@ use super::signal::AnnounceSignal;
 use crate::{
     announce::{Announcer, HostMode},
     api::RequestError,
-    balancer::{Admin, Balancer, Changes, Ids},
-    config::{self, Config},
+    balancer::{Admin, Balancer, Ids},
+    config::Config,
     dataplane::Dataplane,
     events::EventLog,
     health::{
-        checker::{Checker, ProbeChanges, ProbeKey, Verdict},
+        checker::{Checker, ProbeKey, Verdict},
         outcome::ProbeResult,
-        passive::{Ejector, Scope},
+        passive::Ejector,
         window::{Counters, HealthState},
     },
     model::{Event, ProbeCounters},
@@ -53,7 +53,8 @@ pub struct Shared {
     pub resources: crate::resources::Resources,
     /// The datapath trace (`lb trace`): its sessions and the names of the ids it shows.
     pub trace: Arc<trace::Hub>,
-    config_path: PathBuf,
+    /// The configuration's file, version and changes.
+    pub(super) config: super::config::ConfigState,
     /// Where the ids of a pinned datapath are saved (None: not pinned).
     ids_file: Option<PathBuf>,
     stop: watch::Sender<Stop>,
@@ -91,7 +92,7 @@ pub struct BackendView {
 }
 
 /// Who the trace's ids are (services, backends, how each service forwards).
-fn names(config: &Config, balancer: &Balancer) -> trace::Names {
+pub(super) fn names(config: &Config, balancer: &Balancer) -> trace::Names {
     let ids = balancer.ids();
     trace::Names {
         services: ids
@@ -117,13 +118,13 @@ fn names(config: &Config, balancer: &Balancer) -> trace::Names {
     }
 }
 
-fn members(config: &Config) -> HashMap<ProbeKey, Vec<(usize, usize)>> {
+pub(super) fn members(config: &Config) -> HashMap<ProbeKey, Vec<(usize, usize)>> {
     crate::health::checker::plan(config).into_iter().collect()
 }
 
 impl Shared {
     pub(super) fn new(
-        config_path: PathBuf,
+        config: super::config::ConfigState,
         ids_file: Option<PathBuf>,
         host_file: Option<PathBuf>,
         inner: Inner,
@@ -138,7 +139,7 @@ impl Shared {
             events: EventLog::new(crate::events::CAPACITY),
             resources: Default::default(),
             trace,
-            config_path,
+            config,
             ids_file,
             stop,
         };
@@ -390,192 +391,8 @@ impl Shared {
         Ok(after)
     }
 
-    /// Reads the config file again and moves to it in place: services, backends, weights,
-    /// rings and checks change; the connection table and the health of unchanged probes stay.
-    /// An invalid file (or one that changes what only a restart can) changes nothing; a rejected
-    /// reload is logged and is an event, whichever way it came (`via`: "SIGHUP", "API"). Never
-    /// panics: a bug on the way is a failed reload, not a dead daemon.
-    pub fn reload(&self, via: &str) -> Result<(Changes, ProbeChanges), RequestError> {
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.try_reload()))
-            .unwrap_or_else(|panic| {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a panic".to_owned());
-                Err(RequestError::Failed(anyhow::anyhow!(
-                    "internal error while reloading ({what}); the running state is kept"
-                )))
-            });
-        if let Err(e) = &result {
-            let problems: Vec<String> = match e {
-                RequestError::Invalid(p) => p.clone(),
-                other => vec![other.to_string()],
-            };
-            tracing::error!(
-                via,
-                config = %self.config_path.display(),
-                problems = %problems.join("; "),
-                "reload rejected; the running state is unchanged"
-            );
-            let reason = match problems.as_slice() {
-                [one] => one.clone(),
-                [first, rest @ ..] => format!("{first} (and {} more)", rest.len()),
-                [] => "rejected".to_owned(),
-            };
-            self.events
-                .push(Event::daemon(format!("reload rejected ({via})"), reason));
-        }
-        result
-    }
-
-    fn try_reload(&self) -> Result<(Changes, ProbeChanges), RequestError> {
-        let new = config::load_for_host(&self.config_path).map_err(|errors| {
-            RequestError::Invalid(errors.0.iter().map(ToString::to_string).collect())
-        })?;
-        crate::dataplane::check_ipv6_forwarding(&new)
-            .map_err(|e| RequestError::Invalid(vec![format!("{e:#}")]))?;
-        let mut guard = self.lock();
-        let inner = &mut *guard;
-        let fixed = inner.config.lb.fixed_differences(&new.lb);
-        if !fixed.is_empty() {
-            return Err(RequestError::Invalid(
-                fixed
-                    .iter()
-                    .map(|k| {
-                        format!("lb.{k}: cannot change while running (restart lb to change it)")
-                    })
-                    .collect(),
-            ));
-        }
-        inner
-            .dataplane
-            .check_tunnel(&new)
-            .map_err(|e| RequestError::Invalid(vec![format!("{e:#}")]))?;
-        let old_states: Vec<(String, SocketAddr, HealthState)> = inner.all_views();
-        let checker = &inner.checker;
-        let changes = inner
-            .balancer
-            .apply(
-                &new,
-                |sid, backend| super::snat_address(&new, sid, backend),
-                |sid, backend, _| {
-                    // A backend joining a probe that already runs takes its verdict.
-                    ProbeKey::of(&new.lb, &new.services[sid], backend)
-                        .and_then(|k| checker.status(&k))
-                        .is_none_or(|s| s.state.is_available())
-                },
-                &mut inner.dataplane,
-            )
-            .map_err(RequestError::Failed)?;
-        let probes = match inner.checker.update(&new, inner.balancer.tunnels()) {
-            Ok(probes) => probes,
-            Err(e) => {
-                // Only opening a raw socket for a new check kind (or a probe through the tunnel
-                // without a slot, a bug) can fail here: go back.
-                let old = inner.config.clone();
-                let _ = inner.balancer.apply(
-                    &old,
-                    |sid, backend| super::snat_address(&old, sid, backend),
-                    |_, _, _| true,
-                    &mut inner.dataplane,
-                );
-                return Err(RequestError::Failed(e));
-            }
-        };
-        inner.members = members(&new);
-        inner.config = new;
-        inner.set_reporting();
-        self.trace.set_names(names(&inner.config, &inner.balancer));
-        // Ejections of what is gone are forgotten; the rest keep running.
-        let watched: HashSet<(&str, SocketAddr)> = inner
-            .config
-            .services
-            .iter()
-            .filter(|s| s.passive.enabled)
-            .flat_map(|s| s.backends.iter().map(move |b| (s.name.as_str(), b.address)))
-            .collect();
-        // Admin changes of what is gone too: a backend added back starts afresh.
-        let present: HashSet<(&str, SocketAddr)> = inner
-            .config
-            .services
-            .iter()
-            .flat_map(|s| s.backends.iter().map(move |b| (s.name.as_str(), b.address)))
-            .collect();
-        inner
-            .admin_since
-            .retain(|(service, backend), _| present.contains(&(service.as_str(), *backend)));
-        let hosts: HashSet<IpAddr> = watched.iter().map(|(_, b)| b.ip()).collect();
-        inner.passive.retain(|scope| match scope {
-            Scope::Host(ip) => hosts.contains(ip),
-            Scope::Service { service, backend } => watched.contains(&(service.as_str(), *backend)),
-        });
-        let slots = (
-            inner.balancer.service_slots(),
-            inner.balancer.backend_count(),
-        );
-        inner.dataplane.set_counts(slots.0, slots.1);
-        let new_states = inner.all_views();
-        let backends: BTreeSet<IpAddr> = inner
-            .balancer
-            .backend_addresses()
-            .iter()
-            .map(|a| a.ip())
-            .collect();
-        drop(guard);
-        super::resolve_neighbours(&backends);
-        // Added and removed backends are events too (by hash: a reload of 20,000 backends
-        // compared each with every other).
-        fn known(states: &[(String, SocketAddr, HealthState)]) -> HashSet<(&str, SocketAddr)> {
-            states.iter().map(|(s, b, _)| (s.as_str(), *b)).collect()
-        }
-        let (before, after) = (known(&old_states), known(&new_states));
-        for (service, backend, state) in &new_states {
-            if !before.contains(&(service.as_str(), *backend)) {
-                self.reload_event(service, *backend, HealthState::Unused, *state);
-            }
-        }
-        for (service, backend, state) in &old_states {
-            if !after.contains(&(service.as_str(), *backend)) {
-                self.reload_event(service, *backend, *state, HealthState::Unused);
-            }
-        }
-        self.save_ids();
-        // New, removed and changed services' VIPs and settings.
-        self.announce.request();
-        info!(
-            added = ?changes.services_added,
-            removed = ?changes.services_removed,
-            changed = ?changes.services_changed,
-            backends_added = changes.backends_added.len(),
-            backends_removed = changes.backends_removed.len(),
-            probes_started = probes.started,
-            probes_stopped = probes.stopped,
-            "config reloaded"
-        );
-        Ok((changes, probes))
-    }
-
-    fn reload_event(&self, service: &str, backend: SocketAddr, from: HealthState, to: HealthState) {
-        self.events.push(Event {
-            seq: 0,
-            time: 0.0,
-            service: service.to_owned(),
-            backend: backend.to_string(),
-            from: from.as_str().to_owned(),
-            to: to.as_str().to_owned(),
-            source: "reload".to_owned(),
-            counters: ProbeCounters::default(),
-            healthy_threshold: 0,
-            unhealthy_threshold: 0,
-            flag_write_us: None,
-            reason: None,
-            vip: None,
-        });
-    }
-
     /// Saves the balancer's ids next to a pinned datapath (atomically: write, then rename).
-    fn save_ids(&self) {
+    pub(super) fn save_ids(&self) {
         let Some(path) = &self.ids_file else { return };
         let ids = self.lock().balancer.ids();
         if let Err(e) = write_ids(path, &ids) {
@@ -644,7 +461,7 @@ impl Inner {
         }
     }
 
-    fn all_views(&self) -> Vec<(String, SocketAddr, HealthState)> {
+    pub(super) fn all_views(&self) -> Vec<(String, SocketAddr, HealthState)> {
         self.config
             .services
             .iter()

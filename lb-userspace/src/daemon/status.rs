@@ -28,6 +28,7 @@ impl Shared {
         drop(inner);
         status.events_total = self.events.total();
         status.resources = self.resources.status();
+        status.config = Some(self.config.status());
         if let Some(name) = only {
             status.services.retain(|s| s.name == name);
         }
@@ -162,6 +163,7 @@ fn build(inner: &Inner) -> anyhow::Result<Status> {
         half_open_syns: inner.checker.half_open_syns(),
         events_total: 0,
         resources: Default::default(),
+        config: None,
         announce: inner.announcer.as_ref().map(|a| AnnounceStatus {
             state: a.host().as_str().to_owned(),
             table: a.table(),

@@ -1,5 +1,8 @@
 //! The command line. Client subcommands talk to the daemon's control API.
 
+pub mod changes;
+pub use changes::{BackendCommand, ConfigCommand, ServiceCommand};
+
 use std::{
     net::{IpAddr, SocketAddr},
     path::PathBuf,
@@ -90,17 +93,16 @@ pub enum Command {
         #[command(flatten)]
         api: ApiArgs,
     },
-    /// Drain, enable or disable a backend of a service.
-    Backend {
-        /// What to do.
-        action: BackendAction,
-        /// The service's name.
-        service: String,
-        /// The backend's IP:PORT as in the config.
-        address: SocketAddr,
-        #[command(flatten)]
-        api: ApiArgs,
-    },
+    /// Add, change or remove a backend of a service (written into the config file), or drain,
+    /// enable or disable it (the daemon's runtime setting).
+    #[command(subcommand)]
+    Backend(BackendCommand),
+    /// Add, change or remove a service (written into the config file, then applied).
+    #[command(subcommand)]
+    Service(ServiceCommand),
+    /// The configuration running: show it, or what a reload of a file would change.
+    #[command(subcommand)]
+    Config(ConfigCommand),
     /// Withdraw every VIP this host announces (route health injection) and keep forwarding:
     /// the routers move the traffic to the other lb hosts (maintenance). Kept across restarts
     /// of the pinned datapath until `lb undrain-host`.
@@ -288,6 +290,7 @@ fn refused(status: u16, body: &str) -> anyhow::Error {
         400 => exit::CONFIG,
         401 | 403 => exit::NOPERM,
         404 => exit::NOT_FOUND,
+        409 | 412 => exit::CONFLICT,
         _ => exit::FAILURE,
     };
     let message = if problems.len() > 1 {
@@ -303,6 +306,8 @@ fn status_text(status: u16) -> String {
         400 => "rejected".into(),
         401 => "not authorized".into(),
         404 => "not found".into(),
+        409 => "conflict".into(),
+        412 => "precondition failed".into(),
         s => format!("control API answered {s}"),
     }
 }

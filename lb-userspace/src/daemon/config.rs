@@ -1,0 +1,470 @@
+//! Changes of the configuration: a reload of the file (SIGHUP, `lb reload`) and a change made
+//! through the API, which is edited into the file (comments and layout kept), written there
+//! and then applied as a reload applies it. One lock orders them, so that they never
+//! interleave; the file stays the one source of truth: a change the file does not hold is
+//! never applied, and a file changed by hand is never overwritten.
+
+use std::{
+    collections::{BTreeSet, HashSet},
+    net::{IpAddr, SocketAddr},
+    sync::{
+        Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use tracing::{error, info};
+
+use super::state::{Inner, Shared};
+use crate::{
+    api::{ChangeRequest, RequestError},
+    balancer::Changes,
+    config::{
+        self, Config, ConfigErrors, Diff,
+        edit::{self, EditError},
+    },
+    health::{
+        checker::{ProbeChanges, ProbeKey},
+        passive::Scope,
+        window::HealthState,
+    },
+    model::{ChangeReply, ConfigStatus, ConfigWrites, Event, LastChange, ProbeCounters},
+    source::{FileStore, Snapshot, Version, WriteError},
+};
+
+/// Where the configuration lives and what of it runs.
+pub struct ConfigState {
+    store: FileStore,
+    /// Held by a reload or a change from reading the file to applying it.
+    writing: Mutex<()>,
+    /// The version running, and the last change made through the API.
+    applied: Mutex<Applied>,
+    writes: Writes,
+}
+
+struct Applied {
+    version: Version,
+    /// The file's text at that version.
+    text: std::sync::Arc<str>,
+    /// Unix time it was applied.
+    since: f64,
+    last_change: Option<LastChange>,
+}
+
+/// Changes through the API, by outcome.
+#[derive(Default)]
+struct Writes {
+    applied: AtomicU64,
+    refused: AtomicU64,
+    failed: AtomicU64,
+}
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+fn invalid(errors: ConfigErrors) -> RequestError {
+    RequestError::Invalid(errors.0.iter().map(ToString::to_string).collect())
+}
+
+impl ConfigState {
+    /// The file `store`, running at `snapshot`.
+    pub fn new(store: FileStore, snapshot: Snapshot) -> Self {
+        Self {
+            store,
+            writing: Mutex::default(),
+            applied: Mutex::new(Applied {
+                version: snapshot.version,
+                text: snapshot.text.into(),
+                since: now(),
+                last_change: None,
+            }),
+            writes: Writes::default(),
+        }
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        self.store.path()
+    }
+
+    /// The running version.
+    pub fn version(&self) -> Version {
+        crate::lock(&self.applied).version.clone()
+    }
+
+    /// The version running and the file's text at that version.
+    pub fn running(&self) -> (Version, std::sync::Arc<str>) {
+        let applied = crate::lock(&self.applied);
+        (applied.version.clone(), applied.text.clone())
+    }
+
+    fn set_applied(&self, snapshot: Snapshot, change: Option<LastChange>) {
+        let mut applied = crate::lock(&self.applied);
+        applied.version = snapshot.version;
+        applied.text = snapshot.text.into();
+        applied.since = now();
+        if change.is_some() {
+            applied.last_change = change;
+        }
+    }
+
+    pub fn status(&self) -> ConfigStatus {
+        let applied = crate::lock(&self.applied);
+        ConfigStatus {
+            source: "file".to_owned(),
+            path: self.store.path().display().to_string(),
+            version: applied.version.0.clone(),
+            applied_at: applied.since,
+            last_change: applied.last_change.clone(),
+            writes: ConfigWrites {
+                applied: self.writes.applied.load(Ordering::Relaxed),
+                refused: self.writes.refused.load(Ordering::Relaxed),
+                failed: self.writes.failed.load(Ordering::Relaxed),
+            },
+        }
+    }
+}
+
+/// Runs `f`, a panic in it turned into a failed request: no request takes the daemon down.
+fn unless_panic<T>(
+    what: &str,
+    f: impl FnOnce() -> Result<T, RequestError>,
+) -> Result<T, RequestError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        let why = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic".to_owned());
+        Err(RequestError::Failed(anyhow::anyhow!(
+            "internal error while {what} ({why}); the running state is kept"
+        )))
+    })
+}
+
+impl Shared {
+    /// Reads the config file again and moves to it in place: services, backends, weights,
+    /// rings and checks change; the connection table and the health of unchanged probes stay.
+    /// An invalid file (or one that changes what only a restart can) changes nothing; a rejected
+    /// reload is logged and is an event, whichever way it came (`via`: "SIGHUP", "API"). Never
+    /// panics: a bug on the way is a failed reload, not a dead daemon.
+    pub fn reload(&self, via: &str) -> Result<(Changes, ProbeChanges), RequestError> {
+        let result = unless_panic("reloading", || self.try_reload());
+        if let Err(e) = &result {
+            let problems: Vec<String> = match e {
+                RequestError::Invalid(p) => p.clone(),
+                other => vec![other.to_string()],
+            };
+            tracing::error!(
+                via,
+                config = %self.config.path().display(),
+                problems = %problems.join("; "),
+                "reload rejected; the running state is unchanged"
+            );
+            let reason = match problems.as_slice() {
+                [one] => one.clone(),
+                [first, rest @ ..] => format!("{first} (and {} more)", rest.len()),
+                [] => "rejected".to_owned(),
+            };
+            self.events
+                .push(Event::daemon(format!("reload rejected ({via})"), reason));
+        }
+        result
+    }
+
+    fn try_reload(&self) -> Result<(Changes, ProbeChanges), RequestError> {
+        let _writing = crate::lock(&self.config.writing);
+        let snapshot = self.config.store.read().map_err(invalid)?;
+        let new = config::parse_for_host(&snapshot.text).map_err(invalid)?;
+        let applied = self.apply_config(new, "reload")?;
+        self.config.set_applied(snapshot, None);
+        Ok(applied)
+    }
+
+    /// A change through the API: edited into the file, validated as `lb check-config` does,
+    /// written (atomically, the previous version kept as FILE.bak), then applied; or, with
+    /// `dry_run`, only validated and diffed. Refused, it changes neither the file nor the
+    /// running state.
+    pub fn change_config(&self, req: ChangeRequest) -> Result<ChangeReply, RequestError> {
+        let result = unless_panic("changing the configuration", || self.try_change(&req));
+        let counter = match &result {
+            Ok(_) => &self.config.writes.applied,
+            Err(RequestError::Failed(_)) => &self.config.writes.failed,
+            Err(_) => &self.config.writes.refused,
+        };
+        if !req.dry_run || result.is_err() {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Err(e) = &result {
+            info!(who = %req.who, error = %e, "configuration change refused");
+        }
+        result
+    }
+
+    fn try_change(&self, req: &ChangeRequest) -> Result<ChangeReply, RequestError> {
+        let _writing = crate::lock(&self.config.writing);
+        let running = self.config.version();
+        if let Some(tag) = &req.if_match
+            && !running.matches(tag)
+        {
+            return Err(RequestError::Precondition(format!(
+                "If-Match {tag}: the configuration is at version {running}; read it again \
+                 (GET /v1/config) and make the change to that"
+            )));
+        }
+        let snapshot = self.config.store.read().map_err(|e| {
+            RequestError::Failed(anyhow::anyhow!("reading the configuration file: {e}"))
+        })?;
+        if snapshot.version != running {
+            return Err(RequestError::Conflict(format!(
+                "{} was changed since lb applied it (running version {running}, the file is \
+                 now {}), by hand or by another program: lb does not overwrite it. Apply it \
+                 with `lb reload` (which shows what is wrong with it, if anything), then make \
+                 the change again",
+                self.config.path().display(),
+                snapshot.version
+            )));
+        }
+        let text = edit::edited(&snapshot.text, &req.changes).map_err(|e| match e {
+            EditError::NotFound(m) => RequestError::NotFound(m),
+            EditError::Exists(m) => RequestError::Precondition(m),
+            EditError::Invalid(problems) => {
+                RequestError::Invalid(problems.iter().map(ToString::to_string).collect())
+            }
+        })?;
+        let new = config::parse_for_host(&text).map_err(invalid)?;
+        let diff = {
+            let inner = self.lock();
+            Diff::between(&inner.config, &new)
+        };
+        let version = Version::of(text.as_bytes());
+        let reply = |applied: bool, version: Version| ChangeReply {
+            dry_run: req.dry_run,
+            applied,
+            previous_version: running.0.clone(),
+            version: version.0,
+            diff: diff.clone(),
+        };
+        if req.dry_run {
+            self.check_applicable(&new)?;
+            return Ok(reply(false, version));
+        }
+        if text == snapshot.text {
+            // Already so (a PUT repeated): nothing to write or apply.
+            return Ok(reply(false, running.clone()));
+        }
+        self.check_applicable(&new)?;
+        let written = self
+            .config
+            .store
+            .replace(&running, &text)
+            .map_err(|e| match e {
+                WriteError::Conflict { .. } => RequestError::Conflict(format!(
+                    "{e}: the file was changed meanwhile; `lb reload` applies it"
+                )),
+                WriteError::Failed(e) => RequestError::Failed(
+                    e.context("writing the configuration file failed; nothing was applied"),
+                ),
+            })?;
+        let source = format!("config ({})", req.who);
+        if let Err(e) = self.apply_config(new, &source) {
+            // The file goes back to what runs.
+            if let Err(undo) = self.config.store.replace(&written, &snapshot.text) {
+                error!(error = %undo, "restoring the configuration file after a failed apply");
+            }
+            return Err(e);
+        }
+        let change = LastChange {
+            time: now(),
+            who: req.who.clone(),
+            version: written.0.clone(),
+            summary: diff.summary(),
+        };
+        self.config.set_applied(
+            Snapshot {
+                text,
+                version: written.clone(),
+            },
+            Some(change),
+        );
+        info!(who = %req.who, version = %written, changes = %diff.summary(), "configuration changed");
+        self.events.push(Event::daemon(
+            format!("configuration changed ({}): version {written}", req.who),
+            diff.summary(),
+        ));
+        Ok(reply(true, written))
+    }
+
+    /// Whether `new` can be applied to the running daemon: what only a restart can change,
+    /// IPv6 forwarding for IPv6 services, the tunnel's programs for probes through it.
+    fn check_applicable(&self, new: &Config) -> Result<(), RequestError> {
+        crate::dataplane::check_ipv6_forwarding(new)
+            .map_err(|e| RequestError::Invalid(vec![format!("{e:#}")]))?;
+        let inner = self.lock();
+        applicable(&inner, new)
+    }
+
+    /// Moves the running state to `new` (valid, and validated for this host): balancer, maps,
+    /// checks, passive checks, events (`source` names what moved it).
+    fn apply_config(
+        &self,
+        new: Config,
+        source: &str,
+    ) -> Result<(Changes, ProbeChanges), RequestError> {
+        crate::dataplane::check_ipv6_forwarding(&new)
+            .map_err(|e| RequestError::Invalid(vec![format!("{e:#}")]))?;
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        applicable(inner, &new)?;
+        let old_states: Vec<(String, SocketAddr, HealthState)> = inner.all_views();
+        let checker = &inner.checker;
+        let changes = inner
+            .balancer
+            .apply(
+                &new,
+                |sid, backend| super::snat_address(&new, sid, backend),
+                |sid, backend, _| {
+                    // A backend joining a probe that already runs takes its verdict.
+                    ProbeKey::of(&new.lb, &new.services[sid], backend)
+                        .and_then(|k| checker.status(&k))
+                        .is_none_or(|s| s.state.is_available())
+                },
+                &mut inner.dataplane,
+            )
+            .map_err(RequestError::Failed)?;
+        let probes = match inner.checker.update(&new, inner.balancer.tunnels()) {
+            Ok(probes) => probes,
+            Err(e) => {
+                // Only opening a raw socket for a new check kind (or a probe through the tunnel
+                // without a slot, a bug) can fail here: go back.
+                let old = inner.config.clone();
+                let _ = inner.balancer.apply(
+                    &old,
+                    |sid, backend| super::snat_address(&old, sid, backend),
+                    |_, _, _| true,
+                    &mut inner.dataplane,
+                );
+                return Err(RequestError::Failed(e));
+            }
+        };
+        inner.members = super::state::members(&new);
+        inner.config = new;
+        inner.set_reporting();
+        self.trace
+            .set_names(super::state::names(&inner.config, &inner.balancer));
+        // Ejections of what is gone are forgotten; the rest keep running.
+        let watched: HashSet<(&str, SocketAddr)> = inner
+            .config
+            .services
+            .iter()
+            .filter(|s| s.passive.enabled)
+            .flat_map(|s| s.backends.iter().map(move |b| (s.name.as_str(), b.address)))
+            .collect();
+        // Admin changes of what is gone too: a backend added back starts afresh.
+        let present: HashSet<(&str, SocketAddr)> = inner
+            .config
+            .services
+            .iter()
+            .flat_map(|s| s.backends.iter().map(move |b| (s.name.as_str(), b.address)))
+            .collect();
+        inner
+            .admin_since
+            .retain(|(service, backend), _| present.contains(&(service.as_str(), *backend)));
+        let hosts: HashSet<IpAddr> = watched.iter().map(|(_, b)| b.ip()).collect();
+        inner.passive.retain(|scope| match scope {
+            Scope::Host(ip) => hosts.contains(ip),
+            Scope::Service { service, backend } => watched.contains(&(service.as_str(), *backend)),
+        });
+        let slots = (
+            inner.balancer.service_slots(),
+            inner.balancer.backend_count(),
+        );
+        inner.dataplane.set_counts(slots.0, slots.1);
+        let new_states = inner.all_views();
+        let backends: BTreeSet<IpAddr> = inner
+            .balancer
+            .backend_addresses()
+            .iter()
+            .map(|a| a.ip())
+            .collect();
+        drop(guard);
+        super::resolve_neighbours(&backends);
+        // Added and removed backends are events too (by hash: a reload of 20,000 backends
+        // compared each with every other).
+        fn known(states: &[(String, SocketAddr, HealthState)]) -> HashSet<(&str, SocketAddr)> {
+            states.iter().map(|(s, b, _)| (s.as_str(), *b)).collect()
+        }
+        let (before, after) = (known(&old_states), known(&new_states));
+        for (service, backend, state) in &new_states {
+            if !before.contains(&(service.as_str(), *backend)) {
+                self.membership_event(service, *backend, HealthState::Unused, *state, source);
+            }
+        }
+        for (service, backend, state) in &old_states {
+            if !after.contains(&(service.as_str(), *backend)) {
+                self.membership_event(service, *backend, *state, HealthState::Unused, source);
+            }
+        }
+        self.save_ids();
+        // New, removed and changed services' VIPs and settings.
+        self.announce.request();
+        info!(
+            source,
+            added = ?changes.services_added,
+            removed = ?changes.services_removed,
+            changed = ?changes.services_changed,
+            backends_added = changes.backends_added.len(),
+            backends_removed = changes.backends_removed.len(),
+            probes_started = probes.started,
+            probes_stopped = probes.stopped,
+            "config applied"
+        );
+        Ok((changes, probes))
+    }
+
+    /// A backend added to or removed from a service.
+    fn membership_event(
+        &self,
+        service: &str,
+        backend: SocketAddr,
+        from: HealthState,
+        to: HealthState,
+        source: &str,
+    ) {
+        self.events.push(Event {
+            seq: 0,
+            time: 0.0,
+            service: service.to_owned(),
+            backend: backend.to_string(),
+            from: from.as_str().to_owned(),
+            to: to.as_str().to_owned(),
+            source: source.to_owned(),
+            counters: ProbeCounters::default(),
+            healthy_threshold: 0,
+            unhealthy_threshold: 0,
+            flag_write_us: None,
+            reason: None,
+            vip: None,
+        });
+    }
+}
+
+/// What only a restart changes, and the tunnel's programs for probes through it.
+fn applicable(inner: &Inner, new: &Config) -> Result<(), RequestError> {
+    let fixed = inner.config.lb.fixed_differences(&new.lb);
+    if !fixed.is_empty() {
+        return Err(RequestError::Invalid(
+            fixed
+                .iter()
+                .map(|k| format!("lb.{k}: cannot change while running (restart lb to change it)"))
+                .collect(),
+        ));
+    }
+    inner
+        .dataplane
+        .check_tunnel(new)
+        .map_err(|e| RequestError::Invalid(vec![format!("{e:#}")]))
+}
