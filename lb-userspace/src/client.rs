@@ -207,10 +207,20 @@ async fn send_with(
         .method(method)
         .uri(path)
         .header(hyper::header::HOST, addr.to_string())
-        .header(hyper::header::ACCEPT, "application/json")
-        .header(hyper::header::CONNECTION, "close")
+        .header(hyper::header::CONNECTION, "close");
+    let given = |name: &str| {
+        extra
+            .headers
+            .iter()
+            .any(|(n, _)| n.eq_ignore_ascii_case(name))
+    };
+    if !given("accept") {
+        request = request.header(hyper::header::ACCEPT, "application/json");
+    }
+    if !given("user-agent") {
         // The daemon names the CLI as who made a change.
-        .header(hyper::header::USER_AGENT, USER_AGENT);
+        request = request.header(hyper::header::USER_AGENT, USER_AGENT);
+    }
     if let Some(token) = token {
         request = request.header(hyper::header::AUTHORIZATION, format!("Bearer {token}"));
     }

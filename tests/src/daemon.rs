@@ -114,6 +114,18 @@ impl Daemon {
         )
     }
 
+    /// Starts `lb run --no-pin` in `ns` on the config file at `path` as it is (not copied:
+    /// the daemon writes its changes there).
+    pub fn start_at(ns: &Netns, path: &Path) -> anyhow::Result<Self> {
+        let dir = TempDir::new()?;
+        let mut cmd = std::process::Command::new("nsenter");
+        cmd.arg(format!("--net=/run/netns/{}", ns.name()))
+            .arg(lb_bin())
+            .args(["run", "--no-pin", "--config"])
+            .arg(path);
+        Self::launch(ns, cmd, dir, path.to_owned())
+    }
+
     /// Writes `config` and starts lb on it in `ns` as `how` says; returns once its API answers.
     /// Runs under `nsenter --net` rather than `ip netns exec`, whose private mount namespace
     /// would hide the host's bpffs (MACHINE.md).

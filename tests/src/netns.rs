@@ -362,6 +362,12 @@ impl Process {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// Sends `signal` (e.g. SIGHUP) and returns at once.
+    pub fn signal(&self, signal: libc::c_int) {
+        // SAFETY: signalling our own child by pid.
+        unsafe { libc::kill(self.child.id() as i32, signal) };
+    }
+
     /// Sends SIGTERM and waits up to `timeout` for it to end; its exit code, or None if it had to
     /// be killed.
     pub fn terminate(&mut self, timeout: Duration) -> Option<i32> {
