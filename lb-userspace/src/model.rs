@@ -82,6 +82,18 @@ pub struct ChangeReply {
     pub version: String,
     /// What it changes.
     pub diff: crate::config::Diff,
+    /// Where its time went, in the daemon.
+    #[serde(default)]
+    pub timing: ChangeTiming,
+}
+
+/// The daemon's time on a change, milliseconds: editing and validating it as check-config
+/// does (the whole file), writing the file (synced), applying it to the running state.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct ChangeTiming {
+    pub validate_ms: f64,
+    pub write_ms: f64,
+    pub apply_ms: f64,
 }
 
 /// `GET /v1/config`: the configuration running, in the TOML's shape, and its version.

@@ -648,6 +648,7 @@ mod tests {
                 previous_version: version.0,
                 version: crate::source::Version::of(new.as_bytes()).0,
                 diff: crate::config::Diff::between(&old_config, &new_config),
+                timing: Default::default(),
             };
             if !req.dry_run {
                 *text = new;

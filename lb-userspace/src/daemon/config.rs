@@ -11,7 +11,7 @@ use std::{
         Mutex,
         atomic::{AtomicU64, Ordering},
     },
-    time::{SystemTime, UNIX_EPOCH},
+    time::{Instant, SystemTime, UNIX_EPOCH},
 };
 
 use tracing::{error, info};
@@ -29,7 +29,9 @@ use crate::{
         passive::Scope,
         window::HealthState,
     },
-    model::{ChangeReply, ConfigStatus, ConfigWrites, Event, LastChange, ProbeCounters},
+    model::{
+        ChangeReply, ChangeTiming, ConfigStatus, ConfigWrites, Event, LastChange, ProbeCounters,
+    },
     source::{FileStore, Snapshot, Version, WriteError},
 };
 
@@ -206,6 +208,9 @@ impl Shared {
 
     fn try_change(&self, req: &ChangeRequest) -> Result<ChangeReply, RequestError> {
         let _writing = crate::lock(&self.config.writing);
+        let started = Instant::now();
+        let mut timing = ChangeTiming::default();
+        let ms = |since: Instant| since.elapsed().as_secs_f64() * 1000.0;
         let running = self.config.version();
         if let Some(tag) = &req.if_match
             && !running.matches(tag)
@@ -241,22 +246,24 @@ impl Shared {
             Diff::between(&inner.config, &new)
         };
         let version = Version::of(text.as_bytes());
-        let reply = |applied: bool, version: Version| ChangeReply {
+        let reply = |applied: bool, version: Version, timing: ChangeTiming| ChangeReply {
             dry_run: req.dry_run,
             applied,
             previous_version: running.0.clone(),
             version: version.0,
             diff: diff.clone(),
+            timing,
         };
+        self.check_applicable(&new)?;
+        timing.validate_ms = ms(started);
         if req.dry_run {
-            self.check_applicable(&new)?;
-            return Ok(reply(false, version));
+            return Ok(reply(false, version, timing));
         }
         if text == snapshot.text {
             // Already so (a PUT repeated): nothing to write or apply.
-            return Ok(reply(false, running.clone()));
+            return Ok(reply(false, running.clone(), timing));
         }
-        self.check_applicable(&new)?;
+        let writing = Instant::now();
         let written = self
             .config
             .store
@@ -269,6 +276,8 @@ impl Shared {
                     e.context("writing the configuration file failed; nothing was applied"),
                 ),
             })?;
+        timing.write_ms = ms(writing);
+        let applying = Instant::now();
         let source = format!("config ({})", req.who);
         if let Err(e) = self.apply_config(new, &source) {
             // The file goes back to what runs.
@@ -277,6 +286,7 @@ impl Shared {
             }
             return Err(e);
         }
+        timing.apply_ms = ms(applying);
         let change = LastChange {
             time: now(),
             who: req.who.clone(),
@@ -295,7 +305,7 @@ impl Shared {
             format!("configuration changed ({}): version {written}", req.who),
             diff.summary(),
         ));
-        Ok(reply(true, written))
+        Ok(reply(true, written, timing))
     }
 
     /// Whether `new` can be applied to the running daemon: what only a restart can change,
@@ -384,14 +394,10 @@ impl Shared {
         );
         inner.dataplane.set_counts(slots.0, slots.1);
         let new_states = inner.all_views();
-        let backends: BTreeSet<IpAddr> = inner
-            .balancer
-            .backend_addresses()
-            .iter()
-            .map(|a| a.ip())
-            .collect();
         drop(guard);
-        super::resolve_neighbours(&backends);
+        // The new backends' neighbours now; the others are kept fresh every 10 s.
+        let added: BTreeSet<IpAddr> = changes.backends_added.iter().map(|(_, b)| b.ip()).collect();
+        super::resolve_neighbours(&added);
         // Added and removed backends are events too (by hash: a reload of 20,000 backends
         // compared each with every other).
         fn known(states: &[(String, SocketAddr, HealthState)]) -> HashSet<(&str, SocketAddr)> {

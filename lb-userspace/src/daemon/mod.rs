@@ -530,39 +530,72 @@ pub fn snat_address(config: &Config, sid: usize, backend: SocketAddr) -> anyhow:
 /// The datapath needs each backend's MAC in the kernel's neighbour table (bpf_fib_lookup reads
 /// it but cannot resolve it). An empty datagram to the discard port makes the kernel resolve
 /// and refresh the entry; whatever the backend answers (ICMP port unreachable) is ignored.
+///
+/// Never blocks: a datagram to a neighbour being resolved waits in the kernel, counted
+/// against the socket's send buffer, until the neighbour answers or its probes give up (3 s
+/// and more). Thousands of backends that do not answer filled it, and a reload of 500 services
+/// waited 20 s in `sendto` (measured). What does not fit now goes in a later round.
 pub fn resolve_neighbours(backends: &BTreeSet<IpAddr>) {
+    let ips: Vec<IpAddr> = backends.iter().copied().collect();
+    refresh_neighbours(&ips, 0);
+}
+
+/// Sends the datagrams of [`resolve_neighbours`] to `ips` from index `from` on, wrapping
+/// around, until every one is sent or the send buffer is full; returns where to start next.
+fn refresh_neighbours(ips: &[IpAddr], from: usize) -> usize {
+    if ips.is_empty() {
+        return 0;
+    }
     // One socket per family in use (an IPv4 socket cannot send to IPv6, and the host may have
     // no IPv6 at all).
-    for v6 in [false, true] {
-        let mut ips = backends.iter().filter(|ip| ip.is_ipv6() == v6).peekable();
-        let Some(first) = ips.peek() else { continue };
-        let socket = match UdpSocket::bind(crate::health::probe::wildcard(**first)) {
-            Ok(s) => s,
-            Err(e) => {
-                debug!(error = %e, "neighbour refresh socket");
-                continue;
-            }
-        };
-        for ip in ips {
-            if let Err(e) = socket.send_to(&[], SocketAddr::new(*ip, 9)) {
-                debug!(%ip, error = %e, "neighbour refresh");
+    let mut sockets: [Option<UdpSocket>; 2] = [None, None];
+    for n in 0..ips.len() {
+        let at = (from + n) % ips.len();
+        let ip = ips[at];
+        let socket = &mut sockets[usize::from(ip.is_ipv6())];
+        if socket.is_none() {
+            match UdpSocket::bind(crate::health::probe::wildcard(ip))
+                .and_then(|s| s.set_nonblocking(true).map(|()| s))
+            {
+                Ok(s) => *socket = Some(s),
+                Err(e) => {
+                    debug!(error = %e, "neighbour refresh socket");
+                    continue;
+                }
             }
         }
+        let Some(socket) = socket else { continue };
+        match socket.send_to(&[], SocketAddr::new(ip, 9)) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                debug!(
+                    sent = n,
+                    of = ips.len(),
+                    "neighbour refresh: send buffer full, the rest later"
+                );
+                return at;
+            }
+            Err(e) => debug!(%ip, error = %e, "neighbour refresh"),
+        }
     }
+    from
 }
 
 async fn keep_neighbours(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let mut next = 0;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(NEIGHBOUR_REFRESH) => {
-                let backends: BTreeSet<IpAddr> = shared
+                let backends: Vec<IpAddr> = shared
                     .lock()
                     .balancer
                     .backend_addresses()
                     .iter()
                     .map(|a| a.ip())
+                    .collect::<BTreeSet<IpAddr>>()
+                    .into_iter()
                     .collect();
-                resolve_neighbours(&backends);
+                next = refresh_neighbours(&backends, next);
             }
             _ = stop.wait_for(|s| *s) => return,
         }

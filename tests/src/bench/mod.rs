@@ -9,6 +9,7 @@
 pub mod bpf;
 pub mod chart;
 pub mod cluster;
+pub mod config_write;
 pub mod cpu;
 pub mod detect;
 pub mod e2e;

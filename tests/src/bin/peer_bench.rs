@@ -12,7 +12,7 @@ use std::{
 use anyhow::Context as _;
 use clap::Parser;
 use lb_tests::bench::{
-    self, chart, cluster,
+    self, chart, cluster, config_write,
     detect::{self, Detection},
     e2e::{self, E2e, Target, Test},
     health_cost, maglev, median, min_max, peers,
@@ -47,7 +47,7 @@ struct Args {
     /// Health-detection trials (default 8, 2 with --quick).
     #[arg(long)]
     trials: Option<usize>,
-    /// Parts to run: rate, e2e, detect, maglev, cluster (comma-separated; default all).
+    /// Parts to run: rate, e2e, detect, maglev, cluster, config (comma-separated; default all).
     #[arg(long, value_delimiter = ',')]
     parts: Vec<String>,
     /// Directory of the report (report.md) and charts.
@@ -78,6 +78,7 @@ struct Results {
     detect: Option<Detection>,
     maglev: Option<(Vec<maglev::Row>, usize, usize)>,
     cluster: Option<(cluster::Cluster6, usize)>,
+    config: Option<config_write::ConfigWrite>,
     /// lb-health-bench's checker cost (the JSON beside `--health`).
     health_cost: Option<health_cost::HealthCost>,
     /// lb-bench's table (`--datapath`), for the datapath goals.
@@ -134,6 +135,7 @@ fn run(args: &Args, started: Instant) -> anyhow::Result<()> {
         detect: None,
         maglev: None,
         cluster: None,
+        config: None,
         health_cost: match &args.health {
             Some(md) => health_cost::read(md)?,
             None => None,
@@ -188,6 +190,14 @@ fn run(args: &Args, started: Instant) -> anyhow::Result<()> {
         let rounds = if q { 1 } else { 5 };
         eprintln!("==> scale-out: {rounds} rounds on three lb hosts behind a BIRD router");
         res.cluster = Some((cluster::run(rounds)?, rounds));
+    }
+    if want(args, "config") {
+        let rounds = if q { 5 } else { 25 };
+        eprintln!(
+            "==> configuration changes: {rounds} rounds, {} services",
+            config_write::SERVICES
+        );
+        res.config = Some(config_write::run(rounds)?);
     }
     bench::checkpoint()?;
     let load_end = bench::load();
@@ -723,6 +733,12 @@ fn report(res: &Results, ctx: &Context, img: &str) -> anyhow::Result<String> {
         None => s += "Not run.\n",
     }
     s.push('\n');
+
+    let _ = writeln!(s, "## 7. Configuration changes at runtime\n");
+    match &res.config {
+        Some(c) => s += &config_write::markdown(c),
+        None => s += "Not run.\n\n",
+    }
 
     let _ = writeln!(s, "## Charts\n");
     match &ctx.font {
