@@ -966,6 +966,8 @@ pub struct MemoryMaps {
     pub rings: HashMap<u32, HashMap<u32, u32>>,
     /// Ring slot writes so far.
     pub slot_writes: usize,
+    /// The service id of each ring write so far.
+    pub ring_writes: Vec<u32>,
     pub tunnels: BTreeMap<u32, AnyTunnel>,
 }
 
@@ -1008,6 +1010,7 @@ impl MapWriter for MemoryMaps {
             ring.insert(slot, id);
         }
         self.slot_writes += slots.len();
+        self.ring_writes.push(service_id);
         Ok(())
     }
 
@@ -1285,6 +1288,48 @@ mod tests {
             1009,
         );
         assert_eq!(base(2)[..], alone[..]);
+    }
+
+    /// A change computes again only the rings whose inputs changed: the others keep the very
+    /// ring they had (moved, not copied or recomputed), and their slots are not written.
+    #[test]
+    fn a_change_of_one_service_leaves_the_other_rings_alone() {
+        let text = |extra: &str| {
+            let mut t = "[lb]\ninterfaces = [\"eth1\"]\nring_size = 1009\n".to_owned();
+            for i in 0..3 {
+                t += &format!(
+                    "[[service]]\nname = \"s{i}\"\nvip = \"10.100.0.{}:80\"\nbackends = \
+                     [{{ address = \"10.0.{i}.2:80\" }}, {{ address = \"10.0.{i}.3:80\" }}{}]\n",
+                    i + 1,
+                    if i == 0 { extra } else { "" }
+                );
+            }
+            config::parse(&t).unwrap()
+        };
+        let (mut b, mut maps) = build(&text(""));
+        let ring_at = |b: &Balancer, i: usize| b.services[i].ring.as_ptr();
+        let before: Vec<_> = (0..3).map(|i| ring_at(&b, i)).collect();
+        maps.ring_writes.clear();
+        b.apply(
+            &text(", { address = \"10.0.0.4:80\" }"),
+            snat,
+            |_, _, _| true,
+            &mut maps,
+        )
+        .unwrap();
+        assert_ne!(
+            ring_at(&b, 0),
+            before[0],
+            "the changed service's ring is new"
+        );
+        assert_eq!(ring_at(&b, 1), before[1]);
+        assert_eq!(ring_at(&b, 2), before[2]);
+        let written: std::collections::BTreeSet<u32> = maps.ring_writes.iter().copied().collect();
+        assert_eq!(written, [b.services[0].info.id].into());
+        // A backend of another service down: that ring moves, and only that one.
+        let before: Vec<_> = (0..3).map(|i| ring_at(&b, i)).collect();
+        b.set_up(2, 0, false, &mut maps).unwrap();
+        assert_eq!((ring_at(&b, 0), ring_at(&b, 1)), (before[0], before[1]));
     }
 
     /// A reload looks each backend up in the previous state by hash: applying a config again
