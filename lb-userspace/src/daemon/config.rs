@@ -7,16 +7,16 @@
 use std::{
     collections::{BTreeSet, HashSet},
     net::{IpAddr, SocketAddr},
-    sync::{
-        Mutex,
-        atomic::{AtomicU64, Ordering},
-    },
-    time::{Instant, SystemTime, UNIX_EPOCH},
+    sync::atomic::Ordering,
+    time::Instant,
 };
 
 use tracing::{error, info};
 
-use super::state::{Inner, Shared};
+use super::{
+    running::now,
+    state::{Inner, Shared},
+};
 use crate::{
     api::{ChangeRequest, RequestError},
     balancer::Changes,
@@ -29,105 +29,12 @@ use crate::{
         passive::Scope,
         window::HealthState,
     },
-    model::{
-        ChangeReply, ChangeTiming, ConfigStatus, ConfigWrites, Event, LastChange, ProbeCounters,
-    },
-    source::{FileStore, Snapshot, Version, WriteError},
+    model::{ChangeReply, ChangeTiming, Event, LastChange, ProbeCounters},
+    source::{Snapshot, Version, WriteError},
 };
-
-/// Where the configuration lives and what of it runs.
-pub struct ConfigState {
-    store: FileStore,
-    /// Held by a reload or a change from reading the file to applying it.
-    writing: Mutex<()>,
-    /// The version running, and the last change made through the API.
-    applied: Mutex<Applied>,
-    writes: Writes,
-}
-
-struct Applied {
-    version: Version,
-    /// The file's text at that version.
-    text: std::sync::Arc<str>,
-    /// Unix time it was applied.
-    since: f64,
-    last_change: Option<LastChange>,
-}
-
-/// Changes through the API, by outcome.
-#[derive(Default)]
-struct Writes {
-    applied: AtomicU64,
-    refused: AtomicU64,
-    failed: AtomicU64,
-}
-
-fn now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
-}
 
 fn invalid(errors: ConfigErrors) -> RequestError {
     RequestError::Invalid(errors.0.iter().map(ToString::to_string).collect())
-}
-
-impl ConfigState {
-    /// The file `store`, running at `snapshot`.
-    pub fn new(store: FileStore, snapshot: Snapshot) -> Self {
-        Self {
-            store,
-            writing: Mutex::default(),
-            applied: Mutex::new(Applied {
-                version: snapshot.version,
-                text: snapshot.text.into(),
-                since: now(),
-                last_change: None,
-            }),
-            writes: Writes::default(),
-        }
-    }
-
-    pub fn path(&self) -> &std::path::Path {
-        self.store.path()
-    }
-
-    /// The running version.
-    pub fn version(&self) -> Version {
-        crate::lock(&self.applied).version.clone()
-    }
-
-    /// The version running and the file's text at that version.
-    pub fn running(&self) -> (Version, std::sync::Arc<str>) {
-        let applied = crate::lock(&self.applied);
-        (applied.version.clone(), applied.text.clone())
-    }
-
-    fn set_applied(&self, snapshot: Snapshot, change: Option<LastChange>) {
-        let mut applied = crate::lock(&self.applied);
-        applied.version = snapshot.version;
-        applied.text = snapshot.text.into();
-        applied.since = now();
-        if change.is_some() {
-            applied.last_change = change;
-        }
-    }
-
-    pub fn status(&self) -> ConfigStatus {
-        let applied = crate::lock(&self.applied);
-        ConfigStatus {
-            source: "file".to_owned(),
-            path: self.store.path().display().to_string(),
-            version: applied.version.0.clone(),
-            applied_at: applied.since,
-            last_change: applied.last_change.clone(),
-            writes: ConfigWrites {
-                applied: self.writes.applied.load(Ordering::Relaxed),
-                refused: self.writes.refused.load(Ordering::Relaxed),
-                failed: self.writes.failed.load(Ordering::Relaxed),
-            },
-        }
-    }
 }
 
 /// Runs `f`, a panic in it turned into a failed request: no request takes the daemon down.

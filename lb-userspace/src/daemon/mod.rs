@@ -9,6 +9,7 @@ mod config;
 mod control;
 mod notify;
 mod passive;
+mod running;
 mod signal;
 mod state;
 mod status;
@@ -191,7 +192,7 @@ pub async fn run(
     let (trace_maps, trace_log) = dataplane.take_trace(trace_hub.sink())?;
     trace_hub.set_maps(trace_maps);
     let shared = Arc::new(Shared::new(
-        config::ConfigState::new(store, snapshot),
+        running::ConfigState::new(store, snapshot),
         pin_dir.as_deref().map(state::ids_file),
         pin_dir.as_deref().map(announce::host_file),
         Shared::inner(config, dataplane, balancer, checker, host),

@@ -54,7 +54,7 @@ pub struct Shared {
     /// The datapath trace (`lb trace`): its sessions and the names of the ids it shows.
     pub trace: Arc<trace::Hub>,
     /// The configuration's file, version and changes.
-    pub(super) config: super::config::ConfigState,
+    pub(super) config: super::running::ConfigState,
     /// Where the ids of a pinned datapath are saved (None: not pinned).
     ids_file: Option<PathBuf>,
     stop: watch::Sender<Stop>,
@@ -124,7 +124,7 @@ pub(super) fn members(config: &Config) -> HashMap<ProbeKey, Vec<(usize, usize)>>
 
 impl Shared {
     pub(super) fn new(
-        config: super::config::ConfigState,
+        config: super::running::ConfigState,
         ids_file: Option<PathBuf>,
         host_file: Option<PathBuf>,
         inner: Inner,
