@@ -229,7 +229,68 @@ pub struct ServiceStatus {
     /// None when lb announces nothing.
     #[serde(default)]
     pub vip_announced: Option<bool>,
+    /// Backends from DNS (`backends_from`): the name, its last answer and errors.
+    #[serde(default)]
+    pub discovery: Option<DiscoveryStatus>,
     pub backends: Vec<BackendStatus>,
+}
+
+impl DiscoveryStatus {
+    /// One line: "backends from DNS web.test (A via 10.0.0.53:53): 3 addresses, TTL 30 s;
+    /// stale: resolving web.test: request timed out".
+    pub fn describe(&self) -> String {
+        let via = if self.resolvers.is_empty() {
+            String::new()
+        } else {
+            format!(" via {}", self.resolvers.join(", "))
+        };
+        let mut words = format!(
+            "backends from DNS {} ({}{via}): {} addresses",
+            self.name,
+            self.record,
+            self.addresses.len()
+        );
+        if let Some(ttl) = self.ttl_s {
+            words += &format!(", TTL {ttl} s");
+        }
+        if self.resolved_at.is_none() {
+            words += ", no answer yet";
+        }
+        if let Some(e) = &self.error {
+            words += &format!("; stale: {e}");
+        }
+        if !self.rejected.is_empty() {
+            words += &format!("; left out: {}", self.rejected.join("; "));
+        }
+        words
+    }
+}
+
+/// A service's DNS name and what it resolved to.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DiscoveryStatus {
+    pub name: String,
+    /// "A", "AAAA" or "SRV".
+    pub record: String,
+    /// The servers asked (empty: /etc/resolv.conf's).
+    pub resolvers: Vec<String>,
+    /// The addresses in use, from the last good answer.
+    pub addresses: Vec<String>,
+    /// Unix time of the last good answer (None: none yet), and of the last attempt.
+    pub resolved_at: Option<f64>,
+    pub attempted_at: Option<f64>,
+    /// The last answer's TTL, seconds.
+    pub ttl_s: Option<f64>,
+    /// The addresses are the last good answer's, kept because the last attempt failed or
+    /// came back empty (`error` says which).
+    pub stale: bool,
+    pub error: Option<String>,
+    /// Addresses of the last answer left out, with why ("10.100.0.1:80: the VIP of ...").
+    pub rejected: Vec<String>,
+    /// Resolutions so far: good, empty, failed.
+    pub resolutions_ok: u64,
+    pub resolutions_empty: u64,
+    pub resolutions_failed: u64,
 }
 
 fn nat() -> String {
@@ -356,6 +417,9 @@ pub struct BackendStatus {
     /// "TLS: certificate not trusted (...)"); None before any failure.
     #[serde(default)]
     pub last_failure: Option<String>,
+    /// It came from DNS (`backends_from`).
+    #[serde(default)]
+    pub discovered: bool,
     pub packets: u64,
     pub bytes: u64,
     pub new_flows: u64,
@@ -721,6 +785,7 @@ mod tests {
             counters: ProbeCounters::default(),
             last_probe_latency_ms: None,
             last_failure: None,
+            discovered: false,
             packets: 0,
             bytes: 0,
             new_flows: 0,

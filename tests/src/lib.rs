@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod config_mutations;
 pub mod daemon;
 pub mod decap;
+pub mod dns;
 pub mod fixture;
 pub mod inproc;
 pub mod netns;

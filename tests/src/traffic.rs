@@ -5,7 +5,10 @@ use std::{
     collections::HashMap,
     io::{Read as _, Write as _},
     net::{SocketAddr, TcpStream, UdpSocket},
-    sync::atomic::{AtomicUsize, Ordering},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -257,6 +260,57 @@ pub fn wait_progress(streams: &[PacedStream], more: usize, limit: Duration) {
             .all(|(s, &at)| s.ended() || s.echoed() >= at + more)
     {
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// New connections in a loop until stopped (each greeted by its backend, as [`crate::servers`]
+/// greets): how many were made, and the failures with why.
+pub struct ConnectLoop {
+    stop: Arc<AtomicBool>,
+    done: Arc<AtomicUsize>,
+    thread: Option<std::thread::JoinHandle<Vec<String>>>,
+}
+
+impl ConnectLoop {
+    /// Starts connecting to `to` from `ns`, one connection after another.
+    pub fn start(ns: &Netns, to: SocketAddr) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicUsize::new(0));
+        let (s, n, ns) = (stop.clone(), done.clone(), ns.clone());
+        let thread = std::thread::spawn(move || {
+            let mut failures = Vec::new();
+            while !s.load(Ordering::Relaxed) {
+                match connect(&ns, to) {
+                    Ok(_) => {
+                        n.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => failures.push(format!("{e:#}")),
+                }
+            }
+            failures
+        });
+        Self {
+            stop,
+            done,
+            thread: Some(thread),
+        }
+    }
+
+    /// Waits for `more` connections beyond those made so far.
+    pub fn wait(&self, more: usize) {
+        let want = self.done.load(Ordering::Relaxed) + more;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.done.load(Ordering::Relaxed) < want {
+            assert!(Instant::now() < deadline, "the load stalled");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Stops; the connections made, and each failure with why.
+    pub fn finish(mut self) -> (usize, Vec<String>) {
+        self.stop.store(true, Ordering::Relaxed);
+        let failures = self.thread.take().unwrap().join().unwrap();
+        (self.done.load(Ordering::Relaxed), failures)
     }
 }
 

@@ -6,10 +6,6 @@
 use std::{
     net::SocketAddr,
     path::PathBuf,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, AtomicUsize, Ordering},
-    },
     time::{Duration, Instant},
 };
 
@@ -24,6 +20,7 @@ use lb_tests::{
     rng::Rng,
     servers::connect,
     topology::{Arms, Sandbox, VIP},
+    traffic::ConnectLoop,
 };
 
 const PORT: u16 = 8080;
@@ -111,54 +108,6 @@ fn greeters(ns: &Netns, n: usize) -> std::collections::BTreeSet<String> {
     (0..n).map(|_| connect(ns, vip()).unwrap().1).collect()
 }
 
-/// New connections in a loop until stopped: how many, and the failures with why.
-struct Load {
-    stop: Arc<AtomicBool>,
-    done: Arc<AtomicUsize>,
-    thread: Option<std::thread::JoinHandle<Vec<String>>>,
-}
-
-impl Load {
-    fn start(ns: &Netns) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let done = Arc::new(AtomicUsize::new(0));
-        let (s, n, ns) = (stop.clone(), done.clone(), ns.clone());
-        let thread = std::thread::spawn(move || {
-            let mut failures = Vec::new();
-            while !s.load(Ordering::Relaxed) {
-                match connect(&ns, vip()) {
-                    Ok(_) => {
-                        n.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(e) => failures.push(format!("{e:#}")),
-                }
-            }
-            failures
-        });
-        Self {
-            stop,
-            done,
-            thread: Some(thread),
-        }
-    }
-
-    /// Waits for `more` connections beyond those made so far.
-    fn wait(&self, more: usize) {
-        let want = self.done.load(Ordering::Relaxed) + more;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while self.done.load(Ordering::Relaxed) < want {
-            assert!(Instant::now() < deadline, "the load stalled");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn finish(mut self) -> (usize, Vec<String>) {
-        self.stop.store(true, Ordering::Relaxed);
-        let failures = self.thread.take().unwrap().join().unwrap();
-        (self.done.load(Ordering::Relaxed), failures)
-    }
-}
-
 #[test]
 fn backends_added_and_removed_under_load_lose_no_connection() {
     let (sb, d) = start();
@@ -166,7 +115,7 @@ fn backends_added_and_removed_under_load_lose_no_connection() {
     for b in [&b0, &b1] {
         d.wait_state("web", b, "healthy", Duration::from_secs(10));
     }
-    let load = Load::start(&sb.client.ns);
+    let load = ConnectLoop::start(&sb.client.ns, vip());
     load.wait(20);
     // An established connection to the backend about to be removed drains, as a reload's do.
     let mut kept = None;

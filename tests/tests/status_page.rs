@@ -60,6 +60,7 @@ fn backend(address: &str, state: &str, counters: ProbeCounters) -> BackendStatus
         counters,
         last_probe_latency_ms: (state == "healthy").then_some(0.8),
         last_failure: (state == "unhealthy").then(|| "timeout after 2s".to_owned()),
+        discovered: false,
         packets: 120,
         bytes: 64_000,
         new_flows: 9,
@@ -90,6 +91,7 @@ fn service(name: &str, vip: &str, backends: Vec<BackendStatus>) -> ServiceStatus
         announce: Some("healthy".to_owned()),
         announce_min_available: Some(1),
         vip_announced: Some(true),
+        discovery: None,
         backends,
     }
 }

@@ -295,6 +295,10 @@ fn section(out: &mut String, s: &ServiceStatus) {
         Some(per_kind) => format!("{windows}, unhealthy after {per_kind} failures"),
         None => windows,
     };
+    let windows = match &s.discovery {
+        Some(d) => format!("{windows} — {}", d.describe()),
+        None => windows,
+    };
     let state = s.state.as_str();
     let announce = match (s.announce.as_deref(), s.vip_announced) {
         (Some(setting), Some(announced)) => format!(
@@ -718,6 +722,7 @@ mod tests {
             },
             last_probe_latency_ms: Some(1.5),
             last_failure: None,
+            discovered: false,
             packets: 10,
             bytes: 1000,
             new_flows: 2,
@@ -747,6 +752,7 @@ mod tests {
             announce: None,
             announce_min_available: None,
             vip_announced: None,
+            discovery: None,
             backends,
         }
     }

@@ -64,6 +64,49 @@ pub fn render(status: &Status) -> String {
         "State of the service (healthy, degraded, down, unchecked, empty): 1 for the current one.",
         service_states,
     );
+    let dns: Vec<(&str, &crate::model::DiscoveryStatus)> = status
+        .services
+        .iter()
+        .filter_map(|s| Some((s.name.as_str(), s.discovery.as_ref()?)))
+        .collect();
+    if !dns.is_empty() {
+        family(
+            &mut out,
+            "lb_dns_resolutions_total",
+            "counter",
+            "Resolutions of a service's DNS name (backends_from), by result: ok, empty (no \
+             address), failed (timeout, SERVFAIL, ...).",
+            dns.iter()
+                .flat_map(|(s, d)| {
+                    [
+                        ("ok", d.resolutions_ok),
+                        ("empty", d.resolutions_empty),
+                        ("failed", d.resolutions_failed),
+                    ]
+                    .map(|(r, n)| format!("{} {n}", labels(&[("service", s), ("result", r)])))
+                })
+                .collect(),
+        );
+        family(
+            &mut out,
+            "lb_dns_addresses",
+            "gauge",
+            "Addresses in use from a service's DNS name.",
+            dns.iter()
+                .map(|(s, d)| format!("{} {}", labels(&[("service", s)]), d.addresses.len()))
+                .collect(),
+        );
+        family(
+            &mut out,
+            "lb_dns_stale",
+            "gauge",
+            "1 while a service's DNS addresses are the last good answer's, kept because the \
+             last attempt failed or came back empty.",
+            dns.iter()
+                .map(|(s, d)| format!("{} {}", labels(&[("service", s)]), u8::from(d.stale)))
+                .collect(),
+        );
+    }
     let forwarding = status
         .services
         .iter()
@@ -504,6 +547,7 @@ mod tests {
                 announce: None,
                 announce_min_available: None,
                 vip_announced: None,
+                discovery: None,
                 backends: vec![BackendStatus {
                     address: "10.0.0.2:80".to_owned(),
                     ip: "10.0.0.2".to_owned(),
@@ -525,6 +569,7 @@ mod tests {
                     },
                     last_probe_latency_ms: Some(2.5),
                     last_failure: None,
+                    discovered: false,
                     packets: 10,
                     bytes: 1000,
                     new_flows: 3,

@@ -415,6 +415,9 @@ pub async fn status(api: ApiArgs, service: Option<String>) -> anyhow::Result<()>
         if !s.passive_signals.is_empty() {
             println!("  passive checks see: {}", s.passive_signals.join(", "));
         }
+        if let Some(d) = &s.discovery {
+            println!("  {}", d.describe());
+        }
         if let Some(setting) = &s.announce {
             let min = s
                 .announce_min_available

@@ -102,6 +102,7 @@ fn service_diff(old: &Service, new: &Service) -> ServiceDiff {
     check("check", old.check == new.check);
     check("passive", old.passive == new.passive);
     check("announce", old.announce == new.announce);
+    check("backends_from", old.discovery == new.discovery);
     let olds: HashMap<SocketAddr, &Backend> = old.backends.iter().map(|b| (b.address, b)).collect();
     let news: HashMap<SocketAddr, &Backend> = new.backends.iter().map(|b| (b.address, b)).collect();
     let mut diff = ServiceDiff {

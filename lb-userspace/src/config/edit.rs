@@ -277,6 +277,13 @@ impl<'a> Backends<'a> {
         }
     }
 
+    fn len(&self) -> usize {
+        match self {
+            Self::Inline(a) => a.len(),
+            Self::Tables(t) => t.len(),
+        }
+    }
+
     fn remove(&mut self, at: usize) {
         match self {
             Self::Inline(a) => {
@@ -522,6 +529,51 @@ pub fn edited(text: &str, changes: &[Change]) -> Result<String, EditError> {
         })?;
     }
     Ok(doc.text())
+}
+
+/// A backend from DNS added to the document by [`with_discovered`]: where it went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Appended {
+    pub service: String,
+    /// The service's index among the `[[service]]` tables, and the backend's in its list.
+    pub at: (usize, usize),
+    pub address: SocketAddr,
+}
+
+/// `text` with each service's backends from DNS (`found`: by service name) written after the
+/// backends the file has, as if written by hand, so that they are validated as those are.
+/// An address the service has already is left out; so is a service the file no longer has.
+pub fn with_discovered(
+    text: &str,
+    found: &[(String, Vec<super::Backend>)],
+) -> Result<(String, Vec<Appended>), ConfigErrors> {
+    let mut doc = Document::parse(text)?;
+    let mut appended = Vec::new();
+    for (service, backends) in found {
+        let Ok((services, i)) = doc.find_service(service) else {
+            continue;
+        };
+        let table = services.get_mut(i).expect("found");
+        let Ok(mut list) = Backends::of(table, service) else {
+            continue;
+        };
+        for b in backends {
+            if list.position(b.address).is_some() {
+                continue;
+            }
+            let fields = [
+                ("address".to_owned(), Value::from(b.address.to_string())),
+                ("weight".to_owned(), Value::from(i64::from(b.weight))),
+            ];
+            list.push(&fields);
+            appended.push(Appended {
+                service: service.clone(),
+                at: (i, list.len() - 1),
+                address: b.address,
+            });
+        }
+    }
+    Ok((doc.text(), appended))
 }
 
 /// `text` with `lb.api_token`'s value (if any) replaced by `<redacted>`, the rest as it was.

@@ -4,6 +4,7 @@
 mod announce;
 mod check;
 mod diff;
+pub mod discovery;
 pub mod edit;
 mod fields;
 pub mod host;
@@ -23,6 +24,7 @@ pub use announce::{
 };
 pub use check::{Check, CheckKind, HttpMethod, HttpOptions, default_status};
 pub use diff::{BackendChange, Diff, ServiceDiff};
+pub use discovery::Discovery;
 pub use fields::{Problem, parse_duration, show as show_duration};
 pub use payload::Expect;
 pub use read::parse;
@@ -322,6 +324,8 @@ pub struct Service {
     pub passive: Passive,
     /// When its VIP is announced (None without `[lb.announce]`).
     pub announce: Option<ServiceAnnounce>,
+    /// Backends from DNS (`backends_from`), merged with `backends` by the daemon.
+    pub discovery: Option<Discovery>,
 }
 
 /// `[service.passive]`: ejection on failures seen in real traffic (SPEC §3).

@@ -535,22 +535,40 @@ fn read_service(f: &Fields, announce_on: bool) -> Option<Service> {
         None if f.has("passive") => None,
         None => Some(Passive::default()),
     };
-    let backends = f
-        .required("backends", |f| Some(f.tables("backends")))
-        .map(|list| {
-            if list.is_empty() {
-                f.problem("backends", "at least one backend is required");
-            }
-            list.into_iter()
-                .map(|(i, t)| {
-                    read_backend(&Fields::new(
-                        t,
-                        f.path(&format!("backends[{i}]")),
-                        f.problems(),
-                    ))
-                })
-                .collect::<Vec<_>>()
-        });
+    let discovery = match f.table("backends_from") {
+        Some(t) => {
+            super::discovery::read(&Fields::new(t, f.path("backends_from"), f.problems()), vip)
+                .map(Some)
+        }
+        None if f.has("backends_from") => {
+            f.problem(
+                "backends_from",
+                "expected a table ({ dns = \"NAME\", ... })",
+            );
+            None
+        }
+        None => Some(None),
+    };
+    let from_dns = f.has("backends_from");
+    let backends = if from_dns && !f.has("backends") {
+        Some(Vec::new())
+    } else {
+        f.required("backends", |f| Some(f.tables("backends")))
+    }
+    .map(|list| {
+        if list.is_empty() && !from_dns {
+            f.problem("backends", "at least one backend is required");
+        }
+        list.into_iter()
+            .map(|(i, t)| {
+                read_backend(&Fields::new(
+                    t,
+                    f.path(&format!("backends[{i}]")),
+                    f.problems(),
+                ))
+            })
+            .collect::<Vec<_>>()
+    });
     let announce =
         super::announce::read_service_announce(f, announce_on, backends.as_ref().map(Vec::len));
     f.finish();
@@ -568,6 +586,7 @@ fn read_service(f: &Fields, announce_on: bool) -> Option<Service> {
         check: check?,
         passive: passive?,
         announce: announce?,
+        discovery: discovery?,
     };
     if service.protocol == Protocol::Udp && service.passive.no_data_timeout.is_some() {
         f.problems().push(

@@ -5,15 +5,16 @@
 //! never applied, and a file changed by hand is never overwritten.
 
 use std::{
-    collections::{BTreeSet, HashSet},
+    collections::{BTreeMap, BTreeSet, HashSet},
     net::{IpAddr, SocketAddr},
     sync::atomic::Ordering,
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use tracing::{error, info};
 
 use super::{
+    dns::{DnsState, Outcome},
     running::now,
     state::{Inner, Shared},
 };
@@ -21,7 +22,7 @@ use crate::{
     api::{ChangeRequest, RequestError},
     balancer::Changes,
     config::{
-        self, Config, ConfigErrors, Diff,
+        self, Backend, Config, ConfigErrors, Diff, Discovery,
         edit::{self, EditError},
     },
     health::{
@@ -32,6 +33,57 @@ use crate::{
     model::{ChangeReply, ChangeTiming, Event, LastChange, ProbeCounters},
     source::{Snapshot, Version, WriteError},
 };
+
+/// The configuration `text` makes with each service's backends from DNS (`dns`) merged in,
+/// validated for this host as a whole. An address from DNS that could not be a backend (the
+/// VIP's own, this host's, another family, a port DSR cannot use...) is left out and recorded
+/// in its service's state with the reason; a problem of the file itself is the error.
+pub(super) fn effective(
+    text: &str,
+    dns: &mut BTreeMap<String, DnsState>,
+) -> Result<Config, ConfigErrors> {
+    let mut found: Vec<(String, Vec<Backend>)> = dns
+        .iter_mut()
+        .map(|(service, state)| {
+            state.rejected.clear();
+            (service.clone(), state.backends.clone())
+        })
+        .collect();
+    loop {
+        let (merged, appended) = edit::with_discovered(text, &found)?;
+        let errors = match config::parse_for_host(&merged) {
+            Ok(config) => return Ok(config),
+            Err(errors) => errors,
+        };
+        let mut left_out = 0;
+        for problem in &errors.0 {
+            let Some(a) =
+                backend_at(&problem.path).and_then(|at| appended.iter().find(|a| a.at == at))
+            else {
+                continue;
+            };
+            if let Some((_, list)) = found.iter_mut().find(|(s, _)| *s == a.service) {
+                list.retain(|b| b.address != a.address);
+            }
+            if let Some(state) = dns.get_mut(&a.service) {
+                state.rejected.push((a.address, problem.message.clone()));
+            }
+            left_out += 1;
+        }
+        if left_out == 0 {
+            return Err(errors);
+        }
+    }
+}
+
+/// `(service, backend)` indices of a problem's path `service[I].backends[J]...`.
+fn backend_at(path: &str) -> Option<(usize, usize)> {
+    let rest = path.strip_prefix("service[")?;
+    let (i, rest) = rest.split_once(']')?;
+    let rest = rest.strip_prefix(".backends[")?;
+    let (j, _) = rest.split_once(']')?;
+    Some((i.parse().ok()?, j.parse().ok()?))
+}
 
 fn invalid(errors: ConfigErrors) -> RequestError {
     RequestError::Invalid(errors.0.iter().map(ToString::to_string).collect())
@@ -87,9 +139,11 @@ impl Shared {
     fn try_reload(&self) -> Result<(Changes, ProbeChanges), RequestError> {
         let _writing = crate::lock(&self.config.writing);
         let snapshot = self.config.store.read().map_err(invalid)?;
-        let new = config::parse_for_host(&snapshot.text).map_err(invalid)?;
+        let new = self.effective(&snapshot.text).map_err(invalid)?;
         let applied = self.apply_config(new, "reload")?;
         self.config.set_applied(snapshot, None);
+        // Names may have come, gone or changed.
+        self.config.dns_wake.notify_one();
         Ok(applied)
     }
 
@@ -147,7 +201,7 @@ impl Shared {
                 RequestError::Invalid(problems.iter().map(ToString::to_string).collect())
             }
         })?;
-        let new = config::parse_for_host(&text).map_err(invalid)?;
+        let new = self.effective(&text).map_err(invalid)?;
         let diff = {
             let inner = self.lock();
             Diff::between(&inner.config, &new)
@@ -194,6 +248,7 @@ impl Shared {
             return Err(e);
         }
         timing.apply_ms = ms(applying);
+        self.config.dns_wake.notify_one();
         let change = LastChange {
             time: now(),
             who: req.who.clone(),
@@ -213,6 +268,117 @@ impl Shared {
             diff.summary(),
         ));
         Ok(reply(true, written, timing))
+    }
+
+    /// [`effective`] with the DNS answers in use.
+    fn effective(&self, text: &str) -> Result<Config, ConfigErrors> {
+        effective(text, &mut crate::lock(&self.config.dns))
+    }
+
+    /// The services whose names are due for resolution at `now` (name, spec, IPv6 VIP), and
+    /// when the next one is. Services with names new or changed since the last call are due.
+    pub(super) fn dns_due(
+        &self,
+        now: Instant,
+    ) -> (Vec<(String, Discovery, bool)>, Option<Instant>) {
+        let specs: Vec<(String, Discovery, bool)> = {
+            let inner = self.lock();
+            inner
+                .config
+                .services
+                .iter()
+                .filter_map(|s| {
+                    let d = s.discovery.clone()?;
+                    Some((s.name.clone(), d, s.vip.is_ipv6()))
+                })
+                .collect()
+        };
+        let mut dns = crate::lock(&self.config.dns);
+        dns.retain(|name, _| specs.iter().any(|(n, _, _)| n == name));
+        let (mut due, mut next) = (Vec::new(), None::<Instant>);
+        for (name, spec, v6) in specs {
+            let state = dns
+                .entry(name.clone())
+                .or_insert_with(|| DnsState::new(spec.clone(), now));
+            if state.spec != spec {
+                *state = DnsState::new(spec.clone(), now);
+            }
+            if state.next <= now {
+                // Not due again while this query runs (its answer sets the next time).
+                state.next = now + Duration::from_secs(3600);
+                due.push((name, spec, v6));
+            } else {
+                next = Some(next.map_or(state.next, |n| n.min(state.next)));
+            }
+        }
+        (due, next)
+    }
+
+    /// Takes the answers of [`Shared::dns_due`]'s names; applies the services whose backends
+    /// changed (as a reload of them would), and tells of failures as they start and end.
+    pub(super) fn dns_results(&self, results: Vec<(String, Discovery, Outcome)>) {
+        let (now, unix) = (Instant::now(), now());
+        let mut changed = Vec::new();
+        {
+            let mut dns = crate::lock(&self.config.dns);
+            for (service, spec, outcome) in results {
+                let Some(state) = dns.get_mut(&service).filter(|s| s.spec == spec) else {
+                    continue; // its name changed meanwhile: asked again anew
+                };
+                let before = state.error.clone();
+                let count = state.backends.len();
+                if state.observe(outcome, now, unix) {
+                    changed.push(format!(
+                        "{service}: {} now {} addresses (was {count})",
+                        spec.name,
+                        state.backends.len()
+                    ));
+                }
+                match (&before, &state.error) {
+                    (None, Some(why)) => {
+                        tracing::warn!(%service, name = %spec.name, error = %why, "DNS: the last addresses kept");
+                        self.events.push(Event::daemon(
+                            format!("dns {} ({service})", spec.name),
+                            format!("{why}; {} addresses kept", state.backends.len()),
+                        ));
+                    }
+                    (Some(_), None) => {
+                        info!(%service, name = %spec.name, "DNS answers again");
+                        self.events.push(Event::daemon(
+                            format!("dns {} ({service})", spec.name),
+                            "answers again".to_owned(),
+                        ));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if changed.is_empty() {
+            return;
+        }
+        let _writing = crate::lock(&self.config.writing);
+        let (_, text) = self.config.running();
+        let applied = self
+            .effective(&text)
+            .map_err(invalid)
+            .and_then(|new| self.apply_config(new, "dns"));
+        match applied {
+            Ok(_) => {
+                info!(changes = %changed.join("; "), "DNS answers applied");
+                self.events
+                    .push(Event::daemon("dns".to_owned(), changed.join("; ")));
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "DNS answers could not be applied; the running state is kept");
+                self.events
+                    .push(Event::daemon("dns rejected".to_owned(), e.to_string()));
+            }
+        }
+        for state in crate::lock(&self.config.dns).values() {
+            for (address, why) in &state.rejected {
+                tracing::warn!(name = %state.spec.name, %address, why, "DNS address left out");
+            }
+        }
     }
 
     /// Whether `new` can be applied to the running daemon: what only a restart can change,

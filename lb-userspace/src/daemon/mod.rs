@@ -7,6 +7,8 @@
 mod announce;
 mod config;
 mod control;
+mod discovery;
+mod dns;
 mod notify;
 mod passive;
 mod running;
@@ -138,6 +140,10 @@ pub async fn run(
         Some(warning) => warn!(fd_limit, "{warning}"),
         None => info!(fd_limit, "open-file limit"),
     }
+    // Names resolved before anything is loaded: the first datapath has their backends.
+    let mut dns = discovery::initial(&config).await;
+    let config = config::effective(&snapshot.text, &mut dns)
+        .map_err(|e| anyhow::anyhow!("the configuration with its DNS backends: {e}"))?;
     let pin_dir = pin.then(|| config.lb.pin_path.clone());
     let _lock = match &pin_dir {
         Some(dir) => Some(lock_pin(dir)?),
@@ -192,7 +198,7 @@ pub async fn run(
     let (trace_maps, trace_log) = dataplane.take_trace(trace_hub.sink())?;
     trace_hub.set_maps(trace_maps);
     let shared = Arc::new(Shared::new(
-        running::ConfigState::new(store, snapshot),
+        running::ConfigState::new(store, snapshot, dns),
         pin_dir.as_deref().map(state::ids_file),
         pin_dir.as_deref().map(announce::host_file),
         Shared::inner(config, dataplane, balancer, checker, host),
@@ -237,6 +243,14 @@ pub async fn run(
     let tracer = tokio::spawn(
         crate::trace::read(trace_hub, trace_log, tasks_stop.clone())
             .instrument(info_span!("trace")),
+    );
+    let resolver = tokio::spawn(
+        discovery::run(
+            shared.clone(),
+            shared.config.dns_wake.clone(),
+            tasks_stop.clone(),
+        )
+        .instrument(info_span!("dns")),
     );
     let neighbours = tokio::spawn(
         keep_neighbours(shared.clone(), tasks_stop.clone()).instrument(info_span!("neighbours")),
@@ -287,6 +301,9 @@ pub async fn run(
     }
     if let Err(e) = neighbours.await {
         error!(error = %e, "neighbour task");
+    }
+    if let Err(e) = resolver.await {
+        error!(error = %e, "DNS task");
     }
     if let Err(e) = tracer.await {
         error!(error = %e, "trace reader task");

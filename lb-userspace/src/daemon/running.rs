@@ -3,8 +3,9 @@
 //! the status shows.
 
 use std::{
+    collections::BTreeMap,
     sync::{
-        Mutex,
+        Arc, Mutex,
         atomic::{AtomicU64, Ordering},
     },
     time::{SystemTime, UNIX_EPOCH},
@@ -23,6 +24,10 @@ pub struct ConfigState {
     /// The version running, and the last change made through the API.
     applied: Mutex<Applied>,
     pub(super) writes: Writes,
+    /// Each DNS-discovered service's name and answer, by service name.
+    pub(super) dns: Mutex<BTreeMap<String, super::dns::DnsState>>,
+    /// Wakes the resolver when the names may have changed (a reload, a change).
+    pub(super) dns_wake: Arc<tokio::sync::Notify>,
 }
 
 struct Applied {
@@ -49,9 +54,15 @@ pub(super) fn now() -> f64 {
 }
 
 impl ConfigState {
-    /// The file `store`, running at `snapshot`.
-    pub fn new(store: FileStore, snapshot: Snapshot) -> Self {
+    /// The file `store`, running at `snapshot`, its DNS names resolved as `dns`.
+    pub fn new(
+        store: FileStore,
+        snapshot: Snapshot,
+        dns: BTreeMap<String, super::dns::DnsState>,
+    ) -> Self {
         Self {
+            dns: Mutex::new(dns),
+            dns_wake: Arc::default(),
             store,
             writing: Mutex::default(),
             applied: Mutex::new(Applied {

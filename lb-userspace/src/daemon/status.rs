@@ -11,7 +11,8 @@ use crate::{
     dataplane::TrafficCounters,
     health::passive::Signal,
     model::{
-        AnnounceStatus, BackendStatus, NamedCounter, ServiceState, ServiceStatus, Status, VipStatus,
+        AnnounceStatus, BackendStatus, DiscoveryStatus, NamedCounter, ServiceState, ServiceStatus,
+        Status, VipStatus,
     },
 };
 
@@ -29,10 +30,48 @@ impl Shared {
         status.events_total = self.events.total();
         status.resources = self.resources.status();
         status.config = Some(self.config.status());
+        self.discovery_status(&mut status);
         if let Some(name) = only {
             status.services.retain(|s| s.name == name);
         }
         Ok(status)
+    }
+}
+
+impl Shared {
+    /// Each DNS-discovered service's name and answer, and which backends came from it.
+    fn discovery_status(&self, status: &mut Status) {
+        let dns = crate::lock(&self.config.dns);
+        for service in &mut status.services {
+            let Some(d) = dns.get(&service.name) else {
+                continue;
+            };
+            for b in &mut service.backends {
+                b.discovered = d
+                    .backends
+                    .iter()
+                    .any(|x| x.address.to_string() == b.address);
+            }
+            service.discovery = Some(DiscoveryStatus {
+                name: d.spec.name.clone(),
+                record: d.spec.record.as_str().to_owned(),
+                resolvers: d.spec.resolvers.iter().map(ToString::to_string).collect(),
+                addresses: d.backends.iter().map(|b| b.address.to_string()).collect(),
+                resolved_at: d.resolved_at,
+                attempted_at: d.attempted_at,
+                ttl_s: d.ttl.map(|t| t.as_secs_f64()),
+                stale: d.stale(),
+                error: d.error.clone(),
+                rejected: d
+                    .rejected
+                    .iter()
+                    .map(|(a, why)| format!("{a}: {why}"))
+                    .collect(),
+                resolutions_ok: d.counts.ok,
+                resolutions_empty: d.counts.empty,
+                resolutions_failed: d.counts.failed,
+            });
+        }
     }
 }
 
@@ -112,6 +151,7 @@ fn build(inner: &Inner) -> anyhow::Result<Status> {
                         counters: super::state::counters(view.counters),
                         last_probe_latency_ms: view.last_latency.map(|d| d.as_secs_f64() * 1e3),
                         last_failure: view.last_failure.clone(),
+                        discovered: false,
                         packets: t.packets,
                         bytes: t.bytes,
                         new_flows: t.new_flows,
@@ -149,6 +189,7 @@ fn build(inner: &Inner) -> anyhow::Result<Status> {
                     .filter(|a| a.mode == AnnounceMode::Healthy)
                     .map(|a| a.min_available),
                 vip_announced: inner.announcer.as_ref().map(|a| a.is_announced(s.vip.ip())),
+                discovery: None,
                 backends,
             }
         })

@@ -317,3 +317,39 @@ fn a_comment_after_the_last_entry_stays_on_its_line() {
          backends = [\n  { address = \"10.0.2.1:80\" },  # one\n]\n"
     );
 }
+
+#[test]
+fn backends_from_dns_are_written_after_the_files_own() {
+    let backend = |a: &str, weight| crate::config::Backend {
+        address: a.parse().unwrap(),
+        weight,
+    };
+    let found = [
+        (
+            "web".to_owned(),
+            // One the file has already (left out), one new.
+            vec![backend("10.0.2.10:8080", 1), backend("10.0.2.12:8080", 2)],
+        ),
+        ("gone".to_owned(), vec![backend("10.0.9.9:80", 1)]),
+        ("dns".to_owned(), vec![backend("10.0.2.11:53", 1)]),
+    ];
+    let (text, appended) = with_discovered(FILE, &found).unwrap();
+    assert_only(
+        &text,
+        &[
+            (
+                "    { address = \"10.0.2.11:8080\", weight = 2 },\n",
+                "    { address = \"10.0.2.11:8080\", weight = 2 },\n    { address = \"10.0.2.12:8080\", weight = 2 },\n",
+            ),
+            (
+                "backends = [{ address = \"10.0.2.10:53\" }]",
+                "backends = [{ address = \"10.0.2.10:53\" }, { address = \"10.0.2.11:53\", weight = 1 }]",
+            ),
+        ],
+    );
+    let at: Vec<_> = appended
+        .iter()
+        .map(|a| (a.service.as_str(), a.at))
+        .collect();
+    assert_eq!(at, [("web", (0, 2)), ("dns", (1, 1))]);
+}
