@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::Parser as _;
 use lb::{
-    cli::{self, Cli, Command},
+    cli::{self, Cli, Command, SourceArgs},
     client, config, daemon, exit, manual,
 };
 use tracing_subscriber::EnvFilter;
@@ -59,6 +59,52 @@ fn main() -> ExitCode {
         Command::Run {
             config: file,
             no_pin,
+            source:
+                SourceArgs {
+                    config_source: Some(url),
+                    etcd_ca,
+                    etcd_cert,
+                    etcd_key,
+                    etcd_user,
+                },
+        } => {
+            let tls = etcd_ca.map(|ca| lb::source::EtcdTls {
+                ca,
+                identity: etcd_cert.zip(etcd_key),
+            });
+            let user =
+                etcd_user.map(|u| (u, std::env::var("LB_ETCD_PASSWORD").unwrap_or_default()));
+            let source = match lb::source::EtcdSource::parse(&url, tls, user) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("lb: --config-source: {e:#}");
+                    return ExitCode::from(exit::USAGE as u8);
+                }
+            };
+            let rt = match runtime() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("lb: {e:#}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let opened = rt.block_on(lb::source::open_etcd(source, &file, rt.handle().clone()));
+            let (store, snapshot, config) = match opened {
+                Ok(o) => o,
+                Err(lb::source::OpenError::Config(errors)) => {
+                    return config_failure(&file, &errors);
+                }
+                Err(lb::source::OpenError::Other(e)) => {
+                    eprintln!("lb: {e:#}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            rt.block_on(daemon::run(store, snapshot, config, !no_pin))
+        }
+        Command::Run {
+            config: file,
+            no_pin,
+            source: _,
         } => {
             let store = lb::source::FileStore::new(&file);
             let read = store
@@ -68,7 +114,14 @@ fn main() -> ExitCode {
                 Ok(read) => read,
                 Err(errors) => return config_failure(&file, &errors),
             };
-            runtime().and_then(|rt| rt.block_on(daemon::run(store, snapshot, config, !no_pin)))
+            runtime().and_then(|rt| {
+                rt.block_on(daemon::run(
+                    lb::source::Store::File(store),
+                    snapshot,
+                    config,
+                    !no_pin,
+                ))
+            })
         }
         Command::Status { service, api } => block_on(cli::status(api, service)),
         Command::Events { follow, after, api } => block_on(cli::events(api, follow, after)),

@@ -34,10 +34,21 @@ pub struct Status {
 /// The configuration: where it is kept, the version running, changes through the API.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ConfigStatus {
-    /// "file".
+    /// "file" or "etcd".
     pub source: String,
-    /// The file.
+    /// The file, or `etcd://HOST:PORT,.../KEY`.
     pub path: String,
+    /// Why the store cannot be reached now (etcd down: lb runs on the version it has).
+    #[serde(default)]
+    pub error: Option<String>,
+    /// The last version found in the store and refused (invalid: every host refuses it), and
+    /// why; how many were refused so far.
+    #[serde(default)]
+    pub refused_version: Option<String>,
+    #[serde(default)]
+    pub refused_reason: Option<String>,
+    #[serde(default)]
+    pub refused_total: u64,
     /// The version running (a digest of the file as applied).
     pub version: String,
     /// Unix time that version was applied (started, reloaded or changed).
@@ -45,6 +56,40 @@ pub struct ConfigStatus {
     /// The last change made through the API (None: none since lb started).
     pub last_change: Option<LastChange>,
     pub writes: ConfigWrites,
+}
+
+impl ConfigStatus {
+    /// One line: "etcd://10.1.0.1:2379/lb/config, revision 42 (applied 2026-...)", with the
+    /// store's error and the last refused version when there are.
+    pub fn describe(&self, time: impl Fn(f64) -> String) -> String {
+        let version = if self.source == "etcd" {
+            "revision"
+        } else {
+            "version"
+        };
+        let mut words = format!(
+            "{}, {version} {} (applied {})",
+            self.path,
+            self.version,
+            time(self.applied_at)
+        );
+        if let Some(e) = &self.error {
+            words += &format!(
+                "; {} out of reach, running on what it has: {e}",
+                self.source
+            );
+        }
+        if let (Some(v), Some(why)) = (&self.refused_version, &self.refused_reason) {
+            words += &format!("; {version} {v} refused: {why}");
+        }
+        match &self.last_change {
+            Some(l) => {
+                words += &format!("; last change {} by {}: {}", time(l.time), l.who, l.summary)
+            }
+            None => words += "; no change through the API since lb started",
+        }
+        words
+    }
 }
 
 /// A change made through the API.
@@ -85,6 +130,9 @@ pub struct ChangeReply {
     /// Where its time went, in the daemon.
     #[serde(default)]
     pub timing: ChangeTiming,
+    /// Where it was written: the config file, or `etcd://.../KEY`.
+    #[serde(default)]
+    pub written_to: String,
 }
 
 /// The daemon's time on a change, milliseconds: editing and validating it as check-config

@@ -55,6 +55,8 @@ pub struct Launch<'a> {
     pub env: &'a [(&'a str, &'a str)],
     /// Another lb binary than [`lb_bin`] (e.g. the packaged one).
     pub binary: Option<&'a Path>,
+    /// Extra arguments of `lb run` (e.g. `--config-source ...`).
+    pub args: &'a [&'a str],
 }
 
 impl TempDir {
@@ -141,7 +143,7 @@ impl Daemon {
         if !how.pinned {
             cmd.arg("--no-pin");
         }
-        cmd.arg("--config").arg(&config_path);
+        cmd.arg("--config").arg(&config_path).args(how.args);
         cmd.envs(how.env.iter().copied());
         Self::launch(ns, cmd, dir, config_path)
     }

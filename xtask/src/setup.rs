@@ -13,6 +13,10 @@ use anyhow::{Context as _, anyhow, bail};
 
 use crate::{output, run, step};
 
+/// Debian packages (command they provide) the build needs: etcd-client's gRPC code is
+/// generated from etcd's protocol files at build time.
+const BUILD_PACKAGES: &[(&str, &str)] = &[("protobuf-compiler", "protoc")];
+
 /// Debian packages (command they provide): the netns test kit and the demo.
 const PACKAGES: &[(&str, &str)] = &[
     ("iproute2", "ip"),
@@ -31,10 +35,13 @@ const PACKAGES: &[(&str, &str)] = &[
     // The routing daemon of the route health injection tests: each test runs its own BIRD
     // instances inside its namespaces, never the package's service (see ensure_packages).
     ("bird2", "bird"),
+    // The shared configuration store of the several-hosts tests: each test runs its own etcd
+    // inside its namespaces, never the package's service.
+    ("etcd-server", "etcd"),
 ];
 
 /// Services of those packages that must not run on the host (the tests start their own).
-const SERVICES: &[&str] = &["bird", "prometheus"];
+const SERVICES: &[&str] = &["bird", "prometheus", "etcd"];
 
 const POLICY_RC_D: &str = "/usr/sbin/policy-rc.d";
 
@@ -84,8 +91,9 @@ pub fn ensure(root: &Path, need: Need) -> anyhow::Result<()> {
     let pins = read_pins(root)?;
     ensure_nightly(&pins.toolchain)?;
     ensure_bpf_linker(root, &pins)?;
+    ensure_packages(BUILD_PACKAGES)?;
     if need == Need::Everything {
-        ensure_packages()?;
+        ensure_packages(PACKAGES)?;
     }
     Ok(())
 }
@@ -201,8 +209,8 @@ fn ensure_bpf_linker(root: &Path, pins: &Pins) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn ensure_packages() -> anyhow::Result<()> {
-    let missing: Vec<&str> = PACKAGES
+fn ensure_packages(packages: &[(&str, &str)]) -> anyhow::Result<()> {
+    let missing: Vec<&str> = packages
         .iter()
         .filter(|(pkg, _)| {
             !Command::new("dpkg-query")
@@ -215,7 +223,7 @@ fn ensure_packages() -> anyhow::Result<()> {
     if missing.is_empty() {
         eprintln!(
             "ok: packages {}",
-            PACKAGES
+            packages
                 .iter()
                 .map(|(p, _)| *p)
                 .collect::<Vec<_>>()

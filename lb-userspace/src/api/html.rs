@@ -225,28 +225,9 @@ fn history(status: &Status, events: &[Event]) -> (String, String) {
     (timelines, last)
 }
 
-/// The configuration line's words: "/etc/lb/lb.toml, version 2f98e37b6d71cb58 (applied
-/// 2026-12-04 17:31:24 UTC); last change 2026-12-04 17:31:28 UTC by cli: + web: backend ...".
+/// The configuration line's words (see [`crate::model::ConfigStatus::describe`]).
 fn config_words(c: &crate::model::ConfigStatus) -> String {
-    let mut words = format!(
-        "{}, version {} (applied {})",
-        c.path,
-        c.version,
-        utc(c.applied_at)
-    );
-    match &c.last_change {
-        Some(l) => {
-            let _ = write!(
-                words,
-                "; last change {} by {}: {}",
-                utc(l.time),
-                l.who,
-                l.summary
-            );
-        }
-        None => words.push_str("; no change through the API since lb started"),
-    }
-    words
+    c.describe(utc)
 }
 
 /// The host line's words: "announcing — 1 of 2 VIPs announced (table 200)".
@@ -569,9 +550,13 @@ pub const SCRIPT: &str = r#"(() => {
     const conf = document.getElementById('config');
     if (conf && st.config) {
       const c = st.config;
-      const last = c.last_change ? '; last change ' + utc(c.last_change.time) + ' by ' + c.last_change.who +
+      const version = c.source === 'etcd' ? 'revision' : 'version';
+      let words = c.path + ', ' + version + ' ' + c.version + ' (applied ' + utc(c.applied_at) + ')';
+      if (c.error) words += '; ' + c.source + ' out of reach, running on what it has: ' + c.error;
+      if (c.refused_version && c.refused_reason) words += '; ' + version + ' ' + c.refused_version + ' refused: ' + c.refused_reason;
+      words += c.last_change ? '; last change ' + utc(c.last_change.time) + ' by ' + c.last_change.who +
         ': ' + c.last_change.summary : '; no change through the API since lb started';
-      set(conf, 'config', c.path + ', version ' + c.version + ' (applied ' + utc(c.applied_at) + ')' + last);
+      set(conf, 'config', words);
     }
     const host = document.getElementById('host');
     if (host && st.announce) {

@@ -649,6 +649,7 @@ mod tests {
                 version: crate::source::Version::of(new.as_bytes()).0,
                 diff: crate::config::Diff::between(&old_config, &new_config),
                 timing: Default::default(),
+                written_to: "/etc/lb/lb.toml".to_owned(),
             };
             if !req.dry_run {
                 *text = new;

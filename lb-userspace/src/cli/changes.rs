@@ -417,8 +417,8 @@ async fn change(
         );
     } else if reply.applied {
         println!(
-            "applied: version {} (was {}), written to the config file",
-            reply.version, reply.previous_version
+            "applied: version {} (was {}), written to {}",
+            reply.version, reply.previous_version, reply.written_to
         );
     } else {
         println!("no change (version {})", reply.version);

@@ -52,6 +52,8 @@ pub enum Command {
         /// Do not pin the datapath: it is removed when the daemon exits.
         #[arg(long)]
         no_pin: bool,
+        #[command(flatten)]
+        source: SourceArgs,
     },
     /// Validate a config file; prints every problem with its path and exits 64 if there are any.
     CheckConfig {
@@ -156,6 +158,28 @@ pub enum Command {
         #[arg(long)]
         out_dir: Option<PathBuf>,
     },
+}
+
+/// Where `lb run` finds its services: the config file (the default), or etcd.
+#[derive(Debug, Clone, Args)]
+pub struct SourceArgs {
+    /// The services from etcd, shared by several hosts: etcd://HOST:PORT[,HOST:PORT...]/PREFIX
+    /// (the TOML document of the services is the key PREFIX/config; --config then holds this
+    /// host's [lb] only). Every host applies each new revision; changes through the API are
+    /// written there.
+    #[arg(long, value_name = "URL")]
+    pub config_source: Option<String>,
+    /// etcd over TLS: the CA (PEM) that signed its servers' certificates.
+    #[arg(long, value_name = "FILE", requires = "config_source")]
+    pub etcd_ca: Option<PathBuf>,
+    /// The client certificate and key (PEM) for etcd servers that ask for one.
+    #[arg(long, value_name = "FILE", requires_all = ["etcd_ca", "etcd_key"])]
+    pub etcd_cert: Option<PathBuf>,
+    #[arg(long, value_name = "FILE", requires = "etcd_cert")]
+    pub etcd_key: Option<PathBuf>,
+    /// etcd's user (the password from LB_ETCD_PASSWORD).
+    #[arg(long, value_name = "NAME", requires = "config_source")]
+    pub etcd_user: Option<String>,
 }
 
 /// `lb decap`'s arguments: a set-up (`--interface ...`), `--stop` or `--stats`.
@@ -341,6 +365,12 @@ pub async fn status(api: ApiArgs, service: Option<String>) -> anyhow::Result<()>
     if api.json {
         println!("{body}");
         return Ok(());
+    }
+    if let Some(c) = &status.config {
+        println!(
+            "config: {}",
+            c.describe(|t| format!("{:.0} s ago", status.time - t))
+        );
     }
     if let Some(a) = &status.announce {
         let announced = a.vips.iter().filter(|v| v.announced).count();

@@ -121,7 +121,7 @@ impl Shared {
             };
             tracing::error!(
                 via,
-                config = %self.config.path().display(),
+                config = %self.config.place(),
                 problems = %problems.join("; "),
                 "reload rejected; the running state is unchanged"
             );
@@ -141,6 +141,7 @@ impl Shared {
         let snapshot = self.config.store.read().map_err(invalid)?;
         let new = self.effective(&snapshot.text).map_err(invalid)?;
         let applied = self.apply_config(new, "reload")?;
+        self.config.store.remember(&snapshot);
         self.config.set_applied(snapshot, None);
         // Names may have come, gone or changed.
         self.config.dns_wake.notify_one();
@@ -190,7 +191,7 @@ impl Shared {
                  now {}), by hand or by another program: lb does not overwrite it. Apply it \
                  with `lb reload` (which shows what is wrong with it, if anything), then make \
                  the change again",
-                self.config.path().display(),
+                self.config.place(),
                 snapshot.version
             )));
         }
@@ -214,6 +215,7 @@ impl Shared {
             version: version.0,
             diff: diff.clone(),
             timing,
+            written_to: self.config.place(),
         };
         self.check_applicable(&new)?;
         timing.validate_ms = ms(started);
@@ -255,13 +257,12 @@ impl Shared {
             version: written.0.clone(),
             summary: diff.summary(),
         };
-        self.config.set_applied(
-            Snapshot {
-                text,
-                version: written.clone(),
-            },
-            Some(change),
-        );
+        let snapshot = Snapshot {
+            text,
+            version: written.clone(),
+        };
+        self.config.store.remember(&snapshot);
+        self.config.set_applied(snapshot, Some(change));
         info!(who = %req.who, version = %written, changes = %diff.summary(), "configuration changed");
         self.events.push(Event::daemon(
             format!("configuration changed ({}): version {written}", req.who),
@@ -270,9 +271,11 @@ impl Shared {
         Ok(reply(true, written, timing))
     }
 
-    /// [`effective`] with the DNS answers in use.
-    fn effective(&self, text: &str) -> Result<Config, ConfigErrors> {
-        effective(text, &mut crate::lock(&self.config.dns))
+    /// The whole configuration `document` makes (with the local `[lb]` when the services are
+    /// etcd's), [`effective`] with the DNS answers in use.
+    fn effective(&self, document: &str) -> Result<Config, ConfigErrors> {
+        let text = self.config.store.compose(document)?;
+        effective(&text, &mut crate::lock(&self.config.dns))
     }
 
     /// The services whose names are due for resolution at `now` (name, spec, IPv6 VIP), and
@@ -379,6 +382,71 @@ impl Shared {
                 tracing::warn!(name = %state.spec.name, %address, why, "DNS address left out");
             }
         }
+    }
+
+    /// A revision the etcd watch saw: applied, unless it is the one running (this host's own
+    /// write) or an older one; refused when invalid (every host refuses it alike), the running
+    /// configuration kept, an event and the status saying which revision and why.
+    pub(super) fn apply_revision(&self, snapshot: Snapshot) {
+        let _writing = crate::lock(&self.config.writing);
+        let running = self.config.version();
+        let number = |v: &Version| v.0.parse::<i64>().unwrap_or(0);
+        let refused_before = crate::lock(&self.config.refused)
+            .as_ref()
+            .is_some_and(|(v, _)| *v == snapshot.version.0);
+        if number(&snapshot.version) <= number(&running) || refused_before {
+            return;
+        }
+        let source = format!("etcd revision {}", snapshot.version);
+        let result = unless_panic("applying an etcd revision", || {
+            let new = self.effective(&snapshot.text).map_err(invalid)?;
+            self.apply_config(new, &source)
+        });
+        match result {
+            Ok(_) => {
+                info!(revision = %snapshot.version, "etcd revision applied");
+                self.config.store.remember(&snapshot);
+                self.config.set_applied(snapshot, None);
+                self.config.dns_wake.notify_one();
+            }
+            Err(e) => {
+                let why = match &e {
+                    RequestError::Invalid(problems) => problems.join("; "),
+                    other => other.to_string(),
+                };
+                tracing::error!(revision = %snapshot.version, %why, "etcd revision refused; the running configuration is kept");
+                self.events
+                    .push(Event::daemon(format!("{source} refused"), why.clone()));
+                *crate::lock(&self.config.refused) = Some((snapshot.version.0, why));
+                self.config.refused_total.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// etcd answers (again).
+    pub(super) fn etcd_reachable(&self) {
+        if crate::lock(&self.config.store_error).take().is_some() {
+            info!("etcd reachable again");
+            self.events.push(Event::daemon(
+                "etcd".to_owned(),
+                "reachable again".to_owned(),
+            ));
+        }
+    }
+
+    /// etcd cannot be reached: what runs stays.
+    pub(super) fn etcd_unreachable(&self, why: String) {
+        let mut error = crate::lock(&self.config.store_error);
+        if error.is_none() {
+            self.events.push(Event::daemon(
+                "etcd".to_owned(),
+                format!(
+                    "unreachable ({why}); running on revision {}",
+                    self.config.version()
+                ),
+            ));
+        }
+        *error = Some(why);
     }
 
     /// Whether `new` can be applied to the running daemon: what only a restart can change,

@@ -16,7 +16,7 @@ impl api::Control for Shared {
         &self,
     ) -> Result<(crate::source::Version, String, std::sync::Arc<str>), RequestError> {
         let (version, text) = self.config.running();
-        Ok((version, self.config.path().display().to_string(), text))
+        Ok((version, self.config.place(), text))
     }
 
     fn change(&self, req: api::ChangeRequest) -> Result<crate::model::ChangeReply, RequestError> {

@@ -9,6 +9,7 @@ mod config;
 mod control;
 mod discovery;
 mod dns;
+mod etcd_watch;
 mod notify;
 mod passive;
 mod running;
@@ -129,7 +130,7 @@ fn load(
 /// `lb run`: until SIGINT/SIGTERM (the datapath stays, pinned, for the next `lb run`) or
 /// `lb stop` (everything removed). `pin = false` (`--no-pin`): nothing outlives the daemon.
 pub async fn run(
-    store: crate::source::FileStore,
+    store: crate::source::Store,
     snapshot: crate::source::Snapshot,
     config: Config,
     pin: bool,
@@ -142,8 +143,15 @@ pub async fn run(
     }
     // Names resolved before anything is loaded: the first datapath has their backends.
     let mut dns = discovery::initial(&config).await;
-    let config = config::effective(&snapshot.text, &mut dns)
+    let config = store
+        .compose(&snapshot.text)
+        .and_then(|text| config::effective(&text, &mut dns))
         .map_err(|e| anyhow::anyhow!("the configuration with its DNS backends: {e}"))?;
+    store.remember(&snapshot);
+    let etcd = match &store {
+        crate::source::Store::Etcd(e) => Some(e.source.clone()),
+        crate::source::Store::File(_) => None,
+    };
     let pin_dir = pin.then(|| config.lb.pin_path.clone());
     let _lock = match &pin_dir {
         Some(dir) => Some(lock_pin(dir)?),
@@ -168,7 +176,7 @@ pub async fn run(
         info!(%iface, "detached from an interface the config no longer names");
     }
     info!(
-        config = %store.path().display(),
+        config = %store.describe().1,
         version = %snapshot.version,
         services = config.services.len(),
         interfaces = ?config.lb.interfaces,
@@ -252,6 +260,12 @@ pub async fn run(
         )
         .instrument(info_span!("dns")),
     );
+    let watcher = etcd.map(|source| {
+        tokio::spawn(
+            etcd_watch::run(shared.clone(), source, tasks_stop.clone())
+                .instrument(info_span!("etcd")),
+        )
+    });
     let neighbours = tokio::spawn(
         keep_neighbours(shared.clone(), tasks_stop.clone()).instrument(info_span!("neighbours")),
     );
@@ -304,6 +318,12 @@ pub async fn run(
     }
     if let Err(e) = resolver.await {
         error!(error = %e, "DNS task");
+    }
+    if let Some(Err(e)) = match watcher {
+        Some(w) => Some(w.await),
+        None => None,
+    } {
+        error!(error = %e, "etcd task");
     }
     if let Err(e) = tracer.await {
         error!(error = %e, "trace reader task");

@@ -13,12 +13,12 @@ use std::{
 
 use crate::{
     model::{ConfigStatus, ConfigWrites, LastChange},
-    source::{FileStore, Snapshot, Version},
+    source::{Snapshot, Store, Version},
 };
 
 /// Where the configuration lives and what of it runs.
 pub struct ConfigState {
-    pub(super) store: FileStore,
+    pub(super) store: Store,
     /// Held by a reload or a change from reading the file to applying it.
     pub(super) writing: Mutex<()>,
     /// The version running, and the last change made through the API.
@@ -28,6 +28,11 @@ pub struct ConfigState {
     pub(super) dns: Mutex<BTreeMap<String, super::dns::DnsState>>,
     /// Wakes the resolver when the names may have changed (a reload, a change).
     pub(super) dns_wake: Arc<tokio::sync::Notify>,
+    /// Why the store cannot be reached now (etcd down), if it cannot.
+    pub(super) store_error: Mutex<Option<String>>,
+    /// The last revision refused (a bad document in etcd: every host refuses it), and why.
+    pub(super) refused: Mutex<Option<(String, String)>>,
+    pub(super) refused_total: AtomicU64,
 }
 
 struct Applied {
@@ -56,12 +61,15 @@ pub(super) fn now() -> f64 {
 impl ConfigState {
     /// The file `store`, running at `snapshot`, its DNS names resolved as `dns`.
     pub fn new(
-        store: FileStore,
+        store: Store,
         snapshot: Snapshot,
         dns: BTreeMap<String, super::dns::DnsState>,
     ) -> Self {
         Self {
             dns: Mutex::new(dns),
+            store_error: Mutex::default(),
+            refused: Mutex::default(),
+            refused_total: AtomicU64::new(0),
             dns_wake: Arc::default(),
             store,
             writing: Mutex::default(),
@@ -75,8 +83,9 @@ impl ConfigState {
         }
     }
 
-    pub fn path(&self) -> &std::path::Path {
-        self.store.path()
+    /// Where the configuration is: the file, or `etcd://.../KEY`.
+    pub fn place(&self) -> String {
+        self.store.describe().1
     }
 
     /// The running version.
@@ -102,9 +111,15 @@ impl ConfigState {
 
     pub fn status(&self) -> ConfigStatus {
         let applied = crate::lock(&self.applied);
+        let (source, path) = self.store.describe();
+        let refused = crate::lock(&self.refused).clone();
         ConfigStatus {
-            source: "file".to_owned(),
-            path: self.store.path().display().to_string(),
+            source: source.to_owned(),
+            path,
+            error: crate::lock(&self.store_error).clone(),
+            refused_version: refused.as_ref().map(|r| r.0.clone()),
+            refused_reason: refused.map(|r| r.1),
+            refused_total: self.refused_total.load(Ordering::Relaxed),
             version: applied.version.0.clone(),
             applied_at: applied.since,
             last_change: applied.last_change.clone(),
