@@ -135,6 +135,17 @@ impl Daemon {
         let dir = TempDir::new()?;
         let config_path = dir.0.join("lb.toml");
         std::fs::write(&config_path, config)?;
+        Self::start_with_path(ns, dir, config_path, how)
+    }
+
+    /// [`Daemon::start_with`] on the config file at `path` as it is (and what lies beside it:
+    /// a backup, etcd's cache), the log in `dir`.
+    pub fn start_with_path(
+        ns: &Netns,
+        dir: TempDir,
+        config_path: PathBuf,
+        how: &Launch<'_>,
+    ) -> anyhow::Result<Self> {
         let mut cmd = std::process::Command::new("nsenter");
         cmd.arg(format!("--net=/run/netns/{}", ns.name()))
             .args(how.wrapper)

@@ -13,7 +13,7 @@ use std::{
 
 use lb_tests::{
     cluster::Cluster,
-    daemon::{Daemon, Launch, PinGuard},
+    daemon::{Daemon, Launch, PinGuard, TempDir},
     etcd::Etcd,
     live,
     packet::{Packet, TCP_SYN},
@@ -109,7 +109,7 @@ fn every_host_applies_every_revision_and_agrees() {
     let mut etcd = Etcd::start(&c.router, etcd_addr()).unwrap();
     let source = format!("etcd://{}/lb/test", etcd_addr());
     let pins: Vec<PinGuard> = (0..3).map(|_| PinGuard::unique()).collect();
-    let daemons: Vec<Daemon> = (0..3)
+    let mut daemons: Vec<Daemon> = (0..3)
         .map(|i| {
             let local = c
                 .lb_config(i, "1s", "")
@@ -261,4 +261,32 @@ fn every_host_applies_every_revision_and_agrees() {
     for d in &daemons {
         assert!(d.status().unwrap().config.unwrap().error.is_none());
     }
+
+    // A host restarted while etcd is away starts with the last revision it applied (kept
+    // beside its local file) and adopts its pinned datapath.
+    etcd.stop();
+    daemons[2].stop(libc::SIGTERM);
+    let again = Daemon::start_with_path(
+        &c.hosts[2].ns,
+        TempDir::new().unwrap(),
+        daemons[2].config.clone(),
+        &Launch {
+            pinned: true,
+            args: &["--config-source", &source],
+            ..Launch::default()
+        },
+    );
+    let again = match again {
+        Ok(d) => d,
+        Err(e) => panic!("{e:#}"),
+    };
+    assert_eq!(
+        again.status().unwrap().config.unwrap().version,
+        rev.to_string()
+    );
+    assert!(
+        again
+            .log_text()
+            .contains("starting with the last revision applied here")
+    );
 }

@@ -134,9 +134,7 @@ impl Store {
         if let Store::Etcd(e) = self
             && let Err(err) = e.write_cache(snapshot)
         {
-            {
-                tracing::warn!(cache = %e.cache.display(), error = %format!("{err:#}"), "keeping the etcd revision on disk failed: a restart while etcd is down could not start with it");
-            }
+            tracing::warn!(cache = %e.cache.display(), error = %format!("{err:#}"), "keeping the etcd revision on disk failed: a restart while etcd is down could not start with it");
         }
     }
 
