@@ -1,6 +1,7 @@
 //! `cargo xtask demo --cluster`: three lb hosts behind an ECMP router in namespaces (the test
 //! bed of `lb_tests::cluster`): the router's multipath route to the VIP, traffic spread over the
-//! hosts and the backends, one host dying while streams run (they go on through the others),
+//! hosts and the backends, one configuration for all hosts in etcd (a change through one host's
+//! API reaching every host), one host dying while streams run (they go on through the others),
 //! and a service losing all its backends (its VIP withdrawn from the router). Every figure is
 //! measured in the run; everything is removed at the end, on error and on Ctrl-C.
 
@@ -12,7 +13,8 @@ use std::{
 use anyhow::Context as _;
 use lb_tests::{
     cluster::Cluster,
-    daemon::Daemon,
+    daemon::{Daemon, Launch},
+    etcd::Etcd,
     servers,
     traffic::{paced_streams, wait_progress},
 };
@@ -24,6 +26,9 @@ const VIP: Ipv4Addr = Ipv4Addr::new(10, 100, 0, 1);
 /// A second service on its own VIP whose backends the demo takes away.
 const VIP2: Ipv4Addr = Ipv4Addr::new(10, 100, 0, 3);
 const STREAMS: usize = 30;
+/// etcd, in the router's namespace, and the key of the services' document.
+const ETCD: &str = "10.1.0.1:2379";
+const KEY: &str = "/lb/demo/config";
 const CONNECTIONS: usize = 600;
 
 pub fn run(unattended: bool) -> anyhow::Result<()> {
@@ -45,15 +50,31 @@ pub fn run(unattended: bool) -> anyhow::Result<()> {
         "[[service]]\nname = \"web\"\nvip = \"{VIP}:{PORT}\"\nforwarding = \"gue\"\nbackends = [{backends}]\n{check}\n\
          [[service]]\nname = \"api\"\nvip = \"{VIP2}:{PORT}\"\nbackends = [{backends}]\n{check}"
     );
-    say("2. lb run on each host, with this config (host 0's; the others differ in interfaces):");
-    print_indented(&c.lb_config(0, "1s", &services));
+    say(&format!(
+        "2. one configuration for the three hosts: the services in etcd (Debian's etcd-server, \
+         in the router's namespace at {ETCD}), key {KEY}:"
+    ));
+    let etcd = Etcd::start(&c.router, ETCD.parse()?)?;
+    let first = etcd.put(KEY, &services)?;
+    print_indented(&services);
+    let source = format!("etcd://{ETCD}/lb/demo");
+    say(&format!(
+        "   and on each host `lb run --config-source {source}` with a local file of its own [lb] \
+         (host 0's; the others differ in interfaces):"
+    ));
+    print_indented(&c.lb_config(0, "1s", ""));
     let mut lbs: Vec<Option<Daemon>> = Vec::new();
     for i in 0..3 {
-        lbs.push(Some(Daemon::start(
+        lbs.push(Some(Daemon::start_with(
             &c.hosts[i].ns,
-            &c.lb_config(i, "1s", &services),
+            &c.lb_config(i, "1s", ""),
+            &Launch {
+                args: &["--config-source", &source],
+                ..Launch::default()
+            },
         )?));
     }
+    println!("   every host runs etcd revision {first}");
     for vip in [VIP, VIP2] {
         let took = c.wait_nexthops(vip, &[0, 1, 2], Duration::from_secs(30))?;
         println!(
@@ -88,6 +109,40 @@ pub fn run(unattended: bool) -> anyhow::Result<()> {
     }
     let counts: Vec<String> = names.iter().map(|n| format!("{n} {}", seen[*n])).collect();
     println!("   answered by: {}", counts.join(", "));
+    checkpoint()?;
+
+    let b0 = format!("{}:{PORT}", c.backends[0].addr);
+    say(&format!(
+        "4b. a change through host 2's API, written to etcd: `lb backend set web {b0} --weight 3`"
+    ));
+    let changed = Instant::now();
+    let out = lbs[2]
+        .as_ref()
+        .context("lb")?
+        .lb(&["backend", "set", "web", &b0, "--weight", "3"]);
+    print_indented(String::from_utf8_lossy(&out.stdout).trim_end());
+    let revision = lbs[2]
+        .as_ref()
+        .context("lb")?
+        .status()?
+        .config
+        .context("config")?
+        .version;
+    for (i, lb) in lbs.iter().enumerate() {
+        let lb = lb.as_ref().context("lb")?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while lb.status()?.config.context("config")?.version != revision {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "host {i} did not apply {revision}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        println!(
+            "   host {i} runs revision {revision} ({:.0} ms after the command)",
+            changed.elapsed().as_secs_f64() * 1000.0
+        );
+    }
     checkpoint()?;
 
     say(&format!(
