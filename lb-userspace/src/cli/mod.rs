@@ -172,9 +172,10 @@ pub struct SourceArgs {
     /// etcd over TLS: the CA (PEM) that signed its servers' certificates.
     #[arg(long, value_name = "FILE", requires = "config_source")]
     pub etcd_ca: Option<PathBuf>,
-    /// The client certificate and key (PEM) for etcd servers that ask for one.
+    /// The client certificate (PEM) for etcd servers that ask for one.
     #[arg(long, value_name = "FILE", requires_all = ["etcd_ca", "etcd_key"])]
     pub etcd_cert: Option<PathBuf>,
+    /// The client certificate's key (PEM).
     #[arg(long, value_name = "FILE", requires = "etcd_cert")]
     pub etcd_key: Option<PathBuf>,
     /// etcd's user (the password from LB_ETCD_PASSWORD).

@@ -135,7 +135,7 @@ impl DnsState {
                 // again).
                 let backoff = Duration::from_secs(1 << self.failures.min(5).saturating_sub(1))
                     .min(MAX_BACKOFF)
-                    .min(refresh(None).max(Duration::from_secs(1)));
+                    .min(refresh(self.ttl).max(Duration::from_secs(1)));
                 self.next = now + backoff;
                 false
             }
