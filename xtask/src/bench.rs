@@ -32,12 +32,19 @@ const PACKAGES: &[(&str, &str)] = &[
     ),
 ];
 
+/// What building Katran's balancer (`--katran`) needs: clang, llc, the kernel's UAPI headers.
+const KATRAN_PACKAGES: &[(&str, &str)] = &[
+    ("clang", "/usr/bin/clang"),
+    ("llvm", "/usr/bin/llc"),
+    ("linux-libc-dev", "/usr/include/linux/in.h"),
+];
+
 /// Services of those packages that must not run on the host: the benchmark starts its own
 /// instances inside namespaces.
 const SERVICES: &[&str] = &["haproxy", "nginx", "iperf3"];
 
-fn ensure_packages() -> anyhow::Result<()> {
-    let missing: Vec<&str> = PACKAGES
+fn ensure_packages(packages: &[(&str, &str)]) -> anyhow::Result<()> {
+    let missing: Vec<&str> = packages
         .iter()
         .filter(|(_, file)| !Path::new(file).exists())
         .map(|(pkg, _)| *pkg)
@@ -45,7 +52,7 @@ fn ensure_packages() -> anyhow::Result<()> {
     if missing.is_empty() {
         eprintln!(
             "ok: benchmark packages {}",
-            PACKAGES.iter().map(|p| p.0).collect::<Vec<_>>().join(" ")
+            packages.iter().map(|p| p.0).collect::<Vec<_>>().join(" ")
         );
         return Ok(());
     }
@@ -91,9 +98,21 @@ pub fn bench(
     root: &Path,
     quick: bool,
     rounds: Option<u32>,
+    katran: Option<&Path>,
     datapath_args: &[String],
 ) -> anyhow::Result<()> {
-    ensure_packages()?;
+    ensure_packages(PACKAGES)?;
+    // Absolute: lb-bench runs from the workspace root, the path was given from anywhere.
+    let katran = match katran {
+        Some(dir) => {
+            ensure_packages(KATRAN_PACKAGES)?;
+            Some(
+                std::fs::canonicalize(dir)
+                    .with_context(|| format!("--katran {}: no such directory", dir.display()))?,
+            )
+        }
+        None => None,
+    };
     let lb = build(root, true)?;
     step("cargo build --release --package lb-tests --bins");
     run(cargo(root).args(["build", "--release", "--package", "lb-tests", "--bins"]))?;
@@ -108,6 +127,9 @@ pub fn bench(
     if quick && datapath_args.is_empty() {
         // A tenth of the many-flows rows' live flows (a million took 8 to 11 s to make here).
         args.extend(["--iterations", "2000", "--live-flows", "100000"].map(String::from));
+    }
+    if let Some(dir) = &katran {
+        args.extend(["--katran".to_owned(), dir.display().to_string()]);
     }
     args.extend_from_slice(datapath_args);
     run_bin(root, &bin.join("lb-bench"), &args, &lb, &mut ran)?;

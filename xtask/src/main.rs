@@ -59,6 +59,11 @@ enum Task {
         /// End-to-end rounds (default 5; 1 with --quick).
         #[arg(long)]
         rounds: Option<u32>,
+        /// A Katran source checkout: lb-bench builds its XDP balancer (installing clang and llvm)
+        /// and times it beside lb in the same loop (established flow, the same SYN created anew,
+        /// a new flow into cold tables).
+        #[arg(long, value_name = "DIR")]
+        katran: Option<PathBuf>,
         /// Extra arguments for lb-bench (e.g. --iterations 50000), after `--`.
         #[arg(last = true)]
         args: Vec<String>,
@@ -138,11 +143,12 @@ fn main() -> anyhow::Result<()> {
         Task::Bench {
             quick,
             rounds,
+            katran,
             args,
         } => {
             setup::ensure(&root, setup::Need::Everything)?;
             require_root("the benchmarks (network namespaces, XDP, servers in namespaces)")?;
-            bench::bench(&root, quick, rounds, &args)
+            bench::bench(&root, quick, rounds, katran.as_deref(), &args)
         }
         Task::Fuzz { packets, seed } => {
             setup::ensure(&root, setup::Need::Build)?;

@@ -1,7 +1,8 @@
 //! Raw BPF for the packet-rate benchmark, which aya does not cover: tiny XDP programs written as
 //! instructions (a MAC-swap bounce, a sink that writes the next flow's frame over the page and
 //! drops it), the sink's one-slot array map, their XDP links, and BPF_PROG_TEST_RUN in
-//! live-frames mode (`BPF_F_TEST_XDP_LIVE_FRAMES`).
+//! live-frames mode (`BPF_F_TEST_XDP_LIVE_FRAMES`); and standalone maps of any type (Katran's
+//! per-CPU LRUs, which aya creates only from an object).
 
 use std::{
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd},
@@ -321,6 +322,26 @@ impl Cursor {
             .filter(|&(_, n)| n != 0)
             .collect())
     }
+}
+
+/// Creates a map of `map_type` (e.g. an LRU hash that a program's map-in-map will hold), owned
+/// by the returned descriptor.
+pub fn create_map(
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+) -> anyhow::Result<OwnedFd> {
+    let mut attr = MapCreateAttr {
+        map_type,
+        key_size,
+        value_size,
+        max_entries,
+        ..Default::default()
+    };
+    let fd = bpf(BPF_MAP_CREATE, &mut attr).context("BPF_MAP_CREATE")?;
+    // SAFETY: the kernel returned a new file descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
 fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> std::io::Result<libc::c_long> {

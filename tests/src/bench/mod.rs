@@ -14,6 +14,7 @@ pub mod cpu;
 pub mod detect;
 pub mod e2e;
 pub mod health_cost;
+pub mod katran;
 pub mod maglev;
 pub mod peers;
 pub mod rate;

@@ -7,6 +7,8 @@
 
 #[path = "bench/flows.rs"]
 mod flows;
+#[path = "bench/katran.rs"]
+mod katran;
 
 use std::{fmt::Write as _, path::PathBuf};
 
@@ -44,7 +46,15 @@ struct Args {
     /// compare with an older run's table.
     #[arg(long)]
     detached: bool,
+    /// A Katran source checkout: its XDP balancer built from it (into target/bench/katran/),
+    /// configured as Katran's tester does and timed in the same loop as lb, side by side
+    /// (established flow, the same SYN created anew, a new flow into cold tables).
+    #[arg(long, value_name = "DIR")]
+    katran: Option<PathBuf>,
 }
+
+/// Connection-table entries of the one-flow rows, lb's and (per CPU) Katran's.
+const CONNTRACK: u32 = 262_144;
 
 const SERVICES: &str = r#"
 [[service]]
@@ -82,14 +92,29 @@ forwarding = "gue"
 backends = [{ address = "[2001:db8:2::2]:80" }, { address = "[2001:db8:2::3]:80" }, { address = "[2001:db8:2::4]:80" }, { address = "[2001:db8:2::5]:80" }]
 "#;
 
+/// The program a case runs.
+#[derive(Clone, Copy, PartialEq)]
+enum Prog {
+    Empty,
+    Lb,
+    Katran,
+}
+
+/// A flow removed from a program's connection table before each sample.
+enum Forget {
+    Lb(FlowKey),
+    Katran(lb_tests::bench::katran::FlowKey),
+}
+
 struct Case {
     name: &'static str,
+    prog: Prog,
     /// Frames cycled through (new flows need a fresh one each time).
     frames: Vec<Vec<u8>>,
     ingress: u32,
     verdict: u32,
     /// Forget this flow before each sample (untimed), so the frame creates it anew.
-    forget: Option<FlowKey>,
+    forget: Option<Forget>,
     /// The IPv4 case this IPv6 one is compared with (its index).
     ipv4: Option<usize>,
     /// The full-NAT case this direct-server-return one is compared with (its index).
@@ -106,7 +131,10 @@ fn main() -> anyhow::Result<()> {
     let net = TestNet::new(
         // The per-source SYN limit at its highest: the new-flow cases send up to 60,000 SYNs
         // within a second from one address, all to be forwarded, and still pay for the limit.
-        "snat_ports = \"1024-65535\"\nsyn_rate_per_source = 1000000\nconntrack = { size = 262144, ipv6_size = 262144 }",
+        &format!(
+            "snat_ports = \"1024-65535\"\nsyn_rate_per_source = 1000000\n\
+             conntrack = {{ size = {CONNTRACK}, ipv6_size = {CONNTRACK} }}"
+        ),
         SERVICES,
     )?;
     let mut net = net;
@@ -120,9 +148,21 @@ fn main() -> anyhow::Result<()> {
     } else {
         None
     };
-    let table = {
+    let mut katran = match &args.katran {
+        Some(dir) => Some(katran::start(&net, dir, CONNTRACK)?),
+        None => None,
+    };
+    let (table, beside_katran) = {
         let ns = net.ns.clone();
-        ns.enter(|| measure(&mut net, args.iterations, args.ipv4_only, !args.detached))?
+        ns.enter(|| {
+            measure(
+                &mut net,
+                katran.as_mut(),
+                args.iterations,
+                args.ipv4_only,
+                !args.detached,
+            )
+        })?
     };
     let mut table = table;
     if args.live_flows > 0 {
@@ -138,6 +178,9 @@ fn main() -> anyhow::Result<()> {
              flow; each row sampled alternately with the empty program, its ratios to those \
              samples."
         );
+    }
+    if let Some(section) = beside_katran {
+        table.push_str(&section);
     }
     print!("{table}");
     let verified: Vec<String> = net
@@ -247,10 +290,17 @@ fn established(net: &TestNet, client: &str, vip: &str) -> anyhow::Result<(Vec<u8
     Ok((data, reply))
 }
 
-fn measure(net: &mut TestNet, n: usize, ipv4_only: bool, attached: bool) -> anyhow::Result<String> {
+/// Samples every case round-robin; returns lb's table and, with Katran, the side-by-side one.
+fn measure(
+    net: &mut TestNet,
+    mut katran: Option<&mut katran::Started>,
+    n: usize,
+    ipv4_only: bool,
+    attached: bool,
+) -> anyhow::Result<(String, Option<String>)> {
     let (data, reply) = established(net, "10.0.1.2:40000", "10.100.0.1:80")?;
     let (data6, reply6) = established(net, "[2001:db8:1::2]:40000", "[2001:db8:100::1]:80")?;
-    let new_flows = (0..n)
+    let new_flows: Vec<Vec<u8>> = (0..n)
         .map(|i| {
             let client = format!("10.0.1.{}:{}", 2 + (i / 50000) as u8, 1024 + (i % 50000));
             Packet::tcp(&client, "10.100.0.1:80", TCP_SYN).build()
@@ -282,22 +332,23 @@ fn measure(net: &mut TestNet, n: usize, ipv4_only: bool, attached: bool) -> anyh
             vec![data.clone()],
             net.vc,
             XDP_PASS,
-        ),
+        )
+        .prog(Prog::Empty),
         Case::new("not for a VIP: pass", vec![other], net.vc, XDP_PASS),
         Case::new(
             "new flow (SYN), each a different flow: cold table memory",
-            new_flows,
+            new_flows.clone(),
             net.vc,
             XDP_REDIRECT,
         ),
         Case::new(
             "new flow (SYN), the same flow created anew each time",
-            vec![recreated],
+            vec![recreated.clone()],
             net.vc,
             XDP_REDIRECT,
         )
-        .forget(recreated_key),
-        Case::new("established flow", vec![data], net.vc, XDP_REDIRECT),
+        .forget(Forget::Lb(recreated_key)),
+        Case::new("established flow", vec![data.clone()], net.vc, XDP_REDIRECT),
         Case::new(
             "return path (backend → client)",
             vec![reply],
@@ -326,17 +377,34 @@ fn measure(net: &mut TestNet, n: usize, ipv4_only: bool, attached: bool) -> anyh
     } else {
         cases.extend(dsr_cases(net, n)?);
     }
+    // Katran's cases last: the indexes above stay those the comparisons name.
+    let first_katran = cases.len();
+    if let Some(k) = katran.as_deref_mut() {
+        cases.extend(katran::cases(
+            k,
+            net.vc,
+            &katran::Frames {
+                established: &data,
+                recreated: &recreated,
+                new_flows,
+            },
+        )?);
+    }
     // Warm up, then sample the cases round-robin.
     for _ in 0..200 {
-        run(net, 0, &cases[0], 0)?;
+        run(net, katran.as_deref_mut(), &cases[0], 0)?;
     }
     for i in 0..n {
-        for (c, case) in cases.iter_mut().enumerate() {
-            let ns = run(net, c, case, i)?;
+        for case in cases.iter_mut() {
+            let ns = run(net, katran.as_deref_mut(), case, i)?;
             case.samples.push(ns);
         }
     }
-    Ok(report(&mut cases, n, attached))
+    let beside = match katran {
+        Some(k) => Some(katran::report(k, &mut cases, first_katran, n)?),
+        None => None,
+    };
+    Ok((report(&mut cases[..first_katran], n, attached), beside))
 }
 
 /// Direct server return: a new flow (each a different one) and an established flow per mode
@@ -404,6 +472,7 @@ impl Case {
     fn new(name: &'static str, frames: Vec<Vec<u8>>, ingress: u32, verdict: u32) -> Self {
         Self {
             name,
+            prog: Prog::Lb,
             frames,
             ingress,
             verdict,
@@ -424,21 +493,36 @@ impl Case {
         self
     }
 
-    fn forget(mut self, key: FlowKey) -> Self {
-        self.forget = Some(key);
+    fn forget(mut self, flow: Forget) -> Self {
+        self.forget = Some(flow);
+        self
+    }
+
+    fn prog(mut self, prog: Prog) -> Self {
+        self.prog = prog;
         self
     }
 }
 
-/// One sample of case number `c` (0 is the empty program).
-fn run(net: &mut TestNet, c: usize, case: &Case, i: usize) -> anyhow::Result<u64> {
-    if let Some(key) = &case.forget {
-        net.dp.forget_flow(key)?;
+/// One sample of `case`.
+fn run(
+    net: &mut TestNet,
+    mut katran: Option<&mut katran::Started>,
+    case: &Case,
+    i: usize,
+) -> anyhow::Result<u64> {
+    match (&case.forget, katran.as_deref_mut()) {
+        (Some(Forget::Lb(key)), _) => {
+            net.dp.forget_flow(key)?;
+        }
+        (Some(Forget::Katran(key)), Some(k)) => k.katran.forget(key)?,
+        _ => {}
     }
-    let prog: &Xdp = if c == 0 {
-        net.dp.pass_program()
-    } else {
-        net.dp.program()
+    let prog: &Xdp = match (case.prog, katran.as_deref()) {
+        (Prog::Empty, _) => net.dp.pass_program(),
+        (Prog::Lb, _) => net.dp.program(),
+        (Prog::Katran, Some(k)) => k.katran.program(),
+        (Prog::Katran, None) => bail!("{}: a Katran case without Katran", case.name),
     };
     let frame = &case.frames[i % case.frames.len()];
     let r = run_once(prog, frame, case.ingress)?;
