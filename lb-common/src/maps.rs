@@ -63,6 +63,10 @@ pub mod map_name {
     /// `PerCpuArray<u32>` of one entry: the MTU a packet too big for its path is answered with,
     /// handed to the program that answers ([`crate::TOO_BIG_PROG`]). Never pinned.
     pub const TOO_BIG: &str = "LB_TOO_BIG";
+    /// `PerCpuArray<u32>` of one entry: the service of this CPU's last new flow, the guess whose
+    /// ring line a SYN requests before its connection table lookup. Holds a hint only (a wrong
+    /// one costs a line read): never pinned.
+    pub const SERVICE_HINT: &str = "LB_SERVICE_HINT";
 
     // Health probes through the tunnel (see [`crate::TUNNEL_MARK`]).
     /// `Array<TunnelProbe>` of [`crate::TUNNEL_SLOTS`]: a probe mark's slot → the IPv4 backend

@@ -8,8 +8,8 @@
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use lb_common::{
     BackendInfoOf, CtEntry, FlowKeyOf, NO_BACKEND, NatEntryOf, NextHop, PROTO_TCP, Params,
-    SELECT_TRIES, ServiceKeyOf, TOO_BIG_PROG, backend_flags, counter, ct_flags, ct_state, fmix64,
-    nat_flags, service_flags, syn_bucket,
+    SELECT_TRIES, ServiceInfo, ServiceKeyOf, TOO_BIG_PROG, backend_flags, counter, ct_flags,
+    ct_state, fmix64, nat_flags, service_flags, syn_bucket,
 };
 use network_types::eth::EthHdr;
 
@@ -17,7 +17,7 @@ use crate::{
     clock, encap,
     family::Family,
     fib,
-    maps::{PROGS, RINGS, SYN_RATE, TOO_BIG, params},
+    maps::{PROGS, RINGS, SERVICE_HINT, SYN_RATE, TOO_BIG, params},
     nat::{self, Rewrite},
     parse::{Flow, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     passive,
@@ -46,6 +46,12 @@ pub fn forward<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> Verdict {
     let now = clock::now();
     let k = FlowKeyOf::new(flow.saddr, flow.daddr, flow.sport, flow.dport, flow.proto);
     let hash = k.hash();
+    // A SYN is nearly always a new flow, whose reads miss the caches in tables far larger than
+    // them: the lines of its Maglev pick and SYN bucket are requested before the connection
+    // table is read, so their misses overlap the table's instead of following it.
+    if flow.proto == PROTO_TCP && is_new_syn(flow.tcp_flags) {
+        warm::<F>(flow, hash, p);
+    }
     if let Some(slot) = ct_find::<F>(&k, hash, p) {
         // SAFETY: a map value; other CPUs may write it too, all fields are plain integers.
         let e = unsafe { &mut (*slot).entry };
@@ -62,6 +68,43 @@ pub fn forward<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> Verdict {
         }
     }
     new_flow::<F>(ctx, flow, &k, hash, now, p)
+}
+
+/// Reads what a new flow of `flow` will likely read (its SYN bucket, its Maglev slot in the ring
+/// of this CPU's last new flow's service) and drops the values: only the cache lines are wanted,
+/// and a wrong guess costs one line read. Nothing is kept, so the verifier's states after the
+/// call are the same whether it ran or not (a value carried on to `new_flow` doubled the paths
+/// it walks and took the IPv6 program past its limit); the service is not looked up here, which
+/// a flow whose tables are in the caches would pay for twice.
+#[inline(always)]
+fn warm<F: Family>(flow: &Flow<F::A>, hash: u64, p: &Params) {
+    if p.syn_rate_per_source != 0
+        && let Some(b) = SYN_RATE.get_ptr(syn_bucket(flow.saddr))
+    {
+        // SAFETY: this CPU's slot of a per-CPU array of plain integers; read, not kept.
+        unsafe { core::ptr::read_volatile(&(*b).at) };
+    }
+    if let Some(svc) = SERVICE_HINT.get(0)
+        && let Some(base) = svc.checked_mul(p.ring_size)
+        && let Some(slot) = (hash as u32).checked_rem(p.ring_size)
+        && let Some(id) = RINGS.get_ptr(base + slot)
+    {
+        // SAFETY: an array map value; read, not kept.
+        unsafe { core::ptr::read_volatile(id) };
+    }
+}
+
+/// The service of the flow's destination.
+#[inline(always)]
+fn service<F: Family>(flow: &Flow<F::A>) -> Option<ServiceInfo> {
+    let skey = ServiceKeyOf {
+        addr: flow.daddr,
+        port: flow.dport,
+        proto: flow.proto,
+        _pad: 0,
+    };
+    // SAFETY: read-only use of a plain-integer value.
+    unsafe { F::services().get(&skey) }.copied()
 }
 
 /// A FIN or RST (`tcp_flags`) on a flow, from the side whose FIN flag is `fin`: the flow is
@@ -193,20 +236,17 @@ fn new_flow<F: Family>(
     now: u64,
     p: &Params,
 ) -> Verdict {
-    let skey = ServiceKeyOf {
-        addr: flow.daddr,
-        port: flow.dport,
-        proto: flow.proto,
-        _pad: 0,
-    };
-    // SAFETY: read-only use of a plain-integer value.
     // A VIP's port or protocol that no service has: dropped, never passed (the kernel has no
     // such address and would route it back out, a loop).
-    let Some(svc) = (unsafe { F::services().get(&skey) }).copied() else {
+    let Some(svc) = service::<F>(flow) else {
         return (xdp_action::XDP_DROP, counter::DROP_NO_SERVICE);
     };
     if svc.flags & service_flags::DROP != 0 {
         return (xdp_action::XDP_DROP, counter::DROP_NO_BACKEND);
+    }
+    if let Some(hint) = SERVICE_HINT.get_ptr_mut(0) {
+        // SAFETY: this CPU's value, a plain integer.
+        unsafe { *hint = svc.id };
     }
     // One source flooding SYNs must not churn the tables every other client needs: its new
     // connections beyond its rate are dropped here, before they take any state.

@@ -154,6 +154,10 @@ pub static PARSE_SCRATCH: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0)
 #[map(name = "LB_TOO_BIG")] // lb_common::map_name::TOO_BIG
 pub static TOO_BIG: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
+/// The service of this CPU's last new flow: a guess for warming a SYN's ring line (flow.rs).
+#[map(name = "LB_SERVICE_HINT")] // lb_common::map_name::SERVICE_HINT
+pub static SERVICE_HINT: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+
 /// Health probes through the tunnel: a probe mark's slot → backend, VIP, encapsulation (see
 /// tunnel.rs). Written by the daemon, read by the TC egress program.
 #[map(name = "LB_TUNNEL_PROBES")] // lb_common::map_name::TUNNEL_PROBES

@@ -50,12 +50,13 @@ pub const MAPS: [&str; 20] = [
 ];
 
 /// Maps that hold nothing from one packet to the next: never pinned.
-pub const SCRATCH: [&str; 5] = [
+pub const SCRATCH: [&str; 6] = [
     map_name::SNAT_SEARCH,
     map_name::SNAT_SEARCH6,
     map_name::ICMP6_WORK,
     map_name::PARSE_SCRATCH,
     map_name::TOO_BIG,
+    map_name::SERVICE_HINT,
 ];
 
 /// Maps the daemon fills anew at every start (the health probes through the tunnel, which it
