@@ -13,6 +13,8 @@ pub mod dataplane;
 pub mod decap;
 pub mod entries;
 pub mod events;
+#[cfg(test)]
+mod generated;
 pub mod health;
 pub mod maglev;
 pub mod manual;
