@@ -11,6 +11,8 @@ pub mod config;
 pub mod daemon;
 pub mod dataplane;
 pub mod decap;
+#[cfg(test)]
+mod docs_check;
 pub mod entries;
 pub mod events;
 #[cfg(test)]
