@@ -226,6 +226,26 @@ fn the_example_finder_skips_synopses_and_prefixes() {
     );
 }
 
+/// The front door stays short, and gives the two commands CI runs.
+#[test]
+fn the_readme_is_short_and_gives_the_two_commands() {
+    let readme = std::fs::read_to_string(root().join("README.md")).expect("README.md");
+    let lines = readme.lines().count();
+    assert!(
+        lines <= 300,
+        "README.md has {lines} lines: move detail into docs/"
+    );
+    for command in [
+        "rustup toolchain install && cargo xtask demo",
+        "rustup toolchain install && cargo xtask test",
+    ] {
+        assert!(
+            readme.lines().any(|l| l.trim() == command),
+            "README.md lost `{command}`"
+        );
+    }
+}
+
 /// Nothing the README said was lost in the split: each of its former sections is a heading in
 /// README.md or a page of docs/.
 #[test]
