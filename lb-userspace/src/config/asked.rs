@@ -74,11 +74,11 @@ pub fn recording<T>(read: impl FnOnce() -> T) -> (T, Vec<Asked>) {
     (out, merged(asked))
 }
 
-/// Records one read, when recording.
-pub fn note(asked: Asked) {
+/// Records one read, when recording; `asked` runs only then.
+pub fn note(asked: impl FnOnce() -> Asked) {
     RECORD.with(|r| {
         if let Some(list) = r.borrow_mut().as_mut() {
-            list.push(asked);
+            list.push(asked());
         }
     });
 }
@@ -131,20 +131,20 @@ mod tests {
     #[test]
     fn reads_merge_per_key_without_indices() {
         let (_, asked) = recording(|| {
-            note(Asked::of("service[3].backends[12].address".into()));
-            note(Asked {
+            note(|| Asked::of("service[3].backends[12].address".into()));
+            note(|| Asked {
                 ty: Some(Ty::String),
                 ..Asked::of("service[0].protocol".into())
             });
-            note(Asked {
+            note(|| Asked {
                 ty: Some(Ty::OneOf(vec!["tcp", "udp"])),
                 default: Some("tcp".into()),
                 required: true,
                 ..Asked::of("service[1].protocol".into())
             });
             for i in 0..2 {
-                note(Asked::of(format!("service[{i}].name")));
-                note(Asked {
+                note(|| Asked::of(format!("service[{i}].name")));
+                note(|| Asked {
                     required: true,
                     ..Asked::of(format!("service[{i}].name"))
                 });
@@ -158,7 +158,7 @@ mod tests {
         assert!(!asked[1].required);
         assert!(asked[2].required);
         // Not recording: nothing is kept, nothing leaks into the next recording.
-        note(Asked::of("lb.api".into()));
+        note(|| Asked::of("lb.api".into()));
         assert!(recording(|| ()).1.is_empty());
     }
 }
