@@ -60,6 +60,13 @@ pub fn markdown(settings: &[Setting]) -> String {
             ));
         }
     }
+    out.push_str(
+        "\n## A file with every key\n\n\
+         The file the reference is recorded from: valid, each key set once (its four services \
+         reach every kind of option).\n\n```toml\n",
+    );
+    out.push_str(super::EVERY_KEY);
+    out.push_str("```\n");
     out
 }
 
