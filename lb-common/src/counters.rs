@@ -11,7 +11,7 @@ pub struct TrafficStats {
 }
 
 /// Declares, in the module it is invoked in, each counter's index (in list order), `NAMES`,
-/// `VERDICTS` and `COUNT`: the balancer's [`counter`] and the decapsulator's
+/// `DOCS`, `VERDICTS` and `COUNT`: the balancer's [`counter`] and the decapsulator's
 /// [`decap_counter`](crate::decap_counter) are both written with it.
 macro_rules! counters {
     (
@@ -29,6 +29,9 @@ macro_rules! counters {
         pub const COUNT: u32 = Index::Count as u32;
         /// Stable names, indexed like the constants (status output and metrics).
         pub const NAMES: [&str; COUNT as usize] = [$($vn,)* $($in,)*];
+        /// Each counter's doc comment, indexed like `NAMES` (the generated docs/metrics.md).
+        pub const DOCS: [&str; COUNT as usize] =
+            [$(concat!($($vd),*),)* $(concat!($($id),*),)*];
     };
 }
 pub(crate) use counters;

@@ -11,8 +11,12 @@ pub mod config;
 pub mod daemon;
 pub mod dataplane;
 pub mod decap;
+#[cfg(test)]
+mod docs_check;
 pub mod entries;
 pub mod events;
+#[cfg(test)]
+mod generated;
 pub mod health;
 pub mod maglev;
 pub mod manual;

@@ -10,7 +10,7 @@ pub struct Status {
     /// Unix time of this snapshot, seconds.
     pub time: f64,
     pub services: Vec<ServiceStatus>,
-    /// Datapath verdict and informational counters, by name (README, "Counters").
+    /// Datapath verdict and informational counters, by name (docs/metrics.md).
     pub counters: Vec<NamedCounter>,
     /// Probe latency histograms, one per check kind in use.
     pub probe_latency: Vec<LatencyHistogram>,
@@ -152,7 +152,7 @@ pub struct ConfigReply {
     pub config: serde_json::Value,
 }
 
-/// Route health injection as a whole (README, "Running several lb hosts").
+/// Route health injection as a whole (docs/operating.md, "Running several lb hosts").
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct AnnounceStatus {
     /// "announcing" (each VIP as its services want), "drained" (`lb drain-host`: every VIP
@@ -189,7 +189,7 @@ pub struct VipStatus {
     pub error: Option<String>,
 }
 
-/// What the daemon itself has and ran short of (README, "Control API": limits).
+/// What the daemon itself has and ran short of (docs/api.md: limits).
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ResourceStatus {
     /// The open-file limit in force.
@@ -208,7 +208,7 @@ pub struct ResourceStatus {
 }
 
 /// Where the half-open probes' SYNs left: the link-layer path (to a target that answered
-/// before) or the kernel's IP output path (README, `tcp` checks).
+/// before) or the kernel's IP output path (docs/health-checking.md, `tcp` checks).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 pub struct SynPaths {
     pub link: u64,
@@ -763,7 +763,7 @@ pub struct Events {
     pub dropped: u64,
 }
 
-/// One line of `POST /v1/trace`'s stream (README, "Troubleshooting the datapath"): a decision
+/// One line of `POST /v1/trace`'s stream (docs/operating.md, "Troubleshooting the datapath"): a decision
 /// of the datapath about one packet, named, or a notice of the trace itself.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct TraceLine {

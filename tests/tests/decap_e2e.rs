@@ -47,7 +47,7 @@ fn net() -> Net {
     lb_b.add_address("fd00:1::1/64").unwrap();
     b.add_address("fd00:1::2/64").unwrap();
     // Room for the outer header: a client's full-sized packet, encapsulated, is up to 48
-    // bytes larger (README, "Backends for direct server return").
+    // bytes larger (docs/datapath.md, "Backends for direct server return").
     for port in [&lb_b, &b] {
         port.ns
             .ip(&["link", "set", &port.ifname, "mtu", "1600"])

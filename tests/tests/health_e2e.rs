@@ -106,7 +106,7 @@ fn eject_and_return(kind: &str, how: Failure) -> Daemon {
     if kind == "udp" {
         // Linux rate-limits ICMP errors per peer (a burst of 6, then one a second), and a UDP check
         // without payload reads a missing port unreachable as health. Probing every 300 ms needs
-        // the limit off; at the default 2 s interval it does not matter (see README).
+        // the limit off; at the default 2 s interval it does not matter (see docs/health-checking.md).
         for b in &sb.backends {
             b.ns.sysctl("net/ipv4/icmp_ratelimit", "0").unwrap();
         }

@@ -107,6 +107,8 @@ fn the_package_holds_what_it_must_and_runs_with_only_the_units_capabilities() {
         "./usr/share/man/man1/lb.1.gz",
         "./usr/share/man/man1/lb-run.1.gz",
         "./usr/share/doc/lb/copyright",
+        "./usr/share/doc/lb/docs/configuration.md",
+        "./usr/share/doc/lb/docs/config.schema.json",
     ] {
         assert!(
             contents.lines().any(|l| l.ends_with(path)),

@@ -47,6 +47,24 @@ pub(crate) fn package(root: &Path, lb: &Path, out_dir: &Path) -> anyhow::Result<
         "usr/share/doc/lb/README.md",
         0o644,
     )?;
+    // The pages README.md links to, at the same relative paths, and the config's JSON Schema.
+    let mut docs: Vec<PathBuf> = fs::read_dir(root.join("docs"))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    docs.retain(|p| p.extension().is_some_and(|e| e == "md" || e == "json"));
+    docs.sort();
+    for doc in docs {
+        let name = doc
+            .file_name()
+            .context("a docs/ file name")?
+            .to_string_lossy();
+        install(
+            &stage,
+            &doc,
+            &format!("usr/share/doc/lb/docs/{name}"),
+            0o644,
+        )?;
+    }
     write(&stage, "usr/share/doc/lb/copyright", &copyright(), 0o644)?;
     for (shell, path) in COMPLETIONS {
         let script = output(Command::new(lb).args(["completions", shell]))?;

@@ -91,6 +91,9 @@ enum Task {
     /// Fail on a module import cycle in lb-userspace, lb-ebpf or lb-common: `crate::` and
     /// `super::` paths between sibling modules, at every folder level.
     Cycles,
+    /// Write the docs generated from the code: docs/configuration.md, docs/config.schema.json
+    /// and docs/metrics.md (the test command fails while a checked-in one is stale).
+    Docs,
     /// Formatting and lint checks, the import-cycle check, unit tests and the root integration
     /// tests.
     Test {
@@ -185,6 +188,22 @@ fn main() -> anyhow::Result<()> {
             dist::package(&root, &lb, &out_dir).map(drop)
         }
         Task::Cycles => cycles::check(&root),
+        // The tests that compare each generated file with the checked-in one write it instead
+        // under LB_WRITE_DOCS: one generator, no second code path.
+        Task::Docs => {
+            setup::ensure(&root, setup::Need::Build)?;
+            run(cargo(&root)
+                .args([
+                    "test",
+                    "--quiet",
+                    "--package",
+                    "lb-userspace",
+                    "--lib",
+                    "--",
+                ])
+                .arg("generated_doc_")
+                .env("LB_WRITE_DOCS", "1"))
+        }
         Task::Test { cargo_args } => {
             setup::ensure(&root, setup::Need::Everything)?;
             require_root("the integration tests (network namespaces, XDP)")?;

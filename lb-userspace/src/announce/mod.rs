@@ -1,4 +1,4 @@
-//! Route health injection (README, "Running several lb hosts"): which VIPs this host announces,
+//! Route health injection (docs/operating.md, "Running several lb hosts"): which VIPs this host announces,
 //! and the changes that bring a routing table there. lb does not speak BGP: each announced VIP
 //! is a route (/32 or /128) in a kernel table of lb's own, which BIRD's `protocol kernel`
 //! learns and its BGP sessions export.

@@ -324,7 +324,7 @@ pub fn render(status: &Status) -> String {
         &mut out,
         "lb_datapath_packets_total",
         "counter",
-        "Packets by datapath verdict: each packet has one (README, \"Counters\").",
+        "Packets by datapath verdict: each packet has one (docs/metrics.md).",
         verdicts
             .iter()
             .map(|c| format!("{} {}", labels(&[("verdict", &c.name)]), c.value))
@@ -334,7 +334,7 @@ pub fn render(status: &Status) -> String {
         &mut out,
         "lb_datapath_events_total",
         "counter",
-        "Informational datapath counters: flows created, entries evicted, ... (README, \"Counters\").",
+        "Informational datapath counters: flows created, entries evicted, ... (docs/metrics.md).",
         events
             .iter()
             .map(|c| format!("{} {}", labels(&[("event", &c.name)]), c.value))
@@ -407,7 +407,9 @@ pub fn render(status: &Status) -> String {
             &mut out,
             "lb_config_writes_total",
             "counter",
-            "Changes of the configuration through the API, by result: applied (written and              applied), refused (invalid, unknown, another version: nothing changed) or failed              (could not be written or applied: nothing changed).",
+            "Changes of the configuration through the API, by result: applied (written and \
+             applied), refused (invalid, unknown, another version: nothing changed) or failed \
+             (could not be written or applied: nothing changed).",
             vec![
                 format!("{} {}", labels(&[("result", "applied")]), c.writes.applied),
                 format!("{} {}", labels(&[("result", "refused")]), c.writes.refused),
@@ -682,10 +684,10 @@ lb_backend_bytes_total{service="web",backend="10.0.0.2:80"} 1000
 # HELP lb_backend_new_flows_total Flows the datapath assigned to the backend.
 # TYPE lb_backend_new_flows_total counter
 lb_backend_new_flows_total{service="web",backend="10.0.0.2:80"} 3
-# HELP lb_datapath_packets_total Packets by datapath verdict: each packet has one (README, "Counters").
+# HELP lb_datapath_packets_total Packets by datapath verdict: each packet has one (docs/metrics.md).
 # TYPE lb_datapath_packets_total counter
 lb_datapath_packets_total{verdict="xdp_tx"} 17
-# HELP lb_datapath_events_total Informational datapath counters: flows created, entries evicted, ... (README, "Counters").
+# HELP lb_datapath_events_total Informational datapath counters: flows created, entries evicted, ... (docs/metrics.md).
 # TYPE lb_datapath_events_total counter
 lb_datapath_events_total{event="ct_new"} 3
 # HELP lb_probe_latency_seconds Latency of successful health probes, by check kind.
@@ -725,6 +727,149 @@ lb_events_total 5
             assert_eq!(g, e, "line {}", i + 1);
         }
         assert_eq!(got, expected);
+    }
+
+    /// `small` with every optional family present: the source of docs/metrics.md.
+    fn everything() -> Status {
+        let mut s = small();
+        s.services[0].discovery = Some(crate::model::DiscoveryStatus {
+            name: "web.example.internal".to_owned(),
+            record: "A".to_owned(),
+            resolvers: Vec::new(),
+            addresses: vec!["10.0.0.2:80".to_owned()],
+            resolved_at: Some(1_700_000_000.0),
+            attempted_at: Some(1_700_000_000.0),
+            ttl_s: Some(30.0),
+            stale: false,
+            error: None,
+            rejected: Vec::new(),
+            resolutions_ok: 1,
+            resolutions_empty: 0,
+            resolutions_failed: 0,
+        });
+        s.announce = Some(crate::model::AnnounceStatus {
+            state: "announcing".to_owned(),
+            table: 200,
+            protocol: 250,
+            grace_s: 5.0,
+            last_change: Some(1_700_000_001.5),
+            vips: vec![crate::model::VipStatus {
+                vip: "10.1.0.1".to_owned(),
+                announced: true,
+                wanted: Some(true),
+                reason: "healthy".to_owned(),
+                services: vec!["web".to_owned()],
+                since: Some(1_700_000_001.5),
+                error: None,
+            }],
+        });
+        s.config = Some(crate::model::ConfigStatus {
+            source: "file".to_owned(),
+            path: "/etc/lb/lb.toml".to_owned(),
+            error: None,
+            refused_version: None,
+            refused_reason: None,
+            refused_total: 0,
+            version: "abc".to_owned(),
+            applied_at: 1_700_000_000.0,
+            last_change: None,
+            writes: Default::default(),
+        });
+        s
+    }
+
+    /// docs/metrics.md: the families as `render` writes them (name, type, labels, help) and
+    /// the datapath's counters from their one list.
+    #[test]
+    fn generated_doc_metrics() {
+        let text = render(&everything());
+        // Every family the renderer declares is in `everything`'s render, so in the docs.
+        let code = include_str!("metrics.rs")
+            .split("#[cfg(test)]")
+            .next()
+            .unwrap();
+        for (at, _) in code.match_indices("\"lb_") {
+            let name = &code[at + 1..][..code[at + 1..].find('"').unwrap()];
+            assert!(
+                text.contains(&format!("# HELP {name} ")),
+                "{name} is missing from everything()'s render: give it a sample"
+            );
+        }
+        let mut out = String::from(
+            "# Metrics and counters\n\n\
+             <!-- Generated by `cargo xtask docs` from lb-userspace/src/api/metrics.rs and \
+             lb-common's counter lists; do not edit. -->\n\n\
+             `GET /metrics` on the control API serves these in Prometheus' text format; `lb \
+             stats` and `GET /v1/healthcheck` show the datapath's counters by name. A family \
+             without samples (no DNS discovery, no `[lb.announce]`) is left out.\n\n\
+             ## Prometheus metrics\n\n\
+             | metric | type | labels | meaning |\n|---|---|---|---|\n",
+        );
+        let mut lines = text.lines().peekable();
+        while let Some(line) = lines.next() {
+            let Some(help) = line.strip_prefix("# HELP ") else {
+                continue;
+            };
+            let (name, help) = help.split_once(' ').unwrap();
+            let kind = lines.next().unwrap().rsplit(' ').next().unwrap();
+            let sample = lines.peek().copied().unwrap_or_default();
+            let labels: Vec<String> = sample
+                .split_once('{')
+                .map(|(_, l)| l.split_once('}').unwrap().0)
+                .into_iter()
+                .flat_map(|l| l.split("\","))
+                .filter_map(|pair| Some(format!("`{}`", pair.split_once('=')?.0)))
+                .collect();
+            out.push_str(&format!(
+                "| `{name}` | {kind} | {} | {} |\n",
+                labels.join(", "),
+                help.replace('|', "\\|")
+            ));
+        }
+        let counters = |out: &mut String, title: &str, names: &[&str], docs: &[&str], to: usize| {
+            out.push_str(&format!("\n{title}\n\n| name | meaning |\n|---|---|\n"));
+            for (name, doc) in names.iter().zip(docs).take(to) {
+                assert!(!doc.trim().is_empty(), "counter {name} has no doc comment");
+                out.push_str(&format!(
+                    "| `{name}` | {} |\n",
+                    doc.trim().replace('|', "\\|")
+                ));
+            }
+        };
+        use lb_common::{counter as c, decap_counter as d};
+        let (verdicts, decap_verdicts) = (c::VERDICTS as usize, d::VERDICTS as usize);
+        counters(
+            &mut out,
+            "## Datapath verdicts: `lb_datapath_packets_total{verdict}`\n\n\
+             Every packet the balancer's XDP program sees counts under exactly one verdict.",
+            &c::NAMES[..verdicts],
+            &c::DOCS[..verdicts],
+            verdicts,
+        );
+        counters(
+            &mut out,
+            "## Datapath events: `lb_datapath_events_total{event}`\n\n\
+             Informational: counted besides a packet's verdict.",
+            &c::NAMES[verdicts..],
+            &c::DOCS[verdicts..],
+            usize::MAX,
+        );
+        counters(
+            &mut out,
+            "## `lb decap`'s verdicts\n\n\
+             The backends' decapsulator (`lb decap`) counts every packet under exactly one.",
+            &d::NAMES[..decap_verdicts],
+            &d::DOCS[..decap_verdicts],
+            decap_verdicts,
+        );
+        counters(
+            &mut out,
+            "## `lb decap`'s events\n\nInformational: counted besides a packet's verdict.",
+            &d::NAMES[decap_verdicts..],
+            &d::DOCS[decap_verdicts..],
+            usize::MAX,
+        );
+        crate::generated::check_or_write("docs/metrics.md", &out);
     }
 
     #[test]

@@ -78,6 +78,9 @@ pub enum ConfigCommand {
         #[command(flatten)]
         api: ApiArgs,
     },
+    /// Print the configuration's JSON Schema (docs/config.schema.json), for editors that
+    /// validate TOML with one (taplo, Even Better TOML).
+    Schema,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -286,6 +289,10 @@ pub async fn config(cmd: ConfigCommand) -> anyhow::Result<()> {
             } else {
                 print!("{diff}");
             }
+            Ok(())
+        }
+        ConfigCommand::Schema => {
+            print!("{}", config::reference::schema());
             Ok(())
         }
     }

@@ -46,7 +46,7 @@ pub enum Command {
     /// SIGHUP reloads the config. SIGINT/SIGTERM exit leaving the pinned datapath forwarding
     /// (the next `lb run` adopts it); `lb stop` removes everything.
     Run {
-        /// The config file (TOML; README, "Configuration").
+        /// The config file (TOML; docs/configuration.md).
         #[arg(long, short)]
         config: PathBuf,
         /// Do not pin the datapath: it is removed when the daemon exits.

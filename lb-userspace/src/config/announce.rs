@@ -1,4 +1,4 @@
-//! Route health injection's settings (README, "Running several lb hosts"): `[lb.announce]`, and
+//! Route health injection's settings (docs/operating.md, "Running several lb hosts"): `[lb.announce]`, and
 //! each service's `announce` and `announce_min_available`. lb does not speak BGP: it keeps the
 //! VIPs it announces as routes in a kernel routing table of its own, which BIRD's (or FRR's)
 //! kernel protocol learns and its BGP sessions export.

@@ -91,7 +91,7 @@ fn invalid(path: impl Into<String>, message: impl Into<String>) -> EditError {
 #[derive(Debug, Clone)]
 pub struct Document(DocumentMut);
 
-/// The order a new service's keys are written in (the README's); other keys follow, sorted.
+/// The order a new service's keys are written in (docs/operating.md's example); other keys follow, sorted.
 const SERVICE_KEYS: [&str; 9] = [
     "name",
     "vip",
@@ -594,7 +594,7 @@ pub fn redacted(text: &str) -> String {
     doc.to_string()
 }
 
-/// A `[[service]]` table from a service body, its keys in the README's order: scalars and
+/// A `[[service]]` table from a service body, its keys in docs/operating.md's order: scalars and
 /// arrays first (`backends` as an inline array, one entry a line), then objects as
 /// `[service.KEY]` tables.
 fn service_table(name: &str, body: &Json) -> Result<Table, EditError> {

@@ -3,6 +3,9 @@
 
 use std::cell::RefCell;
 
+use super::asked::note;
+pub use super::asked::{Asked, Ty};
+
 use toml::{Table, Value};
 
 /// One problem in a config file: where (`service[1].backends[0].address`) and what.
@@ -112,7 +115,23 @@ impl<'a> Fields<'a> {
 
     fn get(&self, key: &'static str) -> Option<&'a Value> {
         self.seen.borrow_mut().push(key);
+        self.note(key, || (None, None, None));
         self.table.get(key)
+    }
+
+    /// Tells a recording (see [`super::asked`]) what this read asks of `key`: its type,
+    /// default and range, made only while recording (reads of a real file pay nothing).
+    fn note(&self, key: &str, what: impl FnOnce() -> (Option<Ty>, Option<String>, Option<String>)) {
+        note(|| {
+            let (ty, default, range) = what();
+            Asked {
+                path: self.path(key),
+                ty,
+                default,
+                range,
+                required: false,
+            }
+        });
     }
 
     fn typed<T>(
@@ -135,15 +154,18 @@ impl<'a> Fields<'a> {
     }
 
     pub fn str(&self, key: &'static str) -> Option<&'a str> {
+        self.note(key, || (Some(Ty::String), None, None));
         self.typed(key, "a string", Value::as_str)
     }
 
     pub fn int(&self, key: &'static str) -> Option<i64> {
+        self.note(key, || (Some(Ty::Integer), None, None));
         self.typed(key, "an integer", Value::as_integer)
     }
 
     /// A boolean; `default` when absent.
     pub fn bool_or(&self, key: &'static str, default: bool) -> Option<bool> {
+        self.note(key, || (Some(Ty::Boolean), Some(default.to_string()), None));
         match self.typed(key, "a boolean", Value::as_bool) {
             None => (!self.table.contains_key(key)).then_some(default),
             b => b,
@@ -151,20 +173,31 @@ impl<'a> Fields<'a> {
     }
 
     pub fn array(&self, key: &'static str) -> Option<&'a Vec<Value>> {
+        self.note(key, || (Some(Ty::Array), None, None));
         self.typed(key, "an array", Value::as_array)
     }
 
     pub fn table(&self, key: &'static str) -> Option<&'a Table> {
+        self.note(key, || (Some(Ty::Table), None, None));
         self.typed(key, "a table", Value::as_table)
     }
 
     /// One of `options` by name; `default` when absent.
-    pub fn choice<T: Copy>(
+    pub fn choice<T: Copy + PartialEq>(
         &self,
         key: &'static str,
-        options: &[(&str, T)],
+        options: &[(&'static str, T)],
         default: T,
     ) -> Option<T> {
+        self.note(key, || {
+            let names = options.iter().map(|(n, _)| *n).collect();
+            let default = options.iter().find(|(_, o)| *o == default);
+            (
+                Some(Ty::OneOf(names)),
+                default.map(|(n, _)| (*n).to_owned()),
+                None,
+            )
+        });
         let Some(name) = self.str(key) else {
             return (!self.table.contains_key(key)).then_some(default);
         };
@@ -190,6 +223,10 @@ impl<'a> Fields<'a> {
         range: std::ops::RangeInclusive<i64>,
         default: i64,
     ) -> Option<i64> {
+        self.note(key, || {
+            let range = format!("{}-{}", range.start(), range.end());
+            (Some(Ty::Integer), Some(default.to_string()), Some(range))
+        });
         match self.int(key) {
             None => (!self.table.contains_key(key)).then_some(default),
             Some(v) if range.contains(&v) => Some(v),
@@ -210,6 +247,10 @@ impl<'a> Fields<'a> {
         range: std::ops::RangeInclusive<std::time::Duration>,
         default: std::time::Duration,
     ) -> Option<std::time::Duration> {
+        self.note(key, || {
+            let range = format!("{}-{}", show(*range.start()), show(*range.end()));
+            (Some(Ty::Duration), Some(show(default)), Some(range))
+        });
         let Some(text) = self.str(key) else {
             return (!self.table.contains_key(key)).then_some(default);
         };
@@ -247,6 +288,10 @@ impl<'a> Fields<'a> {
         key: &'static str,
         read: impl FnOnce(&Self) -> Option<T>,
     ) -> Option<T> {
+        note(|| Asked {
+            required: true,
+            ..Asked::of(self.path(key))
+        });
         if !self.table.contains_key(key) {
             self.seen.borrow_mut().push(key);
             self.problem(key, "missing");
@@ -258,6 +303,7 @@ impl<'a> Fields<'a> {
     /// Whether the table has `key` (marks it as known).
     pub fn has(&self, key: &'static str) -> bool {
         self.seen.borrow_mut().push(key);
+        self.note(key, || (None, None, None));
         self.table.contains_key(key)
     }
 
@@ -267,11 +313,13 @@ impl<'a> Fields<'a> {
 
     /// Each element of an array of tables, with its index (its path is `key[i]`).
     pub fn tables(&self, key: &'static str) -> Vec<(usize, &'a Table)> {
+        self.note(key, || (Some(Ty::Tables), None, None));
         self.items(key, "a table", Value::as_table)
     }
 
     /// Each element of an array of strings, with its index.
     pub fn strings(&self, key: &'static str) -> Vec<(usize, &'a str)> {
+        self.note(key, || (Some(Ty::Strings), None, None));
         self.items(key, "a string", Value::as_str)
     }
 

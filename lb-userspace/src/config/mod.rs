@@ -2,6 +2,7 @@
 //! yields a complete, valid [`Config`] or the list of every problem in it.
 
 mod announce;
+mod asked;
 mod check;
 mod diff;
 pub mod discovery;
@@ -10,6 +11,7 @@ mod fields;
 pub mod host;
 mod payload;
 mod read;
+pub mod reference;
 mod settings;
 
 use std::{

@@ -433,7 +433,7 @@ impl Inner {
         };
         let overridden = match admin {
             Admin::Disabled => Some(HealthState::Disabled),
-            // Weight 0 is the config's way to drain (README).
+            // Weight 0 is the config's way to drain (docs/configuration.md).
             Admin::Drained => Some(HealthState::Drained),
             Admin::Enabled if backend.weight == 0 => Some(HealthState::Drained),
             Admin::Enabled => None,

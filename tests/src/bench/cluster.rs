@@ -92,7 +92,7 @@ pub fn run(rounds: usize) -> anyhow::Result<Cluster6> {
         }
         // Every host must see every backend healthy again before the streams start: a flow
         // opened while the hosts' verdicts differ may be on another backend than the one a
-        // second host's Maglev gives it, and would break if it moved there (README, "Agreement
+        // second host's Maglev gives it, and would break if it moved there (docs/operating.md, "Agreement
         // between hosts").
         for lb in &lbs {
             for k in &c.backends {

@@ -46,15 +46,15 @@
 //! - an IPv4 target whose last probe was answered gets its SYNs through a packet socket on the
 //!   link layer (see [`super::link`]): the kernel's IP output path was the largest single cost
 //!   of a probe. That path builds IPv4 headers only: IPv6 targets always take the kernel's path
-//!   through the raw socket (README, limitations). Its first probe, and every probe after a timeout or a failed send, take the
+//!   through the raw socket (docs/limitations.md). Its first probe, and every probe after a timeout or a failed send, take the
 //!   kernel's path through the raw socket, so the kernel resolves the next hop, and a failure
 //!   (unless it is the first timeout) is always seen through the kernel's own routing. On that
-//!   path a SYN skips netfilter's OUTPUT and POSTROUTING hooks and IPsec policies (README,
-//!   limitations); the answers come back through the ring either way. The ring sees them as they
+//!   path a SYN skips netfilter's OUTPUT and POSTROUTING hooks and IPsec policies
+//!   (docs/limitations.md); the answers come back through the ring either way. The ring sees them as they
 //!   come off the device, before netfilter's PREROUTING and INPUT hooks and IPsec's policy
 //!   checks: a reply the host's firewall drops still counts (the backend answered), and replies
-//!   of transport-mode IPsec, decrypted past every packet socket, are not seen (README,
-//!   limitations).
+//!   of transport-mode IPsec, decrypted past every packet socket, are not seen
+//!   (docs/limitations.md).
 //!
 //! Timing: the timeout runs from the call to [`SynProber::start_many`] (or
 //! [`SynProber::probe`]). A reply that arrived before the deadline always counts: the reader

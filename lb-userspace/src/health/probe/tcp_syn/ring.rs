@@ -19,7 +19,7 @@
 //! netfilter's PREROUTING and INPUT hooks, reverse-path filtering and IPsec policy checks, which
 //! a raw socket came after. A reply that the host's firewall then drops still counts here (the
 //! backend did answer). Replies of transport-mode IPsec are decrypted inside the IP layer, past
-//! every packet socket: such targets time out (README, limitations).
+//! every packet socket: such targets time out (docs/limitations.md).
 
 use std::{
     io,
