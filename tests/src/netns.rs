@@ -254,6 +254,24 @@ pub fn veth(a: &Netns, a_cidr: &str, b: &Netns, b_cidr: &str) -> anyhow::Result<
     veth_maybe_addressed(a, Some(a_cidr), b, Some(b_cidr))
 }
 
+/// Waits until `ifname` is operationally up. The kernel turns a link's carrier on and gives it
+/// its queueing discipline from a work queue after `ip link set up` returns; until then what is
+/// sent through it is dropped, and on a busy machine the first ARP or neighbour solicitation of
+/// a test can be lost that way (a second is then gone waiting for the retry).
+fn wait_operational(ns: &Netns, ifname: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let link = ns.ip(&["-o", "link", "show", "dev", ifname])?;
+        if link.contains(" state UP ") && !link.contains("qdisc noop") {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!("{ifname} in {} is not up after 10 s: {link}", ns.name());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Like [`veth`], with either end left without an address (e.g. a bridge port).
 pub fn veth_maybe_addressed(
     a: &Netns,
@@ -284,6 +302,9 @@ pub fn veth_maybe_addressed(
         }
         ns.ip(&["link", "set", ifname, "up"])?;
         sh(ns.command("ethtool").args(["-K", ifname, "tx", "off"]))?;
+    }
+    for (ns, ifname) in [(a, &an), (b, &bn)] {
+        wait_operational(ns, ifname)?;
     }
     let port = |ns: &Netns, ifname: String, cidr: Option<&str>| Port {
         ns: ns.clone(),
