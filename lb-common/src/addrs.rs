@@ -21,6 +21,9 @@ pub mod addr_flags {
     pub const SNAT: u32 = 2;
     /// A VIP that answers ICMP echo requests (`answer_ping`).
     pub const PING: u32 = 4;
+    /// A VIP with a QUIC service (`quic`): its UDP packets are read for the server ID in their
+    /// connection ID (see [`crate::QuicServerKey`]); other VIPs' never are.
+    pub const QUIC: u32 = 8;
 }
 
 /// One set of the address table: up to [`ADDR_WAYS`] addresses (network byte order) and their

@@ -163,6 +163,20 @@ pub mod counter {
             /// unencapsulated: their mark's slot is free, they go elsewhere than its backend,
             /// cannot be parsed, or the outer header found no room.
             PROBE_DROPPED = "probe_dropped",
+            /// QUIC short-header packets sent to the backend whose server ID their destination
+            /// connection ID carries (services with `quic`).
+            QUIC_ROUTED = "quic_routed",
+            /// Of those, packets whose 4-tuple the connection table did not have on that
+            /// backend (a client's new address or port, a NAT rebinding): the table learned it.
+            QUIC_LEARNED = "quic_learned",
+            /// QUIC short-header packets whose server ID no backend of the service has: sent by
+            /// the connection table and Maglev.
+            QUIC_UNKNOWN_SERVER_ID = "quic_unknown_server_id",
+            /// QUIC short-header packets not routed by their connection ID although they could
+            /// be: too short to hold the server ID, another config rotation (or 0b111,
+            /// unroutable), or the backend named is not available. Sent by the connection table
+            /// and Maglev.
+            QUIC_FALLBACK = "quic_fallback",
         }
     }
 }

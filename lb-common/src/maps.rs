@@ -67,6 +67,9 @@ pub mod map_name {
     /// ring line a SYN requests before its connection table lookup. Holds a hint only (a wrong
     /// one costs a line read): never pinned.
     pub const SERVICE_HINT: &str = "LB_SERVICE_HINT";
+    /// `PerCpuArray<QuicServerKey>` of one entry: the key of a QUIC server lookup, built off
+    /// the stack. Never pinned.
+    pub const QUIC_KEY: &str = "LB_QUIC_KEY";
 
     // Health probes through the tunnel (see [`crate::TUNNEL_MARK`]).
     /// `Array<TunnelProbe>` of [`crate::TUNNEL_SLOTS`]: a probe mark's slot → the IPv4 backend
@@ -90,6 +93,16 @@ pub mod map_name {
     /// `ProgramArray` of one slot: `lb_trace`. Apart from [`PROGS`] (pinned, its size part of
     /// the pinned layout): this one is per run, and empties when its daemon dies.
     pub const TRACE_PROG: &str = "LB_TRACE_PROG";
+    // QUIC routing by server ID (see [`crate::QuicServerKey`]). Written in full by the daemon
+    // at every load, before its programs are attached: never pinned.
+    /// `Array<u32>` indexed by service id: its layout word ([`crate::quic_layout_word`]); 0:
+    /// not a QUIC service.
+    pub const QUIC_LAYOUTS: &str = "LB_QUIC_LAYOUTS";
+    /// `Array<QuicServerId>` indexed by backend id: the backend's server ID, if it has one.
+    pub const QUIC_IDS: &str = "LB_QUIC_IDS";
+    /// `HashMap<QuicServerKey, u32>`: (service id, server ID) → backend id; one entry per
+    /// backend at most (sized by `max_backends`).
+    pub const QUIC_SERVERS: &str = "LB_QUIC_SERVERS";
     /// aya-log's `RingBuf` of log records (the trace's records), named by aya-log.
     pub const AYA_LOGS: &str = "AYA_LOGS";
 }

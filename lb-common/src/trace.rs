@@ -30,6 +30,9 @@ pub mod trace_kind {
     pub const MIDSTREAM: u8 = 3;
     /// A packet dropped; [`super::TraceNote::reason`] is its verdict counter.
     pub const DROPPED: u8 = 4;
+    /// A QUIC packet whose 4-tuple is new to its backend (a client's new address or port) sent
+    /// to the backend its connection ID's server ID names.
+    pub const QUIC_ROUTED: u8 = 5;
 }
 
 /// [`TraceNote::service_id`] / [`TraceNote::backend_id`] when there is none.
@@ -99,7 +102,10 @@ pub struct TraceNote {
     pub described: u8,
     /// 4 or 6; 0 for a frame `lb_trace` could not read.
     pub family: u8,
-    pub _pad: [u8; 10],
+    /// Set for a new flow's packet the QUIC routing sent (kind [`trace_kind::QUIC_ROUTED`]),
+    /// taken off with the note's hand-off.
+    pub quic: u8,
+    pub _pad: [u8; 9],
 }
 
 /// The IPv4-mapped form (`::ffff:a.b.c.d`) of an IPv4 address held as the maps hold it.

@@ -7,9 +7,9 @@
 
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use lb_common::{
-    BackendInfoOf, CtEntry, FlowKeyOf, NO_BACKEND, NatEntryOf, NextHop, PROTO_TCP, Params,
-    SELECT_TRIES, ServiceInfo, ServiceKeyOf, TOO_BIG_PROG, backend_flags, counter, ct_flags,
-    ct_state, fmix64, nat_flags, service_flags, syn_bucket,
+    BackendInfoOf, CtEntry, FlowKeyOf, NO_BACKEND, NatEntryOf, NextHop, PROTO_TCP, PROTO_UDP,
+    Params, SELECT_TRIES, ServiceInfo, ServiceKeyOf, TOO_BIG_PROG, backend_flags, counter,
+    ct_flags, ct_state, fmix64, nat_flags, service_flags, syn_bucket,
 };
 use network_types::eth::EthHdr;
 
@@ -22,7 +22,7 @@ use crate::{
     parse::{Flow, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     passive,
     ptr::ptr_at,
-    ratelimit, snat, stats,
+    quic, ratelimit, snat, stats,
     table::{ct_find, ct_live, ct_store, nat_find},
     trace,
     verdict::{Verdict, send_out},
@@ -37,8 +37,9 @@ fn is_new_syn(flags: u8) -> bool {
 }
 
 /// Client → VIP (the destination is a VIP address; a port that is no service is passed).
+/// `quic_vip`: the VIP has a QUIC service, whose packets may name their backend (quic.rs).
 #[inline(always)]
-pub fn forward<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> Verdict {
+pub fn forward<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>, quic_vip: bool) -> Verdict {
     if flow.ttl <= 1 {
         return (xdp_action::XDP_DROP, counter::DROP_TTL);
     }
@@ -52,11 +53,15 @@ pub fn forward<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> Verdict {
     if flow.proto == PROTO_TCP && is_new_syn(flow.tcp_flags) {
         warm::<F>(flow, hash, p);
     }
+    let quic = quic_vip && flow.proto == PROTO_UDP;
     if let Some(slot) = ct_find::<F>(&k, hash, p) {
         // SAFETY: a map value; other CPUs may write it too, all fields are plain integers.
         let e = unsafe { &mut (*slot).entry };
-        // A SYN on a closing flow is the client reusing its port: a new connection.
-        let reused = e.state == ct_state::TCP_CLOSING && is_new_syn(flow.tcp_flags);
+        // A SYN on a closing flow is the client reusing its port: a new connection. A QUIC
+        // packet naming another backend than its flow's: the connection it belongs to lives
+        // there (this 4-tuple was another's), the flow moves.
+        let reused = e.state == ct_state::TCP_CLOSING && is_new_syn(flow.tcp_flags)
+            || quic && quic::names_other::<F>(ctx, flow, e.service_id, e.backend_id);
         if ct_live(e, now, p) && !reused {
             if let Some(v) = established::<F>(ctx, flow, e, hash, now) {
                 return v;
@@ -67,7 +72,7 @@ pub fn forward<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> Verdict {
             }
         }
     }
-    new_flow::<F>(ctx, flow, &k, hash, now, p)
+    new_flow::<F>(ctx, flow, &k, hash, now, p, quic)
 }
 
 /// Reads what a new flow of `flow` will likely read (its SYN bucket, its Maglev slot in the ring
@@ -235,6 +240,7 @@ fn new_flow<F: Family>(
     hash: u64,
     now: u64,
     p: &Params,
+    quic: bool,
 ) -> Verdict {
     // A VIP's port or protocol that no service has: dropped, never passed (the kernel has no
     // such address and would route it back out, a loop).
@@ -253,7 +259,15 @@ fn new_flow<F: Family>(
     if flow.proto == PROTO_TCP && is_new_syn(flow.tcp_flags) && !syn_allowed(flow.saddr, now, p) {
         return (xdp_action::XDP_DROP, counter::DROP_SYN_RATE);
     }
-    let Some((backend_id, backend)) = select::<F>(svc.id, svc.flags, hash, p.ring_size) else {
+    // A QUIC packet naming its backend goes there; any other by the ring.
+    let named = if quic {
+        quic::pick::<F>(ctx, flow, &svc)
+    } else {
+        None
+    };
+    let Some((backend_id, backend)) =
+        named.or_else(|| select::<F>(svc.id, svc.flags, hash, p.ring_size))
+    else {
         return (xdp_action::XDP_DROP, counter::DROP_NO_BACKEND);
     };
     let nh = match fib::to_backend::<F>(ctx, backend_id, backend, flow.proto, now) {

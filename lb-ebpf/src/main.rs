@@ -18,7 +18,8 @@ mod nat;
 mod outer;
 mod parse;
 mod passive;
-use lb_ebpf::ptr; // shared with the decapsulator: lb-ebpf's library
+use lb_ebpf::ptr;
+mod quic; // shared with the decapsulator: lb-ebpf's library
 mod ratelimit;
 mod snat;
 mod stats;
@@ -202,7 +203,7 @@ mod prog {
             }
         }
         if flags & addr_flags::VIP != 0 {
-            return flow::forward::<F>(ctx, &flow);
+            return flow::forward::<F>(ctx, &flow, flags & addr_flags::QUIC != 0);
         }
         (xdp_action::XDP_PASS, counter::PASS_NOT_VIP)
     }

@@ -11,9 +11,10 @@ use lb_common::{
     ADDR_SETS, AddrSet, AddrSet6, BackendInfo, BackendInfo6, BackendInfoOf, CtSlot, CtSlot6,
     DEFAULT_CONNTRACK_SIZE, DEFAULT_CONNTRACK6_SIZE, DEFAULT_MAX_BACKENDS, DEFAULT_MAX_SERVICES,
     DEFAULT_RING_SIZE, FlowKey, FlowKey6, FlowKeyOf, MAX_TX_PORTS, NatEntryOf, NatSlot, NatSlot6,
-    NextHop, PROBE_REPLIES_SIZE, PROG_SLOTS, Params, ProbeReply, ProbeReply6, SIGNALS_RING_BYTES,
-    SYN_BUCKETS, ServiceInfo, ServiceKey, ServiceKey6, TUNNEL_SLOTS, TokenBucket, TraceCpu,
-    TraceFilter, TrafficStats, TunnelProbe, TunnelProbe6, counter,
+    NextHop, PROBE_REPLIES_SIZE, PROG_SLOTS, Params, ProbeReply, ProbeReply6, QuicServerId,
+    QuicServerKey, SIGNALS_RING_BYTES, SYN_BUCKETS, ServiceInfo, ServiceKey, ServiceKey6,
+    TUNNEL_SLOTS, TokenBucket, TraceCpu, TraceFilter, TrafficStats, TunnelProbe, TunnelProbe6,
+    counter,
 };
 
 /// Datapath parameters; userspace overrides this read-only global when loading.
@@ -157,6 +158,24 @@ pub static TOO_BIG: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 /// The service of this CPU's last new flow: a guess for warming a SYN's ring line (flow.rs).
 #[map(name = "LB_SERVICE_HINT")] // lb_common::map_name::SERVICE_HINT
 pub static SERVICE_HINT: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+
+/// Service id → its QUIC layout word (0: not QUIC); see quic.rs.
+#[map(name = "LB_QUIC_LAYOUTS")] // lb_common::map_name::QUIC_LAYOUTS
+pub static QUIC_LAYOUTS: Array<u32> = Array::with_max_entries(DEFAULT_MAX_SERVICES, 0);
+
+/// Backend id → its QUIC server ID, if it has one.
+#[map(name = "LB_QUIC_IDS")] // lb_common::map_name::QUIC_IDS
+pub static QUIC_IDS: Array<QuicServerId> = Array::with_max_entries(DEFAULT_MAX_BACKENDS, 0);
+
+/// (service id, server ID) → backend id.
+#[map(name = "LB_QUIC_SERVERS")] // lb_common::map_name::QUIC_SERVERS
+pub static QUIC_SERVERS: HashMap<QuicServerKey, u32> =
+    HashMap::with_max_entries(DEFAULT_MAX_BACKENDS, 0);
+
+/// The key of a [`QUIC_SERVERS`] lookup, per CPU: built here rather than on the stack, which
+/// the IPv6 program has no room for.
+#[map(name = "LB_QUIC_KEY")] // lb_common::map_name::QUIC_KEY
+pub static QUIC_KEY: PerCpuArray<QuicServerKey> = PerCpuArray::with_max_entries(1, 0);
 
 /// Health probes through the tunnel: a probe mark's slot → backend, VIP, encapsulation (see
 /// tunnel.rs). Written by the daemon, read by the TC egress program.

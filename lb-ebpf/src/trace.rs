@@ -90,6 +90,16 @@ pub fn rescheduled(hash: u64, prev: u32) {
     }
 }
 
+/// The new flow this packet makes was routed by its QUIC connection ID: noted for its record.
+/// Called behind [`on`].
+#[inline(always)]
+pub fn quic_routed() {
+    if let Some(c) = TRACE_CPU.get_ptr_mut(0) {
+        // SAFETY: this CPU's value; the packet runs to its end on this CPU.
+        unsafe { (*c).note.quic = 1 };
+    }
+}
+
 /// Describes the packet in this CPU's note and tail-calls `lb_trace`. Returns only when the
 /// slot is empty (no daemon reads the trace).
 #[inline(always)]
@@ -101,7 +111,13 @@ fn hand_off<A: FlowAddr>(ctx: &XdpContext, v: Verdict, kind: u8, flow: Option<&F
     let n = unsafe { &mut (*c).note };
     n.action = v.0;
     n.reason = v.1;
-    n.kind = kind;
+    // A QUIC-routed packet's mark holds for its own record only.
+    n.kind = if kind == trace_kind::NEW_FLOW && n.quic != 0 {
+        trace_kind::QUIC_ROUTED
+    } else {
+        kind
+    };
+    n.quic = 0;
     match flow {
         Some(f) => {
             n.client = f.saddr.to_addr6();

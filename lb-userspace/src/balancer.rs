@@ -13,7 +13,8 @@ use std::{
 
 use anyhow::{Context as _, bail};
 use lb_common::{
-    AddrSet, AddrSet6, NO_BACKEND, ServiceInfo, addr_flags, backend_flags, service_flags,
+    AddrSet, AddrSet6, NO_BACKEND, QuicServerKey, ServiceInfo, addr_flags, backend_flags,
+    service_flags,
 };
 
 pub use crate::model::Admin;
@@ -22,6 +23,7 @@ use crate::{
     config::{AllUnhealthy, Config, ExistingFlows, Forwarding},
     entries::{AnyBackend, AnyServiceKey, AnyTunnel},
     maglev::{self, Member},
+    quic_table::{QuicService, QuicTable, QuicWrite},
     tunnels::Tunnels,
 };
 
@@ -40,6 +42,16 @@ pub trait MapWriter {
     fn remove_service(&mut self, key: AnyServiceKey) -> anyhow::Result<()>;
     /// Writes slot `slot` of its family's tunnel table (health probes through the tunnel).
     fn set_tunnel(&mut self, slot: u32, entry: AnyTunnel) -> anyhow::Result<()>;
+    /// Writes service `service_id`'s QUIC layout word (0: not QUIC).
+    fn set_quic_layout(&mut self, service_id: u32, word: u32) -> anyhow::Result<()>;
+    /// Writes backend `backend_id`'s QUIC server ID (None: it has none).
+    fn set_quic_id(&mut self, backend_id: u32, server_id: Option<u64>) -> anyhow::Result<()>;
+    /// Points (service, server ID) at a backend id, or removes it (None).
+    fn set_quic_server(
+        &mut self,
+        key: QuicServerKey,
+        backend_id: Option<u32>,
+    ) -> anyhow::Result<()>;
 }
 
 /// Ids handed out so far: what a restarted daemon needs to adopt a pinned datapath whose
@@ -93,6 +105,8 @@ pub struct Balancer {
     addrs6: AddrTable6,
     /// The tunnel table of health probes through the tunnel, as written to the maps.
     tunnels: Tunnels,
+    /// The QUIC routing's maps as written.
+    quic: QuicTable,
     /// Ids and admin settings of a previous run, used for the first config applied.
     adopted: Option<Ids>,
     /// Moves whenever anything a ring is computed from changes (a backend's flags, a
@@ -306,6 +320,7 @@ impl Balancer {
             addrs: AddrTable::default(),
             addrs6: AddrTable6::default(),
             tunnels: Tunnels::default(),
+            quic: QuicTable::default(),
             adopted: ids,
             epoch: 0,
         }
@@ -575,7 +590,12 @@ impl Balancer {
         for (s, c) in services.iter().zip(&config.services) {
             // Services sharing a VIP agree on answer_ping (the config reader checks it).
             let ping = if s.answer_ping { addr_flags::PING } else { 0 };
-            wanted.add(c.vip.ip(), addr_flags::VIP | ping);
+            let quic = if c.quic.is_some() {
+                addr_flags::QUIC
+            } else {
+                0
+            };
+            wanted.add(c.vip.ip(), addr_flags::VIP | ping | quic);
             for b in &s.backends {
                 wanted.add(b.info.snat_ip(), addr_flags::SNAT);
             }
@@ -658,6 +678,32 @@ impl Balancer {
                 self.sync_ring(sid, writer)?;
             }
         }
+        // The QUIC routing before the addresses: a new QUIC VIP is read for connection IDs once
+        // its services' layouts and server IDs are there.
+        let quic = QuicTable::plan(config.services.iter().zip(&self.services).filter_map(
+            |(c, s)| {
+                let q = c.quic?;
+                let backends = c
+                    .backends
+                    .iter()
+                    .zip(&s.backends)
+                    .filter_map(|(b, state)| Some((state.id, b.server_id?)))
+                    .collect();
+                Some(QuicService {
+                    id: s.info.id,
+                    word: q.word(),
+                    backends,
+                })
+            },
+        ));
+        for w in quic.changes_from(&self.quic) {
+            match w {
+                QuicWrite::Layout(id, word) => writer.set_quic_layout(id, word)?,
+                QuicWrite::Id(id, server) => writer.set_quic_id(id, server)?,
+                QuicWrite::Server(key, backend) => writer.set_quic_server(key, backend)?,
+            }
+        }
+        self.quic = quic;
         for (index, set) in addr_table.changes_from(&cleared) {
             writer.set_addr_set(index, &set)?;
         }
@@ -969,6 +1015,9 @@ pub struct MemoryMaps {
     /// The service id of each ring write so far.
     pub ring_writes: Vec<u32>,
     pub tunnels: BTreeMap<u32, AnyTunnel>,
+    pub quic_layouts: BTreeMap<u32, u32>,
+    pub quic_ids: BTreeMap<u32, u64>,
+    pub quic_servers: BTreeMap<(u32, u64), u32>,
 }
 
 impl MemoryMaps {
@@ -1023,6 +1072,35 @@ impl MapWriter for MemoryMaps {
         self.tunnels.insert(slot, entry);
         Ok(())
     }
+
+    fn set_quic_layout(&mut self, service_id: u32, word: u32) -> anyhow::Result<()> {
+        match word {
+            0 => self.quic_layouts.remove(&service_id),
+            w => self.quic_layouts.insert(service_id, w),
+        };
+        Ok(())
+    }
+
+    fn set_quic_id(&mut self, backend_id: u32, server_id: Option<u64>) -> anyhow::Result<()> {
+        match server_id {
+            None => self.quic_ids.remove(&backend_id),
+            Some(id) => self.quic_ids.insert(backend_id, id),
+        };
+        Ok(())
+    }
+
+    fn set_quic_server(
+        &mut self,
+        key: QuicServerKey,
+        backend_id: Option<u32>,
+    ) -> anyhow::Result<()> {
+        let k = (key.service_id, key.server_id);
+        match backend_id {
+            None => self.quic_servers.remove(&k),
+            Some(id) => self.quic_servers.insert(k, id),
+        };
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -1049,6 +1127,67 @@ mod tests {
 
     fn share(maps: &MemoryMaps, id: u32) -> usize {
         maps.rings[&0].values().filter(|&&b| b == id).count()
+    }
+
+    #[test]
+    fn quic_services_get_their_layout_server_ids_and_vip_flag() {
+        let udp = |ids: &str| {
+            config::parse(&format!(
+                "[lb]\ninterfaces = [\"eth1\"]\nring_size = 1009\n\
+                 [[service]]\nname = \"h3\"\nvip = \"10.100.0.1:443\"\nprotocol = \"udp\"\n\
+                 quic = {{ server_id_bytes = 2, config_id = 1 }}\nbackends = [{ids}]\n\
+                 [[service]]\nname = \"dns\"\nvip = \"10.100.0.2:53\"\nprotocol = \"udp\"\n\
+                 backends = [{{ address = \"10.0.2.2:53\" }}]\n"
+            ))
+            .unwrap()
+        };
+        let c = udp(
+            "{ address = \"10.0.2.2:443\", server_id = 7 }, { address = \"10.0.2.3:443\", server_id = 8 }, { address = \"10.0.2.4:443\" }",
+        );
+        let (mut b, mut maps) = build(&c);
+        let (h3, dns) = (b.service_id(0).unwrap(), b.service_id(1).unwrap());
+        let id = |b: &Balancer, i| b.backend_id(0, i).unwrap();
+        assert_eq!(
+            maps.quic_layouts,
+            [(h3, lb_common::quic_layout_word(2, 1, Some(1)))].into()
+        );
+        assert_eq!(maps.quic_ids, [(id(&b, 0), 7), (id(&b, 1), 8)].into());
+        assert_eq!(
+            maps.quic_servers,
+            [((h3, 7), id(&b, 0)), ((h3, 8), id(&b, 1))].into()
+        );
+        assert!(!maps.quic_layouts.contains_key(&dns));
+        assert_eq!(
+            maps.addrs()[&Ipv4Addr::new(10, 100, 0, 1)],
+            addr_flags::VIP | addr_flags::PING | addr_flags::QUIC
+        );
+        assert_eq!(
+            maps.addrs()[&Ipv4Addr::new(10, 100, 0, 2)],
+            addr_flags::VIP | addr_flags::PING,
+            "no QUIC service there"
+        );
+
+        // A backend leaves, another changes its server ID: their entries follow.
+        let c =
+            udp("{ address = \"10.0.2.3:443\", server_id = 9 }, { address = \"10.0.2.4:443\" }");
+        b.apply(&c, snat, |_, _, _| true, &mut maps).unwrap();
+        assert_eq!(maps.quic_ids, [(id(&b, 0), 9)].into());
+        assert_eq!(maps.quic_servers, [((h3, 9), id(&b, 0))].into());
+
+        // No longer QUIC: all of it goes, the VIP's flag too.
+        let plain = c.clone();
+        let mut plain = plain;
+        plain.services[0].quic = None;
+        for backend in &mut plain.services[0].backends {
+            backend.server_id = None;
+        }
+        b.apply(&plain, snat, |_, _, _| true, &mut maps).unwrap();
+        assert!(maps.quic_layouts.is_empty() && maps.quic_ids.is_empty());
+        assert!(maps.quic_servers.is_empty());
+        assert_eq!(
+            maps.addrs()[&Ipv4Addr::new(10, 100, 0, 1)] & addr_flags::QUIC,
+            0
+        );
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub mod maglev;
 pub mod manual;
 pub mod model;
 pub mod netns;
+pub mod quic_table;
 pub mod resources;
 pub mod rtnl;
 pub mod source;

@@ -769,8 +769,9 @@ pub struct Events {
 pub struct TraceLine {
     /// Unix time the daemon read it, seconds.
     pub time: f64,
-    /// "new_flow", "rescheduled", "midstream" (re-created mid-stream), "dropped", or "notice"
-    /// (the trace's own: started, records not shown, ended).
+    /// "new_flow", "rescheduled", "midstream" (re-created mid-stream), "quic_routed" (a QUIC
+    /// connection's new 4-tuple sent to the backend its connection ID names), "dropped", or
+    /// "notice" (the trace's own: started, records not shown, ended).
     pub kind: String,
     /// The whole line as `lb trace` prints it after the time.
     pub text: String,

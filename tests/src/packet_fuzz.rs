@@ -118,6 +118,28 @@ name = "dsr6-ipip"
 vip = "[2001:db8:100::4]:443"
 forwarding = "ipip"
 backends = [{ address = "[2001:db8:2::5]:443" }]
+
+[[service]]
+name = "quic"
+vip = "10.100.0.1:443"
+protocol = "udp"
+quic = { server_id_bytes = 2 }
+backends = [{ address = "10.0.2.2:443", server_id = 1 }, { address = "10.0.2.3:443", server_id = 2 }]
+
+[[service]]
+name = "quic6"
+vip = "[2001:db8:100::1]:443"
+protocol = "udp"
+quic = { server_id_bytes = 1, cid_offset = 4, config_id = 1 }
+backends = [{ address = "[2001:db8:2::2]:443", server_id = 1 }, { address = "[2001:db8:2::3]:443", server_id = 2 }]
+
+[[service]]
+name = "quic-dsr"
+vip = "10.100.0.4:443"
+protocol = "udp"
+forwarding = "gue"
+quic = { server_id_bytes = 3, cid_offset = 2 }
+backends = [{ address = "10.0.2.5:443", server_id = 7 }, { address = "10.0.2.6:443", server_id = 8 }]
 "#;
 
 /// Addresses a mutated destination is pointed at: VIPs, SNAT addresses, others.
@@ -252,6 +274,39 @@ fn dsr_seeds(vc: u32, seed: &mut dyn FnMut(Vec<u8>, u32)) {
     let udp = Packet::udp("10.0.1.5:49100", "10.100.0.4:53").payload(b"query");
     seed(udp.build(), vc);
     seed(udp.udp_zero_checksum().build(), vc);
+    for payload in quic_payloads(2, 3, 0, 8) {
+        seed(
+            Packet::udp("10.0.1.5:49200", "10.100.0.4:443")
+                .payload(&payload)
+                .build(),
+            vc,
+        );
+    }
+}
+
+/// QUIC payloads for a service whose server IDs are `bytes` long from `offset`, with config
+/// rotation bits `config`, naming server `id`: a short header, one naming nobody, the
+/// unroutable rotation, an Initial, and a short header cut just short of the server ID.
+fn quic_payloads(offset: usize, bytes: usize, config: u8, id: u64) -> Vec<Vec<u8>> {
+    let short = |config: u8, id: u64| {
+        let mut cid = [(config << 5) | 3, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77];
+        cid[offset..offset + bytes].copy_from_slice(&id.to_be_bytes()[8 - bytes..]);
+        let mut p = vec![0x41];
+        p.extend_from_slice(&cid);
+        p.extend_from_slice(&[0x3c; 24]);
+        p
+    };
+    let mut cut = short(config, id);
+    cut.truncate(offset + 3);
+    let mut initial = vec![0xc0, 0, 0, 0, 1, 8, 1, 2, 3, 4, 5, 6, 7, 8, 0];
+    initial.extend_from_slice(&[0; 30]);
+    vec![
+        short(config, id),
+        short(config, 200),
+        short(7, id),
+        initial,
+        cut,
+    ]
 }
 
 impl Bed {
@@ -408,6 +463,27 @@ impl Bed {
             }
             seed(query.build(), vc);
             seed(query.clone().udp_zero_checksum().build(), vc);
+        }
+        // QUIC: a connection's packets by its connection ID, from its first port and a new one.
+        for (clients, vip, layout) in [
+            (
+                ["10.0.1.2:47200", "10.0.1.3:47201"],
+                "10.100.0.1:443",
+                (1, 2, 0),
+            ),
+            (
+                ["[2001:db8:1::2]:47200", "[2001:db8:1::3]:47201"],
+                "[2001:db8:100::1]:443",
+                (4, 1, 1),
+            ),
+        ] {
+            for client in clients {
+                for payload in quic_payloads(layout.0, layout.1, layout.2, 2) {
+                    let packet = Packet::udp(client, vip).payload(&payload);
+                    run(&packet.build(), vc)?;
+                    seed(packet.build(), vc);
+                }
+            }
         }
         // ICMP to lb's addresses and others, other traffic.
         for (client, dst) in [

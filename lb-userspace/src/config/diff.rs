@@ -103,6 +103,7 @@ fn service_diff(old: &Service, new: &Service) -> ServiceDiff {
     check("passive", old.passive == new.passive);
     check("announce", old.announce == new.announce);
     check("backends_from", old.discovery == new.discovery);
+    check("quic", old.quic == new.quic);
     let olds: HashMap<SocketAddr, &Backend> = old.backends.iter().map(|b| (b.address, b)).collect();
     let news: HashMap<SocketAddr, &Backend> = new.backends.iter().map(|b| (b.address, b)).collect();
     let mut diff = ServiceDiff {
@@ -117,11 +118,13 @@ fn service_diff(old: &Service, new: &Service) -> ServiceDiff {
                 weight: b.weight,
                 was_weight: None,
             }),
-            Some(o) if o.weight != b.weight => diff.backends_changed.push(BackendChange {
-                address: b.address,
-                weight: b.weight,
-                was_weight: Some(o.weight),
-            }),
+            Some(o) if o.weight != b.weight || o.server_id != b.server_id => {
+                diff.backends_changed.push(BackendChange {
+                    address: b.address,
+                    weight: b.weight,
+                    was_weight: Some(o.weight),
+                })
+            }
             Some(_) => {}
         }
     }

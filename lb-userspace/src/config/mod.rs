@@ -10,6 +10,7 @@ pub mod edit;
 mod fields;
 pub mod host;
 mod payload;
+mod quic;
 mod read;
 pub mod reference;
 mod settings;
@@ -29,6 +30,7 @@ pub use diff::{BackendChange, Diff, ServiceDiff};
 pub use discovery::Discovery;
 pub use fields::{Problem, parse_duration, show as show_duration};
 pub use payload::Expect;
+pub use quic::Quic;
 pub use read::parse;
 pub use settings::{FailureKind, PassiveSettings, WindowSettings};
 
@@ -328,6 +330,8 @@ pub struct Service {
     pub announce: Option<ServiceAnnounce>,
     /// Backends from DNS (`backends_from`), merged with `backends` by the daemon.
     pub discovery: Option<Discovery>,
+    /// QUIC routing by the server ID in connection IDs (UDP services).
+    pub quic: Option<Quic>,
 }
 
 /// `[service.passive]`: ejection on failures seen in real traffic (SPEC §3).
@@ -363,6 +367,9 @@ pub struct Backend {
     pub address: SocketAddr,
     /// Relative share of new flows; 0 = drained.
     pub weight: u32,
+    /// The server ID its QUIC server writes into the connection IDs it issues (services with
+    /// `quic`).
+    pub server_id: Option<u64>,
 }
 
 /// Every problem found in a config file.

@@ -549,6 +549,11 @@ fn read_service(f: &Fields, announce_on: bool) -> Option<Service> {
         }
         None => Some(None),
     };
+    let quic = match f.table("quic") {
+        Some(t) => super::quic::read(&Fields::new(t, f.path("quic"), f.problems())).map(Some),
+        None if f.has("quic") => None,
+        None => Some(None),
+    };
     let from_dns = f.has("backends_from");
     let backends = if from_dns && !f.has("backends") {
         Some(Vec::new())
@@ -587,7 +592,9 @@ fn read_service(f: &Fields, announce_on: bool) -> Option<Service> {
         passive: passive?,
         announce: announce?,
         discovery: discovery?,
+        quic: quic?,
     };
+    check_quic(f, &service);
     if service.protocol == Protocol::Udp && service.passive.no_data_timeout.is_some() {
         f.problems().push(
             f.path("passive.no_data_timeout"),
@@ -677,11 +684,59 @@ fn read_backend(f: &Fields) -> Option<Backend> {
             None
         }
     };
+    let server_id = match f.int("server_id") {
+        None => Some(None),
+        Some(id) if id >= 0 => Some(Some(id as u64)),
+        Some(id) => {
+            f.problem("server_id", format!("invalid server ID {id}: 0 or more"));
+            None
+        }
+    };
     f.finish();
     Some(Backend {
         address: address?,
         weight: weight?,
+        server_id: server_id?,
     })
+}
+
+/// A service's QUIC settings against its protocol and its backends' server IDs.
+fn check_quic(f: &Fields, service: &Service) {
+    let Some(quic) = service.quic else {
+        for (i, b) in service.backends.iter().enumerate() {
+            if b.server_id.is_some() {
+                f.problems().push(
+                    f.path(&format!("backends[{i}].server_id")),
+                    "only in a service with `quic` (it says where the server ID is)",
+                );
+            }
+        }
+        return;
+    };
+    if service.protocol != Protocol::Udp {
+        f.problems()
+            .push(f.path("quic"), "only for UDP services: QUIC runs over UDP");
+    }
+    let mut seen = HashMap::new();
+    for (i, b) in service.backends.iter().enumerate() {
+        let Some(id) = b.server_id else { continue };
+        let path = f.path(&format!("backends[{i}].server_id"));
+        if id > quic.max_server_id() {
+            f.problems().push(
+                path,
+                format!(
+                    "{id} does not fit in quic.server_id_bytes = {} (at most {})",
+                    quic.server_id_bytes,
+                    quic.max_server_id()
+                ),
+            );
+        } else if let Some(first) = seen.insert(id, i) {
+            f.problems().push(
+                path,
+                format!("{id} is already backends[{first}]'s: a server ID names one backend"),
+            );
+        }
+    }
 }
 
 /// Problems that span services: unique names and (VIP, port, protocol), map capacities.
@@ -846,6 +901,95 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
             Ok(c) => panic!("accepted: {c:?}"),
             Err(e) => e.0.iter().map(ToString::to_string).collect(),
         }
+    }
+
+    const QUIC: &str = r#"
+[lb]
+interfaces = ["eth1"]
+
+[[service]]
+name = "h3"
+vip = "10.100.0.1:443"
+protocol = "udp"
+quic = { server_id_bytes = 2 }
+backends = [ { address = "10.0.2.2:443", server_id = 1 }, { address = "10.0.3.2:443", server_id = 65535 }, { address = "10.0.4.2:443" } ]
+"#;
+
+    #[test]
+    fn quic_layouts_and_server_ids() {
+        let c = parse(QUIC).unwrap();
+        let q = c.services[0].quic.unwrap();
+        assert_eq!((q.server_id_bytes, q.cid_offset, q.config_id), (2, 1, None));
+        let ids: Vec<_> = c.services[0].backends.iter().map(|b| b.server_id).collect();
+        assert_eq!(ids, [Some(1), Some(65535), None], "a backend may have none");
+        let full = QUIC.replace(
+            "quic = { server_id_bytes = 2 }",
+            "quic = { server_id_bytes = 8, cid_offset = 12, config_id = 6 }",
+        );
+        let q = parse(&full).unwrap().services[0].quic.unwrap();
+        assert_eq!(
+            (q.server_id_bytes, q.cid_offset, q.config_id),
+            (8, 12, Some(6))
+        );
+        assert_eq!(q.max_server_id(), u64::MAX);
+
+        let bad = |from: &str, to: &str| problems(&QUIC.replace(from, to));
+        assert_eq!(
+            bad("server_id = 65535", "server_id = 65536"),
+            [
+                "service[0].backends[1].server_id: 65536 does not fit in quic.server_id_bytes = 2 (at most 65535)"
+            ]
+        );
+        assert_eq!(
+            bad("server_id = 65535", "server_id = 1"),
+            [
+                "service[0].backends[1].server_id: 1 is already backends[0]'s: a server ID names one backend"
+            ]
+        );
+        assert_eq!(
+            bad("server_id = 65535", "server_id = -1"),
+            ["service[0].backends[1].server_id: invalid server ID -1: 0 or more"]
+        );
+        assert_eq!(
+            bad("protocol = \"udp\"", "protocol = \"tcp\""),
+            ["service[0].quic: only for UDP services: QUIC runs over UDP"]
+        );
+        assert_eq!(
+            bad("quic = { server_id_bytes = 2 }\n", ""),
+            [
+                "service[0].backends[0].server_id: only in a service with `quic` (it says where the server ID is)",
+                "service[0].backends[1].server_id: only in a service with `quic` (it says where the server ID is)"
+            ]
+        );
+        assert_eq!(
+            bad("server_id_bytes = 2", "server_id_bytes = 9"),
+            ["service[0].quic.server_id_bytes: 9 is out of range 1-8"]
+        );
+        assert_eq!(
+            bad(
+                "server_id_bytes = 2",
+                "server_id_bytes = 8, cid_offset = 13"
+            ),
+            [
+                "service[0].quic.cid_offset: the server ID (8 bytes from byte 13) must end within a connection ID (20 bytes at most)"
+            ]
+        );
+        assert_eq!(
+            bad("server_id_bytes = 2", "server_id_bytes = 2, config_id = 7"),
+            ["service[0].quic.config_id: 7 is out of range 0-6"]
+        );
+        assert_eq!(
+            bad("server_id_bytes = 2", "server_id_bytes = 2, cid = 1"),
+            ["service[0].quic.cid: unknown key"]
+        );
+        assert_eq!(
+            bad("quic = { server_id_bytes = 2 }", "quic = {}"),
+            ["service[0].quic.server_id_bytes: missing"]
+        );
+        assert_eq!(
+            bad("quic = { server_id_bytes = 2 }", "quic = 2"),
+            ["service[0].quic: expected a table, got integer"]
+        );
     }
 
     #[test]

@@ -128,6 +128,7 @@ pub async fn resolve(spec: &Discovery, v6: bool) -> Outcome {
                             .map(|ip| Backend {
                                 address: SocketAddr::new(ip, port),
                                 weight: spec.weight,
+                                server_id: None,
                             })
                             .collect();
                         (backends, ttl)
@@ -186,6 +187,7 @@ async fn srv(
                         backends.push(Backend {
                             address,
                             weight: u32::from(s.weight()).clamp(1, MAX_WEIGHT),
+                            server_id: None,
                         });
                     }
                 }

@@ -186,6 +186,7 @@ mod tests {
                 .map(|a| Backend {
                     address: a.parse().unwrap(),
                     weight: 1,
+                    server_id: None,
                 })
                 .collect(),
             ttl: Duration::from_secs(ttl),

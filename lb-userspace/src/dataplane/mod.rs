@@ -31,8 +31,8 @@ use lb_common::{
     ADDR_SETS, AddrSet, AddrSet6, BackendInfo, BackendInfo6, CtSlot, FlowKey, FlowKey6, ICMP_PROG,
     ICMP_PROGRAM_NAME, ICMP6_PROG, ICMP6_PROGRAM_NAME, NatSlot, PARAMS_GLOBAL, PASS_PROGRAM_NAME,
     PROBE_ENCAP_PROGRAM_NAME, PROBE_REPLY_PROG, PROBE_REPLY_PROGRAM_NAME, PROGRAM_NAME, Params,
-    ProbeReply, ProbeReply6, ServiceInfo, ServiceKey, ServiceKey6, TOO_BIG_PROG,
-    TOO_BIG_PROGRAM_NAME, TRACE_PROGRAM_NAME, TunnelProbe, TunnelProbe6, XDP6_PROG,
+    ProbeReply, ProbeReply6, QuicServerId, QuicServerKey, ServiceInfo, ServiceKey, ServiceKey6,
+    TOO_BIG_PROG, TOO_BIG_PROGRAM_NAME, TRACE_PROGRAM_NAME, TunnelProbe, TunnelProbe6, XDP6_PROG,
     XDP6_PROGRAM_NAME, map_name, ways,
 };
 use tracing::{info, warn};
@@ -154,7 +154,10 @@ impl Dataplane {
             .map_max_entries(map_name::SERVICES6, lb.max_services)
             .map_max_entries(map_name::BACKENDS6, lb.max_backends)
             .map_max_entries(map_name::CONNTRACK6, lb.conntrack.ipv6_size)
-            .map_max_entries(map_name::NAT6, 2 * lb.conntrack.ipv6_size);
+            .map_max_entries(map_name::NAT6, 2 * lb.conntrack.ipv6_size)
+            .map_max_entries(map_name::QUIC_LAYOUTS, lb.max_services)
+            .map_max_entries(map_name::QUIC_IDS, lb.max_backends)
+            .map_max_entries(map_name::QUIC_SERVERS, lb.max_backends);
         let mut adopted = false;
         let mut fresh = false;
         let mut lock = None;
@@ -739,6 +742,44 @@ impl MapWriter for Dataplane {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
             Err(e) => Err(anyhow::Error::new(e).context("removing a service")),
         }
+    }
+
+    fn set_quic_layout(&mut self, service_id: u32, word: u32) -> anyhow::Result<()> {
+        self.array::<u32>(map_name::QUIC_LAYOUTS)?
+            .set(service_id, &word, 0)
+            .with_context(|| format!("writing the QUIC layout of service {service_id}"))
+    }
+
+    fn set_quic_id(&mut self, backend_id: u32, server_id: Option<u64>) -> anyhow::Result<()> {
+        let value = QuicServerId {
+            server_id: server_id.unwrap_or(0),
+            set: u32::from(server_id.is_some()),
+            _pad: 0,
+        };
+        self.array::<QuicServerId>(map_name::QUIC_IDS)?
+            .set(backend_id, &value, 0)
+            .with_context(|| format!("writing the QUIC server ID of backend {backend_id}"))
+    }
+
+    fn set_quic_server(
+        &mut self,
+        key: QuicServerKey,
+        backend_id: Option<u32>,
+    ) -> anyhow::Result<()> {
+        let mut map = self.hash_map::<QuicServerKey, u32>(map_name::QUIC_SERVERS)?;
+        match backend_id {
+            Some(id) => map.insert(&key, &id, 0),
+            None => match map.remove(&key) {
+                Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+                r => r,
+            },
+        }
+        .with_context(|| {
+            format!(
+                "writing QUIC server ID {} of service {}",
+                key.server_id, key.service_id
+            )
+        })
     }
 }
 

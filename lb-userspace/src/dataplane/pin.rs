@@ -50,13 +50,14 @@ pub const MAPS: [&str; 20] = [
 ];
 
 /// Maps that hold nothing from one packet to the next: never pinned.
-pub const SCRATCH: [&str; 6] = [
+pub const SCRATCH: [&str; 7] = [
     map_name::SNAT_SEARCH,
     map_name::SNAT_SEARCH6,
     map_name::ICMP6_WORK,
     map_name::PARSE_SCRATCH,
     map_name::TOO_BIG,
     map_name::SERVICE_HINT,
+    map_name::QUIC_KEY,
 ];
 
 /// Maps the daemon fills anew at every start (the health probes through the tunnel, which it
@@ -64,7 +65,13 @@ pub const SCRATCH: [&str; 6] = [
 ///
 /// The datapath trace's too: a new daemon starts with it off, and its program array empties
 /// when the daemon that filled it dies (see lb_common's trace.rs).
-pub const PER_RUN: [&str; 8] = [
+///
+/// The QUIC routing's too: written in full by every load's first apply, before its programs
+/// are attached.
+pub const PER_RUN: [&str; 11] = [
+    map_name::QUIC_LAYOUTS,
+    map_name::QUIC_IDS,
+    map_name::QUIC_SERVERS,
     map_name::TUNNEL_PROBES,
     map_name::TUNNEL_PROBES6,
     map_name::PROBE_REPLIES,

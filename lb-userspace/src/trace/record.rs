@@ -215,12 +215,14 @@ pub fn line(r: &Record, names: &Names, time: f64) -> TraceLine {
         trace_kind::NEW_FLOW => "new_flow",
         trace_kind::RESCHEDULED => "rescheduled",
         trace_kind::MIDSTREAM => "midstream",
+        trace_kind::QUIC_ROUTED => "quic_routed",
         _ => "dropped",
     };
     let mut text = String::from(match r.kind {
         trace_kind::NEW_FLOW => "new flow",
         trace_kind::RESCHEDULED => "rescheduled",
         trace_kind::MIDSTREAM => "re-created mid-stream",
+        trace_kind::QUIC_ROUTED => "new QUIC path by connection ID",
         _ => "dropped",
     });
     let _ = write!(

@@ -323,6 +323,7 @@ fn backends_from_dns_are_written_after_the_files_own() {
     let backend = |a: &str, weight| crate::config::Backend {
         address: a.parse().unwrap(),
         weight,
+        server_id: None,
     };
     let found = [
         (

@@ -108,6 +108,8 @@ pub const DOCS: &[Doc] = &[
     d("service.backends.address", "`IPv4:PORT` or `[IPv6]:PORT` of the VIP's family, unique in the service, not at a VIP address (its flows would come back to lb)."),
     d("service.backends.weight", "Relative weight, 0-1000; 0 drains the backend.")
         .default("1"),
+    d("service.backends.server_id", "With `quic`: the server ID this backend's QUIC server writes into the connection IDs it issues (an integer that fits in `quic.server_id_bytes`, unique in the service). A backend without one gets only the flows Maglev gives it.")
+        .default("none"),
     // [service.check]
     d("service.check", "The active health check; without it `tcp` for TCP services, `udp` for UDP ones (docs/health-checking.md)."),
     d("service.check.kind", "What a probe is. A check of the other protocol than the service's (tcp, tcp-connect, http(s) of a UDP service, udp of a TCP one) needs `port`.")
@@ -173,5 +175,11 @@ pub const DOCS: &[Doc] = &[
     d("service.backends_from.min_ttl", "The shortest TTL honoured."),
     d("service.backends_from.max_ttl", "The longest TTL honoured."),
     d("service.backends_from.timeout", "One query's wait for an answer."),
+    // [service.quic]
+    d("service.quic", "UDP services: route QUIC short-header packets by the server ID in their destination connection ID (QUIC-LB draft's plaintext layout), so a connection follows its client to a new address or port (docs/datapath.md, \"QUIC\")."),
+    d("service.quic.server_id_bytes", "The server ID's length in bytes (the draft's server ID length)."),
+    d("service.quic.cid_offset", "Where the server ID starts in the connection ID: 1 is right after the first octet, whose top three bits are the config rotation bits."),
+    d("service.quic.config_id", "Route only connection IDs whose config rotation bits are this; others (and 7, \"unroutable\", always) go by the connection table and Maglev.")
+        .default("any but 7"),
     d("service.backends_from.on_empty", "An answer with no address (NXDOMAIN, no record of the type): `keep_last` the addresses in use, or `apply` it."),
 ];
