@@ -15,6 +15,7 @@ pub mod live;
 pub mod netns;
 pub mod packet;
 pub mod packet_fuzz;
+pub mod quic;
 pub mod relay;
 pub mod rng;
 pub mod routewatch;

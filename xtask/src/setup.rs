@@ -1,6 +1,7 @@
 //! Installs what the project needs and skips what is present, printing each step:
 //! the eBPF nightly with rust-src, bpf-linker built against that nightly's own LLVM (into the
-//! git-ignored `.tools/`), and the Debian packages the tests and the demo use.
+//! git-ignored `.tools/`), the Debian packages the tests and the demo use, and a Python
+//! virtual environment with aioquic (`.tools/venv`) for the QUIC tests' real servers and clients.
 //! The host toolchain is pinned by rust-toolchain.toml (`rustup toolchain install` installs it).
 
 use std::{
@@ -38,7 +39,17 @@ const PACKAGES: &[(&str, &str)] = &[
     // The shared configuration store of the several-hosts tests: each test runs its own etcd
     // inside its namespaces, never the package's service.
     ("etcd-server", "etcd"),
+    // `python3 -m venv` (with ensurepip) for the QUIC tests' aioquic (see ensure_quic_venv).
+    ("python3-venv", "python3"),
 ];
+
+/// The QUIC tests' servers and clients (tests/quic/*.py) run on aioquic, pinned: they reach
+/// into how it issues connection IDs.
+const AIOQUIC: &str = "aioquic";
+const AIOQUIC_VERSION: &str = "1.2.0";
+
+/// Debian's interpreter (python3-venv makes venvs of it); the venv is tied to it.
+const SYSTEM_PYTHON: &str = "/usr/bin/python3";
 
 /// Services of those packages that must not run on the host (the tests start their own).
 const SERVICES: &[&str] = &["bird", "prometheus", "etcd"];
@@ -94,6 +105,7 @@ pub fn ensure(root: &Path, need: Need) -> anyhow::Result<()> {
     ensure_packages(BUILD_PACKAGES)?;
     if need == Need::Everything {
         ensure_packages(PACKAGES)?;
+        ensure_quic_venv(root)?;
     }
     Ok(())
 }
@@ -207,6 +219,53 @@ fn ensure_bpf_linker(root: &Path, pins: &Pins) -> anyhow::Result<()> {
         .env("LLVM_PREFIX", tools.join("llvm")))?;
     fs::write(&stamp_path, stamp)?;
     Ok(())
+}
+
+/// A Python virtual environment at `.tools/venv` with the pinned aioquic, installed by the venv's
+/// own pip (Debian's pip refuses system-wide installs). Skipped when the venv already has that
+/// version; a venv that does not run (its interpreter gone) is made again.
+fn ensure_quic_venv(root: &Path) -> anyhow::Result<()> {
+    let venv = root.join(".tools").join("venv");
+    let python = venv.join("bin").join("python");
+    let installed = || {
+        output(Command::new(&python).args([
+            "-c",
+            &format!("import importlib.metadata as m; print(m.version({AIOQUIC:?}))"),
+        ]))
+        .ok()
+    };
+    let runs = Command::new(&python)
+        .args(["-c", ""])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if runs && installed().as_deref() == Some(AIOQUIC_VERSION) {
+        eprintln!("ok: {AIOQUIC} {AIOQUIC_VERSION} in .tools/venv");
+        return Ok(());
+    }
+    if !runs {
+        step("creating the Python virtual environment .tools/venv");
+        fs::create_dir_all(root.join(".tools"))?;
+        run(Command::new(SYSTEM_PYTHON)
+            .args(["-m", "venv", "--clear"])
+            .arg(&venv))
+        .context("python3 -m venv (Debian's python3-venv)")?;
+    }
+    step(&format!(
+        "installing {AIOQUIC}=={AIOQUIC_VERSION} into .tools/venv"
+    ));
+    run(Command::new(&python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+        ])
+        .arg(format!("{AIOQUIC}=={AIOQUIC_VERSION}")))?;
+    match installed() {
+        Some(v) if v == AIOQUIC_VERSION => Ok(()),
+        other => bail!("{AIOQUIC} in .tools/venv is {other:?} after installing {AIOQUIC_VERSION}"),
+    }
 }
 
 fn ensure_packages(packages: &[(&str, &str)]) -> anyhow::Result<()> {
