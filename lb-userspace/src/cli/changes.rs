@@ -117,7 +117,7 @@ pub struct ServiceArgs {
     /// service's backends.
     #[arg(long = "backend", value_name = "IP:PORT[=WEIGHT]", value_parser = backend_arg)]
     pub backends: Vec<(SocketAddr, Option<u32>)>,
-    /// The active check's kind (tcp, tcp-connect, udp, icmp, http, https, none).
+    /// The active check's kind (tcp, tcp-connect, udp, quic, icmp, http, https, none).
     #[arg(long, value_name = "KIND")]
     pub check: Option<String>,
     /// The service as a JSON object or a TOML table (the keys of its `[[service]]` table),

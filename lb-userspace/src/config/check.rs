@@ -19,6 +19,8 @@ pub enum CheckKind {
     TcpConnect,
     /// ICMP echo plus a datagram (port unreachable = down), or send/expect.
     Udp,
+    /// A QUIC first datagram of a reserved version: a Version Negotiation answer = up.
+    Quic,
     Icmp,
     Http,
     Https,
@@ -28,10 +30,11 @@ pub enum CheckKind {
 
 impl CheckKind {
     /// Every kind, in declaration order (`kind as usize` indexes it).
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::Tcp,
         Self::TcpConnect,
         Self::Udp,
+        Self::Quic,
         Self::Icmp,
         Self::Http,
         Self::Https,
@@ -43,6 +46,7 @@ impl CheckKind {
             Self::Tcp => "tcp",
             Self::TcpConnect => "tcp-connect",
             Self::Udp => "udp",
+            Self::Quic => "quic",
             Self::Icmp => "icmp",
             Self::Http => "http",
             Self::Https => "https",
@@ -156,6 +160,7 @@ pub fn read_check(f: &Fields, protocol: Protocol) -> Option<Check> {
             ("tcp", CheckKind::Tcp),
             ("tcp-connect", CheckKind::TcpConnect),
             ("udp", CheckKind::Udp),
+            ("quic", CheckKind::Quic),
             ("icmp", CheckKind::Icmp),
             ("http", CheckKind::Http),
             ("https", CheckKind::Https),
@@ -256,7 +261,7 @@ pub fn read_check(f: &Fields, protocol: Protocol) -> Option<Check> {
             CheckKind::Tcp | CheckKind::TcpConnect | CheckKind::Http | CheckKind::Https => {
                 Some(Protocol::Tcp)
             }
-            CheckKind::Udp => Some(Protocol::Udp),
+            CheckKind::Udp | CheckKind::Quic => Some(Protocol::Udp),
             CheckKind::Icmp | CheckKind::None => None,
         };
         if let Some(probes) = probes

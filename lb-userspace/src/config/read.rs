@@ -993,6 +993,37 @@ backends = [ { address = "10.0.2.2:443", server_id = 1 }, { address = "10.0.3.2:
     }
 
     #[test]
+    fn quic_checks_probe_udp() {
+        let c = parse(&QUIC.replace(
+            "quic = { server_id_bytes = 2 }",
+            "quic = { server_id_bytes = 2 }\ncheck = { kind = \"quic\", timeout = \"1s\" }",
+        ))
+        .unwrap();
+        assert_eq!(c.services[0].check.kind, crate::config::CheckKind::Quic);
+        let tcp = GOOD.replace(
+            "protocol = \"tcp\"",
+            "protocol = \"tcp\"\ncheck = { kind = \"quic\" }",
+        );
+        assert_eq!(
+            problems(&tcp),
+            [
+                "service[0].check.kind: a quic check probes UDP but the service is TCP: set port to the UDP port to probe"
+            ]
+        );
+        let payload = QUIC.replace(
+            "quic = { server_id_bytes = 2 }",
+            "check = { kind = \"quic\", send = \"x\" }",
+        );
+        let found = problems(&payload);
+        assert!(
+            found.contains(
+                &"service[0].check.send: only for tcp-connect and udp checks, not quic".to_owned()
+            ),
+            "{found:?}"
+        );
+    }
+
+    #[test]
     fn the_documented_example_parses_with_defaults() {
         let c = parse(GOOD).unwrap();
         assert_eq!(c.lb.ring_size, 65537);
@@ -1543,7 +1574,7 @@ backends = [ { address = "10.0.2.2:443", server_id = 1 }, { address = "10.0.3.2:
         let cases: &[(&str, &str)] = &[
             (
                 "kind = \"ping\"",
-                "service[0].check.kind: expected one of tcp, tcp-connect, udp, icmp, http, https, none, got \"ping\"",
+                "service[0].check.kind: expected one of tcp, tcp-connect, udp, quic, icmp, http, https, none, got \"ping\"",
             ),
             (
                 "timeout = \"61s\"",

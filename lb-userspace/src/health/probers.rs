@@ -13,7 +13,7 @@ use std::{
 
 use super::{
     outcome::Reason,
-    probe::{ProbeResult, Via, http, icmp::IcmpProber, tcp_connect, tcp_syn::SynProber, udp},
+    probe::{ProbeResult, Via, http, icmp::IcmpProber, quic, tcp_connect, tcp_syn::SynProber, udp},
     target::ProbeKey,
 };
 use crate::config::{Check, CheckKind, HttpMethod};
@@ -142,6 +142,9 @@ pub(super) fn probe(
                 }
                 None => ProbeResult::Local(Reason::NoProber),
             }
+        }),
+        CheckKind::Quic => Box::pin(async move {
+            udp::exchange(target, &quic::DATAGRAM, Some(&quic::EXPECT), timeout).await
         }),
         // Checks of kind none are not scheduled.
         CheckKind::None => Box::pin(std::future::ready(ProbeResult::Local(Reason::Internal))),

@@ -3,6 +3,7 @@
 
 pub mod http;
 pub mod icmp;
+pub mod quic;
 pub mod tcp_connect;
 pub mod tcp_syn;
 pub mod tunnel;

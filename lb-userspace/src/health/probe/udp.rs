@@ -53,7 +53,7 @@ pub async fn probe(
 }
 
 /// A datagram with `payload`, and the first reply.
-async fn exchange(
+pub async fn exchange(
     target: SocketAddr,
     payload: &[u8],
     expect: Option<&Expect>,
