@@ -90,6 +90,19 @@ name = "gue6"
 vip = "[2001:db8:100::3]:80"
 forwarding = "gue"
 backends = [{ address = "[2001:db8:2::2]:80" }, { address = "[2001:db8:2::3]:80" }, { address = "[2001:db8:2::4]:80" }, { address = "[2001:db8:2::5]:80" }]
+
+[[service]]
+name = "udp"
+vip = "10.100.0.4:443"
+protocol = "udp"
+backends = [{ address = "10.0.2.2:443" }, { address = "10.0.2.3:443" }, { address = "10.0.2.4:443" }, { address = "10.0.2.5:443" }]
+
+[[service]]
+name = "quic"
+vip = "10.100.0.5:443"
+protocol = "udp"
+quic = { server_id_bytes = 2 }
+backends = [{ address = "10.0.2.2:443", server_id = 1 }, { address = "10.0.2.3:443", server_id = 2 }, { address = "10.0.2.4:443", server_id = 3 }, { address = "10.0.2.5:443", server_id = 4 }]
 "#;
 
 /// The program a case runs.
@@ -119,6 +132,8 @@ struct Case {
     ipv4: Option<usize>,
     /// The full-NAT case this direct-server-return one is compared with (its index).
     nat: Option<usize>,
+    /// The plain UDP case this QUIC one is compared with (its index).
+    udp: Option<usize>,
     samples: Vec<u64>,
 }
 
@@ -377,6 +392,8 @@ fn measure(
     } else {
         cases.extend(dsr_cases(net, n)?);
     }
+    let first_quic = cases.len();
+    cases.extend(quic_cases(net, n, first_quic)?);
     // Katran's cases last: the indexes above stay those the comparisons name.
     let first_katran = cases.len();
     if let Some(k) = katran.as_deref_mut() {
@@ -468,6 +485,59 @@ fn dsr_cases(net: &TestNet, n: usize) -> anyhow::Result<Vec<Case>> {
     Ok(out)
 }
 
+/// QUIC: a short header on an established flow (its backend's own server ID checked) and a
+/// QUIC connection's new path (a new client port each time, the connection table learning
+/// it), each compared with plain UDP's case of the same kind; `first` is the first's index.
+fn quic_cases(net: &TestNet, n: usize, first: usize) -> anyhow::Result<Vec<Case>> {
+    // A short header naming server 3: first byte, an 8-byte connection ID (config rotation 0,
+    // server ID at bytes 1-2), then a packet number and protected bytes: 64 bytes of payload.
+    let mut short = vec![0x41, 0x0b, 0, 3, 0x33, 0x44, 0x55, 0x66, 0x77];
+    short.resize(64, 0xa5);
+    let plain = Packet::udp("10.0.1.2:40010", "10.100.0.4:443")
+        .payload(&[0x55; 64])
+        .build();
+    let quic = Packet::udp("10.0.1.2:40010", "10.100.0.5:443")
+        .payload(&short)
+        .build();
+    for (frame, what) in [(&plain, "UDP"), (&quic, "QUIC")] {
+        let r = run_once(net.dp.program(), frame, net.vc)?;
+        if r.verdict != XDP_REDIRECT {
+            bail!("setup {what} flow: {}", verdict_name(r.verdict));
+        }
+    }
+    let new_paths = |vip: &str, payload: &[u8]| -> Vec<Vec<u8>> {
+        (0..n)
+            .map(|i| {
+                let c = format!("10.0.1.{}:{}", 150 + (i / 50000) as u8, 1024 + (i % 50000));
+                Packet::udp(&c, vip).payload(payload).build()
+            })
+            .collect()
+    };
+    Ok(vec![
+        Case::new("UDP: established flow", vec![plain], net.vc, XDP_REDIRECT),
+        Case::new(
+            "UDP: new flow, each a different one",
+            new_paths("10.100.0.4:443", &[0x55; 64]),
+            net.vc,
+            XDP_REDIRECT,
+        ),
+        Case::new(
+            "QUIC short header: established flow",
+            vec![quic],
+            net.vc,
+            XDP_REDIRECT,
+        )
+        .udp(first),
+        Case::new(
+            "QUIC short header: a new path (client port) each time, routed by server ID",
+            new_paths("10.100.0.5:443", &short),
+            net.vc,
+            XDP_REDIRECT,
+        )
+        .udp(first + 1),
+    ])
+}
+
 impl Case {
     fn new(name: &'static str, frames: Vec<Vec<u8>>, ingress: u32, verdict: u32) -> Self {
         Self {
@@ -479,6 +549,7 @@ impl Case {
             forget: None,
             ipv4: None,
             nat: None,
+            udp: None,
             samples: Vec::new(),
         }
     }
@@ -490,6 +561,11 @@ impl Case {
 
     fn nat(mut self, case: usize) -> Self {
         self.nat = Some(case);
+        self
+    }
+
+    fn udp(mut self, case: usize) -> Self {
+        self.udp = Some(case);
         self
     }
 
@@ -545,7 +621,7 @@ fn many_flow_rows(rows: Vec<flows::Row>) -> String {
         let (base_mean, base_median) = stats(&mut r.empty);
         let _ = writeln!(
             out,
-            "| {} | {mean:.1} | {median:.0} | {:.2}× | {:.2}× |  |  |",
+            "| {} | {mean:.1} | {median:.0} | {:.2}× | {:.2}× |  |  |  |",
             r.name,
             mean / base_mean,
             median / base_median
@@ -577,19 +653,19 @@ fn report(cases: &mut [Case], n: usize, attached: bool) -> String {
     );
     let _ = writeln!(
         out,
-        "| case | mean ns | median ns | mean / empty | median / empty | median / IPv4's | median / full NAT's |"
+        "| case | mean ns | median ns | mean / empty | median / empty | median / IPv4's | median / full NAT's | median / plain UDP's |"
     );
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|");
     let medians: Vec<f64> = cases.iter_mut().map(|c| stats(&mut c.samples).1).collect();
     for case in cases.iter_mut() {
         let (mean, median) = stats(&mut case.samples);
         let versus = |of: Option<usize>| {
             of.map_or(String::new(), |i| format!("{:.2}×", median / medians[i]))
         };
-        let (v4, nat) = (versus(case.ipv4), versus(case.nat));
+        let (v4, nat, udp) = (versus(case.ipv4), versus(case.nat), versus(case.udp));
         let _ = writeln!(
             out,
-            "| {} | {mean:.1} | {median:.0} | {:.2}× | {:.2}× | {v4} | {nat} |",
+            "| {} | {mean:.1} | {median:.0} | {:.2}× | {:.2}× | {v4} | {nat} | {udp} |",
             case.name,
             mean / base_mean,
             median / base_median
