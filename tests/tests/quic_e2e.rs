@@ -9,12 +9,14 @@
 
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
-    time::Duration,
+    path::PathBuf,
+    time::{Duration, Instant},
 };
 
 use lb_tests::{
     daemon::Daemon,
     decap::DecapGuard,
+    lb_bin,
     quic::{CidLayout, Migration, QuicServer, Transfer, download},
     require_root,
     topology::{Arms, Sandbox, VIP, VIP6},
@@ -167,6 +169,40 @@ impl Bed {
     }
 }
 
+/// `lb trace` running beside the transfers, its output in a file.
+struct Trace {
+    process: lb_tests::netns::Process,
+    out: PathBuf,
+}
+
+impl Trace {
+    fn start(lb: &Daemon) -> Self {
+        let out = lb.log.with_file_name("trace.txt");
+        let mut cmd = lb.ns.command(lb_bin());
+        cmd.args(["trace", "--for", "120s", "--api", &lb.api])
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(std::process::Stdio::null());
+        let process = lb.ns.spawn(&mut cmd).unwrap();
+        // Its first line says the trace is on.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::fs::read_to_string(&out).unwrap_or_default().is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "lb trace printed nothing in 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Self { process, out }
+    }
+
+    /// Ctrl-C (the trace ends, its lines flushed); what it printed.
+    fn stop(mut self) -> String {
+        self.process
+            .stop_with(libc::SIGINT, Duration::from_secs(10));
+        std::fs::read_to_string(&self.out).unwrap_or_default()
+    }
+}
+
 fn counter(lb: &Daemon, name: &str) -> u64 {
     let stats = lb.stats().unwrap();
     stats
@@ -193,6 +229,7 @@ fn migrations_stay_on_their_backend(v6: bool, mode: &str, transfers: usize) {
         }
     }
     let second = if v6 { CLIENT6_B } else { CLIENT4_B };
+    let trace = Trace::start(&lb);
     for n in 0..transfers {
         // A loaded machine may lose a few packets of a move: only a long silence fails.
         let t = bed.migrating_download(v6, second, Duration::from_secs(20));
@@ -221,6 +258,9 @@ fn migrations_stay_on_their_backend(v6: bool, mode: &str, transfers: usize) {
     }
     // At least the two new paths of each transfer were learned by their connection ID (more
     // when a new path's first packets raced its migration).
+    // `lb trace` named the learned paths.
+    let lines = trace.stop();
+    assert!(lines.contains("new QUIC path by connection ID"), "{lines}");
     let learned = counter(&lb, "quic_learned");
     assert!(learned >= 2 * transfers as u64, "quic_learned {learned}");
     assert!(counter(&lb, "quic_routed") > learned);

@@ -407,6 +407,18 @@ mod tests {
             line(&dsr, &n, 0.0).text,
             "new flow 10.0.1.2:40000 → 10.100.0.1:80 udp (dns): backend 10.0.2.11:8080 (id 1), dsr gue"
         );
+        let quic = Record {
+            kind: trace_kind::QUIC_ROUTED,
+            service: Some(1),
+            proto: PROTO_UDP,
+            ..r
+        };
+        let l = line(&quic, &n, 0.0);
+        assert_eq!(l.kind, "quic_routed");
+        assert_eq!(
+            l.text,
+            "new QUIC path by connection ID 10.0.1.2:40000 → 10.100.0.1:80 udp (dns): backend 10.0.2.11:8080 (id 1), snat port 31337"
+        );
         let failed = Record {
             reason: counter::DROP_NO_ROUTE,
             ..r
