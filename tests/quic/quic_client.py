@@ -230,6 +230,13 @@ class Client:
                         continue  # an ICMP error for an earlier send: drop it
                     self.note_received(data)
                     self.conn.receive_datagram(data, self.target, now=time.monotonic())
+                    self.handle_events()
+                    if self.plan and self.received >= self.plan[0][0]:
+                        # Move now, not after draining the socket: on a fast link the rest of
+                        # the stream may already be queued here, and the move would come
+                        # after its end. What is left in the old socket is lost with it, as
+                        # with a real rebinding, and comes again over the new path.
+                        break
             timer = self.conn.get_timer()
             if timer is not None and time.monotonic() >= timer:
                 self.conn.handle_timer(now=time.monotonic())
