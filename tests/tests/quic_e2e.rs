@@ -3,7 +3,7 @@
 //! transfer, moves to a new source port and then to a new source address (switching to another
 //! connection ID the server gave it, as RFC 9000 asks of a migrating client). With the
 //! service's `quic` set, every transfer finishes on the backend it started on, through full NAT
-//! (IPv4 and IPv6) and direct server return (`ipip`, the backends behind `lb decap`), and lb
+//! and direct server return (IPv4 `ipip`, IPv6 `gue`, the backends behind `lb decap`), and lb
 //! counts the new paths it learned. The control: the same moves without `quic`, where Maglev
 //! places each new 4-tuple anew, and a transfer whose new path lands on another backend dies.
 
@@ -285,6 +285,11 @@ fn migrating_clients_stay_on_their_backend_ipv6_full_nat() {
 #[test]
 fn migrating_clients_stay_on_their_backend_ipv4_direct_server_return() {
     migrations_stay_on_their_backend(false, "ipip", 1);
+}
+
+#[test]
+fn migrating_clients_stay_on_their_backend_ipv6_direct_server_return() {
+    migrations_stay_on_their_backend(true, "gue", 1);
 }
 
 #[test]
