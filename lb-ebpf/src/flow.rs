@@ -57,12 +57,15 @@ pub fn forward<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>, quic_vip: bool) -
     if let Some(slot) = ct_find::<F>(&k, hash, p) {
         // SAFETY: a map value; other CPUs may write it too, all fields are plain integers.
         let e = unsafe { &mut (*slot).entry };
-        // A SYN on a closing flow is the client reusing its port: a new connection. A QUIC
-        // packet naming another backend than its flow's: the connection it belongs to lives
-        // there (this 4-tuple was another's), the flow moves.
-        let reused = e.state == ct_state::TCP_CLOSING && is_new_syn(flow.tcp_flags)
-            || quic && quic::names_other::<F>(ctx, flow, e.service_id, e.backend_id);
-        if ct_live(e, now, p) && !reused {
+        // A SYN on a closing flow is the client reusing its port: a new connection.
+        let reused = e.state == ct_state::TCP_CLOSING && is_new_syn(flow.tcp_flags);
+        // A QUIC packet naming another backend than its live flow's: the connection it belongs
+        // to lives there (this 4-tuple was another's), the flow moves. Read last, for live
+        // flows only: a dead entry makes a new flow, which reads the connection ID itself.
+        if ct_live(e, now, p)
+            && !reused
+            && !(quic && quic::names_other::<F>(ctx, flow, e.service_id, e.backend_id))
+        {
             if let Some(v) = established::<F>(ctx, flow, e, hash, now) {
                 return v;
             }
