@@ -767,6 +767,16 @@ pub fn checksums(frame: &[u8]) -> Checksums {
     out
 }
 
+/// `[a]:p` for an IPv6 address, `a:p` for an IPv4 one (what [`Packet::tcp`] and
+/// [`Packet::udp`] take).
+pub fn at(ip: &str, port: u16) -> String {
+    if ip.contains(':') {
+        format!("[{ip}]:{port}")
+    } else {
+        format!("{ip}:{port}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

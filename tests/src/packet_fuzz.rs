@@ -37,6 +37,7 @@ use crate::{
         ICMP6_PACKET_TOO_BIG, ICMP6_PORT_UNREACH, ICMP6_TIME_EXCEEDED, Packet, TCP_ACK, TCP_FIN,
         TCP_PSH, TCP_RST, TCP_SYN, checksums, decapsulate,
     },
+    quic,
     rng::Rng,
     testnet::{BACKEND_MAC, TestNet},
 };
@@ -287,24 +288,22 @@ fn dsr_seeds(vc: u32, seed: &mut dyn FnMut(Vec<u8>, u32)) {
 /// QUIC payloads for a service whose server IDs are `bytes` long from `offset`, with config
 /// rotation bits `config`, naming server `id`: a short header, one naming nobody, the
 /// unroutable rotation, an Initial, and a short header cut just short of the server ID.
-fn quic_payloads(offset: usize, bytes: usize, config: u8, id: u64) -> Vec<Vec<u8>> {
-    let short = |config: u8, id: u64| {
-        let mut cid = [(config << 5) | 3, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77];
-        cid[offset..offset + bytes].copy_from_slice(&id.to_be_bytes()[8 - bytes..]);
-        let mut p = vec![0x41];
-        p.extend_from_slice(&cid);
-        p.extend_from_slice(&[0x3c; 24]);
-        p
+fn quic_payloads(offset: u8, bytes: u8, config: u8, id: u64) -> Vec<Vec<u8>> {
+    let short = |config_id: u8, id: u64| {
+        let layout = quic::CidLayout {
+            server_id_bytes: bytes,
+            cid_offset: offset,
+            config_id,
+        };
+        quic::short_header(layout.cid(id))
     };
     let mut cut = short(config, id);
-    cut.truncate(offset + 3);
-    let mut initial = vec![0xc0, 0, 0, 0, 1, 8, 1, 2, 3, 4, 5, 6, 7, 8, 0];
-    initial.extend_from_slice(&[0; 30]);
+    cut.truncate(usize::from(offset) + 3);
     vec![
         short(config, id),
         short(config, 200),
         short(7, id),
-        initial,
+        quic::initial(),
         cut,
     ]
 }

@@ -66,6 +66,27 @@ pub struct CidLayout {
 }
 
 impl CidLayout {
+    /// A connection ID of this layout naming `server_id` (which must fit), the bytes around it
+    /// a fixed filler: what a server of this layout issues, for packets built by hand.
+    pub fn cid(&self, server_id: u64) -> [u8; CID_LENGTH] {
+        let mut cid = [
+            (self.config_id << 5) | 0x0b,
+            0x11,
+            0x22,
+            0x33,
+            0x44,
+            0x55,
+            0x66,
+            0x77,
+        ];
+        let (start, n) = (
+            usize::from(self.cid_offset),
+            usize::from(self.server_id_bytes),
+        );
+        cid[start..start + n].copy_from_slice(&server_id.to_be_bytes()[8 - n..]);
+        cid
+    }
+
     /// The server ID in `cid`; None if `cid` is too short to hold it.
     pub fn server_id(&self, cid: &[u8]) -> Option<u64> {
         let start = usize::from(self.cid_offset);
@@ -100,6 +121,25 @@ impl CidLayout {
         }
         Ok(())
     }
+}
+
+/// A QUIC short-header packet's UDP payload to `dcid`: its first byte, the connection ID, a
+/// packet number and 25 protected bytes (as long as a QUIC packet at least is).
+pub fn short_header(dcid: [u8; CID_LENGTH]) -> Vec<u8> {
+    let mut p = vec![0x43];
+    p.extend_from_slice(&dcid);
+    p.resize(1 + CID_LENGTH + 26, 0xa5);
+    p
+}
+
+/// A QUIC Initial's UDP payload (a long header; its connection IDs are the client's choice).
+pub fn initial() -> Vec<u8> {
+    let mut p = vec![0xc3, 0, 0, 0, 1, 8];
+    p.extend_from_slice(&[0xd1; 8]);
+    p.push(8);
+    p.extend_from_slice(&[0x5c; 8]);
+    p.resize(p.len() + 40, 0);
+    p
 }
 
 /// Lowercase hex, as the client reports CIDs.

@@ -30,6 +30,16 @@ pub const ONE_ARM_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x20];
 /// Backends 10.0.2.2 ..= 10.0.2.(1 + BACKENDS) have permanent neighbour entries.
 pub const BACKENDS: u8 = 8;
 
+/// The MAC of backend `i` (10.0.2.(i + 2), 2001:db8:2::(i + 2)): [`BACKEND_MAC`] for the first,
+/// 02:00:00:00:01:<i> for the others.
+pub fn backend_mac(i: u8) -> [u8; 6] {
+    if i == 0 {
+        BACKEND_MAC
+    } else {
+        [2, 0, 0, 0, 1, i]
+    }
+}
+
 pub struct TestNet {
     pub ns: Netns,
     _peer: Netns,
@@ -81,12 +91,11 @@ impl TestNet {
             ),
         ];
         for i in 0..BACKENDS {
-            // 10.0.2.2 gets BACKEND_MAC; the others 02:00:00:00:01:<i>.
-            let mac = if i == 0 {
-                "02:00:00:00:00:b2".to_owned()
-            } else {
-                format!("02:00:00:00:01:{i:02x}")
-            };
+            let m = backend_mac(i);
+            let mac = format!(
+                "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+                m[0], m[1], m[2], m[3], m[4], m[5]
+            );
             neighbours.push((format!("10.0.2.{}", i + 2), mac.clone(), &vb.ifname));
             neighbours.push((format!("2001:db8:2::{:x}", i + 2), mac, &vb.ifname));
         }

@@ -6,11 +6,11 @@
 
 use lb_common::counter::*;
 use lb_tests::{
-    fixture::{Fixture, XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX},
+    fixture::{Fixture, XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX, check_expected},
     packet::{
         CLIENT_MAC, EXT_DEST_OPTS, EXT_HOP_BY_HOP, EXT_ROUTING, ICMP6_DEST_UNREACH,
         ICMP6_NEIGHBOR_SOLICIT, ICMP6_PACKET_TOO_BIG, ICMP6_PORT_UNREACH, ICMP6_TIME_EXCEEDED,
-        LB_MAC, Packet, TCP_ACK, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN, verify_checksums,
+        LB_MAC, Packet, TCP_ACK, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN,
     },
     require_root,
     testnet::{BACKEND_MAC, ONE_ARM_MAC, TestNet},
@@ -50,14 +50,6 @@ backends = [{ address = "10.0.2.2:8080" }]
 fn env() -> TestNet {
     require_root();
     TestNet::new("ring_size = 1009", SERVICES).unwrap()
-}
-
-fn check_expected(fixtures: &[Fixture]) {
-    for f in fixtures {
-        if let Some(out) = &f.output {
-            verify_checksums(out).unwrap_or_else(|err| panic!("{}: expected frame: {err}", f.desc));
-        }
-    }
 }
 
 #[test]

@@ -8,10 +8,10 @@ use std::net::IpAddr;
 
 use lb_common::{DEFAULT_GUE_PORT, counter::*};
 use lb_tests::{
-    fixture::{Fixture, XDP_DROP, XDP_REDIRECT, XDP_TX},
+    fixture::{Fixture, XDP_DROP, XDP_REDIRECT, XDP_TX, check_expected},
     packet::{
         CLIENT_MAC, Encap, ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED, ICMP6_PACKET_TOO_BIG, LB_MAC,
-        Packet, TCP_ACK, TCP_PSH, TCP_SYN, encapsulate, verify_checksums,
+        Packet, TCP_ACK, TCP_PSH, TCP_SYN, at, encapsulate,
     },
     require_root,
     testnet::{BACKEND_MAC, TestNet, flow_hash},
@@ -104,24 +104,6 @@ impl Dsr<'_> {
                 dmac: BACKEND_MAC,
             },
         )
-    }
-}
-
-/// The expected frames' checksums are right (but where a fixture says a checksum is 0).
-fn check_expected(fixtures: &[Fixture]) {
-    for f in fixtures.iter().filter(|f| !f.desc.contains("checksum 0")) {
-        if let Some(out) = &f.output {
-            verify_checksums(out).unwrap_or_else(|err| panic!("{}: expected frame: {err}", f.desc));
-        }
-    }
-}
-
-/// `[a]:p` for IPv6 addresses, `a:p` for IPv4.
-fn at(ip: &str, port: u16) -> String {
-    if ip.contains(':') {
-        format!("[{ip}]:{port}")
-    } else {
-        format!("{ip}:{port}")
     }
 }
 

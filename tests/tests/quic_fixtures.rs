@@ -9,11 +9,28 @@ use std::net::IpAddr;
 
 use lb_common::counter::*;
 use lb_tests::{
-    fixture::{Fixture, XDP_REDIRECT},
-    packet::{Encap, Packet, encapsulate, verify_checksums},
+    fixture::{Fixture, XDP_REDIRECT, check_expected},
+    packet::{Encap, Packet, at, encapsulate},
+    quic::{CidLayout, initial, short_header as short},
     require_root,
-    testnet::{BACKEND_MAC, TestNet, flow_hash},
+    testnet::{TestNet, backend_mac, flow_hash},
 };
+
+/// The connection ID of `server_id` in the layout (`config`, `offset`, `bytes`).
+fn cid(config: u8, offset: usize, bytes: usize, server_id: u64) -> [u8; 8] {
+    CidLayout {
+        server_id_bytes: bytes as u8,
+        cid_offset: offset as u8,
+        config_id: config,
+    }
+    .cid(server_id)
+}
+
+/// The MAC of backend 10.0.2.(i + 2) / 2001:db8:2::(i + 2), by its address.
+fn mac_of(backend: &str) -> [u8; 6] {
+    let last = backend.rsplit(['.', ':']).next().unwrap();
+    backend_mac(u8::from_str_radix(last, 16).unwrap() - 2)
+}
 
 const SERVICES: &str = r#"
 [[service]]
@@ -46,62 +63,6 @@ forwarding = "gue"
 quic = { server_id_bytes = 3, cid_offset = 1 }
 backends = [{ address = "[2001:db8:2::2]:443", server_id = 70000 }, { address = "[2001:db8:2::3]:443", server_id = 70001 }]
 "#;
-
-/// A connection ID of 8 bytes: config rotation bits `config`, server ID `id` of `bytes` bytes
-/// from byte `offset`, the rest a pattern.
-fn cid(config: u8, offset: usize, bytes: usize, id: u64) -> [u8; 8] {
-    let mut c = [
-        (config << 5) | 0x0b,
-        0x11,
-        0x22,
-        0x33,
-        0x44,
-        0x55,
-        0x66,
-        0x77,
-    ];
-    c[offset..offset + bytes].copy_from_slice(&id.to_be_bytes()[8 - bytes..]);
-    c
-}
-
-/// A short-header packet's UDP payload: first byte, destination connection ID, packet number
-/// and 24 bytes of protected payload.
-fn short(dcid: [u8; 8]) -> Vec<u8> {
-    let mut p = vec![0x43];
-    p.extend_from_slice(&dcid);
-    p.extend_from_slice(&[0xa5; 26]);
-    p
-}
-
-/// A long-header Initial's payload (its destination connection ID is the client's choice).
-fn initial() -> Vec<u8> {
-    let mut p = vec![0xc3, 0, 0, 0, 1, 8];
-    p.extend_from_slice(&[0xd1; 8]);
-    p.push(8);
-    p.extend_from_slice(&[0x5c; 8]);
-    p.extend_from_slice(&[0; 40]);
-    p
-}
-
-/// `[a]:p` for IPv6 addresses, `a:p` for IPv4.
-fn at(ip: &str, port: u16) -> String {
-    if ip.contains(':') {
-        format!("[{ip}]:{port}")
-    } else {
-        format!("{ip}:{port}")
-    }
-}
-
-/// The MAC testnet gives backend 10.0.2.(i + 2) / 2001:db8:2::(i + 2).
-fn mac_of(backend: &str) -> [u8; 6] {
-    let last = backend.rsplit(['.', ':']).next().unwrap();
-    let i = u8::from_str_radix(last, 16).unwrap() - 2;
-    if i == 0 {
-        BACKEND_MAC
-    } else {
-        [2, 0, 0, 0, 1, i]
-    }
-}
 
 struct Service<'a> {
     e: &'a TestNet,
@@ -268,14 +229,6 @@ fn cases(s: &Service, ids: [u64; 2], config: u8, offset: usize, bytes: usize) ->
         );
     }
     out
-}
-
-fn check_expected(fixtures: &[Fixture]) {
-    for f in fixtures {
-        if let Some(out) = &f.output {
-            verify_checksums(out).unwrap_or_else(|err| panic!("{}: expected frame: {err}", f.desc));
-        }
-    }
 }
 
 #[test]

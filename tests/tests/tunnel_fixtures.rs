@@ -13,7 +13,7 @@ use lb::tunnels::TunnelPath;
 use lb_common::{DEFAULT_GUE_PORT, FlowKey, FlowKey6, PROTO_TCP, TUNNEL_MARK, addr6, counter::*};
 use lb_tests::{
     fixture::{Fixture, XDP_PASS, XDP_REDIRECT, hex_diff},
-    packet::{Encap, LB_MAC, Packet, TCP_ACK, TCP_PSH, TCP_SYN, encapsulate, verify_checksums},
+    packet::{Encap, LB_MAC, Packet, TCP_ACK, TCP_PSH, TCP_SYN, at, encapsulate, verify_checksums},
     require_root,
     testnet::{BACKEND_MAC, TestNet, flow_hash, ne},
 };
@@ -111,15 +111,6 @@ const PATHS: [Path; 4] = [
         gue: true,
     },
 ];
-
-/// `[a]:p` for IPv6 addresses, `a:p` for IPv4.
-fn at(ip: &str, port: u16) -> String {
-    if ip.contains(':') {
-        format!("[{ip}]:{port}")
-    } else {
-        format!("{ip}:{port}")
-    }
-}
 
 impl Path {
     /// The socket mark of this path's probes, as the balancer planned its slot.

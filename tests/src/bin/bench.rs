@@ -489,9 +489,14 @@ fn dsr_cases(net: &TestNet, n: usize) -> anyhow::Result<Vec<Case>> {
 /// QUIC connection's new path (a new client port each time, the connection table learning
 /// it), each compared with plain UDP's case of the same kind; `first` is the first's index.
 fn quic_cases(net: &TestNet, n: usize, first: usize) -> anyhow::Result<Vec<Case>> {
-    // A short header naming server 3: first byte, an 8-byte connection ID (config rotation 0,
-    // server ID at bytes 1-2), then a packet number and protected bytes: 64 bytes of payload.
-    let mut short = vec![0x41, 0x0b, 0, 3, 0x33, 0x44, 0x55, 0x66, 0x77];
+    // A short header naming server 3 (config rotation 0, server ID at bytes 1-2): 64 bytes of
+    // payload, as the plain UDP packet's.
+    let layout = lb_tests::quic::CidLayout {
+        server_id_bytes: 2,
+        cid_offset: 1,
+        config_id: 0,
+    };
+    let mut short = lb_tests::quic::short_header(layout.cid(3));
     short.resize(64, 0xa5);
     let plain = Packet::udp("10.0.1.2:40010", "10.100.0.4:443")
         .payload(&[0x55; 64])
