@@ -56,6 +56,18 @@ pub fn syn_bucket<A: FlowAddr>(addr: A) -> u32 {
     (fmix64(addr.prefix64()) as u32) & (SYN_BUCKETS - 1)
 }
 
+/// Slots of the per-CPU service hint (see [`service_hint`]): a few VIP ports' worth, small
+/// enough to stay in the caches.
+pub const SERVICE_HINTS: u32 = 256;
+
+/// The service-hint slot of destination `addr:port` (`proto`): where a CPU keeps the service
+/// of its last new flow there, the datapath's guess for reading a SYN's ring line early.
+#[inline(always)]
+pub fn service_hint<A: FlowAddr>(addr: A, port: u16, proto: u8) -> u32 {
+    let k = addr.table_hash() ^ ((port as u64) << 40) ^ ((proto as u64) << 56);
+    (fmix64(k) as u32) & (SERVICE_HINTS - 1)
+}
+
 /// Flag bits of [`Params::flags`].
 pub mod param_flags {
     /// Translate ICMP errors about balanced flows (`translate_icmp`); off: drop them.
@@ -162,5 +174,32 @@ mod tests {
             assert!(two_seconds.is_some(), "{rate}/s overflows");
         }
         assert_eq!(Params::per_2_32_ns(0), 0);
+    }
+
+    /// The ports of one VIP, and IPv6 VIPs of one /64, spread over the hint's slots: a
+    /// destination's hint is not its neighbour's.
+    #[test]
+    fn service_hints_spread_ports_and_ipv6_vips() {
+        let slots = |it: &mut dyn Iterator<Item = u32>| {
+            let mut seen = [false; SERVICE_HINTS as usize];
+            it.for_each(|s| seen[s as usize] = true);
+            seen.iter().filter(|&&s| s).count()
+        };
+        let vip = u32::from_ne_bytes([10, 100, 0, 1]);
+        let ports = slots(&mut (0..64u16).map(|p| service_hint(vip, (80 + p).to_be(), 6)));
+        let mut ipv6 = (0..64u32).map(|i| {
+            let a: crate::Addr6 = [0x2001_0db8u32.to_be(), 0, 0, (i + 1).to_be()];
+            service_hint(a, 443u16.to_be(), 17)
+        });
+        let vips6 = slots(&mut ipv6);
+        // 64 balls in 256 bins: about 57 distinct expected; far fewer means a weak mix.
+        assert!(
+            ports >= 48 && vips6 >= 48,
+            "ports {ports}, IPv6 VIPs {vips6}"
+        );
+        assert_ne!(
+            service_hint(vip, 80u16.to_be(), 6),
+            service_hint(vip, 80u16.to_be(), 17)
+        );
     }
 }

@@ -155,9 +155,11 @@ pub static PARSE_SCRATCH: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0)
 #[map(name = "LB_TOO_BIG")] // lb_common::map_name::TOO_BIG
 pub static TOO_BIG: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
-/// The service of this CPU's last new flow: a guess for warming a SYN's ring line (flow.rs).
+/// The service of this CPU's last new flow to a destination, by [`lb_common::service_hint`]: a
+/// guess for warming a SYN's ring line (flow.rs).
 #[map(name = "LB_SERVICE_HINT")] // lb_common::map_name::SERVICE_HINT
-pub static SERVICE_HINT: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+pub static SERVICE_HINT: PerCpuArray<u32> =
+    PerCpuArray::with_max_entries(lb_common::SERVICE_HINTS, 0);
 
 /// Service id → its QUIC layout word (0: not QUIC); see quic.rs.
 #[map(name = "LB_QUIC_LAYOUTS")] // lb_common::map_name::QUIC_LAYOUTS
