@@ -116,6 +116,21 @@ pub struct Counters<'a> {
     pub read: &'a dyn Fn() -> anyhow::Result<Vec<u64>>,
 }
 
+/// Keeps the calling thread on CPU 0, for rows that depend on one CPU's state (a per-CPU rate's
+/// budget): BPF_PROG_TEST_RUN runs the program on the caller's CPU.
+pub fn on_cpu0() {
+    // SAFETY: a zeroed cpu_set_t with one CPU set, for this thread only.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set),
+            0,
+            "pinning the thread to CPU 0"
+        );
+    }
+}
+
 /// Runs every fixture against the balancer program of `dp`; panics listing every mismatch.
 pub fn run_fixtures(dp: &Dataplane, fixtures: &[Fixture]) {
     let read = || Ok(dp.stats()?.counters);

@@ -905,15 +905,7 @@ fn echo_replies_are_rate_limited_and_can_be_off() {
         DROP_ICMP,
     ));
     e.ns.enter(|| {
-        // SAFETY: a zeroed cpu_set_t with one CPU set, for this thread only.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(0, &mut set);
-            assert_eq!(
-                libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set),
-                0
-            );
-        }
+        lb_tests::fixture::on_cpu0();
         lb_tests::fixture::run_fixtures(&e.dp, &rows);
     });
 }
