@@ -10,6 +10,7 @@ pub mod decap;
 pub mod dns;
 pub mod etcd;
 pub mod fixture;
+pub mod flood;
 pub mod inproc;
 pub mod live;
 pub mod netns;
