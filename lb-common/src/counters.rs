@@ -177,6 +177,11 @@ pub mod counter {
             /// unroutable), or the backend named is not available. Sent by the connection table
             /// and Maglev.
             QUIC_FALLBACK = "quic_fallback",
+            /// SYNs of new connections to a direct-server-return service in flood mode (beyond
+            /// `dsr_flood_rate` on their CPU): forwarded by Maglev without a connection table
+            /// entry, so a flood of spoofed SYNs cannot fill or churn the table. A real client's
+            /// flow gets its entry with its next packet (counted as `ct_miss_midstream`).
+            DSR_FLOOD = "dsr_flood",
         }
     }
 }

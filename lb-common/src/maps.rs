@@ -37,6 +37,9 @@ pub mod map_name {
     pub const PROGS: &str = "LB_PROGS";
     /// `PerCpuArray<TokenBucket>` of [`crate::SYN_BUCKETS`]: the per-source SYN limit.
     pub const SYN_RATE: &str = "LB_SYN_RATE";
+    /// `PerCpuArray<FloodWindow>` of `max_services`: each service's new TCP connections on each
+    /// CPU, for the flood mode of direct server return.
+    pub const FLOOD: &str = "LB_FLOOD";
     /// `PerCpuArray` of one entry: the SNAT port search's working state for the packet on that
     /// CPU. Holds nothing between packets: never pinned, each load has its own.
     pub const SNAT_SEARCH: &str = "LB_SNAT_SEARCH";

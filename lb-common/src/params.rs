@@ -43,7 +43,44 @@ pub struct Params {
     /// UDP destination port of GUE encapsulation (`gue_port`), network byte order.
     pub gue_port: u16,
     pub _pad: u16,
+    /// New TCP connections a second one direct-server-return service takes into the connection
+    /// table on one CPU before flood mode (see [`flood_step`]); 0: never.
+    pub dsr_flood_rate: u32,
+    pub _pad2: u32,
 }
+
+/// One CPU's count of one service's new TCP connections (SYNs without a flow), a window a
+/// second long, and whether the service is in flood mode on this CPU (see [`flood_step`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FloodWindow {
+    /// Start of the current window, coarse monotonic nanoseconds.
+    pub start: u64,
+    pub count: u32,
+    /// 1: the window before this one counted more than the rate.
+    pub engaged: u32,
+}
+
+/// Counts a SYN of a new connection in `w` at `now` and says whether it is in flood mode: the
+/// current window has counted more than `rate`, or the previous one did. So a flood gets `rate`
+/// entries at its start and none after while it lasts, however long (a steady allowance a second
+/// would still fill any table in the SYN timeout), and a service leaves flood mode a second
+/// after its rate fell back.
+#[inline(always)]
+pub fn flood_step(w: &mut FloodWindow, rate: u32, now: u64) -> bool {
+    if now.saturating_sub(w.start) >= 1_000_000_000 {
+        // The window just ended decides the next one; a gap of several seconds counted none.
+        let last_full = now.saturating_sub(w.start) < 2_000_000_000;
+        w.engaged = (last_full && w.count > rate) as u32;
+        w.start = now;
+        w.count = 0;
+    }
+    w.count = w.count.saturating_add(1);
+    w.engaged != 0 || w.count > rate
+}
+
+/// The default of [`Params::dsr_flood_rate`] (`dsr_flood_rate` in the config).
+pub const DEFAULT_DSR_FLOOD_RATE: u32 = 50_000;
 
 /// Token buckets of the per-source SYN limit, per CPU (a power of two): a source shares its
 /// bucket with another one with p = 1/16384.
@@ -99,6 +136,8 @@ impl Params {
         nat6_mask: 2 * DEFAULT_CONNTRACK6_SIZE - 1,
         gue_port: crate::DEFAULT_GUE_PORT.to_be(),
         _pad: 0,
+        dsr_flood_rate: DEFAULT_DSR_FLOOD_RATE,
+        _pad2: 0,
     };
 
     /// A rate per second as tokens per 2^32 ns (rounded up, so no rate becomes none; at most
@@ -141,7 +180,8 @@ pub struct TokenBucket {
 // The layouts both sides rely on, checked wherever this crate builds (the BPF object too).
 const _: () = {
     use core::mem::size_of;
-    assert!(size_of::<Params>() == 88);
+    assert!(size_of::<Params>() == 96);
+    assert!(size_of::<FloodWindow>() == 16);
     assert!(size_of::<TokenBucket>() == 16);
 };
 
@@ -151,6 +191,7 @@ mod pod {
     // rules), valid for any bit pattern.
     unsafe impl aya::Pod for super::Params {}
     unsafe impl aya::Pod for super::TokenBucket {}
+    unsafe impl aya::Pod for super::FloodWindow {}
 }
 
 #[cfg(test)]
@@ -174,6 +215,35 @@ mod tests {
             assert!(two_seconds.is_some(), "{rate}/s overflows");
         }
         assert_eq!(Params::per_2_32_ns(0), 0);
+    }
+
+    /// A service under a flood is in flood mode from its rate's next SYN until a second after
+    /// the flood: its first window, every full window after, then one more.
+    #[test]
+    fn flood_mode_engages_beyond_the_rate_and_leaves_a_second_after() {
+        const S: u64 = 1_000_000_000;
+        let mut w = FloodWindow::default();
+        let t0 = 10 * S;
+        let flooded: u32 = (0..10).map(|i| flood_step(&mut w, 3, t0 + i) as u32).sum();
+        assert_eq!(flooded, 7, "beyond 3 in the first window");
+        // The next window: flood mode from its first SYN (the last window went beyond).
+        assert!(flood_step(&mut w, 3, t0 + S));
+        for i in 1..5 {
+            assert!(flood_step(&mut w, 3, t0 + S + i));
+        }
+        // A quiet window (2 SYNs) after a flooded one is still in flood mode...
+        assert!(flood_step(&mut w, 3, t0 + 2 * S));
+        assert!(flood_step(&mut w, 3, t0 + 2 * S + 1));
+        // ... and the window after it is not.
+        assert!(!flood_step(&mut w, 3, t0 + 3 * S));
+        // A flood, then a pause of several seconds: the old count does not carry.
+        for i in 0..10 {
+            flood_step(&mut w, 3, t0 + 4 * S + i);
+        }
+        assert!(!flood_step(&mut w, 3, t0 + 9 * S));
+        // Rate 0 is never called by the datapath (off); u32::MAX never floods.
+        let mut w = FloodWindow::default();
+        assert!((0..1000).all(|i| !flood_step(&mut w, u32::MAX, t0 + i)));
     }
 
     /// The ports of one VIP, and IPv6 VIPs of one /64, spread over the hint's slots: a

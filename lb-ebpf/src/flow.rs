@@ -17,7 +17,7 @@ use crate::{
     clock, encap,
     family::Family,
     fib,
-    maps::{PROGS, RINGS, SERVICE_HINT, SYN_RATE, TOO_BIG, params},
+    maps::{FLOOD, PROGS, RINGS, SERVICE_HINT, SYN_RATE, TOO_BIG, params},
     nat::{self, Rewrite},
     parse::{Flow, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     passive,
@@ -313,8 +313,17 @@ fn new_flow<F: Family>(
         },
         data_at: 0,
     };
-    ct_store::<F>(k, hash, &entry, now, p);
-    stats::count(counter::CT_NEW);
+    // Flood mode of direct server return: beyond the service's rate of new connections on this
+    // CPU, a SYN goes by the ring without an entry, so a flood of spoofed SYNs (which never
+    // answer) cannot fill or churn the table. A real client's flow gets its entry with its next
+    // packet (a midstream miss: the same backend from the ring). Full NAT cannot do this: the
+    // reply needs the flow's NAT entry.
+    if snat_port == 0 && flow.proto == PROTO_TCP && !midstream && flooded(svc.id, now, p) {
+        stats::count(counter::DSR_FLOOD);
+    } else {
+        ct_store::<F>(k, hash, &entry, now, p);
+        stats::count(counter::CT_NEW);
+    }
     stats::count_traffic(svc.id, backend_id, ctx.data_end() - ctx.data(), true);
     let v = deliver::<F>(ctx, flow, backend, &nh, snat_port, hash);
     // The trace names the backend and port from the connection table: only the flow's
@@ -357,6 +366,20 @@ fn nat_port<F: Family>(
         r._pad = [0; 3];
     };
     snat::reserve::<F>(backend, flow.proto, hash, reply, midstream, now)
+}
+
+/// Whether service `id` is in flood mode on this CPU, counting this SYN (see
+/// [`lb_common::flood_step`]); never with the rate 0.
+#[inline(always)]
+fn flooded(id: u32, now: u64, p: &Params) -> bool {
+    if p.dsr_flood_rate == 0 {
+        return false;
+    }
+    match FLOOD.get_ptr_mut(id) {
+        // SAFETY: this CPU's slot of a per-CPU array of plain integers.
+        Some(w) => lb_common::flood_step(unsafe { &mut *w }, p.dsr_flood_rate, now),
+        None => false,
+    }
 }
 
 /// Whether a SYN of a new connection from `saddr` is within its source's rate (this CPU's bucket

@@ -117,6 +117,11 @@ pub static PROGS: ProgramArray = ProgramArray::with_max_entries(PROG_SLOTS, 0);
 #[map(name = "LB_SYN_RATE")]
 pub static SYN_RATE: PerCpuArray<TokenBucket> = PerCpuArray::with_max_entries(SYN_BUCKETS, 0);
 
+/// Each service's new TCP connections per CPU: direct server return's flood mode (flow.rs).
+#[map(name = "LB_FLOOD")] // lb_common::map_name::FLOOD
+pub static FLOOD: PerCpuArray<lb_common::FloodWindow> =
+    PerCpuArray::with_max_entries(DEFAULT_MAX_SERVICES, 0);
+
 /// What the SNAT port search's callbacks work on, and what they found (see snat.rs). In a
 /// per-CPU map rather than on the caller's stack: the verifier adds a callback's stack to its
 /// caller's, and the two with this on it went beyond the limit of 512 bytes. XDP runs to the end

@@ -425,3 +425,124 @@ fn icmp_errors_about_a_dsr_flow_go_to_its_backend_unchanged() {
     check_expected(&fixtures);
     e.run(&fixtures);
 }
+
+/// Flood mode (`dsr_flood_rate`, here 3 a second): a direct-server-return service's SYNs beyond
+/// the rate on one CPU are forwarded as before (the same bytes to the same backend) but take no
+/// connection table entry (`dsr_flood`, no `ct_new`); such a flow's next packet makes its entry
+/// (a mid-stream miss). Each service counts its own; full NAT, which needs its entries, and UDP
+/// never enter flood mode.
+#[test]
+fn syns_beyond_the_flood_rate_of_a_dsr_service_take_no_entry() {
+    require_root();
+    let e = TestNet::new("ring_size = 1009\ndsr_flood_rate = 3", SERVICES).unwrap();
+    let mut rows = Vec::new();
+    for (client, vip, outer_src, backend, gue) in [
+        ("10.0.1.2", "10.100.0.1", "10.0.2.1", "10.0.2.2", false),
+        (
+            "2001:db8:1::2",
+            "2001:db8:100::2",
+            "2001:db8:2::1",
+            "2001:db8:2::2",
+            true,
+        ),
+    ] {
+        let d = Dsr {
+            e: &e,
+            outer_src,
+            backend,
+        };
+        let mode = if gue { "gue, IPv6" } else { "ipip, IPv4" };
+        for i in 0..5u16 {
+            let cport = 50000 + i;
+            let syn = Packet::tcp(&at(client, cport), &at(vip, 80), TCP_SYN);
+            let row = Fixture::new(
+                format!("{mode}: SYN {} of 5", i + 1),
+                syn.build(),
+                XDP_REDIRECT,
+                FWD_REDIRECT,
+            )
+            .ingress(e.vc)
+            .output(d.encap(&syn, gue, (client, cport, vip, 80, 6)));
+            rows.push(if i < 3 {
+                row.also(CT_NEW)
+            } else {
+                row.also(DSR_FLOOD)
+            });
+        }
+        // The last flooded SYN's handshake completes: its ACK finds no entry and makes one.
+        let ack = Packet::tcp(&at(client, 50004), &at(vip, 80), TCP_ACK).seq(1, 1);
+        rows.push(
+            Fixture::new(
+                format!("{mode}: the ACK of a SYN sent in flood mode makes its entry"),
+                ack.build(),
+                XDP_REDIRECT,
+                FWD_REDIRECT,
+            )
+            .ingress(e.vc)
+            .output(d.encap(&ack, gue, (client, 50004, vip, 80, 6)))
+            .also(CT_MISS_MIDSTREAM)
+            .also(CT_NEW),
+        );
+        // ... and the next packet of that flow is an established one.
+        let data = Packet::tcp(&at(client, 50004), &at(vip, 80), TCP_ACK | TCP_PSH)
+            .seq(1, 1)
+            .payload(b"GET / HTTP/1.1\r\n\r\n");
+        rows.push(
+            Fixture::new(
+                format!("{mode}: then its data goes by its entry"),
+                data.build(),
+                XDP_REDIRECT,
+                FWD_REDIRECT,
+            )
+            .ingress(e.vc)
+            .output(d.encap(&data, gue, (client, 50004, vip, 80, 6))),
+        );
+    }
+    // Another service keeps its own count: the IPv4 gue service is under its rate.
+    let syn = Packet::tcp(&at("10.0.1.2", 50010), &at("10.100.0.2", 80), TCP_SYN);
+    rows.push(
+        Fixture::new(
+            "another DSR service: its own count, an entry",
+            syn.build(),
+            XDP_REDIRECT,
+            FWD_REDIRECT,
+        )
+        .ingress(e.vc)
+        .any_output()
+        .also(CT_NEW),
+    );
+    for i in 0..5u16 {
+        let nat = Packet::tcp(&at("10.0.1.2", 51000 + i), &at("10.100.0.3", 80), TCP_SYN);
+        rows.push(
+            Fixture::new(
+                format!("full NAT: SYN {} of 5, an entry each", i + 1),
+                nat.build(),
+                XDP_REDIRECT,
+                FWD_REDIRECT,
+            )
+            .ingress(e.vc)
+            .any_output()
+            .also(CT_NEW),
+        );
+        let udp = Packet::udp(&at("10.0.1.2", 52000 + i), &at("10.100.0.1", 53)).payload(b"q");
+        rows.push(
+            Fixture::new(
+                format!(
+                    "UDP to a DSR service: datagram {} of 5, an entry each",
+                    i + 1
+                ),
+                udp.build(),
+                XDP_REDIRECT,
+                FWD_REDIRECT,
+            )
+            .ingress(e.vc)
+            .any_output()
+            .also(CT_NEW),
+        );
+    }
+    // The rate is per CPU and per second: one CPU, rows run within milliseconds.
+    e.ns.enter(|| {
+        lb_tests::fixture::on_cpu0();
+        lb_tests::fixture::run_fixtures(&e.dp, &rows);
+    });
+}

@@ -69,6 +69,15 @@ impl Lb {
             self.icmp_reply_rate == other.icmp_reply_rate,
         );
         check("gue_port", self.gue_port == other.gue_port);
+        // The datapath reads these from its parameters, fixed when the program is loaded.
+        check(
+            "syn_rate_per_source",
+            self.syn_rate_per_source == other.syn_rate_per_source,
+        );
+        check(
+            "dsr_flood_rate",
+            self.dsr_flood_rate == other.dsr_flood_rate,
+        );
         // BIRD's config names the table: moving lb's routes to another one while running would
         // withdraw every VIP from a BIRD still reading the old. Whether lb announces at all
         // changes with a restart too (`grace` may change: it is read when lb stops).
@@ -89,10 +98,6 @@ impl Lb {
             }
         };
         check("snat_address", self.snat_address == other.snat_address);
-        check(
-            "syn_rate_per_source",
-            self.syn_rate_per_source == other.syn_rate_per_source,
-        );
         check("announce", self.announce == other.announce);
         out
     }
@@ -138,6 +143,9 @@ pub struct Lb {
     pub icmp_reply_rate: u32,
     /// New TCP connections per second one source address may open (per CPU); 0: no limit.
     pub syn_rate_per_source: u32,
+    /// New TCP connections per second one direct-server-return service takes into the
+    /// connection table on one CPU before flood mode; 0: never.
+    pub dsr_flood_rate: u32,
     /// UDP destination port of `gue` encapsulation (the backends decapsulate there).
     pub gue_port: u16,
     /// `[lb.announce]`: route health injection (None: lb announces nothing).

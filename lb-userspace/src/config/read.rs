@@ -201,6 +201,13 @@ fn read_lb(f: &Fields) -> Option<Lb> {
             i64::from(lb_common::Params::DEFAULT.syn_rate_per_source),
         )
         .map(|n| n as u32);
+    let dsr_flood_rate = f
+        .int_in(
+            "dsr_flood_rate",
+            0..=10_000_000,
+            i64::from(lb_common::DEFAULT_DSR_FLOOD_RATE),
+        )
+        .map(|n| n as u32);
     let gue_port = f
         .int_in(
             "gue_port",
@@ -232,6 +239,7 @@ fn read_lb(f: &Fields) -> Option<Lb> {
         translate_icmp: translate_icmp?,
         icmp_reply_rate: icmp_reply_rate?,
         syn_rate_per_source: syn_rate_per_source?,
+        dsr_flood_rate: dsr_flood_rate?,
         gue_port: gue_port?,
         announce: announce?,
     })
@@ -1452,6 +1460,27 @@ backends = [ { address = "10.0.2.2:443", server_id = 1 }, { address = "10.0.3.2:
         let mut fixed = parse(&dsr).unwrap().lb;
         fixed.gue_port = 6080;
         assert_eq!(c.lb.fixed_differences(&fixed), ["gue_port"]);
+    }
+
+    /// The datapath reads its rates from the parameters it was loaded with: a reload that
+    /// changed them was accepted and changed nothing. Now it is refused, naming them.
+    #[test]
+    fn datapath_rates_change_with_a_restart_only() {
+        let c = parse(GOOD).unwrap();
+        assert_eq!(c.lb.dsr_flood_rate, lb_common::DEFAULT_DSR_FLOOD_RATE);
+        let mut other = c.lb.clone();
+        other.syn_rate_per_source = 5;
+        other.dsr_flood_rate = 0;
+        assert_eq!(
+            c.lb.fixed_differences(&other),
+            ["syn_rate_per_source", "dsr_flood_rate"]
+        );
+        let set = parse(&GOOD.replace("[lb]\n", "[lb]\ndsr_flood_rate = 0\n")).unwrap();
+        assert_eq!(set.lb.dsr_flood_rate, 0);
+        assert_eq!(
+            problems(&GOOD.replace("[lb]\n", "[lb]\ndsr_flood_rate = -1\n")),
+            ["lb.dsr_flood_rate: -1 is out of range 0-10000000"]
+        );
     }
 
     #[test]

@@ -83,6 +83,8 @@ pub fn params(lb: &config::Lb) -> Params {
         nat6_mask: 2 * lb.conntrack.ipv6_size - 1,
         gue_port: lb.gue_port.to_be(),
         _pad: 0,
+        dsr_flood_rate: lb.dsr_flood_rate,
+        _pad2: 0,
     }
 }
 
@@ -145,6 +147,7 @@ impl Dataplane {
             .override_global(PARAMS_GLOBAL, &params, true)
             .map_max_entries(map_name::SERVICES, lb.max_services)
             .map_max_entries(map_name::SERVICE_STATS, lb.max_services)
+            .map_max_entries(map_name::FLOOD, lb.max_services)
             .map_max_entries(map_name::RINGS, ring_entries)
             .map_max_entries(map_name::BACKENDS, lb.max_backends)
             .map_max_entries(map_name::BACKEND_STATS, lb.max_backends)
@@ -905,7 +908,9 @@ fn setting_of(name: &str) -> &'static str {
     match name {
         map_name::CONNTRACK | map_name::NAT => "[lb] conntrack.size",
         map_name::CONNTRACK6 | map_name::NAT6 => "[lb] conntrack.ipv6_size",
-        map_name::SERVICES | map_name::SERVICES6 | map_name::SERVICE_STATS => "[lb] max_services",
+        map_name::SERVICES | map_name::SERVICES6 | map_name::SERVICE_STATS | map_name::FLOOD => {
+            "[lb] max_services"
+        }
         map_name::RINGS => "[lb] max_services × ring_size",
         map_name::BACKENDS | map_name::BACKENDS6 | map_name::BACKEND_STATS | map_name::NEXTHOPS => {
             "[lb] max_backends"

@@ -68,7 +68,11 @@ pub const SCRATCH: [&str; 7] = [
 ///
 /// The QUIC routing's too: written in full by every load's first apply, before its programs
 /// are attached.
-pub const PER_RUN: [&str; 11] = [
+///
+/// And direct server return's flood windows: a new load counts from nothing, at worst letting a
+/// flood's first second of SYNs into the table again.
+pub const PER_RUN: [&str; 12] = [
+    map_name::FLOOD,
     map_name::QUIC_LAYOUTS,
     map_name::QUIC_IDS,
     map_name::QUIC_SERVERS,

@@ -146,8 +146,10 @@ fn main() -> anyhow::Result<()> {
     let net = TestNet::new(
         // The per-source SYN limit at its highest: the new-flow cases send up to 60,000 SYNs
         // within a second from one address, all to be forwarded, and still pay for the limit.
+        // Flood mode at its highest rate, likewise: the direct-server-return new-flow rows time
+        // their table inserts and still pay for the count.
         &format!(
-            "snat_ports = \"1024-65535\"\nsyn_rate_per_source = 1000000\n\
+            "snat_ports = \"1024-65535\"\nsyn_rate_per_source = 1000000\ndsr_flood_rate = 10000000\n\
              conntrack = {{ size = {CONNTRACK}, ipv6_size = {CONNTRACK} }}"
         ),
         SERVICES,

@@ -85,6 +85,7 @@ pub const DOCS: &[Doc] = &[
     d("lb.conntrack.tcp_closing_timeout", "How long a TCP flow closing (a FIN one way) is kept idle."),
     d("lb.conntrack.tcp_closed_timeout", "How long a flow closed both ways (FIN each way, or RST) keeps its SNAT port; at most `tcp_closing_timeout`."),
     d("lb.conntrack.udp_timeout", "How long a UDP flow is kept idle."),
+    d("lb.dsr_flood_rate", "New TCP connections a second one direct-server-return service takes into the connection table, per CPU, before flood mode (0: never): beyond it, and for a second after the rate falls back, SYNs are forwarded by Maglev without a table entry (`dsr_flood`), so a flood of spoofed SYNs cannot fill or churn the table; a client's flow gets its entry with its next packet. Fixed while running."),
     d("lb.syn_rate_per_source", "New TCP connections a second one source address may open, per CPU (0: no limit): a flooding address cannot churn the tables; beyond it SYNs are dropped (`drop_syn_rate`)."),
     d("lb.translate_icmp", "Translate ICMP errors about balanced flows (path MTU discovery through lb); false: those sent to a VIP are dropped, those sent to a SNAT address passed."),
     d("lb.icmp_reply_rate", "Echo replies of VIPs a second per CPU at most; also the budget of answers to packets too big for their path."),
