@@ -101,8 +101,9 @@ pub const SERVICE_HINTS: u32 = 256;
 /// of its last new flow there, the datapath's guess for reading a SYN's ring line early.
 #[inline(always)]
 pub fn service_hint<A: FlowAddr>(addr: A, port: u16, proto: u8) -> u32 {
+    // One multiply (Fibonacci hashing, the product's top byte): a SYN computes it twice.
     let k = addr.table_hash() ^ ((port as u64) << 40) ^ ((proto as u64) << 56);
-    (fmix64(k) as u32) & (SERVICE_HINTS - 1)
+    (k.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as u32 & (SERVICE_HINTS - 1)
 }
 
 /// Flag bits of [`Params::flags`].

@@ -255,7 +255,11 @@ fn new_flow<F: Family>(
     if svc.flags & service_flags::DROP != 0 {
         return (xdp_action::XDP_DROP, counter::DROP_NO_BACKEND);
     }
-    if let Some(hint) = SERVICE_HINT.get_ptr_mut(service_hint(flow.daddr, flow.dport, flow.proto)) {
+    // Only SYNs warm their lines (`warm`): only TCP keeps a hint.
+    if flow.proto == PROTO_TCP
+        && let Some(hint) =
+            SERVICE_HINT.get_ptr_mut(service_hint(flow.daddr, flow.dport, flow.proto))
+    {
         // SAFETY: this CPU's value, a plain integer.
         unsafe { *hint = svc.id };
     }
