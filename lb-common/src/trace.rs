@@ -33,6 +33,9 @@ pub mod trace_kind {
     /// A QUIC packet whose 4-tuple is new to its backend (a client's new address or port) sent
     /// to the backend its connection ID's server ID names.
     pub const QUIC_ROUTED: u8 = 5;
+    /// A SYN of a direct-server-return service in flood mode: sent to its backend
+    /// ([`super::TraceNote::flood_backend`]) without a connection table entry.
+    pub const FLOOD: u8 = 6;
 }
 
 /// [`TraceNote::service_id`] / [`TraceNote::backend_id`] when there is none.
@@ -105,7 +108,11 @@ pub struct TraceNote {
     /// Set for a new flow's packet the QUIC routing sent (kind [`trace_kind::QUIC_ROUTED`]),
     /// taken off with the note's hand-off.
     pub quic: u8,
-    pub _pad: [u8; 9],
+    /// Set for a SYN sent in flood mode (kind [`trace_kind::FLOOD`]), taken off with the note's
+    /// hand-off; its backend, which no table entry holds, in `flood_backend`.
+    pub flood: u8,
+    pub flood_backend: u32,
+    pub _pad: [u8; 4],
 }
 
 /// The IPv4-mapped form (`::ffff:a.b.c.d`) of an IPv4 address held as the maps hold it.

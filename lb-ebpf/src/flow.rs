@@ -324,6 +324,9 @@ fn new_flow<F: Family>(
     // reply needs the flow's NAT entry.
     if snat_port == 0 && flow.proto == PROTO_TCP && !midstream && flooded(svc.id, now, p) {
         stats::count(counter::DSR_FLOOD);
+        if trace::on() {
+            trace::flooded(backend_id);
+        }
     } else {
         ct_store::<F>(k, hash, &entry, now, p);
         stats::count(counter::CT_NEW);

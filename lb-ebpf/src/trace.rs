@@ -90,6 +90,19 @@ pub fn rescheduled(hash: u64, prev: u32) {
     }
 }
 
+/// This SYN went to `backend` in flood mode, without a table entry: noted for its record.
+/// Called behind [`on`].
+#[inline(always)]
+pub fn flooded(backend: u32) {
+    if let Some(c) = TRACE_CPU.get_ptr_mut(0) {
+        // SAFETY: this CPU's value; the packet runs to its end on this CPU.
+        unsafe {
+            (*c).note.flood = 1;
+            (*c).note.flood_backend = backend;
+        }
+    }
+}
+
 /// The new flow this packet makes was routed by its QUIC connection ID: noted for its record.
 /// Called behind [`on`].
 #[inline(always)]
@@ -114,10 +127,13 @@ fn hand_off<A: FlowAddr>(ctx: &XdpContext, v: Verdict, kind: u8, flow: Option<&F
     // A QUIC-routed packet's mark holds for its own record only.
     n.kind = if kind == trace_kind::NEW_FLOW && n.quic != 0 {
         trace_kind::QUIC_ROUTED
+    } else if kind == trace_kind::NEW_FLOW && n.flood != 0 {
+        trace_kind::FLOOD
     } else {
         kind
     };
     n.quic = 0;
+    n.flood = 0;
     match flow {
         Some(f) => {
             n.client = f.saddr.to_addr6();
@@ -275,6 +291,10 @@ fn flow_state<F: Family>(n: &mut TraceNote, now: u64, prev: (u64, u32)) {
             n.service_id = e.service_id;
             n.snat_port = u16::from_be(e.snat_port);
         }
+    }
+    // No entry holds a flood-mode SYN's backend: the balancer noted it.
+    if n.kind == trace_kind::FLOOD {
+        n.backend_id = n.flood_backend;
     }
     if prev.0 == hash {
         n.prev_backend = prev.1;

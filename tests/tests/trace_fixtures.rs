@@ -205,3 +205,37 @@ fn records_filters_counting_and_the_deadline() {
     assert!(records().is_empty());
     maps.stop().unwrap();
 }
+
+/// A SYN a direct-server-return service forwards in flood mode (issue 39) is traced as such,
+/// with the backend it went to, which no table entry holds.
+#[test]
+fn a_syn_in_flood_mode_is_traced_with_its_backend() {
+    require_root();
+    let mut net = TestNet::new("dsr_flood_rate = 1", SERVICES).unwrap();
+    let collect = Collect::default();
+    let (mut maps, mut logger) = net.dp.take_trace(collect.clone()).unwrap();
+    maps.start(&everything()).unwrap();
+    let ns = net.ns.clone();
+    let records = ns.enter(|| {
+        // The rate is per CPU.
+        lb_tests::fixture::on_cpu0();
+        for port in [40001, 40002] {
+            let syn = Packet::tcp(&format!("10.0.1.2:{port}"), "10.100.0.2:80", TCP_SYN).build();
+            let r = run_once(net.dp.program(), &syn, net.vc).unwrap();
+            assert_eq!(verdict_name(r.verdict), verdict_name(XDP_REDIRECT));
+        }
+        logger.flush();
+        std::mem::take(&mut *collect.0.lock().unwrap())
+    });
+    let r: Vec<Record> = records
+        .iter()
+        .map(|l| Record::parse(l).unwrap_or_else(|| panic!("not a record: {l}")))
+        .collect();
+    assert_eq!(r.len(), 2, "{r:#?}");
+    assert_eq!(r[0].kind, trace_kind::NEW_FLOW);
+    assert_eq!(r[1].kind, trace_kind::FLOOD, "{:?}", r[1]);
+    assert_eq!(r[1].reason, counter::FWD_REDIRECT);
+    assert_eq!(r[1].client_port, 40002);
+    assert_eq!((r[1].backend, r[1].snat_port), (r[0].backend, 0));
+    assert!(r[1].backend.is_some());
+}

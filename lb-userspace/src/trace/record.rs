@@ -216,6 +216,7 @@ pub fn line(r: &Record, names: &Names, time: f64) -> TraceLine {
         trace_kind::RESCHEDULED => "rescheduled",
         trace_kind::MIDSTREAM => "midstream",
         trace_kind::QUIC_ROUTED => "quic_routed",
+        trace_kind::FLOOD => "flood",
         _ => "dropped",
     };
     let mut text = String::from(match r.kind {
@@ -223,6 +224,7 @@ pub fn line(r: &Record, names: &Names, time: f64) -> TraceLine {
         trace_kind::RESCHEDULED => "rescheduled",
         trace_kind::MIDSTREAM => "re-created mid-stream",
         trace_kind::QUIC_ROUTED => "new QUIC path by connection ID",
+        trace_kind::FLOOD => "new flow in flood mode (no table entry)",
         _ => "dropped",
     });
     let _ = write!(
@@ -418,6 +420,18 @@ mod tests {
         assert_eq!(
             l.text,
             "new QUIC path by connection ID 10.0.1.2:40000 → 10.100.0.1:80 udp (dns): backend 10.0.2.11:8080 (id 1), snat port 31337"
+        );
+        let flood = Record {
+            kind: trace_kind::FLOOD,
+            service: Some(1),
+            snat_port: 0,
+            ..r
+        };
+        let l = line(&flood, &n, 0.0);
+        assert_eq!(l.kind, "flood");
+        assert_eq!(
+            l.text,
+            "new flow in flood mode (no table entry) 10.0.1.2:40000 → 10.100.0.1:80 tcp (dns): backend 10.0.2.11:8080 (id 1), dsr gue"
         );
         let failed = Record {
             reason: counter::DROP_NO_ROUTE,
