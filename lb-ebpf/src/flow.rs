@@ -82,10 +82,11 @@ pub fn forward<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>, quic_vip: bool) -
 /// of the service of this CPU's last new flow to the same destination) and drops the values:
 /// only the cache lines are wanted, and a wrong guess costs one line read. The hint is kept per
 /// destination, not per CPU alone: new flows to several services interleave, and the last one's
-/// service was the wrong ring for most SYNs (lb-bench: cold new flow 1.26× Katran's → 1.07×). Nothing is kept, so the verifier's states after the
-/// call are the same whether it ran or not (a value carried on to `new_flow` doubled the paths
-/// it walks and took the IPv6 program past its limit); the service is not looked up here, which
-/// a flow whose tables are in the caches would pay for twice.
+/// service was the wrong ring for most SYNs (lb-bench: cold new flow 1.26× Katran's → 1.07×).
+/// Nothing is kept, so the verifier's states after the call are the same whether it ran or not
+/// (a value carried on to `new_flow` doubled the paths it walks and took the IPv6 program past
+/// its limit); the service is not looked up here, which a flow whose tables are in the caches
+/// would pay for twice.
 #[inline(always)]
 fn warm<F: Family>(flow: &Flow<F::A>, hash: u64, p: &Params) {
     if p.syn_rate_per_source != 0
