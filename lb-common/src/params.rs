@@ -79,9 +79,6 @@ pub fn flood_step(w: &mut FloodWindow, rate: u32, now: u64) -> bool {
     w.engaged != 0 || w.count > rate
 }
 
-/// The default of [`Params::dsr_flood_rate`] (`dsr_flood_rate` in the config).
-pub const DEFAULT_DSR_FLOOD_RATE: u32 = 50_000;
-
 /// Token buckets of the per-source SYN limit, per CPU (a power of two): a source shares its
 /// bucket with another one with p = 1/16384.
 pub const SYN_BUCKETS: u32 = 1 << 14;
@@ -137,7 +134,7 @@ impl Params {
         nat6_mask: 2 * DEFAULT_CONNTRACK6_SIZE - 1,
         gue_port: crate::DEFAULT_GUE_PORT.to_be(),
         _pad: 0,
-        dsr_flood_rate: DEFAULT_DSR_FLOOD_RATE,
+        dsr_flood_rate: 50_000,
         _pad2: 0,
     };
 

@@ -105,12 +105,12 @@ pub struct TraceNote {
     pub described: u8,
     /// 4 or 6; 0 for a frame `lb_trace` could not read.
     pub family: u8,
-    /// Set for a new flow's packet the QUIC routing sent (kind [`trace_kind::QUIC_ROUTED`]),
-    /// taken off with the note's hand-off.
-    pub quic: u8,
-    /// Set for a SYN sent in flood mode (kind [`trace_kind::FLOOD`]), taken off with the note's
-    /// hand-off; its backend, which no table entry holds, in `flood_backend`.
-    pub flood: u8,
+    /// The kind a new flow's record takes instead of [`trace_kind::NEW_FLOW`], set by the
+    /// balancer for that packet ([`trace_kind::QUIC_ROUTED`], [`trace_kind::FLOOD`]); 0: none.
+    /// Taken off with the note's hand-off.
+    pub new_kind: u8,
+    pub _pad0: u8,
+    /// A flood-mode SYN's backend, which no table entry holds (kind [`trace_kind::FLOOD`]).
     pub flood_backend: u32,
     pub _pad: [u8; 4],
 }

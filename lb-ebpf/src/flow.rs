@@ -288,8 +288,9 @@ fn new_flow<F: Family>(
         return v;
     }
     let midstream = flow.proto == PROTO_TCP && !is_new_syn(flow.tcp_flags);
+    let dsr = backend.flags & backend_flags::ENCAP != 0;
     // Direct server return has no return path: no SNAT port to take.
-    let snat_port = if backend.flags & backend_flags::ENCAP != 0 {
+    let snat_port = if dsr {
         0
     } else {
         match nat_port::<F>(ctx, flow, backend, backend_id, hash, midstream, now) {
@@ -323,7 +324,7 @@ fn new_flow<F: Family>(
     // answer) cannot fill or churn the table. A real client's flow gets its entry with its next
     // packet (a midstream miss: the same backend from the ring). Full NAT cannot do this: the
     // reply needs the flow's NAT entry.
-    if snat_port == 0 && flow.proto == PROTO_TCP && !midstream && flooded(svc.id, now, p) {
+    if dsr && flow.proto == PROTO_TCP && !midstream && flooded(svc.id, now, p) {
         stats::count(counter::DSR_FLOOD);
         if trace::on() {
             trace::flooded(backend_id);

@@ -97,7 +97,7 @@ pub fn flooded(backend: u32) {
     if let Some(c) = TRACE_CPU.get_ptr_mut(0) {
         // SAFETY: this CPU's value; the packet runs to its end on this CPU.
         unsafe {
-            (*c).note.flood = 1;
+            (*c).note.new_kind = trace_kind::FLOOD;
             (*c).note.flood_backend = backend;
         }
     }
@@ -109,7 +109,7 @@ pub fn flooded(backend: u32) {
 pub fn quic_routed() {
     if let Some(c) = TRACE_CPU.get_ptr_mut(0) {
         // SAFETY: this CPU's value; the packet runs to its end on this CPU.
-        unsafe { (*c).note.quic = 1 };
+        unsafe { (*c).note.new_kind = trace_kind::QUIC_ROUTED };
     }
 }
 
@@ -124,16 +124,13 @@ fn hand_off<A: FlowAddr>(ctx: &XdpContext, v: Verdict, kind: u8, flow: Option<&F
     let n = unsafe { &mut (*c).note };
     n.action = v.0;
     n.reason = v.1;
-    // A QUIC-routed packet's mark holds for its own record only.
-    n.kind = if kind == trace_kind::NEW_FLOW && n.quic != 0 {
-        trace_kind::QUIC_ROUTED
-    } else if kind == trace_kind::NEW_FLOW && n.flood != 0 {
-        trace_kind::FLOOD
+    // A new flow's other kind holds for its own record only.
+    n.kind = if kind == trace_kind::NEW_FLOW && n.new_kind != 0 {
+        n.new_kind
     } else {
         kind
     };
-    n.quic = 0;
-    n.flood = 0;
+    n.new_kind = 0;
     match flow {
         Some(f) => {
             n.client = f.saddr.to_addr6();

@@ -88,34 +88,19 @@ fn a_syn_flood_does_not_lock_legitimate_clients_out() {
     let (mut ok, mut failed, mut slowest) = (0, 0, Duration::ZERO);
     while started.elapsed() < FLOOD - Duration::from_secs(1) {
         let t = Instant::now();
-        let out = client
-            .ns
-            .command("curl")
-            .args([
-                "-s",
-                "-o",
-                "/dev/null",
-                "-w",
-                "%{http_code}",
-                "--max-time",
-                "3",
-                "--interface",
-                LEGIT,
-                &format!("http://{VIP}/"),
-            ])
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        if out.status.success() && out.stdout == b"200" {
-            ok += 1;
-            slowest = slowest.max(t.elapsed());
-        } else {
-            eprintln!(
-                "request failed after {:?}: curl {:?}",
-                t.elapsed(),
-                out.status.code()
-            );
-            failed += 1;
+        match http_get(
+            &client.ns,
+            &format!("http://{VIP}/"),
+            &["--interface", LEGIT],
+        ) {
+            Ok(()) => {
+                ok += 1;
+                slowest = slowest.max(t.elapsed());
+            }
+            Err(e) => {
+                eprintln!("request failed after {:?}: {e}", t.elapsed());
+                failed += 1;
+            }
         }
     }
     let during = daemon.status().unwrap();
@@ -153,6 +138,36 @@ fn a_syn_flood_does_not_lock_legitimate_clients_out() {
     // The flood went through the tables, and they made room rather than refusing.
     assert!(c("ct_new") > 4096 * 4, "the flood did not fill the table");
     assert!(c("nat_evicted") > 0);
+}
+
+/// One HTTP GET of `url` by curl in `ns` (3 s at most, `extra` arguments before the URL): `Err`
+/// names what curl said unless it got a 200.
+fn http_get(ns: &lb_tests::netns::Netns, url: &str, extra: &[&str]) -> Result<(), String> {
+    let out = ns
+        .command("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "3",
+        ])
+        .args(extra)
+        .arg(url)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("curl: {e}"))?;
+    if out.status.success() && out.stdout == b"200" {
+        Ok(())
+    } else {
+        Err(format!(
+            "curl exit {:?}, HTTP {}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout)
+        ))
+    }
 }
 
 fn echo(conn: &mut std::net::TcpStream, msg: &[u8]) {
@@ -224,29 +239,7 @@ fn a_spoofed_flood_at_a_dsr_service_leaves_the_connection_table_alone() {
     let client = &sb.client;
     // HTTP: the client speaks first, so a handshake's last ACK lost in the flood is recovered
     // by the request's retransmission (as for any client behind a flooded link).
-    let request = || {
-        let out = client
-            .ns
-            .command("curl")
-            .args([
-                "-s",
-                "-o",
-                "/dev/null",
-                "-w",
-                "%{http_code}",
-                "--max-time",
-                "3",
-            ])
-            .arg(format!("http://{VIP}:{HTTP_PORT}/"))
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| e.to_string())?;
-        if out.status.success() && out.stdout == b"200" {
-            Ok(())
-        } else {
-            Err(format!("curl {:?}", out.status.code()))
-        }
-    };
+    let request = || http_get(&client.ns, &format!("http://{VIP}:{HTTP_PORT}/"), &[]);
     wait_until(|| request().is_ok());
     let before = daemon.status().unwrap();
 

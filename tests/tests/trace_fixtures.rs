@@ -54,6 +54,17 @@ impl log::Log for Collect {
     fn flush(&self) {}
 }
 
+impl Collect {
+    /// The records collected since the last call, parsed as the daemon parses them.
+    fn take(&self) -> Vec<Record> {
+        let lines = std::mem::take(&mut *self.0.lock().unwrap());
+        lines
+            .iter()
+            .map(|l| Record::parse(l).unwrap_or_else(|| panic!("not a record: {l}")))
+            .collect()
+    }
+}
+
 fn everything() -> TraceFilter {
     TraceFilter {
         service_id: TRACE_NONE,
@@ -73,11 +84,7 @@ fn records_filters_counting_and_the_deadline() {
     let (mut maps, mut logger) = net.dp.take_trace(collect.clone()).unwrap();
     let mut records = || -> Vec<Record> {
         logger.flush();
-        let lines = std::mem::take(&mut *collect.0.lock().unwrap());
-        lines
-            .iter()
-            .map(|l| Record::parse(l).unwrap_or_else(|| panic!("not a record: {l}")))
-            .collect()
+        collect.take()
     };
     let ns = net.ns.clone();
     let run = |net: &TestNet, frame: &[u8], want: u32| {
@@ -216,7 +223,7 @@ fn a_syn_in_flood_mode_is_traced_with_its_backend() {
     let (mut maps, mut logger) = net.dp.take_trace(collect.clone()).unwrap();
     maps.start(&everything()).unwrap();
     let ns = net.ns.clone();
-    let records = ns.enter(|| {
+    let r = ns.enter(|| {
         // The rate is per CPU.
         lb_tests::fixture::on_cpu0();
         for port in [40001, 40002] {
@@ -225,12 +232,8 @@ fn a_syn_in_flood_mode_is_traced_with_its_backend() {
             assert_eq!(verdict_name(r.verdict), verdict_name(XDP_REDIRECT));
         }
         logger.flush();
-        std::mem::take(&mut *collect.0.lock().unwrap())
+        collect.take()
     });
-    let r: Vec<Record> = records
-        .iter()
-        .map(|l| Record::parse(l).unwrap_or_else(|| panic!("not a record: {l}")))
-        .collect();
     assert_eq!(r.len(), 2, "{r:#?}");
     assert_eq!(r[0].kind, trace_kind::NEW_FLOW);
     assert_eq!(r[1].kind, trace_kind::FLOOD, "{:?}", r[1]);

@@ -205,7 +205,7 @@ fn read_lb(f: &Fields) -> Option<Lb> {
         .int_in(
             "dsr_flood_rate",
             0..=10_000_000,
-            i64::from(lb_common::DEFAULT_DSR_FLOOD_RATE),
+            i64::from(lb_common::Params::DEFAULT.dsr_flood_rate),
         )
         .map(|n| n as u32);
     let gue_port = f
@@ -1467,7 +1467,10 @@ backends = [ { address = "10.0.2.2:443", server_id = 1 }, { address = "10.0.3.2:
     #[test]
     fn datapath_rates_change_with_a_restart_only() {
         let c = parse(GOOD).unwrap();
-        assert_eq!(c.lb.dsr_flood_rate, lb_common::DEFAULT_DSR_FLOOD_RATE);
+        assert_eq!(
+            c.lb.dsr_flood_rate,
+            lb_common::Params::DEFAULT.dsr_flood_rate
+        );
         let mut other = c.lb.clone();
         other.syn_rate_per_source = 5;
         other.dsr_flood_rate = 0;
