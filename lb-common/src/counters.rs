@@ -115,6 +115,20 @@ pub mod counter {
             /// connection the TC program recorded): its source turned back from the VIP into the
             /// backend's address, passed to the kernel for the probe's socket.
             PASS_PROBE_REPLY = "pass_probe_reply",
+            /// A SYN to a service with the SYN proxy on, answered by lb with a SYN+ACK whose
+            /// sequence number is a cookie (XDP_TX). No state is taken.
+            SYN_PROXY_SYNACK = "syn_proxy_synack",
+            /// A TCP segment to a proxied service that is no flow's and whose acknowledgement is
+            /// no valid cookie (a spoofed or stale ACK, an expired cookie, a RST): dropped.
+            DROP_SYN_PROXY_INVALID = "drop_syn_proxy_invalid",
+            /// A segment of a proxied flow with malformed TCP options: dropped.
+            DROP_SYN_PROXY_OPTIONS = "drop_syn_proxy_options",
+            /// A client's segment with data before its backend answered lb's SYN (the client
+            /// was given a zero window, so only a misbehaving one sends it): dropped.
+            DROP_SYN_PROXY_PENDING = "drop_syn_proxy_pending",
+            /// The backend never answered lb's SYN for a proxied connection (within 3 s of the
+            /// first): the client's next segment is answered with a RST (XDP_TX).
+            SYN_PROXY_RESET = "syn_proxy_reset",
         }
         informational {
             /// IPv4 header with options (IHL > 5); parsed past them.
@@ -182,6 +196,21 @@ pub mod counter {
             /// entry, so a flood of spoofed SYNs cannot fill or churn the table. A real client's
             /// flow gets its entry with its next packet (counted as `ct_miss_midstream`).
             DSR_FLOOD = "dsr_flood",
+            /// Client ACKs whose cookie validated: the flow was created and lb sent its backend
+            /// a SYN with the client's options.
+            SYN_PROXY_ACK_VALID = "syn_proxy_ack_valid",
+            /// SYNs lb sent a backend again for a proxied connection it had not answered yet
+            /// (prompted by the client's zero-window probes).
+            SYN_PROXY_SYN_AGAIN = "syn_proxy_syn_again",
+            /// Backend handshakes of proxied connections completed: the backend's SYN+ACK gave
+            /// the offsets, and the client got its window.
+            SYN_PROXY_OPENED = "syn_proxy_opened",
+            /// Backend handshakes of proxied connections that failed: the backend refused
+            /// (its RST went on to the client) or never answered (see `syn_proxy_reset`).
+            SYN_PROXY_FAILED = "syn_proxy_failed",
+            /// Packets of proxied flows translated (sequence numbers, SACK blocks, timestamps),
+            /// both directions.
+            SYN_PROXY_TRANSLATED = "syn_proxy_translated",
         }
     }
 }

@@ -106,6 +106,21 @@ pub mod map_name {
     /// `HashMap<QuicServerKey, u32>`: (service id, server ID) → backend id; one entry per
     /// backend at most (sized by `max_backends`).
     pub const QUIC_SERVERS: &str = "LB_QUIC_SERVERS";
+    // The SYN proxy (see lb_common's synproxy.rs).
+    /// `Array<CookieKey>` of [`crate::COOKIE_KEYS`]: the cookie keys, current first. Written by
+    /// each daemon at its start (from `syn_cookie_key_file`, or a random key), so per run.
+    pub const COOKIE_KEYS: &str = "LB_COOKIE_KEYS";
+    /// `LruHashMap<FlowKey, ProxyFlow>`: the proxied IPv4 flows' translations, by client → VIP
+    /// key (`syn_proxy_flows` entries). Pinned: proxied flows outlive a restart.
+    pub const PROXY: &str = "LB_PROXY";
+    /// `LruHashMap<FlowKey6, ProxyFlow>`: the same for IPv6.
+    pub const PROXY6: &str = "LB_PROXY6";
+    /// `ProgramArray` of [`crate::PROXY_SLOTS`]: the SYN proxy's programs, one a family. Per
+    /// run, apart from [`PROGS`] (whose size is part of the pinned layout).
+    pub const PROXY_PROGS: &str = "LB_PROXY_PROGS";
+    /// `PerCpuArray` of one entry: the SYN proxy's working copies of a segment's options.
+    /// Never pinned.
+    pub const PROXY_WORK: &str = "LB_PROXY_WORK";
     /// aya-log's `RingBuf` of log records (the trace's records), named by aya-log.
     pub const AYA_LOGS: &str = "AYA_LOGS";
 }
@@ -120,6 +135,26 @@ pub const TOO_BIG_PROG: u32 = 3;
 /// [`crate::TUNNEL_MARK`]).
 pub const PROBE_REPLY_PROG: u32 = 4;
 pub const PROG_SLOTS: u32 = 5;
+/// Slots of [`map_name::PROXY_PROGS`]: a family's first program ([`PROXY_PROG`],
+/// [`PROXY6_PROG`]) plus its stage ([`PROXY_ENTRY`], [`PROXY_OPEN`], [`PROXY_TRANSLATE`]).
+pub const PROXY_PROG: u32 = 0;
+pub const PROXY6_PROG: u32 = 1;
+/// The proxy's stages: the first (SYNs answered, backends' segments translated), the opening
+/// of a flow (an ACK whose cookie is checked), the client's segments translated.
+pub const PROXY_ENTRY: u32 = 0;
+pub const PROXY_OPEN: u32 = 2;
+pub const PROXY_TRANSLATE: u32 = 4;
+pub const PROXY_SLOTS: u32 = 6;
+/// The SYN proxy's programs, by slot of [`map_name::PROXY_PROGS`].
+/// IPv6's slots stay empty: its stages do not fit BPF's stack yet, and IPv6 services cannot
+/// set `syn_proxy`.
+pub const PROXY_PROGRAMS: [(u32, &str); 3] = [
+    (PROXY_PROG + PROXY_ENTRY, "lb_synproxy"),
+    (PROXY_PROG + PROXY_OPEN, "lb_proxy_open"),
+    (PROXY_PROG + PROXY_TRANSLATE, "lb_proxy_xlate"),
+];
+/// Default of `syn_proxy_flows`: the proxied flows each family's translation map holds.
+pub const DEFAULT_PROXY_FLOWS: u32 = 1 << 16;
 
 /// Name of the global [`Params`](crate::Params) in the object, set by userspace at load time.
 pub const PARAMS_GLOBAL: &str = "LB_PARAMS";

@@ -54,6 +54,10 @@ pub mod service_flags {
     /// No backend may take new flows and the policy says use them anyway (`use-all`, `first`):
     /// the ring holds unavailable backends on purpose, take its pick as it is.
     pub const USE_UNAVAILABLE: u32 = 4;
+    /// New TCP connections are answered by lb's SYN proxy (SYN cookies) before any state is
+    /// taken: the balancer hands every packet of such a service without a flow, and every
+    /// packet of its proxied flows, to the proxy program (`syn_proxy = "on"`).
+    pub const SYN_PROXY: u32 = 8;
 }
 
 /// Value of the service map.

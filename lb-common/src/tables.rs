@@ -31,6 +31,9 @@ pub mod ct_flags {
     pub const DATA_PENDING: u8 = 32;
     /// The "no data back" check of this connection is over (data came back, or it was signalled).
     pub const DATA_DONE: u8 = 64;
+    /// A flow of the SYN proxy: its sequence numbers and options are translated (its
+    /// [`crate::ProxyFlow`] says how), so its packets go to the proxy program.
+    pub const PROXIED: u8 = 128;
 
     /// Whether a flow with `flags` is closed both ways: a FIN from each side, or a RST.
     #[inline(always)]
@@ -125,6 +128,8 @@ pub mod nat_flags {
     /// flow got going. Out of the connection table, a flow without it never did (a SYN flood's
     /// flows), and its NAT slot yields to a new flow.
     pub const ANSWERED: u8 = 2;
+    /// The reply of a flow of the SYN proxy (see [`crate::ct_flags::PROXIED`]).
+    pub const PROXIED: u8 = 4;
 }
 
 // The layouts both sides rely on, checked wherever this crate builds (the BPF object too).

@@ -6,19 +6,19 @@
 
 use aya_ebpf::{
     bindings::bpf_fib_lookup as FibParams,
-    maps::{Array, HashMap, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use lb_common::{
-    ADDR_WAYS, Addr6, AddrSetOf, BackendInfoOf, CtSlotOf, FlowAddr, NatSlotOf, Params, ServiceInfo,
-    ServiceKeyOf, addr_set,
+    ADDR_WAYS, Addr6, AddrSetOf, BackendInfoOf, CtSlotOf, FlowAddr, NatSlotOf, Params, ProxyFlow,
+    ServiceInfo, ServiceKeyOf, addr_set,
 };
 use network_types::{ip::Ipv4Hdr, ip::Ipv6Hdr};
 
 use crate::{
     csum::{diff16, diff32, update},
     maps::{
-        ADDRS, ADDRS6, BACKENDS, BACKENDS6, CONNTRACK, CONNTRACK6, NAT, NAT6, SEARCH, SEARCH6,
-        SERVICES, SERVICES6, SnatSearch,
+        ADDRS, ADDRS6, BACKENDS, BACKENDS6, CONNTRACK, CONNTRACK6, NAT, NAT6, PROXY, PROXY6,
+        SEARCH, SEARCH6, SERVICES, SERVICES6, SnatSearch,
     },
     outer,
     ptr::{ptr_at_mut, store_addr6},
@@ -33,6 +33,12 @@ pub trait Family {
     const HDR_LEN: u32;
     /// The outer header's protocol of `ipip` for this family.
     const ENCAP_PROTO: u8;
+    /// The SYN proxy's program of this family (slot of `LB_PROXY_PROGS`), and the MSS it
+    /// announces to clients (an Ethernet MTU's).
+    const PROXY_SLOT: u32;
+    const PROXY_MSS: u16;
+    /// The proxied flows' translations.
+    fn proxies() -> &'static LruHashMap<lb_common::FlowKeyOf<Self::A>, ProxyFlow>;
     fn addrs() -> &'static Array<AddrSetOf<Self::A>>;
     fn services() -> &'static HashMap<ServiceKeyOf<Self::A>, ServiceInfo>;
     fn backends() -> &'static Array<BackendInfoOf<Self::A>>;
@@ -56,6 +62,10 @@ pub trait Family {
         new: (&Self::A, &Self::A),
         addrs: u32,
     ) -> Option<()>;
+    /// The frame parsed as this family's (`None`: a frame of the other family, or none).
+    fn parse(data: usize, data_end: usize) -> Option<crate::parse::Parsed<Self::A>>;
+    /// Sets the IP header at `l3_off`'s length to `len` bytes from its start (the datagram's).
+    fn set_ip_len(data: usize, data_end: usize, l3_off: usize, len: usize) -> Option<()>;
     /// Fills a route lookup's family and addresses.
     fn fib_addrs(p: &mut FibParams, src: Self::A, dst: Self::A);
     /// Writes the outer header of direct server return at `offs.0` for the packet at `offs.1`
@@ -107,6 +117,12 @@ impl Family for V4 {
     type A = u32;
     const HDR_LEN: u32 = lb_common::IPV4_HDR_LEN;
     const ENCAP_PROTO: u8 = lb_common::PROTO_IPIP;
+    const PROXY_SLOT: u32 = lb_common::PROXY_PROG;
+    const PROXY_MSS: u16 = 1460;
+    #[inline(always)]
+    fn proxies() -> &'static LruHashMap<lb_common::FlowKey, ProxyFlow> {
+        &PROXY
+    }
     #[inline(always)]
     fn addr_sum(a: &u32, b: &u32) -> u32 {
         (a & 0xffff) + (a >> 16) + (b & 0xffff) + (b >> 16)
@@ -170,6 +186,29 @@ impl Family for V4 {
         Some(())
     }
     #[inline(always)]
+    fn parse(data: usize, data_end: usize) -> Option<crate::parse::Parsed<u32>> {
+        match crate::parse::link(data, data_end, false)? {
+            (crate::parse::ETH_P_IP, l3_off) => Some(crate::parse::ipv4(data, data_end, l3_off)),
+            _ => None,
+        }
+    }
+    #[inline(always)]
+    fn set_ip_len(data: usize, data_end: usize, l3_off: usize, len: usize) -> Option<()> {
+        let ip = ptr_at_mut::<Ipv4Hdr>(data, data_end, l3_off)?;
+        let new = (len as u16).to_be_bytes();
+        // SAFETY: bounds-checked; network-types headers are byte arrays.
+        unsafe {
+            let old = u16::from_ne_bytes((*ip).tot_len);
+            let check = update(
+                u16::from_ne_bytes((*ip).check),
+                diff16(old, u16::from_ne_bytes(new)),
+            );
+            (*ip).check = check.to_ne_bytes();
+            (*ip).tot_len = new;
+        }
+        Some(())
+    }
+    #[inline(always)]
     fn fib_addrs(p: &mut FibParams, src: u32, dst: u32) {
         p.family = AF_INET;
         p.__bindgen_anon_3.ipv4_src = src;
@@ -214,6 +253,12 @@ impl Family for V6 {
     type A = Addr6;
     const HDR_LEN: u32 = lb_common::IPV6_HDR_LEN;
     const ENCAP_PROTO: u8 = lb_common::PROTO_IPV6_IN_IP;
+    const PROXY_SLOT: u32 = lb_common::PROXY6_PROG;
+    const PROXY_MSS: u16 = 1440;
+    #[inline(always)]
+    fn proxies() -> &'static LruHashMap<lb_common::FlowKey6, ProxyFlow> {
+        &PROXY6
+    }
     #[inline(always)]
     fn addr_sum(a: &Addr6, b: &Addr6) -> u32 {
         let w = |v: u32| (v & 0xffff) + (v >> 16);
@@ -271,6 +316,20 @@ impl Family for V6 {
             store_addr6((*ip).src_addr.as_mut_ptr(), new.0);
             store_addr6((*ip).dst_addr.as_mut_ptr(), new.1);
         }
+        Some(())
+    }
+    #[inline(always)]
+    fn parse(data: usize, data_end: usize) -> Option<crate::parse::Parsed<Addr6>> {
+        match crate::parse::link(data, data_end, false)? {
+            (crate::parse::ETH_P_IPV6, l3_off) => Some(crate::parse::ipv6(data, data_end, l3_off)),
+            _ => None,
+        }
+    }
+    #[inline(always)]
+    fn set_ip_len(data: usize, data_end: usize, l3_off: usize, len: usize) -> Option<()> {
+        let ip = ptr_at_mut::<Ipv6Hdr>(data, data_end, l3_off)?;
+        // SAFETY: bounds-checked; network-types headers are byte arrays.
+        unsafe { (*ip).payload_len = (len.checked_sub(Ipv6Hdr::LEN)? as u16).to_be_bytes() };
         Some(())
     }
     #[inline(always)]

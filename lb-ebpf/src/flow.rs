@@ -22,7 +22,7 @@ use crate::{
     parse::{Flow, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     passive,
     ptr::ptr_at,
-    quic, ratelimit, snat, stats,
+    quic, ratelimit, snat, stats, synproxy,
     table::{ct_find, ct_live, ct_store, nat_find},
     trace,
     verdict::{Verdict, send_out},
@@ -57,6 +57,11 @@ pub fn forward<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>, quic_vip: bool) -
     if let Some(slot) = ct_find::<F>(&k, hash, p) {
         // SAFETY: a map value; other CPUs may write it too, all fields are plain integers.
         let e = unsafe { &mut (*slot).entry };
+        // A flow of the SYN proxy is translated by the proxy's program: one test of a value
+        // loaded anyway.
+        if e.flags & ct_flags::PROXIED != 0 {
+            return synproxy::hand_over::<F>(ctx);
+        }
         // A SYN on a closing flow is the client reusing its port: a new connection.
         let reused = e.state == ct_state::TCP_CLOSING && is_new_syn(flow.tcp_flags);
         // A QUIC packet naming another backend than its live flow's: the connection it belongs
@@ -107,7 +112,7 @@ fn warm<F: Family>(flow: &Flow<F::A>, hash: u64, p: &Params) {
 
 /// The service of the flow's destination.
 #[inline(always)]
-fn service<F: Family>(flow: &Flow<F::A>) -> Option<ServiceInfo> {
+pub fn service<F: Family>(flow: &Flow<F::A>) -> Option<ServiceInfo> {
     let skey = ServiceKeyOf {
         addr: flow.daddr,
         port: flow.dport,
@@ -123,7 +128,7 @@ fn service<F: Family>(flow: &Flow<F::A>) -> Option<ServiceInfo> {
 /// otherwise refreshed once a second): a closed flow's SNAT port is held for
 /// `closed_hold_ns` from its last FIN or RST.
 #[inline(always)]
-fn closing(e: &mut CtEntry, tcp_flags: u8, fin: u8, now: u64) {
+pub fn closing(e: &mut CtEntry, tcp_flags: u8, fin: u8, now: u64) {
     e.state = ct_state::TCP_CLOSING;
     e.flags |= if tcp_flags & TCP_RST != 0 {
         ct_flags::RESET
@@ -135,7 +140,7 @@ fn closing(e: &mut CtEntry, tcp_flags: u8, fin: u8, now: u64) {
 
 /// A packet of a live flow. `None`: its backend became unavailable and the flow must move.
 #[inline(always)]
-fn established<F: Family>(
+pub fn established<F: Family>(
     ctx: &XdpContext,
     flow: &Flow<F::A>,
     e: &mut CtEntry,
@@ -269,6 +274,10 @@ fn new_flow<F: Family>(
     if flow.proto == PROTO_TCP && is_new_syn(flow.tcp_flags) && !syn_allowed(flow.saddr, now, p) {
         return (xdp_action::XDP_DROP, counter::DROP_SYN_RATE);
     }
+    // The SYN proxy answers a proxied service's new connections before any state is taken.
+    if svc.flags & service_flags::SYN_PROXY != 0 && flow.proto == PROTO_TCP {
+        return synproxy::hand_over::<F>(ctx);
+    }
     // A QUIC packet naming its backend goes there; any other by the ring.
     let named = if quic {
         quic::pick::<F>(ctx, flow, &svc)
@@ -293,7 +302,7 @@ fn new_flow<F: Family>(
     let snat_port = if dsr {
         0
     } else {
-        match nat_port::<F>(ctx, flow, backend, backend_id, hash, midstream, now) {
+        match nat_port::<F>(ctx, flow, backend, backend_id, hash, midstream, now, 0) {
             Ok(port) => port,
             Err(reason) => return (xdp_action::XDP_DROP, reason),
         }
@@ -343,9 +352,11 @@ fn new_flow<F: Family>(
     v
 }
 
-/// Reserves the SNAT port of a new full-NAT flow to `backend` and writes its return entry.
+/// Reserves the SNAT port of a new full-NAT flow to `backend` and writes its return entry, with
+/// [`nat_flags`] `flags`.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn nat_port<F: Family>(
+pub fn nat_port<F: Family>(
     ctx: &XdpContext,
     flow: &Flow<F::A>,
     backend: &BackendInfoOf<F::A>,
@@ -353,6 +364,7 @@ fn nat_port<F: Family>(
     hash: u64,
     midstream: bool,
     now: u64,
+    flags: u8,
 ) -> Result<u16, u32> {
     let Some(eth) = ptr_at::<EthHdr>(ctx.data(), ctx.data_end(), 0) else {
         return Err(counter::DROP_MALFORMED);
@@ -371,7 +383,7 @@ fn nat_port<F: Family>(
         r.client_mac = eth.src_addr;
         r.lb_mac = eth.dst_addr;
         r.last_seen = 0;
-        r.flags = 0;
+        r.flags = flags;
         r._pad = [0; 3];
     };
     snat::reserve::<F>(backend, flow.proto, hash, reply, midstream, now)
@@ -415,7 +427,7 @@ fn syn_allowed<A: lb_common::FlowAddr>(saddr: A, now: u64, p: &Params) -> bool {
 /// none found: no backend (dropped, the client retries). Under `USE_UNAVAILABLE` the ring's
 /// pick is taken as it is.
 #[inline(always)]
-fn select<F: Family>(
+pub fn select<F: Family>(
     service_id: u32,
     service_flags: u32,
     hash: u64,
@@ -440,13 +452,21 @@ fn select<F: Family>(
 }
 
 /// Backend → SNAT address. `None`: no such flow (the host's own traffic; passed by the caller).
+/// `IN_PROXY`: called by the SYN proxy's program, with the segment translated; the balancer
+/// hands a proxied flow's reply over to it.
 #[inline(always)]
-pub fn reply<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> Option<Verdict> {
+pub fn reply<F: Family, const IN_PROXY: bool>(
+    ctx: &XdpContext,
+    flow: &Flow<F::A>,
+) -> Option<Verdict> {
     let k = FlowKeyOf::new(flow.saddr, flow.daddr, flow.sport, flow.dport, flow.proto);
     let p = params();
     let slot = nat_find::<F>(&k, k.hash(), p)?;
     // SAFETY: a map value of plain integers.
     let held = unsafe { &mut (*slot).entry };
+    if !IN_PROXY && held.flags & nat_flags::PROXIED != 0 {
+        return Some(synproxy::hand_over::<F>(ctx));
+    }
     let now = clock::now();
     // Whether the backend had sent anything on this flow before this packet.
     let answered = held.last_seen != 0;
@@ -503,7 +523,7 @@ pub fn reply<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> Option<Verdict> 
 
 /// Rewrites the frame and sends it out of `ifindex`.
 #[inline(always)]
-fn transmit<F: Family>(
+pub fn transmit<F: Family>(
     ctx: &XdpContext,
     flow: &Flow<F::A>,
     rw: &Rewrite<'_, F::A>,

@@ -23,6 +23,7 @@ mod quic; // shared with the decapsulator: lb-ebpf's library
 mod ratelimit;
 mod snat;
 mod stats;
+mod synproxy;
 mod table;
 mod toobig;
 mod trace;
@@ -43,7 +44,7 @@ mod prog {
         flow, icmp, icmp6,
         maps::PROGS,
         parse::{self, ETH_P_IP, ETH_P_IPV6, Parsed},
-        stats, toobig, trace, tunnel,
+        stats, synproxy, toobig, trace, tunnel,
     };
 
     /// The balancer. Every packet ends in exactly one verdict counter.
@@ -85,6 +86,43 @@ mod prog {
             _ => (xdp_action::XDP_PASS, counter::PASS_NOT_IP),
         };
         trace::dropped(&ctx, (action, reason));
+        stats::count(reason);
+        action
+    }
+
+    /// The SYN proxy of IPv4 services, tail-called by the balancer (see synproxy.rs): its
+    /// first stage, and the two it hands over to.
+    #[xdp]
+    pub fn lb_synproxy(ctx: XdpContext) -> u32 {
+        proxy_stage::<V4>(&ctx, synproxy::handle::<V4>)
+    }
+
+    #[xdp]
+    pub fn lb_proxy_open(ctx: XdpContext) -> u32 {
+        proxy_stage::<V4>(&ctx, synproxy::handle_open::<V4>)
+    }
+
+    #[xdp]
+    pub fn lb_proxy_xlate(ctx: XdpContext) -> u32 {
+        proxy_stage::<V4>(&ctx, synproxy::handle_translate::<V4>)
+    }
+
+    // IPv6 services are not proxied yet: their stages went beyond the stack BPF allows a
+    // program (configuration refuses `syn_proxy` for them).
+
+    /// A stage of the SYN proxy: the packet parsed again (a tail call keeps nothing), `stage`'s
+    /// verdict counted.
+    #[inline(always)]
+    fn proxy_stage<F: Family>(
+        ctx: &XdpContext,
+        stage: impl FnOnce(&XdpContext, &parse::Flow<F::A>) -> (u32, u32),
+    ) -> u32 {
+        let (data, data_end) = (ctx.data(), ctx.data_end());
+        let (action, reason) = match F::parse(data, data_end) {
+            Some(Parsed::Flow(flow)) => stage(ctx, &flow),
+            _ => (xdp_action::XDP_DROP, counter::DROP_MALFORMED),
+        };
+        trace::dropped(ctx, (action, reason));
         stats::count(reason);
         action
     }
@@ -189,7 +227,7 @@ mod prog {
             return (xdp_action::XDP_PASS, counter::PASS_NOT_VIP);
         }
         if flags & addr_flags::SNAT != 0 {
-            if let Some(v) = flow::reply::<F>(ctx, &flow) {
+            if let Some(v) = flow::reply::<F, false>(ctx, &flow) {
                 return v;
             }
             // No flow's reply. From a VIP: perhaps a reply to a health probe through the

@@ -214,3 +214,39 @@ pub static TRACE_CPU: PerCpuArray<TraceCpu> = PerCpuArray::with_max_entries(1, 0
 /// `lb_trace`, the trace's writer (a tail call). Per run, apart from `PROGS` (see trace.rs).
 #[map(name = "LB_TRACE_PROG")] // lb_common::map_name::TRACE_PROG
 pub static TRACE_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// The SYN cookie keys, current first (see lb_common's synproxy.rs). Per run: each daemon
+/// writes its keys before attaching.
+#[map(name = "LB_COOKIE_KEYS")] // lb_common::map_name::COOKIE_KEYS
+pub static COOKIE_KEYS: Array<lb_common::CookieKey> =
+    Array::with_max_entries(lb_common::COOKIE_KEYS, 0);
+
+/// Proxied IPv4 flows' translations, by client → VIP key.
+#[map(name = "LB_PROXY")] // lb_common::map_name::PROXY
+pub static PROXY: LruHashMap<FlowKey, lb_common::ProxyFlow> =
+    LruHashMap::with_max_entries(lb_common::DEFAULT_PROXY_FLOWS, 0);
+
+/// The same for IPv6.
+#[map(name = "LB_PROXY6")] // lb_common::map_name::PROXY6
+pub static PROXY6: LruHashMap<FlowKey6, lb_common::ProxyFlow> =
+    LruHashMap::with_max_entries(lb_common::DEFAULT_PROXY_FLOWS, 0);
+
+/// The SYN proxy's programs, one a family (tail calls). Per run, apart from `PROGS`.
+#[map(name = "LB_PROXY_PROGS")] // lb_common::map_name::PROXY_PROGS
+pub static PROXY_PROGS: ProgramArray = ProgramArray::with_max_entries(lb_common::PROXY_SLOTS, 0);
+
+/// The SYN proxy's working copies of a segment's options (received, and as sent), which the
+/// proxy program's stack cannot spare, and the walk over them in progress (a `bpf_loop`
+/// callback's state). Holds nothing between packets: never pinned.
+pub struct ProxyWork {
+    pub old: lb_common::TcpOpts,
+    pub new: lb_common::TcpOpts,
+    pub walker: lb_common::Walker,
+    /// A proxied flow's translation, built here before it is stored.
+    pub flow: lb_common::ProxyFlow,
+    /// The walk is over `new` (translating), not `old` (reading).
+    pub on_new: bool,
+}
+
+#[map(name = "LB_PROXY_WORK")] // lb_common::map_name::PROXY_WORK
+pub static PROXY_WORK: PerCpuArray<ProxyWork> = PerCpuArray::with_max_entries(1, 0);

@@ -20,7 +20,7 @@ use lb_common::{
 pub use crate::model::Admin;
 use crate::{
     addr_table::{AddrTable, AddrTable6},
-    config::{AllUnhealthy, Config, ExistingFlows, Forwarding},
+    config::{AllUnhealthy, Config, ExistingFlows, Forwarding, SynProxy},
     entries::{AnyBackend, AnyServiceKey, AnyTunnel},
     maglev::{self, Member},
     quic_table::{QuicService, QuicTable, QuicWrite},
@@ -186,6 +186,8 @@ struct ServiceState {
     key: AnyServiceKey,
     info: ServiceInfo,
     keep_flows: bool,
+    /// Its new connections go through the SYN proxy (`syn_proxy = "on"`).
+    syn_proxy: bool,
     on_all_unhealthy: AllUnhealthy,
     forwarding: Forwarding,
     /// Its VIP answers pings (`answer_ping`).
@@ -226,6 +228,7 @@ impl ServiceState {
         Arc::ptr_eq(&self.base, &old.base)
             && self.on_all_unhealthy == old.on_all_unhealthy
             && self.keep_flows == old.keep_flows
+            && self.syn_proxy == old.syn_proxy
             && !self.dirty
             && self.ring_inputs() == old.ring_inputs()
     }
@@ -521,6 +524,7 @@ impl Balancer {
             settings_changed.push(old_service.map(|o| {
                 o.key != key
                     || o.keep_flows != (s.existing_flows == ExistingFlows::Keep)
+                    || o.syn_proxy != (s.syn_proxy == SynProxy::On)
                     || o.on_all_unhealthy != s.on_all_unhealthy
                     || o.forwarding != s.forwarding
             }));
@@ -532,6 +536,7 @@ impl Balancer {
                     flags,
                 },
                 keep_flows: s.existing_flows == ExistingFlows::Keep,
+                syn_proxy: s.syn_proxy == SynProxy::On,
                 on_all_unhealthy: s.on_all_unhealthy,
                 forwarding: s.forwarding,
                 answer_ping: s.answer_ping,
@@ -913,6 +918,10 @@ impl Balancer {
         s.ring = ring.ids;
         let flags = if s.keep_flows {
             service_flags::KEEP_FLOWS
+        } else {
+            0
+        } | if s.syn_proxy {
+            service_flags::SYN_PROXY
         } else {
             0
         } | ring.mode;

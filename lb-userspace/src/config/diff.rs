@@ -94,6 +94,7 @@ fn service_diff(old: &Service, new: &Service) -> ServiceDiff {
     check("forwarding", old.forwarding == new.forwarding);
     check("snat_address", old.snat_address == new.snat_address);
     check("existing_flows", old.existing_flows == new.existing_flows);
+    check("syn_proxy", old.syn_proxy == new.syn_proxy);
     check(
         "on_all_unhealthy",
         old.on_all_unhealthy == new.on_all_unhealthy,

@@ -78,6 +78,15 @@ impl Lb {
             "dsr_flood_rate",
             self.dsr_flood_rate == other.dsr_flood_rate,
         );
+        check(
+            "syn_proxy_flows",
+            self.syn_proxy_flows == other.syn_proxy_flows,
+        );
+        // Read at start: several hosts must change their shared key together, by restarts.
+        check(
+            "syn_cookie_key_file",
+            self.syn_cookie_key_file == other.syn_cookie_key_file,
+        );
         // BIRD's config names the table: moving lb's routes to another one while running would
         // withdraw every VIP from a BIRD still reading the old. Whether lb announces at all
         // changes with a restart too (`grace` may change: it is read when lb stops).
@@ -146,6 +155,11 @@ pub struct Lb {
     /// New TCP connections per second one direct-server-return service takes into the
     /// connection table on one CPU before flood mode; 0: never.
     pub dsr_flood_rate: u32,
+    /// Proxied flows each family's translation map holds (fixed at load time).
+    pub syn_proxy_flows: u32,
+    /// A file holding the SYN cookie key (32 hex digits), shared by every lb host behind the
+    /// same routers; none: each daemon draws its own at start.
+    pub syn_cookie_key_file: Option<PathBuf>,
     /// UDP destination port of `gue` encapsulation (the backends decapsulate there).
     pub gue_port: u16,
     /// `[lb.announce]`: route health injection (None: lb announces nothing).
@@ -203,6 +217,16 @@ impl Default for Conntrack {
             udp_timeout: t(ct_state::UDP),
         }
     }
+}
+
+/// Whether lb's SYN proxy answers a TCP service's new connections (`syn_proxy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SynProxy {
+    /// Connections go to the backends as they come (the default).
+    Off,
+    /// Every SYN is answered by lb with a cookie; only a client that completes the handshake
+    /// gets a flow and reaches a backend.
+    On,
 }
 
 /// What happens to a flow whose backend became unavailable.
@@ -327,6 +351,7 @@ pub struct Service {
     /// return, the outer source of the encapsulated packets.
     pub snat_address: Option<IpAddr>,
     pub existing_flows: ExistingFlows,
+    pub syn_proxy: SynProxy,
     pub on_all_unhealthy: AllUnhealthy,
     /// The VIP answers ICMP echo requests (services sharing a VIP agree).
     pub answer_ping: bool,

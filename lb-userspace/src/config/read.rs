@@ -10,7 +10,7 @@ use std::{
 use super::{
     AllUnhealthy, Backend, Config, ConfigErrors, Conntrack, DEFAULT_API, DEFAULT_PIN_PATH,
     ExistingFlows, Forwarding, Lb, MAX_RING_ENTRIES, MAX_WEIGHT, Passive, Problem, Protocol,
-    RING_SIZE_RANGE, Service, SnatAddresses, XdpMode,
+    RING_SIZE_RANGE, Service, SnatAddresses, SynProxy, XdpMode,
     fields::{Fields, Problems, Shown},
 };
 
@@ -208,6 +208,14 @@ fn read_lb(f: &Fields) -> Option<Lb> {
             i64::from(lb_common::Params::DEFAULT.dsr_flood_rate),
         )
         .map(|n| n as u32);
+    let syn_proxy_flows = f
+        .int_in(
+            "syn_proxy_flows",
+            1024..=(1 << 24),
+            i64::from(lb_common::DEFAULT_PROXY_FLOWS),
+        )
+        .map(|n| n as u32);
+    let syn_cookie_key_file = Some(f.str("syn_cookie_key_file").map(PathBuf::from));
     let gue_port = f
         .int_in(
             "gue_port",
@@ -240,6 +248,8 @@ fn read_lb(f: &Fields) -> Option<Lb> {
         icmp_reply_rate: icmp_reply_rate?,
         syn_rate_per_source: syn_rate_per_source?,
         dsr_flood_rate: dsr_flood_rate?,
+        syn_proxy_flows: syn_proxy_flows?,
+        syn_cookie_key_file: syn_cookie_key_file?,
         gue_port: gue_port?,
         announce: announce?,
     })
@@ -521,6 +531,26 @@ fn read_service(f: &Fields, announce_on: bool) -> Option<Service> {
         ],
         ExistingFlows::Reschedule,
     );
+    let syn_proxy = f.choice(
+        "syn_proxy",
+        &[("off", SynProxy::Off), ("on", SynProxy::On)],
+        SynProxy::Off,
+    );
+    if syn_proxy == Some(SynProxy::On) {
+        if protocol == Some(Protocol::Udp) {
+            f.problem("syn_proxy", "the SYN proxy is for TCP services");
+        } else if vip.is_some_and(|v| v.is_ipv6()) {
+            f.problem(
+                "syn_proxy",
+                "the SYN proxy is for IPv4 services (IPv6 is not built yet)",
+            );
+        } else if forwarding.is_some_and(|fw| fw != Forwarding::Nat) {
+            f.problem(
+                "syn_proxy",
+                "direct server return cannot be proxied (the backends answer clients past lb); its services have flood mode instead (`[lb] dsr_flood_rate`)",
+            );
+        }
+    }
     let on_all_unhealthy = f.choice(
         "on_all_unhealthy",
         &[
@@ -594,6 +624,7 @@ fn read_service(f: &Fields, announce_on: bool) -> Option<Service> {
         forwarding: forwarding?,
         snat_address: snat_address?,
         existing_flows: existing_flows?,
+        syn_proxy: syn_proxy?,
         on_all_unhealthy: on_all_unhealthy?,
         answer_ping: answer_ping?,
         check: check?,
@@ -909,6 +940,44 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
             Ok(c) => panic!("accepted: {c:?}"),
             Err(e) => e.0.iter().map(ToString::to_string).collect(),
         }
+    }
+
+    #[test]
+    fn the_syn_proxy_is_for_ipv4_tcp_full_nat_services() {
+        let on = GOOD.replace(
+            "protocol = \"tcp\"\n",
+            "protocol = \"tcp\"\nsyn_proxy = \"on\"\n",
+        );
+        assert_eq!(parse(&on).unwrap().services[0].syn_proxy, SynProxy::On);
+        assert_eq!(parse(GOOD).unwrap().services[0].syn_proxy, SynProxy::Off);
+        assert_eq!(
+            problems(&on.replace("protocol = \"tcp\"", "protocol = \"udp\"")),
+            ["service[0].syn_proxy: the SYN proxy is for TCP services"]
+        );
+        assert_eq!(
+            problems(
+                &on.replace(
+                    "protocol = \"tcp\"",
+                    "protocol = \"tcp\"\nforwarding = \"ipip\""
+                )
+                .replace(":8080", ":80")
+            ),
+            [
+                "service[0].syn_proxy: direct server return cannot be proxied (the backends answer clients past lb); its services have flood mode instead (`[lb] dsr_flood_rate`)"
+            ]
+        );
+        assert_eq!(
+            problems(&on.replace("syn_proxy = \"on\"", "syn_proxy = \"auto\"")),
+            ["service[0].syn_proxy: expected one of off, on, got \"auto\""]
+        );
+        let v6 = on
+            .replace("10.100.0.1:80", "[2001:db8::1]:80")
+            .replace("10.0.2.2:8080", "[2001:db8:2::2]:8080")
+            .replace("10.0.3.2:8080", "[2001:db8:3::2]:8080");
+        assert_eq!(
+            problems(&v6),
+            ["service[0].syn_proxy: the SYN proxy is for IPv4 services (IPv6 is not built yet)"]
+        );
     }
 
     const QUIC: &str = r#"

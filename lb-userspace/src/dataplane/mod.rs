@@ -1,6 +1,7 @@
 //! The XDP program and its maps: load (sized from the config), pin, attach, write, read
 //! counters. Everything that touches the kernel's BPF objects lives here.
 
+pub mod cookie;
 pub mod owner;
 pub mod pin;
 mod rings;
@@ -28,12 +29,12 @@ use aya::{
     sys::SyscallError,
 };
 use lb_common::{
-    ADDR_SETS, AddrSet, AddrSet6, BackendInfo, BackendInfo6, CtSlot, FlowKey, FlowKey6, ICMP_PROG,
-    ICMP_PROGRAM_NAME, ICMP6_PROG, ICMP6_PROGRAM_NAME, NatSlot, PARAMS_GLOBAL, PASS_PROGRAM_NAME,
-    PROBE_ENCAP_PROGRAM_NAME, PROBE_REPLY_PROG, PROBE_REPLY_PROGRAM_NAME, PROGRAM_NAME, Params,
-    ProbeReply, ProbeReply6, QuicServerId, QuicServerKey, ServiceInfo, ServiceKey, ServiceKey6,
-    TOO_BIG_PROG, TOO_BIG_PROGRAM_NAME, TRACE_PROGRAM_NAME, TunnelProbe, TunnelProbe6, XDP6_PROG,
-    XDP6_PROGRAM_NAME, map_name, ways,
+    ADDR_SETS, AddrSet, AddrSet6, BackendInfo, BackendInfo6, CookieKey, CtSlot, FlowKey, FlowKey6,
+    ICMP_PROG, ICMP_PROGRAM_NAME, ICMP6_PROG, ICMP6_PROGRAM_NAME, NatSlot, PARAMS_GLOBAL,
+    PASS_PROGRAM_NAME, PROBE_ENCAP_PROGRAM_NAME, PROBE_REPLY_PROG, PROBE_REPLY_PROGRAM_NAME,
+    PROGRAM_NAME, PROXY_PROGRAMS, Params, ProbeReply, ProbeReply6, QuicServerId, QuicServerKey,
+    ServiceInfo, ServiceKey, ServiceKey6, TOO_BIG_PROG, TOO_BIG_PROGRAM_NAME, TRACE_PROGRAM_NAME,
+    TunnelProbe, TunnelProbe6, XDP6_PROG, XDP6_PROGRAM_NAME, map_name, ways,
 };
 use tracing::{info, warn};
 
@@ -160,7 +161,9 @@ impl Dataplane {
             .map_max_entries(map_name::NAT6, 2 * lb.conntrack.ipv6_size)
             .map_max_entries(map_name::QUIC_LAYOUTS, lb.max_services)
             .map_max_entries(map_name::QUIC_IDS, lb.max_backends)
-            .map_max_entries(map_name::QUIC_SERVERS, lb.max_backends);
+            .map_max_entries(map_name::QUIC_SERVERS, lb.max_backends)
+            .map_max_entries(map_name::PROXY, lb.syn_proxy_flows)
+            .map_max_entries(map_name::PROXY6, lb.syn_proxy_flows);
         let mut adopted = false;
         let mut fresh = false;
         let mut lock = None;
@@ -190,7 +193,7 @@ impl Dataplane {
             .load(object)
             .map_err(|e| load_error(e, pin))
             .and_then(verify);
-        let ebpf = match (loaded, pin) {
+        let mut ebpf = match (loaded, pin) {
             (Ok(ebpf), _) => ebpf,
             (Err(e), Some(dir)) if fresh => {
                 // Do not leave half a datapath pinned by a load that failed.
@@ -204,6 +207,13 @@ impl Dataplane {
         if let Some(dir) = pin {
             info!(dir = %dir.display(), adopted, "datapath maps pinned");
         }
+        let mut dp_keys = ebpf
+            .map_mut(map_name::COOKIE_KEYS)
+            .context("map LB_COOKIE_KEYS missing")
+            .and_then(|m| Ok(Array::<_, CookieKey>::try_from(m)?))?;
+        dp_keys
+            .set(0, &cookie::key(lb.syn_cookie_key_file.as_deref())?, 0)
+            .context("writing the SYN cookie key")?;
         let rings = match ebpf.map(map_name::RINGS) {
             Some(aya::maps::Map::Array(map)) => Rings::new(map.fd().as_fd(), ring_entries)
                 .context("mapping the ring array LB_RINGS into memory")?,
@@ -222,6 +232,19 @@ impl Dataplane {
             services: 0,
             backends: 0,
         })
+    }
+
+    /// Sets the SYN cookie keys: `current`, and `previous` (still valid for its cookies; None:
+    /// none).
+    pub fn set_cookie_keys(
+        &mut self,
+        current: CookieKey,
+        previous: Option<CookieKey>,
+    ) -> anyhow::Result<()> {
+        let mut keys = self.array::<CookieKey>(map_name::COOKIE_KEYS)?;
+        keys.set(0, &current, 0)?;
+        keys.set(1, &previous.unwrap_or_default(), 0)?;
+        Ok(())
     }
 
     /// Whether the maps came from a previous run's pins (their content is that run's: connection
@@ -253,6 +276,7 @@ impl Dataplane {
             TRACE_PROGRAM_NAME,
         ]
         .into_iter()
+        .chain(PROXY_PROGRAMS.map(|(_, name)| name))
         .map(|name| {
             let count = self
                 .named_program(name)
@@ -812,7 +836,10 @@ fn verify(mut ebpf: Ebpf) -> anyhow::Result<Ebpf> {
         PROBE_REPLY_PROGRAM_NAME,
         TRACE_PROGRAM_NAME,
         PASS_PROGRAM_NAME,
-    ] {
+    ]
+    .into_iter()
+    .chain(PROXY_PROGRAMS.map(|(_, name)| name))
+    {
         let prog: &mut Xdp = ebpf
             .program_mut(name)
             .ok_or_else(|| anyhow!("program {name} missing from the XDP object"))?
@@ -846,6 +873,21 @@ fn verify(mut ebpf: Ebpf) -> anyhow::Result<Ebpf> {
         let mut progs = ProgramArray::try_from(
             ebpf.map_mut(map_name::PROGS)
                 .context("program array missing")?,
+        )?;
+        progs
+            .set(slot, &fd, 0)
+            .with_context(|| format!("installing program {name}"))?;
+    }
+    for (slot, name) in PROXY_PROGRAMS {
+        let fd = ebpf
+            .program(name)
+            .with_context(|| format!("program {name} missing"))?
+            .fd()
+            .with_context(|| format!("program {name} not loaded"))?
+            .try_clone()?;
+        let mut progs = ProgramArray::try_from(
+            ebpf.map_mut(map_name::PROXY_PROGS)
+                .context("the SYN proxy's program array missing")?,
         )?;
         progs
             .set(slot, &fd, 0)
@@ -912,6 +954,7 @@ fn setting_of(name: &str) -> &'static str {
             "[lb] max_services"
         }
         map_name::RINGS => "[lb] max_services × ring_size",
+        map_name::PROXY | map_name::PROXY6 => "[lb] syn_proxy_flows",
         map_name::BACKENDS | map_name::BACKENDS6 | map_name::BACKEND_STATS | map_name::NEXTHOPS => {
             "[lb] max_backends"
         }

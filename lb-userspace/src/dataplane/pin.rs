@@ -26,7 +26,7 @@ pub const BPFFS: &str = "/sys/fs/bpf";
 /// Every map of the XDP object that holds state, pinned under these names. `Dataplane::load`
 /// checks that the object has no other map besides [`SCRATCH`] and the `.rodata`/`.bss`
 /// sections of globals.
-pub const MAPS: [&str; 20] = [
+pub const MAPS: [&str; 22] = [
     map_name::ADDRS,
     map_name::SERVICES,
     map_name::BACKENDS,
@@ -47,10 +47,12 @@ pub const MAPS: [&str; 20] = [
     map_name::BACKENDS6,
     map_name::CONNTRACK6,
     map_name::NAT6,
+    map_name::PROXY,
+    map_name::PROXY6,
 ];
 
 /// Maps that hold nothing from one packet to the next: never pinned.
-pub const SCRATCH: [&str; 7] = [
+pub const SCRATCH: [&str; 8] = [
     map_name::SNAT_SEARCH,
     map_name::SNAT_SEARCH6,
     map_name::ICMP6_WORK,
@@ -58,6 +60,7 @@ pub const SCRATCH: [&str; 7] = [
     map_name::TOO_BIG,
     map_name::SERVICE_HINT,
     map_name::QUIC_KEY,
+    map_name::PROXY_WORK,
 ];
 
 /// Maps the daemon fills anew at every start (the health probes through the tunnel, which it
@@ -71,7 +74,11 @@ pub const SCRATCH: [&str; 7] = [
 ///
 /// And direct server return's flood windows: a new load counts from nothing, at worst letting a
 /// flood's first second of SYNs into the table again.
-pub const PER_RUN: [&str; 12] = [
+///
+/// And the SYN proxy's cookie keys (each daemon writes them before attaching; a new random key
+/// fails only the handshakes in flight across the restart, whose clients send their SYN again)
+/// and program array (like the trace's).
+pub const PER_RUN: [&str; 14] = [
     map_name::FLOOD,
     map_name::QUIC_LAYOUTS,
     map_name::QUIC_IDS,
@@ -83,6 +90,8 @@ pub const PER_RUN: [&str; 12] = [
     map_name::TRACE,
     map_name::TRACE_CPU,
     map_name::TRACE_PROG,
+    map_name::COOKIE_KEYS,
+    map_name::PROXY_PROGS,
     map_name::AYA_LOGS,
 ];
 

@@ -1,0 +1,872 @@
+//! The SYN proxy of full-NAT TCP services (`syn_proxy = "on"`): lb answers a client's SYN
+//! itself, from XDP, with a SYN+ACK whose sequence number is a cookie (lb_common's synproxy.rs),
+//! and takes no state. Only the client's ACK that returns a valid cookie creates the flow: lb
+//! then sends the backend a SYN with the client's options. A spoofed flood never answers, so it
+//! never reaches the tables or the backends.
+//!
+//! The client is given a zero window until the backend answered, so it holds its data (nothing
+//! is lost, nothing is held here). The backend's SYN+ACK gives the sequence and timestamp
+//! offsets; it becomes the client's window update, one already acknowledged byte at lb's initial
+//! sequence number (as a keepalive), which the client acknowledges at once: that ACK completes
+//! the backend's handshake. XDP sends one frame for each it receives, and this needs no second.
+//! From then on both directions are translated: sequence and acknowledgement numbers, SACK
+//! blocks, timestamps, the backend's window to lb's scale.
+//!
+//! A program of its own per family (`lb_synproxy`, `lb_synproxy6`), tail-called by the
+//! balancer for a proxied service's packet without a flow and for every packet of a proxied
+//! flow: verified apart, and nothing of it on other flows' path.
+#![cfg_attr(not(target_arch = "bpf"), allow(dead_code))]
+
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    bindings::xdp_action,
+    helpers::{bpf_ktime_get_tai_ns, bpf_loop, bpf_xdp_adjust_tail},
+    programs::XdpContext,
+};
+use lb_common::{
+    COOKIE_MSS, COOKIE_TICK_SHIFT, CookieKey, CtEntry, FlowAddr, FlowKeyOf, MAX_OPTS, NO_WSCALE,
+    PROTO_TCP, PROXY_ENTRY, PROXY_OPEN, PROXY_TRANSLATE, PROXY_WSCALE, ProxyFlow, SynOpts, TcpOpts,
+    WalkMode, Walker, addr_flags, backend_flags, check_cookie, cookie_words, counter, ct_flags,
+    ct_state, make_cookie, mss_index, nat_flags, proxy_opts, proxy_state, rescale, service_flags,
+    ts_decode, ts_encode,
+};
+use network_types::eth::EthHdr;
+
+use crate::{
+    clock,
+    csum::{diff32, fold, update},
+    family::{Family, lookup_addr},
+    fib, flow,
+    maps::{COOKIE_KEYS, PROXY_PROGS, PROXY_WORK, ProxyWork, params},
+    nat::Rewrite,
+    parse::{Flow, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
+    ptr::{opaque, ptr_at_mut_checked, read_at_checked},
+    stats,
+    table::{ct_find, ct_live, ct_store},
+    verdict::Verdict,
+};
+
+/// The fixed TCP header, as bytes: ports 0, sequence 4, acknowledgement 8, data offset 12,
+/// flags 13, window 14, checksum 16, urgent pointer 18.
+const HDR: usize = 20;
+type Hdr = [u8; HDR];
+/// How long lb sends the backend its SYN again (at the client's zero-window probes) before the
+/// connection is given up and the client reset: a backend on the same network answers in
+/// milliseconds or is down.
+const PENDING_TIMEOUT_NS: u64 = 3_000_000_000;
+/// MSS assumed for a SYN without the option (RFC 9293).
+const DEFAULT_MSS: u16 = 536;
+
+const DROP: u32 = xdp_action::XDP_DROP;
+
+/// Hands the packet to the SYN proxy's program of family `F` for `stage`; the verdict when the
+/// slot is empty (a moment while lb loads).
+#[inline(always)]
+pub fn hand_over<F: Family>(ctx: &XdpContext) -> Verdict {
+    stage::<F>(ctx, PROXY_ENTRY)
+}
+
+#[inline(always)]
+fn stage<F: Family>(ctx: &XdpContext, stage: u32) -> Verdict {
+    // SAFETY: the program array holds XDP programs of this object.
+    #[allow(clippy::let_unit_value)]
+    let _ = unsafe { PROXY_PROGS.tail_call(ctx, F::PROXY_SLOT + stage) };
+    (DROP, counter::DROP_SYN_PROXY_INVALID)
+}
+
+/// The proxy's first stage, for a parsed TCP packet the balancer handed over: a SYN is answered
+/// here, a backend's segment translated here; a client's segment of a proxied flow goes on to
+/// the translating stage, an ACK without a flow to the opening stage. Three programs, each with
+/// the stack BPF allows one (512 bytes): the work of all three took more in one.
+#[inline(always)]
+pub fn handle<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> Verdict {
+    if flow.proto != PROTO_TCP {
+        return (DROP, counter::DROP_SYN_PROXY_INVALID);
+    }
+    let flags = lookup_addr::<F>(flow.daddr);
+    if flags & addr_flags::SNAT != 0 {
+        let v = from_backend::<F>(ctx, flow);
+        if v != NONE {
+            return unpack(v);
+        }
+    }
+    if flags & addr_flags::VIP == 0 {
+        return (xdp_action::XDP_PASS, counter::PASS_NOT_VIP);
+    }
+    if flow.ttl <= 1 {
+        return (DROP, counter::DROP_TTL);
+    }
+    let p = params();
+    let now = clock::now();
+    if is_new_syn(flow.tcp_flags) {
+        return unpack(answer_syn::<F>(ctx, flow, now));
+    }
+    let k = FlowKeyOf::new(flow.saddr, flow.daddr, flow.sport, flow.dport, flow.proto);
+    if let Some(slot) = ct_find::<F>(&k, k.hash(), p) {
+        // SAFETY: a map value of plain integers.
+        let e = unsafe { &(*slot).entry };
+        if e.flags & ct_flags::PROXIED != 0 && ct_live(e, now, p) {
+            return stage::<F>(ctx, PROXY_TRANSLATE);
+        }
+    }
+    if flow.tcp_flags & (TCP_SYN | TCP_RST | TCP_ACK) != TCP_ACK {
+        return (DROP, counter::DROP_SYN_PROXY_INVALID);
+    }
+    stage::<F>(ctx, PROXY_OPEN)
+}
+
+/// The opening stage: an ACK without a flow, whose cookie is checked.
+#[inline(always)]
+pub fn handle_open<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> Verdict {
+    let k = FlowKeyOf::new(flow.saddr, flow.daddr, flow.sport, flow.dport, flow.proto);
+    let Some(w) = work() else {
+        return (DROP, counter::DROP_MALFORMED);
+    };
+    let Some(h) = read_segment(ctx, flow.l4_off, &mut w.old) else {
+        return (DROP, counter::DROP_MALFORMED);
+    };
+    create::<F>(ctx, flow, k.hash(), clock::now(), &h)
+}
+
+/// The translating stage: a client's segment of a live proxied flow.
+#[inline(always)]
+pub fn handle_translate<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> Verdict {
+    let p = params();
+    let k = FlowKeyOf::new(flow.saddr, flow.daddr, flow.sport, flow.dport, flow.proto);
+    let hash = k.hash();
+    let Some(slot) = ct_find::<F>(&k, hash, p) else {
+        return (DROP, counter::DROP_SYN_PROXY_INVALID);
+    };
+    // SAFETY: a map value of plain integers.
+    let e = unsafe { &mut (*slot).entry };
+    let Some(w) = work() else {
+        return (DROP, counter::DROP_MALFORMED);
+    };
+    let Some(h) = read_segment(ctx, flow.l4_off, &mut w.old) else {
+        return (DROP, counter::DROP_MALFORMED);
+    };
+    translate_client::<F>(ctx, flow, e, hash, &h)
+}
+
+// The proxy's parts are functions of their own (BPF-to-BPF calls), so that no stack frame
+// holds them all (BPF allows 512 bytes along a chain of calls). A call returns one register:
+// the verdict packed into a u64 (`pack`), and its pointer arguments are made opaque (see
+// `ptr::opaque`), at most five.
+
+/// "No verdict" (not a proxied flow's reply).
+const NONE: u64 = u64::MAX;
+
+#[inline(always)]
+fn pack(v: Verdict) -> u64 {
+    (u64::from(v.0) << 32) | u64::from(v.1)
+}
+
+#[inline(always)]
+fn unpack(v: u64) -> Verdict {
+    ((v >> 32) as u32, v as u32)
+}
+
+#[inline(always)]
+fn be32(h: &Hdr, at: usize) -> u32 {
+    u32::from_be_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]])
+}
+
+#[inline(always)]
+fn put32(h: &mut Hdr, at: usize, v: u32) {
+    let b = v.to_be_bytes();
+    h[at] = b[0];
+    h[at + 1] = b[1];
+    h[at + 2] = b[2];
+    h[at + 3] = b[3];
+}
+
+#[inline(always)]
+fn tick() -> u32 {
+    // SAFETY: a helper without arguments.
+    (unsafe { bpf_ktime_get_tai_ns() } >> COOKIE_TICK_SHIFT) as u32
+}
+
+#[inline(always)]
+fn is_new_syn(flags: u8) -> bool {
+    flags & (TCP_SYN | TCP_ACK) == TCP_SYN
+}
+
+/// `r` through a volatile round trip (see `ptr::opaque`).
+#[inline(always)]
+fn opaque_mut<T>(r: &mut T) -> &mut T {
+    let p: *mut T = r;
+    // SAFETY: a read of a local variable holding a valid, unique pointer.
+    unsafe { &mut *core::ptr::read_volatile(&p) }
+}
+
+/// This CPU's working copies of options.
+#[inline(always)]
+fn work() -> Option<&'static mut ProxyWork> {
+    // SAFETY: this CPU's slot, used by this packet only.
+    PROXY_WORK.get_ptr_mut(0).map(|w| unsafe { &mut *w })
+}
+
+/// Walks the options (`w.old` reading, or `w.new` translating: `on_new`) with `walker`, in a
+/// `bpf_loop` (a walk unrolled for each of its callers took the program past the verifier's
+/// limit); what it read, `None` if malformed.
+#[inline(always)]
+fn walk(w: &mut ProxyWork, walker: Walker, on_new: bool) -> Option<SynOpts> {
+    w.walker = walker;
+    w.on_new = on_new;
+    // SAFETY: a callback of this program; it finds its state in this CPU's PROXY_WORK.
+    unsafe {
+        bpf_loop(
+            MAX_OPTS as u32,
+            opt_step as *mut c_void,
+            core::ptr::null_mut(),
+            0,
+        )
+    };
+    (!w.walker.bad).then_some(w.walker.syn)
+}
+
+/// One step of the walk in this CPU's `PROXY_WORK`: 1 (stop) when it is over.
+extern "C" fn opt_step(_: u32, _: *mut c_void) -> i64 {
+    let Some(w) = work() else { return 1 };
+    let opts = if w.on_new { &mut w.new } else { &mut w.old };
+    if opts.step(&mut w.walker) { 0 } else { 1 }
+}
+
+/// A walk that translates `w.new` (a copy of `w.old`) as `mode` says; `false` if malformed.
+#[inline(always)]
+fn translate(w: &mut ProxyWork, mode: WalkMode, pf: &ProxyFlow) -> bool {
+    w.new = w.old;
+    let mut walker = Walker::new(mode);
+    walker.seq_off = pf.seq_off;
+    walker.ts_off = pf.ts_off;
+    walk(w, walker, true).is_some()
+}
+
+/// The TCP header at `l4_off`; its options into `o`.
+#[inline(always)]
+fn read_segment(ctx: &XdpContext, l4_off: usize, o: &mut TcpOpts) -> Option<Hdr> {
+    let (data, data_end) = (ctx.data(), ctx.data_end());
+    let h = read_at_checked::<Hdr>(data, data_end, l4_off)?;
+    let len = ((h[12] >> 4) as usize * 4).checked_sub(HDR)?;
+    o.len = len.min(MAX_OPTS);
+    for i in 0..MAX_OPTS / 4 {
+        if i * 4 >= o.len {
+            break;
+        }
+        let w = read_at_checked::<[u8; 4]>(data, data_end, l4_off + HDR + i * 4)?;
+        o.bytes[i * 4] = w[0];
+        o.bytes[i * 4 + 1] = w[1];
+        o.bytes[i * 4 + 2] = w[2];
+        o.bytes[i * 4 + 3] = w[3];
+    }
+    Some(h)
+}
+
+/// Writes the changes from `old` to `new` (headers; options from `w.old` to `w.new`, of the
+/// same length) into the segment at `l4_off`, with its checksum updated.
+#[inline(always)]
+fn patch(ctx: &XdpContext, l4_off: usize, old: &Hdr, new: &Hdr, w: &ProxyWork) -> Option<()> {
+    let (old, new) = ((old, &w.old), (new, &w.new));
+    let (data, data_end) = (ctx.data(), ctx.data_end());
+    let word = |b: &[u8], i: usize| u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    let mut diff = 0;
+    // Words 0-3: ports, sequence, acknowledgement, offset/flags/window (the checksum's word is
+    // never changed here).
+    for i in 0..4 {
+        let (a, b) = (word(old.0, i * 4), word(new.0, i * 4));
+        if a != b {
+            diff += diff32(a, b);
+            let p = ptr_at_mut_checked::<[u8; 4]>(data, data_end, l4_off + i * 4)?;
+            // SAFETY: bounds-checked.
+            unsafe { *p = b.to_ne_bytes() };
+        }
+    }
+    for i in 0..MAX_OPTS / 4 {
+        if i * 4 >= old.1.len {
+            break;
+        }
+        let (a, b) = (word(&old.1.bytes, i * 4), word(&new.1.bytes, i * 4));
+        if a != b {
+            diff += diff32(a, b);
+            let p = ptr_at_mut_checked::<[u8; 4]>(data, data_end, l4_off + HDR + i * 4)?;
+            // SAFETY: bounds-checked.
+            unsafe { *p = b.to_ne_bytes() };
+        }
+    }
+    let p = ptr_at_mut_checked::<Hdr>(data, data_end, l4_off)?;
+    // SAFETY: bounds-checked.
+    unsafe {
+        let h = &mut *p;
+        let check = update(u16::from_ne_bytes([h[16], h[17]]), diff).to_ne_bytes();
+        h[16] = check[0];
+        h[17] = check[1];
+    }
+    Some(())
+}
+
+/// A segment lb writes over the one it received (its ports and addressing given).
+struct Out {
+    seq: u32,
+    ack: u32,
+    flags: u8,
+    window: u16,
+    /// Bytes of payload (zeros): 0 or 1.
+    payload: usize,
+}
+
+/// Replaces the TCP segment of `flow` with `out` and options `opts`, from `src:sport` to
+/// `dst:dport` (the IP header's addresses already), resizing the frame and the IP length, with
+/// a checksum computed anew.
+#[inline(always)]
+fn emit<F: Family>(
+    ctx: &XdpContext,
+    flow: &Flow<F::A>,
+    addrs: (&F::A, &F::A),
+    ports: (u16, u16),
+    out: &Out,
+    opts: &TcpOpts,
+) -> Option<()> {
+    let opt_len = (opts.len + 3) & !3;
+    if opt_len > MAX_OPTS {
+        return None;
+    }
+    let seg_len = HDR + opt_len + out.payload;
+    let ip_len = flow.l4_off - flow.l3_off + seg_len;
+    let delta = (flow.l4_off + seg_len) as i32 - (ctx.data_end() - ctx.data()) as i32;
+    // SAFETY: a valid XDP context; every packet pointer is taken again below.
+    if delta != 0 && unsafe { bpf_xdp_adjust_tail(ctx.ctx, delta) } != 0 {
+        return None;
+    }
+    let (data, data_end) = (ctx.data(), ctx.data_end());
+    F::set_ip_len(data, data_end, flow.l3_off, ip_len)?;
+    let mut h: Hdr = [0; HDR];
+    h[0..2].copy_from_slice(&ports.0.to_ne_bytes());
+    h[2..4].copy_from_slice(&ports.1.to_ne_bytes());
+    put32(&mut h, 4, out.seq);
+    put32(&mut h, 8, out.ack);
+    h[12] = (((HDR + opt_len) / 4) << 4) as u8;
+    h[13] = out.flags;
+    h[14..16].copy_from_slice(&out.window.to_be_bytes());
+    let mut sum = F::addr_sum(addrs.0, addrs.1)
+        + u32::from(u16::from_ne_bytes([0, PROTO_TCP]))
+        + u32::from(u16::from_ne_bytes((seg_len as u16).to_be_bytes()));
+    for i in 0..HDR / 2 {
+        sum += u32::from(u16::from_ne_bytes([h[2 * i], h[2 * i + 1]]));
+    }
+    // Padding past the options is zeros (end of options); the payload byte is a zero too.
+    for i in 0..MAX_OPTS / 2 {
+        if 2 * i < opts.len {
+            let hi = opts.bytes[2 * i];
+            let lo = if 2 * i + 1 < opts.len {
+                opts.bytes[2 * i + 1]
+            } else {
+                0
+            };
+            sum += u32::from(u16::from_ne_bytes([hi, lo]));
+        }
+    }
+    h[16..18].copy_from_slice(&(!fold(sum)).to_ne_bytes());
+    let p = ptr_at_mut_checked::<Hdr>(data, data_end, flow.l4_off)?;
+    // SAFETY: bounds-checked.
+    unsafe { *p = h };
+    for i in 0..MAX_OPTS / 4 {
+        if i * 4 >= opt_len {
+            break;
+        }
+        let at = i * 4;
+        let byte = |j: usize| {
+            if at + j < opts.len && at + j < MAX_OPTS {
+                opts.bytes[at + j]
+            } else {
+                0
+            }
+        };
+        let p = ptr_at_mut_checked::<[u8; 4]>(data, data_end, flow.l4_off + HDR + at)?;
+        // SAFETY: bounds-checked.
+        unsafe { *p = [byte(0), byte(1), byte(2), byte(3)] };
+    }
+    if out.payload != 0 {
+        let p = ptr_at_mut_checked::<u8>(data, data_end, flow.l4_off + HDR + opt_len)?;
+        // SAFETY: bounds-checked.
+        unsafe { *p = 0 };
+    }
+    Some(())
+}
+
+/// Turns the frame back to where it came from: MACs and IP addresses swapped (TTL lowered).
+#[inline(always)]
+fn turn_back<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> Option<()> {
+    let (data, data_end) = (ctx.data(), ctx.data_end());
+    let eth = ptr_at_mut_checked::<EthHdr>(data, data_end, 0)?;
+    // SAFETY: bounds-checked byte arrays.
+    unsafe {
+        core::mem::swap(&mut (*eth).src_addr, &mut (*eth).dst_addr);
+    }
+    // Swapped addresses leave the checksums' sums as they were.
+    F::rewrite_ip(data, data_end, flow.l3_off, (&flow.daddr, &flow.saddr), 0)
+}
+
+/// The cookie's words of `flow` (client → VIP).
+#[inline(always)]
+fn words<A: FlowAddr>(flow: &Flow<A>) -> [u64; 5] {
+    cookie_words(
+        flow.saddr.to_addr6(),
+        flow.daddr.to_addr6(),
+        flow.sport,
+        flow.dport,
+    )
+}
+
+#[inline(always)]
+fn key(slot: u32) -> Option<&'static CookieKey> {
+    COOKIE_KEYS.get(slot).filter(|k| k.k0 | k.k1 != 0)
+}
+
+/// A SYN: answered with the cookie.
+#[inline(never)]
+fn answer_syn<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>, now: u64) -> u64 {
+    let (ctx, flow) = (opaque(ctx), opaque(flow));
+    let Some(w) = work() else {
+        return pack((DROP, counter::DROP_MALFORMED));
+    };
+    let Some(h) = read_segment(ctx, flow.l4_off, &mut w.old) else {
+        return pack((DROP, counter::DROP_MALFORMED));
+    };
+    pack(synack::<F>(ctx, flow, &h, w, now))
+}
+
+#[inline(always)]
+fn synack<F: Family>(
+    ctx: &XdpContext,
+    flow: &Flow<F::A>,
+    h: &Hdr,
+    w: &mut ProxyWork,
+    now: u64,
+) -> Verdict {
+    let Some(syn) = walk(w, Walker::new(WalkMode::Read), false) else {
+        return (DROP, counter::DROP_SYN_PROXY_OPTIONS);
+    };
+    let Some(key) = key(0) else {
+        return (DROP, counter::DROP_SYN_PROXY_INVALID);
+    };
+    let isn = be32(h, 4);
+    let mss = if syn.mss == 0 { DEFAULT_MSS } else { syn.mss };
+    let cookie = make_cookie(key, &words(flow), isn, tick(), mss_index(mss));
+    let tsval = ts_encode((now / 1_000_000) as u32, syn.wscale, syn.sack);
+    w.new.set_synack(F::PROXY_MSS, &syn, tsval);
+    let out = Out {
+        seq: cookie,
+        ack: isn.wrapping_add(1),
+        flags: TCP_SYN | TCP_ACK,
+        window: 0,
+        payload: 0,
+    };
+    let sent = turn_back::<F>(ctx, flow).and_then(|()| {
+        emit::<F>(
+            ctx,
+            flow,
+            (&flow.daddr, &flow.saddr),
+            (flow.dport, flow.sport),
+            &out,
+            &w.new,
+        )
+    });
+    match sent {
+        Some(()) => (xdp_action::XDP_TX, counter::SYN_PROXY_SYNACK),
+        None => (DROP, counter::DROP_MALFORMED),
+    }
+}
+
+/// The MSS index of the cookie `cookie` if it is valid for a SYN with sequence number `isn` of
+/// `flow` under either key, else [`NONE`]. Apart: the hash's state is stack the opening stage
+/// cannot spare along its calls.
+#[inline(never)]
+fn cookie_check<A: FlowAddr>(flow: &Flow<A>, isn: u32, cookie: u32) -> u64 {
+    let flow = opaque(flow);
+    let (t, fw) = (tick(), words(flow));
+    key(0)
+        .and_then(|k| check_cookie(k, &fw, isn, cookie, t))
+        .or_else(|| key(1).and_then(|k| check_cookie(k, &fw, isn, cookie, t)))
+        .map_or(NONE, u64::from)
+}
+
+/// An ACK without a flow (its options in this CPU's `work().old`): with a valid cookie, the
+/// flow is created and the backend gets its SYN.
+#[inline(always)]
+fn create<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>, hash: u64, now: u64, h: &Hdr) -> Verdict {
+    let invalid = (DROP, counter::DROP_SYN_PROXY_INVALID);
+    let Some(w) = work() else {
+        return invalid;
+    };
+    let k = FlowKeyOf::new(flow.saddr, flow.daddr, flow.sport, flow.dport, flow.proto);
+    let cookie = be32(h, 8).wrapping_sub(1);
+    let isn = be32(h, 4).wrapping_sub(1);
+    let mss_idx = cookie_check(flow, isn, cookie);
+    if mss_idx == NONE {
+        return invalid;
+    }
+    let Some(ts) = walk(w, Walker::new(WalkMode::Read), false).map(|o| o.ts) else {
+        return (DROP, counter::DROP_SYN_PROXY_OPTIONS);
+    };
+    let (wscale, sack) = match ts {
+        Some((_, ecr)) => ts_decode(ecr),
+        None => (NO_WSCALE, false),
+    };
+    let Some(svc) = flow::service::<F>(flow) else {
+        return (DROP, counter::DROP_NO_SERVICE);
+    };
+    if svc.flags & service_flags::DROP != 0 {
+        return (DROP, counter::DROP_NO_BACKEND);
+    }
+    let p = params();
+    let Some((backend_id, backend)) = flow::select::<F>(svc.id, svc.flags, hash, p.ring_size)
+    else {
+        return (DROP, counter::DROP_NO_BACKEND);
+    };
+    // Direct server return cannot be proxied (its replies bypass lb): configuration refuses it.
+    if backend.flags & backend_flags::ENCAP != 0 {
+        return (DROP, counter::DROP_NO_BACKEND);
+    }
+    let snat_port = match flow::nat_port::<F>(
+        ctx,
+        flow,
+        backend,
+        backend_id,
+        hash,
+        false,
+        now,
+        nat_flags::PROXIED,
+    ) {
+        Ok(port) => port,
+        Err(reason) => return (DROP, reason),
+    };
+    let mut opts_bits = 0;
+    if ts.is_some() {
+        opts_bits |= proxy_opts::TS;
+    }
+    if sack {
+        opts_bits |= proxy_opts::SACK;
+    }
+    let (client_tsval, lb_tsval) = ts.unwrap_or((0, 0));
+    w.flow = ProxyFlow {
+        cookie,
+        client_isn: isn,
+        seq_off: 0,
+        ts_off: 0,
+        lb_tsval,
+        client_tsval,
+        syn_at: now,
+        mss: COOKIE_MSS[(mss_idx & 3) as usize],
+        state: proxy_state::PENDING,
+        opts: opts_bits,
+        client_wscale: wscale,
+        wshift: 0,
+        _pad: [0; 2],
+    };
+    if F::proxies().insert(&k, &w.flow, 0).is_err() {
+        return (DROP, counter::DROP_NAT_FULL);
+    }
+    let entry = CtEntry {
+        backend_id,
+        service_id: svc.id,
+        last_seen: now,
+        snat_port,
+        state: ct_state::TCP_SYN,
+        flags: ct_flags::PROXIED
+            | if svc.flags & service_flags::KEEP_FLOWS != 0 {
+                ct_flags::KEEP
+            } else {
+                0
+            },
+        data_at: 0,
+    };
+    ct_store::<F>(&k, hash, &entry, now, p);
+    stats::count(counter::CT_NEW);
+    stats::count(counter::SYN_PROXY_ACK_VALID);
+    stats::count_traffic(svc.id, backend_id, ctx.data_end() - ctx.data(), true);
+    syn_to_backend::<F>(ctx, flow, &w.flow, (backend_id, snat_port), h, &mut w.new)
+}
+
+/// Rewrites the client's segment (`h`) into the SYN lb sends the backend for the proxied flow
+/// `pf`, and sends it.
+#[inline(always)]
+fn syn_to_backend<F: Family>(
+    ctx: &XdpContext,
+    flow: &Flow<F::A>,
+    pf: &ProxyFlow,
+    (backend_id, snat_port): (u32, u16),
+    h: &Hdr,
+    opts: &mut TcpOpts,
+) -> Verdict {
+    let now = clock::now();
+    let Some(backend) = F::backends().get(backend_id) else {
+        return (DROP, counter::DROP_NO_BACKEND);
+    };
+    let nh = match fib::to_backend::<F>(ctx, backend_id, backend, PROTO_TCP, now) {
+        Ok(nh) => nh,
+        Err(reason) => return (DROP, reason),
+    };
+    // The client's window, unscaled as a SYN's is.
+    let window = u16::from_be_bytes([h[14], h[15]]);
+    let window = if pf.client_wscale != NO_WSCALE {
+        rescale(window, pf.client_wscale as i8)
+    } else {
+        window
+    };
+    let ts = (pf.opts & proxy_opts::TS != 0).then_some(pf.client_tsval);
+    opts.set_backend_syn(
+        pf.mss,
+        ts,
+        pf.opts & proxy_opts::SACK != 0,
+        pf.client_wscale,
+    );
+    let out = Out {
+        seq: pf.client_isn,
+        ack: 0,
+        flags: TCP_SYN,
+        window,
+        payload: 0,
+    };
+    if emit::<F>(
+        ctx,
+        flow,
+        (&flow.saddr, &flow.daddr),
+        (flow.sport, flow.dport),
+        &out,
+        opts,
+    )
+    .is_none()
+    {
+        return (DROP, counter::DROP_MALFORMED);
+    }
+    let rw = Rewrite {
+        src: &backend.snat_addr,
+        dst: &backend.addr,
+        addr_csum: None,
+        sport: snat_port,
+        dport: backend.port,
+        smac: &nh.smac,
+        dmac: &nh.dmac,
+    };
+    flow::transmit::<F>(ctx, flow, &rw, nh.ifindex)
+}
+
+/// A client's segment of a live proxied flow (its options in this CPU's `work().old`).
+#[inline(always)]
+fn translate_client<F: Family>(
+    ctx: &XdpContext,
+    flow: &Flow<F::A>,
+    e: &mut CtEntry,
+    hash: u64,
+    h: &Hdr,
+) -> Verdict {
+    let now = clock::now();
+    let k = FlowKeyOf::new(flow.saddr, flow.daddr, flow.sport, flow.dport, flow.proto);
+    let (Some(pf), Some(w)) = (F::proxies().get_ptr_mut(&k), work()) else {
+        return (DROP, counter::DROP_SYN_PROXY_INVALID);
+    };
+    // SAFETY: a map value of plain integers.
+    let pf = unsafe { &mut *pf };
+    if pf.state != proxy_state::OPEN {
+        return pending::<F>(ctx, flow, pf, e, h, w);
+    }
+    if !translate(w, WalkMode::ToBackend, pf) {
+        return (DROP, counter::DROP_SYN_PROXY_OPTIONS);
+    }
+    let mut new_h = *h;
+    if h[13] & TCP_ACK != 0 {
+        put32(&mut new_h, 8, be32(h, 8).wrapping_add(pf.seq_off));
+    }
+    if patch(ctx, flow.l4_off, h, &new_h, w).is_none() {
+        return (DROP, counter::DROP_MALFORMED);
+    }
+    stats::count(counter::SYN_PROXY_TRANSLATED);
+    // A proxied flow cannot move to another backend (its handshake was that backend's).
+    flow::established::<F>(ctx, flow, e, hash, now).unwrap_or((DROP, counter::DROP_NO_BACKEND))
+}
+
+/// A client's segment while its backend has not answered: a pure ACK (its zero-window probe)
+/// sends the backend the SYN again; after [`PENDING_TIMEOUT_NS`] the client is reset.
+#[inline(always)]
+fn pending<F: Family>(
+    ctx: &XdpContext,
+    flow: &Flow<F::A>,
+    pf: &ProxyFlow,
+    e: &mut CtEntry,
+    h: &Hdr,
+    w: &mut ProxyWork,
+) -> Verdict {
+    let now = clock::now();
+    if h[13] & (TCP_RST | TCP_FIN) != 0 {
+        flow::closing(e, h[13], ct_flags::FIN_CLIENT, now);
+        return (DROP, counter::DROP_SYN_PROXY_PENDING);
+    }
+    if now.saturating_sub(pf.syn_at) > PENDING_TIMEOUT_NS {
+        flow::closing(e, TCP_RST, 0, now);
+        stats::count(counter::SYN_PROXY_FAILED);
+        let out = Out {
+            seq: pf.cookie.wrapping_add(1),
+            ack: pf.client_isn.wrapping_add(1),
+            flags: TCP_RST | TCP_ACK,
+            window: 0,
+            payload: 0,
+        };
+        w.new.set_timestamp(None);
+        let sent = turn_back::<F>(ctx, flow).and_then(|()| {
+            emit::<F>(
+                ctx,
+                flow,
+                (&flow.daddr, &flow.saddr),
+                (flow.dport, flow.sport),
+                &out,
+                &w.new,
+            )
+        });
+        return match sent {
+            Some(()) => (xdp_action::XDP_TX, counter::SYN_PROXY_RESET),
+            None => (DROP, counter::DROP_MALFORMED),
+        };
+    }
+    if flow.payload_len != 0 {
+        return (DROP, counter::DROP_SYN_PROXY_PENDING);
+    }
+    stats::count(counter::SYN_PROXY_SYN_AGAIN);
+    syn_to_backend::<F>(ctx, flow, pf, (e.backend_id, e.snat_port), h, &mut w.new)
+}
+
+/// Backend → SNAT address: [`NONE`] when no proxied flow's.
+#[inline(never)]
+fn from_backend<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> u64 {
+    let (ctx, flow) = (opaque(ctx), opaque(flow));
+    reply_segment::<F>(ctx, flow).map_or(NONE, pack)
+}
+
+#[inline(always)]
+fn reply_segment<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> Option<Verdict> {
+    let p = params();
+    let k = FlowKeyOf::new(flow.saddr, flow.daddr, flow.sport, flow.dport, flow.proto);
+    let slot = crate::table::nat_find::<F>(&k, k.hash(), p)?;
+    // SAFETY: a map value of plain integers.
+    let nat = unsafe { &(*slot).entry };
+    let fwd = FlowKeyOf::new(
+        nat.client_addr,
+        nat.vip_addr,
+        nat.client_port,
+        nat.vip_port,
+        PROTO_TCP,
+    );
+    let Some(pf) = F::proxies().get_ptr_mut(&fwd) else {
+        return Some((DROP, counter::DROP_SYN_PROXY_INVALID));
+    };
+    // SAFETY: a map value of plain integers.
+    let pf = unsafe { &mut *pf };
+    let Some(w) = work() else {
+        return Some((DROP, counter::DROP_MALFORMED));
+    };
+    let Some(h) = read_segment(ctx, flow.l4_off, &mut w.old) else {
+        return Some((DROP, counter::DROP_MALFORMED));
+    };
+    Some(backend_segment::<F>(ctx, flow, pf, &h, w))
+}
+
+#[inline(always)]
+fn backend_segment<F: Family>(
+    ctx: &XdpContext,
+    flow: &Flow<F::A>,
+    pf: &mut ProxyFlow,
+    h: &Hdr,
+    w: &mut ProxyWork,
+) -> Verdict {
+    let invalid = (DROP, counter::DROP_SYN_PROXY_INVALID);
+    let (flags, seq, ack) = (h[13], be32(h, 4), be32(h, 8));
+    let window = u16::from_be_bytes([h[14], h[15]]);
+    if flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK {
+        if ack != pf.client_isn.wrapping_add(1) {
+            return invalid;
+        }
+        let Some(syn) = walk(w, Walker::new(WalkMode::Read), false) else {
+            return (DROP, counter::DROP_SYN_PROXY_OPTIONS);
+        };
+        if pf.state != proxy_state::OPEN {
+            pf.seq_off = seq.wrapping_sub(pf.cookie);
+            pf.ts_off = match syn.ts {
+                Some((val, _)) => pf.lb_tsval.wrapping_sub(val),
+                None => 0,
+            };
+            pf.wshift = if pf.client_wscale == NO_WSCALE {
+                0
+            } else if syn.wscale == NO_WSCALE {
+                -(PROXY_WSCALE as i8)
+            } else {
+                syn.wscale as i8 - PROXY_WSCALE as i8
+            };
+            pf.state = proxy_state::OPEN;
+            stats::count(counter::SYN_PROXY_OPENED);
+        }
+        // The client's window update: a byte it already has, at lb's initial sequence number,
+        // which it acknowledges at once (completing the backend's handshake). A SYN's window
+        // is unscaled; this one is in lb's scale.
+        let window = if pf.client_wscale == NO_WSCALE {
+            window
+        } else {
+            rescale(window, -(PROXY_WSCALE as i8))
+        };
+        w.new
+            .set_timestamp(syn.ts.map(|(val, ecr)| (val.wrapping_add(pf.ts_off), ecr)));
+        let out = Out {
+            seq: pf.cookie,
+            ack,
+            flags: TCP_ACK,
+            window,
+            payload: 1,
+        };
+        if emit::<F>(
+            ctx,
+            flow,
+            (&flow.saddr, &flow.daddr),
+            (flow.sport, flow.dport),
+            &out,
+            &w.new,
+        )
+        .is_none()
+        {
+            return (DROP, counter::DROP_MALFORMED);
+        }
+        // The reply's bookkeeping sees the backend's SYN+ACK, as it was.
+        let seen = Flow {
+            saddr: flow.saddr,
+            daddr: flow.daddr,
+            sport: flow.sport,
+            dport: flow.dport,
+            proto: flow.proto,
+            tcp_flags: flags,
+            ttl: flow.ttl,
+            l3_off: flow.l3_off,
+            l4_off: flow.l4_off,
+            payload_len: 0,
+        };
+        return flow::reply::<F, true>(ctx, &seen).unwrap_or(invalid);
+    }
+    let mut new_h = *h;
+    if pf.state != proxy_state::OPEN {
+        w.new = w.old;
+        // The backend refused lb's SYN: its RST goes on to the client, in lb's numbers.
+        if flags & TCP_RST == 0 {
+            return invalid;
+        }
+        put32(&mut new_h, 4, pf.cookie.wrapping_add(1));
+        stats::count(counter::SYN_PROXY_FAILED);
+    } else {
+        if !translate(w, WalkMode::ToClient, pf) {
+            return (DROP, counter::DROP_SYN_PROXY_OPTIONS);
+        }
+        put32(&mut new_h, 4, seq.wrapping_sub(pf.seq_off));
+        new_h[14..16].copy_from_slice(&rescale(window, pf.wshift).to_be_bytes());
+        stats::count(counter::SYN_PROXY_TRANSLATED);
+    }
+    if patch(ctx, flow.l4_off, h, &new_h, w).is_none() {
+        return (DROP, counter::DROP_MALFORMED);
+    }
+    flow::reply::<F, true>(ctx, flow).unwrap_or(invalid)
+}
