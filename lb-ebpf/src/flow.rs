@@ -8,8 +8,8 @@
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use lb_common::{
     BackendInfoOf, CtEntry, FlowKeyOf, NO_BACKEND, NatEntryOf, NextHop, PROTO_TCP, PROTO_UDP,
-    Params, SELECT_TRIES, ServiceInfo, ServiceKeyOf, TOO_BIG_PROG, backend_flags, counter,
-    ct_flags, ct_state, fmix64, nat_flags, service_flags, service_hint, syn_bucket,
+    PROXY_ENTRY, Params, SELECT_TRIES, ServiceInfo, ServiceKeyOf, TOO_BIG_PROG, backend_flags,
+    counter, ct_flags, ct_state, fmix64, nat_flags, service_flags, service_hint, syn_bucket,
 };
 use network_types::eth::EthHdr;
 
@@ -22,10 +22,10 @@ use crate::{
     parse::{Flow, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     passive,
     ptr::ptr_at,
-    quic, ratelimit, snat, stats, synproxy,
+    quic, ratelimit, snat, stats,
     table::{ct_find, ct_live, ct_store, nat_find},
     trace,
-    verdict::{Verdict, send_out},
+    verdict::{Verdict, send_out, to_proxy},
 };
 
 /// How often an active flow refreshes its timestamp.
@@ -60,7 +60,7 @@ pub fn forward<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>, quic_vip: bool) -
         // A flow of the SYN proxy is translated by the proxy's program: one test of a value
         // loaded anyway.
         if e.flags & ct_flags::PROXIED != 0 {
-            return synproxy::hand_over::<F>(ctx);
+            return to_proxy::<F>(ctx, PROXY_ENTRY);
         }
         // A SYN on a closing flow is the client reusing its port: a new connection.
         let reused = e.state == ct_state::TCP_CLOSING && is_new_syn(flow.tcp_flags);
@@ -276,7 +276,7 @@ fn new_flow<F: Family>(
     }
     // The SYN proxy answers a proxied service's new connections before any state is taken.
     if svc.flags & service_flags::SYN_PROXY != 0 && flow.proto == PROTO_TCP {
-        return synproxy::hand_over::<F>(ctx);
+        return to_proxy::<F>(ctx, PROXY_ENTRY);
     }
     // A QUIC packet naming its backend goes there; any other by the ring.
     let named = if quic {
@@ -465,7 +465,7 @@ pub fn reply<F: Family, const IN_PROXY: bool>(
     // SAFETY: a map value of plain integers.
     let held = unsafe { &mut (*slot).entry };
     if !IN_PROXY && held.flags & nat_flags::PROXIED != 0 {
-        return Some(synproxy::hand_over::<F>(ctx));
+        return Some(to_proxy::<F>(ctx, PROXY_ENTRY));
     }
     let now = clock::now();
     // Whether the backend had sent anything on this flow before this packet.

@@ -26,10 +26,10 @@ use aya_ebpf::{
 };
 use lb_common::{
     COOKIE_MSS, COOKIE_TICK_SHIFT, CookieKey, CtEntry, FlowAddr, FlowKeyOf, MAX_OPTS, NO_WSCALE,
-    PROTO_TCP, PROXY_ENTRY, PROXY_OPEN, PROXY_TRANSLATE, PROXY_WSCALE, ProxyFlow, SynOpts, TcpOpts,
-    WalkMode, Walker, addr_flags, backend_flags, check_cookie, cookie_words, counter, ct_flags,
-    ct_state, make_cookie, mss_index, nat_flags, proxy_opts, proxy_state, rescale, service_flags,
-    ts_decode, ts_encode,
+    PROTO_TCP, PROXY_OPEN, PROXY_TRANSLATE, PROXY_WSCALE, ProxyFlow, SynOpts, TcpOpts, WalkMode,
+    Walker, addr_flags, backend_flags, check_cookie, cookie_words, counter, ct_flags, ct_state,
+    make_cookie, mss_index, nat_flags, proxy_opts, proxy_state, rescale, service_flags, ts_decode,
+    ts_encode,
 };
 use network_types::eth::EthHdr;
 
@@ -38,7 +38,7 @@ use crate::{
     csum::{diff32, fold, update},
     family::{Family, lookup_addr},
     fib, flow,
-    maps::{COOKIE_KEYS, PROXY_PROGS, PROXY_WORK, ProxyWork, params},
+    maps::{COOKIE_KEYS, PROXY_WORK, ProxyWork, params},
     nat::Rewrite,
     parse::{Flow, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     ptr::{opaque, ptr_at_mut_checked, read_at_checked},
@@ -60,19 +60,9 @@ const DEFAULT_MSS: u16 = 536;
 
 const DROP: u32 = xdp_action::XDP_DROP;
 
-/// Hands the packet to the SYN proxy's program of family `F` for `stage`; the verdict when the
-/// slot is empty (a moment while lb loads).
-#[inline(always)]
-pub fn hand_over<F: Family>(ctx: &XdpContext) -> Verdict {
-    stage::<F>(ctx, PROXY_ENTRY)
-}
-
 #[inline(always)]
 fn stage<F: Family>(ctx: &XdpContext, stage: u32) -> Verdict {
-    // SAFETY: the program array holds XDP programs of this object.
-    #[allow(clippy::let_unit_value)]
-    let _ = unsafe { PROXY_PROGS.tail_call(ctx, F::PROXY_SLOT + stage) };
-    (DROP, counter::DROP_SYN_PROXY_INVALID)
+    crate::verdict::to_proxy::<F>(ctx, stage)
 }
 
 /// The proxy's first stage, for a parsed TCP packet the balancer handed over: a SYN is answered
@@ -190,14 +180,6 @@ fn tick() -> u32 {
 #[inline(always)]
 fn is_new_syn(flags: u8) -> bool {
     flags & (TCP_SYN | TCP_ACK) == TCP_SYN
-}
-
-/// `r` through a volatile round trip (see `ptr::opaque`).
-#[inline(always)]
-fn opaque_mut<T>(r: &mut T) -> &mut T {
-    let p: *mut T = r;
-    // SAFETY: a read of a local variable holding a valid, unique pointer.
-    unsafe { &mut *core::ptr::read_volatile(&p) }
 }
 
 /// This CPU's working copies of options.

@@ -5,7 +5,10 @@
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use lb_common::counter;
 
-use crate::maps::TX_PORTS;
+use crate::{
+    family::Family,
+    maps::{PROXY_PROGS, TX_PORTS},
+};
 
 /// (XDP action, verdict counter).
 pub type Verdict = (u32, u32);
@@ -21,4 +24,14 @@ pub fn send_out(ctx: &XdpContext, ifindex: u32) -> Verdict {
         Ok(action) => (action, counter::FWD_REDIRECT),
         Err(_) => (xdp_action::XDP_DROP, counter::DROP_NO_ROUTE),
     }
+}
+
+/// Hands the packet to stage `stage` of family `F`'s SYN proxy (see synproxy.rs) by a tail call;
+/// the verdict when the slot is empty (a moment while lb loads).
+#[inline(always)]
+pub fn to_proxy<F: Family>(ctx: &XdpContext, stage: u32) -> Verdict {
+    // SAFETY: the program array holds XDP programs of this object.
+    #[allow(clippy::let_unit_value)]
+    let _ = unsafe { PROXY_PROGS.tail_call(ctx, F::PROXY_SLOT + stage) };
+    (xdp_action::XDP_DROP, counter::DROP_SYN_PROXY_INVALID)
 }
