@@ -78,6 +78,9 @@ pub struct Packet {
     /// its first byte, the next header, which `build` fills in).
     ext: Vec<(u8, Vec<u8>)>,
     l4: L4,
+    /// TCP's options (padded to a multiple of 4 with zeros) and window.
+    tcp_options: Vec<u8>,
+    window: u16,
     payload: Vec<u8>,
 }
 
@@ -101,6 +104,8 @@ impl Packet {
             frag: 0,
             ext: Vec::new(),
             l4,
+            tcp_options: Vec::new(),
+            window: 64240,
             payload: Vec::new(),
         }
     }
@@ -270,6 +275,21 @@ impl Packet {
         self
     }
 
+    /// TCP options (padded with zeros to a multiple of 4 bytes).
+    pub fn tcp_options(mut self, options: &[u8]) -> Self {
+        self.tcp_options = options.to_vec();
+        while self.tcp_options.len() % 4 != 0 {
+            self.tcp_options.push(0);
+        }
+        self
+    }
+
+    /// The TCP window field.
+    pub fn window(mut self, window: u16) -> Self {
+        self.window = window;
+        self
+    }
+
     pub fn seq(mut self, seq: u32, ack: u32) -> Self {
         if let L4::Tcp { flags, .. } = self.l4 {
             self.l4 = L4::Tcp { flags, seq, ack };
@@ -304,9 +324,10 @@ impl Packet {
                 h[2..4].copy_from_slice(&self.dst.port().to_be_bytes());
                 h[4..8].copy_from_slice(&seq.to_be_bytes());
                 h[8..12].copy_from_slice(&ack.to_be_bytes());
-                h[12] = 5 << 4;
+                h[12] = (((20 + self.tcp_options.len()) / 4) << 4) as u8;
                 h[13] = flags;
-                h[14..16].copy_from_slice(&64240u16.to_be_bytes());
+                h[14..16].copy_from_slice(&self.window.to_be_bytes());
+                h.extend_from_slice(&self.tcp_options);
                 h
             }
             L4::Udp { .. } => {

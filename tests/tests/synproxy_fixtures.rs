@@ -1,0 +1,312 @@
+//! The SYN proxy through BPF_PROG_TEST_RUN (issue 39): the exact bytes of each step of a proxied
+//! connection, in the fixed network of [`lb_tests::testnet`], with a known cookie key. What lb
+//! chooses itself (the cookie, its timestamp) is read from its answer and checked for what it
+//! must be: a cookie that validates under the key for this SYN, a timestamp that carries the
+//! client's window scale and SACK-permitted.
+
+use lb_common::{
+    COOKIE_TICK_SHIFT, CookieKey, check_cookie, cookie_words, counter::*, make_cookie, mapped,
+    ts_decode,
+};
+use lb_tests::{
+    fixture::{XDP_DROP, XDP_REDIRECT, XDP_TX, hex_diff, run_once},
+    packet::{CLIENT_MAC, LB_MAC, Packet, TCP_ACK, TCP_PSH, TCP_RST, TCP_SYN, at},
+    require_root,
+    testnet::{BACKEND_MAC, TestNet, ne},
+};
+
+const SERVICES: &str = r#"
+[[service]]
+name = "proxied"
+vip = "10.100.0.5:80"
+syn_proxy = "on"
+backends = [{ address = "10.0.2.2:8080" }]
+"#;
+
+const KEY: CookieKey = CookieKey {
+    k0: 0x0706_0504_0302_0100,
+    k1: 0x0f0e_0d0c_0b0a_0908,
+};
+const KEY2: CookieKey = CookieKey { k0: 11, k1: 22 };
+
+const CLIENT: &str = "10.0.1.2";
+const VIP: &str = "10.100.0.5";
+const BACKEND: &str = "10.0.2.2";
+const SNAT: &str = "10.0.2.1";
+/// Where the TCP header and its options start in an IPv4 frame without a VLAN tag.
+const TCP: usize = 14 + 20;
+const OPTS: usize = TCP + 20;
+
+/// The cookie clock now (TAI), as the datapath reads it.
+fn tick() -> u32 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill.
+    assert_eq!(unsafe { libc::clock_gettime(libc::CLOCK_TAI, &mut ts) }, 0);
+    ((ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64) >> COOKIE_TICK_SHIFT) as u32
+}
+
+fn words(cport: u16) -> [u64; 5] {
+    cookie_words(
+        mapped(ne(CLIENT)),
+        mapped(ne(VIP)),
+        cport.to_be(),
+        80u16.to_be(),
+    )
+}
+
+fn be32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes(b[at..at + 4].try_into().unwrap())
+}
+
+struct Net {
+    e: TestNet,
+}
+
+impl Net {
+    /// Runs `frame` arriving on `ingress`; checks the verdict and returns the output.
+    fn run(&self, what: &str, frame: &[u8], ingress: u32, verdict: u32) -> Vec<u8> {
+        let r = self
+            .e
+            .ns
+            .enter(|| run_once(self.e.dp.program(), frame, ingress))
+            .unwrap();
+        assert_eq!(r.verdict, verdict, "{what}: verdict");
+        r.output
+    }
+
+    fn counter(&self, index: u32) -> u64 {
+        self.e.dp.stats().unwrap().counters[index as usize]
+    }
+
+    fn expect(&self, what: &str, got: &[u8], want: &Packet) {
+        let want = want.build();
+        assert!(
+            got == want.as_slice(),
+            "{what}: the frame differs\n{}",
+            hex_diff(&want, got)
+        );
+    }
+}
+
+/// Linux's SYN options with timestamp `tsval`: MSS 1460, SACK-permitted, timestamps, NOP,
+/// window scale 7.
+fn syn_options(tsval: u32) -> Vec<u8> {
+    let mut o = vec![2, 4, 5, 180, 4, 2, 8, 10];
+    o.extend(tsval.to_be_bytes());
+    o.extend([0, 0, 0, 0, 1, 3, 3, 7]);
+    o
+}
+
+fn ts_option(tsval: u32, tsecr: u32) -> Vec<u8> {
+    let mut o = vec![1, 1, 8, 10];
+    o.extend(tsval.to_be_bytes());
+    o.extend(tsecr.to_be_bytes());
+    o
+}
+
+#[test]
+fn every_step_of_a_proxied_connection() {
+    require_root();
+    let mut e = TestNet::new("ring_size = 1009", SERVICES).unwrap();
+    e.dp.set_cookie_keys(KEY, None).unwrap();
+    let (vc, vb, vb_mac) = (e.vc, e.vb, e.vb_mac);
+    let snat_port = e.snat_port(CLIENT, 40000, VIP, 80, 6);
+    let n = Net { e };
+    let (client, vip) = (at(CLIENT, 40000), at(VIP, 80));
+    let (backend, snat) = (at(BACKEND, 8080), at(SNAT, snat_port));
+
+    // 1. The SYN: answered with lb's SYN+ACK, back where it came from; nothing else.
+    let syn = Packet::tcp(&client, &vip, TCP_SYN)
+        .seq(1000, 0)
+        .tcp_options(&syn_options(7));
+    let t = tick();
+    let out = n.run("SYN", &syn.build(), vc, XDP_TX);
+    let cookie = be32(&out, TCP + 4);
+    let lb_ts = be32(&out, OPTS + 8);
+    let valid = [t, t + 1]
+        .into_iter()
+        .find_map(|t| check_cookie(&KEY, &words(40000), 1000, cookie, t));
+    assert_eq!(valid, Some(3), "the cookie validates, carrying MSS 1460");
+    assert_eq!(
+        ts_decode(lb_ts),
+        (7, true),
+        "the timestamp carries the options"
+    );
+    let mut synack_opts = vec![2, 4, 5, 180, 4, 2, 8, 10];
+    synack_opts.extend(lb_ts.to_be_bytes());
+    synack_opts.extend([0, 0, 0, 7, 1, 3, 3, 7]);
+    n.expect(
+        "SYN+ACK",
+        &out,
+        &Packet::tcp(&vip, &client, TCP_SYN | TCP_ACK)
+            .macs(LB_MAC, CLIENT_MAC)
+            .ttl(63)
+            .seq(cookie, 1001)
+            .window(0)
+            .tcp_options(&synack_opts),
+    );
+    assert_eq!(n.counter(SYN_PROXY_SYNACK), 1);
+    assert_eq!(n.counter(CT_NEW), 0, "a SYN takes no state");
+
+    // 2. The client's ACK returns the cookie: the flow is created, the backend gets a SYN with
+    // the client's sequence number and options (its window unscaled).
+    let ack = Packet::tcp(&client, &vip, TCP_ACK)
+        .seq(1001, cookie + 1)
+        .window(502)
+        .tcp_options(&ts_option(8, lb_ts));
+    let out = n.run("ACK", &ack.build(), vc, XDP_REDIRECT);
+    n.expect(
+        "SYN to the backend",
+        &out,
+        &Packet::tcp(&snat, &backend, TCP_SYN)
+            .macs(vb_mac, BACKEND_MAC)
+            .ttl(63)
+            .seq(1000, 0)
+            .window(502 << 7)
+            .tcp_options(&[
+                2, 4, 5, 180, 4, 2, 8, 10, 0, 0, 0, 8, 0, 0, 0, 0, 1, 3, 3, 7,
+            ]),
+    );
+    assert_eq!(n.counter(SYN_PROXY_ACK_VALID), 1);
+    assert_eq!(n.counter(CT_NEW), 1);
+
+    // A data segment before the backend answered (a client ignoring the zero window): dropped.
+    let early = Packet::tcp(&client, &vip, TCP_ACK | TCP_PSH)
+        .seq(1001, cookie + 1)
+        .tcp_options(&ts_option(8, lb_ts))
+        .payload(b"early");
+    n.run("data before the backend", &early.build(), vc, XDP_DROP);
+    assert_eq!(n.counter(DROP_SYN_PROXY_PENDING), 1);
+
+    // 3. The backend's SYN+ACK: the client's window update, one byte it already has at lb's
+    // initial sequence number, so it acknowledges at once.
+    let synack = Packet::tcp(&backend, &snat, TCP_SYN | TCP_ACK)
+        .macs(BACKEND_MAC, vb_mac)
+        .seq(5000, 1001)
+        .window(65160)
+        .tcp_options(&[
+            2, 4, 5, 180, 4, 2, 8, 10, 0, 1, 0x5f, 0x90, 0, 0, 0, 8, 1, 3, 3, 9,
+        ]);
+    let out = n.run("backend SYN+ACK", &synack.build(), vb, XDP_REDIRECT);
+    let backend_ts = 0x0001_5f90u32;
+    let ts_off = lb_ts.wrapping_sub(backend_ts);
+    n.expect(
+        "window update",
+        &out,
+        &Packet::tcp(&vip, &client, TCP_ACK)
+            .macs(LB_MAC, CLIENT_MAC)
+            .ttl(63)
+            .seq(cookie, 1001)
+            .window(65160 >> 7)
+            .tcp_options(&ts_option(lb_ts, 8))
+            .payload(&[0]),
+    );
+    assert_eq!(n.counter(SYN_PROXY_OPENED), 1);
+
+    // 4. The client's data: its acknowledgement and TSecr in the backend's numbers.
+    let data = Packet::tcp(&client, &vip, TCP_ACK | TCP_PSH)
+        .seq(1001, cookie + 1)
+        .window(502)
+        .tcp_options(&ts_option(9, lb_ts))
+        .payload(b"GET / HTTP/1.1\r\n\r\n");
+    let out = n.run("client data", &data.build(), vc, XDP_REDIRECT);
+    n.expect(
+        "client data translated",
+        &out,
+        &Packet::tcp(&snat, &backend, TCP_ACK | TCP_PSH)
+            .macs(vb_mac, BACKEND_MAC)
+            .ttl(63)
+            .seq(1001, 5001)
+            .window(502)
+            .tcp_options(&ts_option(9, backend_ts))
+            .payload(b"GET / HTTP/1.1\r\n\r\n"),
+    );
+
+    // 5. The backend's data: its sequence number and TSval in lb's; its window (scale 9) in
+    // lb's scale 7.
+    let reply = Packet::tcp(&backend, &snat, TCP_ACK | TCP_PSH)
+        .macs(BACKEND_MAC, vb_mac)
+        .seq(5001, 1019)
+        .window(100)
+        .tcp_options(&ts_option(backend_ts + 5, 9))
+        .payload(b"HTTP/1.1 200 OK\r\n");
+    let out = n.run("backend data", &reply.build(), vb, XDP_REDIRECT);
+    n.expect(
+        "backend data translated",
+        &out,
+        &Packet::tcp(&vip, &client, TCP_ACK | TCP_PSH)
+            .macs(LB_MAC, CLIENT_MAC)
+            .ttl(63)
+            .seq(cookie + 1, 1019)
+            .window(400)
+            .tcp_options(&ts_option(lb_ts.wrapping_add(5), 9))
+            .payload(b"HTTP/1.1 200 OK\r\n"),
+    );
+
+    // 6. A SACK from the client: its blocks in the backend's numbers.
+    let mut sack = ts_option(10, lb_ts.wrapping_add(5));
+    sack.extend([1, 1, 5, 10]);
+    sack.extend((cookie + 101).to_be_bytes());
+    sack.extend((cookie + 201).to_be_bytes());
+    let out = n.run(
+        "client SACK",
+        &Packet::tcp(&client, &vip, TCP_ACK)
+            .seq(1019, cookie + 18)
+            .window(502)
+            .tcp_options(&sack)
+            .build(),
+        vc,
+        XDP_REDIRECT,
+    );
+    let mut want = ts_option(10, backend_ts + 5);
+    want.extend([1, 1, 5, 10]);
+    want.extend(5101u32.to_be_bytes());
+    want.extend(5201u32.to_be_bytes());
+    n.expect(
+        "SACK translated",
+        &out,
+        &Packet::tcp(&snat, &backend, TCP_ACK)
+            .macs(vb_mac, BACKEND_MAC)
+            .ttl(63)
+            .seq(1019, 5018)
+            .window(502)
+            .tcp_options(&want),
+    );
+    assert!(n.counter(SYN_PROXY_TRANSLATED) >= 3);
+    assert_eq!(ts_off, lb_ts.wrapping_sub(backend_ts));
+}
+
+#[test]
+fn acks_without_a_valid_cookie_are_dropped() {
+    require_root();
+    let mut e = TestNet::new("ring_size = 1009", SERVICES).unwrap();
+    e.dp.set_cookie_keys(KEY2, Some(KEY)).unwrap();
+    let vc = e.vc;
+    let n = Net { e };
+    let vip = at(VIP, 80);
+    let ack = |cport: u16, isn: u32, cookie: u32| {
+        Packet::tcp(&at(CLIENT, cport), &vip, TCP_ACK)
+            .seq(isn + 1, cookie.wrapping_add(1))
+            .build()
+    };
+    let t = tick();
+    // A cookie of the previous key (a rotation since its SYN) still opens the flow.
+    let old_key = make_cookie(&KEY, &words(41000), 500, t, 2);
+    n.run("previous key", &ack(41000, 500, old_key), vc, XDP_REDIRECT);
+    assert_eq!(n.counter(SYN_PROXY_ACK_VALID), 1);
+    // A guess, another SYN's cookie, and one 3 ticks old (about 3.4 minutes): dropped.
+    n.run("a guess", &ack(41001, 500, 0x1234_5678), vc, XDP_DROP);
+    let other_isn = make_cookie(&KEY2, &words(41002), 600, t, 2);
+    n.run("another SYN's", &ack(41002, 500, other_isn), vc, XDP_DROP);
+    let expired = make_cookie(&KEY2, &words(41003), 500, t.wrapping_sub(3), 2);
+    n.run("expired", &ack(41003, 500, expired), vc, XDP_DROP);
+    // A RST without a flow.
+    let rst = Packet::tcp(&at(CLIENT, 41004), &vip, TCP_RST).build();
+    n.run("RST", &rst, vc, XDP_DROP);
+    assert_eq!(n.counter(DROP_SYN_PROXY_INVALID), 4);
+    assert_eq!(n.counter(SYN_PROXY_ACK_VALID), 1);
+    assert_eq!(n.counter(CT_NEW), 1);
+}
