@@ -278,7 +278,7 @@ impl Packet {
     /// TCP options (padded with zeros to a multiple of 4 bytes).
     pub fn tcp_options(mut self, options: &[u8]) -> Self {
         self.tcp_options = options.to_vec();
-        while self.tcp_options.len() % 4 != 0 {
+        while !self.tcp_options.len().is_multiple_of(4) {
             self.tcp_options.push(0);
         }
         self
