@@ -121,6 +121,10 @@ pub mod map_name {
     /// `PerCpuArray` of one entry: the SYN proxy's working copies of a segment's options.
     /// Never pinned.
     pub const PROXY_WORK: &str = "LB_PROXY_WORK";
+    /// `PerCpuArray` of one entry each: the parsed flow the proxy's first stage hands to the
+    /// next. Never pinned.
+    pub const PROXY_FLOW: &str = "LB_PROXY_FLOW";
+    pub const PROXY_FLOW6: &str = "LB_PROXY_FLOW6";
     /// aya-log's `RingBuf` of log records (the trace's records), named by aya-log.
     pub const AYA_LOGS: &str = "AYA_LOGS";
 }
@@ -140,18 +144,23 @@ pub const PROG_SLOTS: u32 = 5;
 pub const PROXY_PROG: u32 = 0;
 pub const PROXY6_PROG: u32 = 1;
 /// The proxy's stages: the first (SYNs answered, backends' segments translated), the opening
-/// of a flow (an ACK whose cookie is checked), the client's segments translated.
+/// of a flow (an ACK whose cookie is checked), the client's segments translated, the SYN sent
+/// to the backend.
 pub const PROXY_ENTRY: u32 = 0;
 pub const PROXY_OPEN: u32 = 2;
 pub const PROXY_TRANSLATE: u32 = 4;
-pub const PROXY_SLOTS: u32 = 6;
+pub const PROXY_SYN: u32 = 6;
+pub const PROXY_SLOTS: u32 = 8;
 /// The SYN proxy's programs, by slot of [`map_name::PROXY_PROGS`].
-/// IPv6's slots stay empty: its stages do not fit BPF's stack yet, and IPv6 services cannot
-/// set `syn_proxy`.
-pub const PROXY_PROGRAMS: [(u32, &str); 3] = [
+pub const PROXY_PROGRAMS: [(u32, &str); 8] = [
     (PROXY_PROG + PROXY_ENTRY, "lb_synproxy"),
+    (PROXY6_PROG + PROXY_ENTRY, "lb_synproxy6"),
     (PROXY_PROG + PROXY_OPEN, "lb_proxy_open"),
+    (PROXY6_PROG + PROXY_OPEN, "lb_proxy_open6"),
     (PROXY_PROG + PROXY_TRANSLATE, "lb_proxy_xlate"),
+    (PROXY6_PROG + PROXY_TRANSLATE, "lb_proxy_xlate6"),
+    (PROXY_PROG + PROXY_SYN, "lb_proxy_syn"),
+    (PROXY6_PROG + PROXY_SYN, "lb_proxy_syn6"),
 ];
 /// Default of `syn_proxy_flows`: the proxied flows each family's translation map holds.
 pub const DEFAULT_PROXY_FLOWS: u32 = 1 << 16;

@@ -486,8 +486,14 @@ pub fn reply<F: Family, const IN_PROXY: bool>(
         held.flags |= seen;
     }
     // A copy: read in place the return path cost IPv4 ~35 ns more (lb-bench; the IPv6 program
-    // has the stack for it).
-    let nat = *held;
+    // has the stack for it). The proxy's program has not: it reads in place.
+    let copy;
+    let nat = if IN_PROXY {
+        &*held
+    } else {
+        copy = *held;
+        &copy
+    };
     if flow.ttl <= 1 {
         return Some((xdp_action::XDP_DROP, counter::DROP_TTL));
     }

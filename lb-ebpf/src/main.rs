@@ -99,19 +99,58 @@ mod prog {
 
     #[xdp]
     pub fn lb_proxy_open(ctx: XdpContext) -> u32 {
-        proxy_stage::<V4>(&ctx, synproxy::handle_open::<V4>)
+        handed_stage::<V4>(&ctx, synproxy::handle_open::<V4>)
     }
 
     #[xdp]
     pub fn lb_proxy_xlate(ctx: XdpContext) -> u32 {
-        proxy_stage::<V4>(&ctx, synproxy::handle_translate::<V4>)
+        handed_stage::<V4>(&ctx, synproxy::handle_translate::<V4>)
     }
 
-    // IPv6 services are not proxied yet: their stages went beyond the stack BPF allows a
-    // program (configuration refuses `syn_proxy` for them).
+    #[xdp]
+    pub fn lb_proxy_syn(ctx: XdpContext) -> u32 {
+        handed_stage::<V4>(&ctx, synproxy::handle_syn::<V4>)
+    }
 
-    /// A stage of the SYN proxy: the packet parsed again (a tail call keeps nothing), `stage`'s
+    /// The same for IPv6 services, tail-called by the balancer's IPv6 half.
+    #[xdp]
+    pub fn lb_synproxy6(ctx: XdpContext) -> u32 {
+        proxy_stage::<V6>(&ctx, synproxy::handle::<V6>)
+    }
+
+    #[xdp]
+    pub fn lb_proxy_open6(ctx: XdpContext) -> u32 {
+        handed_stage::<V6>(&ctx, synproxy::handle_open::<V6>)
+    }
+
+    #[xdp]
+    pub fn lb_proxy_xlate6(ctx: XdpContext) -> u32 {
+        handed_stage::<V6>(&ctx, synproxy::handle_translate::<V6>)
+    }
+
+    #[xdp]
+    pub fn lb_proxy_syn6(ctx: XdpContext) -> u32 {
+        handed_stage::<V6>(&ctx, synproxy::handle_syn::<V6>)
+    }
+
+    /// A later stage of the SYN proxy, on the flow the first stage handed over; `stage`'s
     /// verdict counted.
+    #[inline(always)]
+    fn handed_stage<F: Family>(
+        ctx: &XdpContext,
+        stage: impl FnOnce(&XdpContext, &parse::Flow<F::A>) -> (u32, u32),
+    ) -> u32 {
+        let (action, reason) = match synproxy::handed_over::<F>(ctx) {
+            Some(flow) => stage(ctx, &flow),
+            None => (xdp_action::XDP_DROP, counter::DROP_MALFORMED),
+        };
+        trace::dropped(ctx, (action, reason));
+        stats::count(reason);
+        action
+    }
+
+    /// The SYN proxy's first stage: the packet parsed again (a tail call keeps nothing),
+    /// `stage`'s verdict counted.
     #[inline(always)]
     fn proxy_stage<F: Family>(
         ctx: &XdpContext,

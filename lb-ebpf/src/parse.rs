@@ -35,7 +35,7 @@ const EXT_DEST_OPTS: u8 = 60;
 pub const MAX_EXT_HEADERS: usize = 4;
 /// Where the transport header of an IPv6 packet can be at most: past a VLAN tag, the IPv6
 /// header and 4 extension headers of the largest size (2048 bytes each).
-const MAX_L4_OFF: usize = 18 + 40 + MAX_EXT_HEADERS * 2048;
+pub const MAX_L4_OFF: usize = 18 + 40 + MAX_EXT_HEADERS * 2048;
 
 /// `value` written to this CPU's slot of a map and read back: the same number, of which the
 /// verifier knows nothing (it does not track map contents), so ways through the code that

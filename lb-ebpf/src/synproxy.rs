@@ -22,14 +22,16 @@ use core::ffi::c_void;
 use aya_ebpf::{
     bindings::xdp_action,
     helpers::{bpf_ktime_get_tai_ns, bpf_loop, bpf_xdp_adjust_tail},
+    macros::map,
+    maps::PerCpuArray,
     programs::XdpContext,
 };
 use lb_common::{
-    COOKIE_MSS, COOKIE_TICK_SHIFT, CookieKey, CtEntry, FlowAddr, FlowKeyOf, MAX_OPTS, NO_WSCALE,
-    PROTO_TCP, PROXY_OPEN, PROXY_TRANSLATE, PROXY_WSCALE, ProxyFlow, SynOpts, TcpOpts, WalkMode,
-    Walker, addr_flags, backend_flags, check_cookie, cookie_words, counter, ct_flags, ct_state,
-    make_cookie, mss_index, nat_flags, proxy_opts, proxy_state, rescale, service_flags, ts_decode,
-    ts_encode,
+    BackendInfoOf, COOKIE_MSS, COOKIE_TICK_SHIFT, CookieKey, CtEntry, FlowAddr, FlowKeyOf,
+    MAX_OPTS, NO_WSCALE, NextHop, PROTO_TCP, PROXY_OPEN, PROXY_SYN, PROXY_TRANSLATE, PROXY_WSCALE,
+    ProxyFlow, SynOpts, TcpOpts, WalkMode, Walker, addr_flags, backend_flags, check_cookie,
+    cookie_words, counter, ct_flags, ct_state, make_cookie, mss_index, nat_flags, proxy_opts,
+    proxy_state, rescale, service_flags, ts_decode, ts_encode,
 };
 use network_types::eth::EthHdr;
 
@@ -38,13 +40,12 @@ use crate::{
     csum::{diff32, fold, update},
     family::{Family, lookup_addr},
     fib, flow,
-    maps::{COOKIE_KEYS, PROXY_WORK, ProxyWork, params},
-    nat::Rewrite,
-    parse::{Flow, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
+    maps::{COOKIE_KEYS, NEXTHOPS, PROXY_WORK, ProxyWork, params},
+    parse::{Flow, MAX_L4_OFF, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     ptr::{opaque, ptr_at_mut_checked, read_at_checked},
     stats,
     table::{ct_find, ct_live, ct_store},
-    verdict::Verdict,
+    verdict::{Verdict, send_out},
 };
 
 /// The fixed TCP header, as bytes: ports 0, sequence 4, acknowledgement 8, data offset 12,
@@ -97,13 +98,77 @@ pub fn handle<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> Verdict {
         // SAFETY: a map value of plain integers.
         let e = unsafe { &(*slot).entry };
         if e.flags & ct_flags::PROXIED != 0 && ct_live(e, now, p) {
-            return stage::<F>(ctx, PROXY_TRANSLATE);
+            return stash_and::<F>(ctx, flow, PROXY_TRANSLATE);
         }
     }
     if flow.tcp_flags & (TCP_SYN | TCP_RST | TCP_ACK) != TCP_ACK {
         return (DROP, counter::DROP_SYN_PROXY_INVALID);
     }
-    stage::<F>(ctx, PROXY_OPEN)
+    stash_and::<F>(ctx, flow, PROXY_OPEN)
+}
+
+// The parsed flow handed from the first stage to the next (a tail call keeps nothing): the
+// next reads it instead of parsing the frame again, whose stack it could not spare (IPv6).
+#[map(name = "LB_PROXY_FLOW")] // lb_common::map_name::PROXY_FLOW
+static PROXY_FLOW: PerCpuArray<Flow<u32>> = PerCpuArray::with_max_entries(1, 0);
+#[map(name = "LB_PROXY_FLOW6")] // lb_common::map_name::PROXY_FLOW6
+static PROXY_FLOW6: PerCpuArray<Flow<lb_common::Addr6>> = PerCpuArray::with_max_entries(1, 0);
+
+/// This CPU's handed-over flow of family `F` (a map per family; picked by the address size).
+#[inline(always)]
+fn stash<F: Family>() -> Option<*mut Flow<F::A>> {
+    if core::mem::size_of::<F::A>() == core::mem::size_of::<u32>() {
+        PROXY_FLOW.get_ptr_mut(0).map(|p| p.cast())
+    } else {
+        PROXY_FLOW6.get_ptr_mut(0).map(|p| p.cast())
+    }
+}
+
+/// Hands `flow` over to stage `next`.
+#[inline(always)]
+fn stash_and<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>, next: u32) -> Verdict {
+    let Some(p) = stash::<F>() else {
+        return (DROP, counter::DROP_MALFORMED);
+    };
+    // SAFETY: this CPU's slot, read by the next stage on this CPU, for this packet.
+    unsafe {
+        (*p).saddr = flow.saddr;
+        (*p).daddr = flow.daddr;
+        (*p).sport = flow.sport;
+        (*p).dport = flow.dport;
+        (*p).proto = flow.proto;
+        (*p).tcp_flags = flow.tcp_flags;
+        (*p).ttl = flow.ttl;
+        (*p).l3_off = flow.l3_off;
+        (*p).l4_off = flow.l4_off;
+        (*p).payload_len = flow.payload_len;
+    }
+    stage::<F>(ctx, next)
+}
+
+/// The flow the first stage handed over, its offsets bounded again for the verifier (a map
+/// value is any number to it); `None` if out of bounds (not reached).
+#[inline(always)]
+pub fn handed_over<F: Family>(ctx: &XdpContext) -> Option<Flow<F::A>> {
+    // SAFETY: this CPU's slot, written by the first stage for this packet.
+    let f = unsafe { &*stash::<F>()? };
+    let len = ctx.data_end() - ctx.data();
+    let (l3_off, l4_off) = (f.l3_off, f.l4_off);
+    if l3_off > 18 || l4_off > MAX_L4_OFF || l4_off >= len {
+        return None;
+    }
+    Some(Flow {
+        saddr: f.saddr,
+        daddr: f.daddr,
+        sport: f.sport,
+        dport: f.dport,
+        proto: f.proto,
+        tcp_flags: f.tcp_flags,
+        ttl: f.ttl,
+        l3_off,
+        l4_off,
+        payload_len: f.payload_len,
+    })
 }
 
 /// The opening stage: an ACK without a flow, whose cookie is checked.
@@ -117,6 +182,26 @@ pub fn handle_open<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> Verdict {
         return (DROP, counter::DROP_MALFORMED);
     };
     create::<F>(ctx, flow, k.hash(), clock::now(), &h)
+}
+
+/// The last stage: the client's segment becomes its backend's SYN (the flow's entries were
+/// made by the opening stage, or by a pending flow's client's probe in the translating one).
+#[inline(always)]
+pub fn handle_syn<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> Verdict {
+    let p = params();
+    let k = FlowKeyOf::new(flow.saddr, flow.daddr, flow.sport, flow.dport, flow.proto);
+    let (Some(slot), Some(pf)) = (ct_find::<F>(&k, k.hash(), p), F::proxies().get_ptr(&k)) else {
+        return (DROP, counter::DROP_SYN_PROXY_INVALID);
+    };
+    // SAFETY: map values of plain integers.
+    let (e, pf) = unsafe { (&(*slot).entry, &*pf) };
+    let Some(h) = read_at_checked::<Hdr>(ctx.data(), ctx.data_end(), flow.l4_off) else {
+        return (DROP, counter::DROP_MALFORMED);
+    };
+    match syn_target::<F>(ctx, e.backend_id, e.snat_port, clock::now()) {
+        Ok(t) => unpack(send_syn::<F>(ctx, flow, Some(pf), &t, &h)),
+        Err(reason) => (DROP, reason),
+    }
 }
 
 /// The translating stage: a client's segment of a live proxied flow.
@@ -567,28 +652,55 @@ fn create<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>, hash: u64, now: u64, h
     stats::count(counter::CT_NEW);
     stats::count(counter::SYN_PROXY_ACK_VALID);
     stats::count_traffic(svc.id, backend_id, ctx.data_end() - ctx.data(), true);
-    syn_to_backend::<F>(ctx, flow, &w.flow, (backend_id, snat_port), h, &mut w.new)
+    stage::<F>(ctx, PROXY_SYN)
+}
+
+/// Where the backend's SYN goes: its backend, the route there, the flow's SNAT port.
+struct SynTarget<'a, A> {
+    backend: &'a BackendInfoOf<A>,
+    /// This CPU's cached next hop (a reference: a copy is stack the opening stage has not).
+    nh: &'a NextHop,
+    snat_port: u16,
+}
+
+/// The backend `backend_id`'s SYN target from SNAT port `snat_port` (its route looked up here,
+/// in the caller's frame: the SYN's writing, a function of its own, then calls nothing that
+/// needs stack).
+#[inline(always)]
+fn syn_target<F: Family>(
+    ctx: &XdpContext,
+    backend_id: u32,
+    snat_port: u16,
+    now: u64,
+) -> Result<SynTarget<'static, F::A>, u32> {
+    let backend = F::backends()
+        .get(backend_id)
+        .ok_or(counter::DROP_NO_BACKEND)?;
+    fib::to_backend::<F>(ctx, backend_id, backend, PROTO_TCP, now)?;
+    // The entry the lookup above left fresh.
+    let nh = NEXTHOPS.get(backend_id).ok_or(counter::DROP_NO_ROUTE)?;
+    Ok(SynTarget {
+        backend,
+        nh,
+        snat_port,
+    })
 }
 
 /// Rewrites the client's segment (`h`) into the SYN lb sends the backend for the proxied flow
-/// `pf`, and sends it.
-#[inline(always)]
-fn syn_to_backend<F: Family>(
+/// `pf` (`None`: the one built in this CPU's `work().flow`), and sends it to `t`.
+#[inline(never)]
+fn send_syn<F: Family>(
     ctx: &XdpContext,
     flow: &Flow<F::A>,
-    pf: &ProxyFlow,
-    (backend_id, snat_port): (u32, u16),
+    pf: Option<&ProxyFlow>,
+    t: &SynTarget<'_, F::A>,
     h: &Hdr,
-    opts: &mut TcpOpts,
-) -> Verdict {
-    let now = clock::now();
-    let Some(backend) = F::backends().get(backend_id) else {
-        return (DROP, counter::DROP_NO_BACKEND);
+) -> u64 {
+    let (ctx, flow, t, h) = (opaque(ctx), opaque(flow), opaque(t), opaque(h));
+    let Some(w) = work() else {
+        return pack((DROP, counter::DROP_MALFORMED));
     };
-    let nh = match fib::to_backend::<F>(ctx, backend_id, backend, PROTO_TCP, now) {
-        Ok(nh) => nh,
-        Err(reason) => return (DROP, reason),
-    };
+    let (opts, pf) = (&mut w.new, pf.map(opaque).unwrap_or(&w.flow));
     // The client's window, unscaled as a SYN's is.
     let window = u16::from_be_bytes([h[14], h[15]]);
     let window = if pf.client_wscale != NO_WSCALE {
@@ -610,28 +722,42 @@ fn syn_to_backend<F: Family>(
         window,
         payload: 0,
     };
-    if emit::<F>(
-        ctx,
-        flow,
-        (&flow.saddr, &flow.daddr),
-        (flow.sport, flow.dport),
-        &out,
-        opts,
-    )
-    .is_none()
-    {
-        return (DROP, counter::DROP_MALFORMED);
+    // Addressed to the backend first, so the segment's checksum is computed once, with its
+    // final addresses (no incremental rewrite after it: stack this function cannot spare).
+    let b = t.backend;
+    let sent = to_backend_addrs::<F>(ctx, flow, b, t.nh).and_then(|()| {
+        emit::<F>(
+            ctx,
+            flow,
+            (&b.snat_addr, &b.addr),
+            (t.snat_port, b.port),
+            &out,
+            opts,
+        )
+    });
+    match sent {
+        Some(()) => pack(send_out(ctx, t.nh.ifindex)),
+        None => pack((DROP, counter::DROP_MALFORMED)),
     }
-    let rw = Rewrite {
-        src: &backend.snat_addr,
-        dst: &backend.addr,
-        addr_csum: None,
-        sport: snat_port,
-        dport: backend.port,
-        smac: &nh.smac,
-        dmac: &nh.dmac,
-    };
-    flow::transmit::<F>(ctx, flow, &rw, nh.ifindex)
+}
+
+/// The frame's MACs and IP addresses to backend `b` through `nh` (TTL lowered).
+#[inline(always)]
+fn to_backend_addrs<F: Family>(
+    ctx: &XdpContext,
+    flow: &Flow<F::A>,
+    b: &BackendInfoOf<F::A>,
+    nh: &NextHop,
+) -> Option<()> {
+    let (data, data_end) = (ctx.data(), ctx.data_end());
+    let eth = ptr_at_mut_checked::<EthHdr>(data, data_end, 0)?;
+    // SAFETY: bounds-checked byte arrays.
+    unsafe {
+        (*eth).src_addr = nh.smac;
+        (*eth).dst_addr = nh.dmac;
+    }
+    let addrs = F::addr_diff(&flow.saddr, &b.snat_addr) + F::addr_diff(&flow.daddr, &b.addr);
+    F::rewrite_ip(data, data_end, flow.l3_off, (&b.snat_addr, &b.addr), addrs)
 }
 
 /// A client's segment of a live proxied flow (its options in this CPU's `work().old`).
@@ -714,7 +840,7 @@ fn pending<F: Family>(
         return (DROP, counter::DROP_SYN_PROXY_PENDING);
     }
     stats::count(counter::SYN_PROXY_SYN_AGAIN);
-    syn_to_backend::<F>(ctx, flow, pf, (e.backend_id, e.snat_port), h, &mut w.new)
+    stage::<F>(ctx, PROXY_SYN)
 }
 
 /// Backend → SNAT address: [`NONE`] when no proxied flow's.
@@ -815,20 +941,9 @@ fn backend_segment<F: Family>(
         {
             return (DROP, counter::DROP_MALFORMED);
         }
-        // The reply's bookkeeping sees the backend's SYN+ACK, as it was.
-        let seen = Flow {
-            saddr: flow.saddr,
-            daddr: flow.daddr,
-            sport: flow.sport,
-            dport: flow.dport,
-            proto: flow.proto,
-            tcp_flags: flags,
-            ttl: flow.ttl,
-            l3_off: flow.l3_off,
-            l4_off: flow.l4_off,
-            payload_len: 0,
-        };
-        return flow::reply::<F, true>(ctx, &seen).unwrap_or(invalid);
+        // The reply's bookkeeping sees the backend's SYN+ACK as it was parsed (`flow`); its
+        // addressing is what the window update has too.
+        return flow::reply::<F, true>(ctx, flow).unwrap_or(invalid);
     }
     let mut new_h = *h;
     if pf.state != proxy_state::OPEN {

@@ -17,7 +17,8 @@ use lb_tests::{
     daemon::Daemon,
     flood::{Flood, FloodSpec},
     require_root, servers,
-    topology::{Arms, HTTP_PORT, Sandbox, VIP},
+    topology::{Arms, HTTP_PORT, Sandbox, VIP, VIP6},
+    traffic::echo_transfer,
 };
 
 fn config(sb: &Sandbox, extra_lb: &str) -> String {
@@ -81,6 +82,39 @@ fn connections_through_a_proxied_vip_work_both_ways() {
     assert!(c("syn_proxy_opened") >= 11);
     // 2 MiB each way, in segments of 64 KiB at most (offloads off on the veths: far more).
     assert!(c("syn_proxy_translated") > 64);
+    assert_eq!(c("syn_proxy_failed"), 0);
+    assert_eq!(c("drop_syn_proxy_options"), 0);
+}
+
+#[test]
+fn ipv6_connections_through_a_proxied_vip() {
+    require_root();
+    let sb = Sandbox::build(Arms::Two, 2, 8080).unwrap();
+    let config = format!(
+        "[lb]\ninterfaces = [{}]\nxdp_mode = \"native\"\n\n\
+         [[service]]\nname = \"echo6\"\nvip = \"[{VIP6}]:7\"\nsyn_proxy = \"on\"\nbackends = [{}]\n\
+         [service.check]\nkind = \"none\"\n",
+        sb.interfaces_toml(),
+        sb.backends_toml(true, &[]),
+    );
+    let daemon = Daemon::start(&sb.lb, &config).unwrap();
+    // Streams compared by digest, each on its own proxied connection.
+    for i in 0..4u8 {
+        let (conn, _) = servers::connect(&sb.client.ns, SocketAddr::from((VIP6, 7))).unwrap();
+        echo_transfer(conn, 4 << 20, i);
+    }
+    let s = daemon.status().unwrap();
+    let c = |name: &str| s.counter(name).unwrap_or(0);
+    eprintln!(
+        "IPv6: synack {} ack_valid {} opened {} translated {} failed {}",
+        c("syn_proxy_synack"),
+        c("syn_proxy_ack_valid"),
+        c("syn_proxy_opened"),
+        c("syn_proxy_translated"),
+        c("syn_proxy_failed"),
+    );
+    assert!(c("syn_proxy_opened") >= 4);
+    assert!(c("syn_proxy_translated") > 256);
     assert_eq!(c("syn_proxy_failed"), 0);
     assert_eq!(c("drop_syn_proxy_options"), 0);
 }

@@ -4,9 +4,11 @@
 //! must be: a cookie that validates under the key for this SYN, a timestamp that carries the
 //! client's window scale and SACK-permitted.
 
+use std::net::IpAddr;
+
 use lb_common::{
-    COOKIE_TICK_SHIFT, CookieKey, check_cookie, cookie_words, counter::*, make_cookie, mapped,
-    ts_decode,
+    COOKIE_TICK_SHIFT, CookieKey, addr6, check_cookie, cookie_words, counter::*, make_cookie,
+    mapped, ts_decode,
 };
 use lb_tests::{
     fixture::{XDP_DROP, XDP_REDIRECT, XDP_TX, hex_diff, run_once},
@@ -21,6 +23,12 @@ name = "proxied"
 vip = "10.100.0.5:80"
 syn_proxy = "on"
 backends = [{ address = "10.0.2.2:8080" }]
+
+[[service]]
+name = "proxied6"
+vip = "[2001:db8:100::5]:80"
+syn_proxy = "on"
+backends = [{ address = "[2001:db8:2::2]:8080" }]
 "#;
 
 const KEY: CookieKey = CookieKey {
@@ -29,13 +37,35 @@ const KEY: CookieKey = CookieKey {
 };
 const KEY2: CookieKey = CookieKey { k0: 11, k1: 22 };
 
-const CLIENT: &str = "10.0.1.2";
-const VIP: &str = "10.100.0.5";
-const BACKEND: &str = "10.0.2.2";
-const SNAT: &str = "10.0.2.1";
-/// Where the TCP header and its options start in an IPv4 frame without a VLAN tag.
-const TCP: usize = 14 + 20;
-const OPTS: usize = TCP + 20;
+/// A family's addresses in the test network, where its TCP header starts, and the MSS lb
+/// announces over it.
+struct Fam {
+    client: &'static str,
+    vip: &'static str,
+    backend: &'static str,
+    snat: &'static str,
+    tcp: usize,
+    mss: u16,
+}
+
+const V4: Fam = Fam {
+    client: "10.0.1.2",
+    vip: "10.100.0.5",
+    backend: "10.0.2.2",
+    snat: "10.0.2.1",
+    tcp: 14 + 20,
+    mss: 1460,
+};
+const V6: Fam = Fam {
+    client: "2001:db8:1::2",
+    vip: "2001:db8:100::5",
+    backend: "2001:db8:2::2",
+    snat: "2001:db8:2::1",
+    tcp: 14 + 40,
+    mss: 1440,
+};
+const CLIENT: &str = V4.client;
+const VIP: &str = V4.vip;
 
 /// The cookie clock now (TAI), as the datapath reads it.
 fn tick() -> u32 {
@@ -48,13 +78,25 @@ fn tick() -> u32 {
     ((ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64) >> COOKIE_TICK_SHIFT) as u32
 }
 
-fn words(cport: u16) -> [u64; 5] {
+/// An address as the datapath holds it in a cookie's words (IPv4 mapped).
+fn words_addr(ip: &str) -> [u32; 4] {
+    match ip.parse::<IpAddr>().unwrap() {
+        IpAddr::V4(_) => mapped(ne(ip)),
+        IpAddr::V6(a) => addr6(a.octets()),
+    }
+}
+
+fn cookie_flow(f: &Fam, cport: u16) -> [u64; 5] {
     cookie_words(
-        mapped(ne(CLIENT)),
-        mapped(ne(VIP)),
+        words_addr(f.client),
+        words_addr(f.vip),
         cport.to_be(),
         80u16.to_be(),
     )
+}
+
+fn words(cport: u16) -> [u64; 5] {
+    cookie_flow(&V4, cport)
 }
 
 fn be32(b: &[u8], at: usize) -> u32 {
@@ -108,15 +150,25 @@ fn ts_option(tsval: u32, tsecr: u32) -> Vec<u8> {
 }
 
 #[test]
-fn every_step_of_a_proxied_connection() {
+fn every_step_of_a_proxied_ipv4_connection() {
+    every_step(&V4);
+}
+
+#[test]
+fn every_step_of_a_proxied_ipv6_connection() {
+    every_step(&V6);
+}
+
+fn every_step(f: &Fam) {
     require_root();
     let mut e = TestNet::new("ring_size = 1009", SERVICES).unwrap();
     e.dp.set_cookie_keys(KEY, None).unwrap();
     let (vc, vb, vb_mac) = (e.vc, e.vb, e.vb_mac);
-    let snat_port = e.snat_port(CLIENT, 40000, VIP, 80, 6);
+    let snat_port = e.snat_port(f.client, 40000, f.vip, 80, 6);
     let n = Net { e };
-    let (client, vip) = (at(CLIENT, 40000), at(VIP, 80));
-    let (backend, snat) = (at(BACKEND, 8080), at(SNAT, snat_port));
+    let (client, vip) = (at(f.client, 40000), at(f.vip, 80));
+    let (backend, snat) = (at(f.backend, 8080), at(f.snat, snat_port));
+    let (tcp, opts) = (f.tcp, f.tcp + 20);
 
     // 1. The SYN: answered with lb's SYN+ACK, back where it came from; nothing else.
     let syn = Packet::tcp(&client, &vip, TCP_SYN)
@@ -124,18 +176,20 @@ fn every_step_of_a_proxied_connection() {
         .tcp_options(&syn_options(7));
     let t = tick();
     let out = n.run("SYN", &syn.build(), vc, XDP_TX);
-    let cookie = be32(&out, TCP + 4);
-    let lb_ts = be32(&out, OPTS + 8);
+    let cookie = be32(&out, tcp + 4);
+    let lb_ts = be32(&out, opts + 8);
     let valid = [t, t + 1]
         .into_iter()
-        .find_map(|t| check_cookie(&KEY, &words(40000), 1000, cookie, t));
+        .find_map(|t| check_cookie(&KEY, &cookie_flow(f, 40000), 1000, cookie, t));
     assert_eq!(valid, Some(3), "the cookie validates, carrying MSS 1460");
     assert_eq!(
         ts_decode(lb_ts),
         (7, true),
         "the timestamp carries the options"
     );
-    let mut synack_opts = vec![2, 4, 5, 180, 4, 2, 8, 10];
+    let mut synack_opts = vec![2, 4];
+    synack_opts.extend(f.mss.to_be_bytes());
+    synack_opts.extend([4, 2, 8, 10]);
     synack_opts.extend(lb_ts.to_be_bytes());
     synack_opts.extend([0, 0, 0, 7, 1, 3, 3, 7]);
     n.expect(

@@ -539,11 +539,6 @@ fn read_service(f: &Fields, announce_on: bool) -> Option<Service> {
     if syn_proxy == Some(SynProxy::On) {
         if protocol == Some(Protocol::Udp) {
             f.problem("syn_proxy", "the SYN proxy is for TCP services");
-        } else if vip.is_some_and(|v| v.is_ipv6()) {
-            f.problem(
-                "syn_proxy",
-                "the SYN proxy is for IPv4 services (IPv6 is not built yet)",
-            );
         } else if forwarding.is_some_and(|fw| fw != Forwarding::Nat) {
             f.problem(
                 "syn_proxy",
@@ -943,7 +938,7 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
     }
 
     #[test]
-    fn the_syn_proxy_is_for_ipv4_tcp_full_nat_services() {
+    fn the_syn_proxy_is_for_tcp_full_nat_services() {
         let on = GOOD.replace(
             "protocol = \"tcp\"\n",
             "protocol = \"tcp\"\nsyn_proxy = \"on\"\n",
@@ -974,10 +969,7 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
             .replace("10.100.0.1:80", "[2001:db8::1]:80")
             .replace("10.0.2.2:8080", "[2001:db8:2::2]:8080")
             .replace("10.0.3.2:8080", "[2001:db8:3::2]:8080");
-        assert_eq!(
-            problems(&v6),
-            ["service[0].syn_proxy: the SYN proxy is for IPv4 services (IPv6 is not built yet)"]
-        );
+        assert_eq!(parse(&v6).unwrap().services[0].syn_proxy, SynProxy::On);
     }
 
     const QUIC: &str = r#"

@@ -52,7 +52,7 @@ pub const MAPS: [&str; 22] = [
 ];
 
 /// Maps that hold nothing from one packet to the next: never pinned.
-pub const SCRATCH: [&str; 8] = [
+pub const SCRATCH: [&str; 10] = [
     map_name::SNAT_SEARCH,
     map_name::SNAT_SEARCH6,
     map_name::ICMP6_WORK,
@@ -61,6 +61,8 @@ pub const SCRATCH: [&str; 8] = [
     map_name::SERVICE_HINT,
     map_name::QUIC_KEY,
     map_name::PROXY_WORK,
+    map_name::PROXY_FLOW,
+    map_name::PROXY_FLOW6,
 ];
 
 /// Maps the daemon fills anew at every start (the health probes through the tunnel, which it
