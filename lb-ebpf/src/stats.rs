@@ -26,6 +26,29 @@ pub fn count_traffic(service: u32, backend: u32, bytes: usize, new_flow: bool) {
     }
 }
 
+/// A SYN the SYN proxy answered for `service`: a new connection of it (its `new_flows`),
+/// which `syn_proxy = "auto"` measures; the flow, if the client completes the handshake, is
+/// not counted again.
+#[inline(always)]
+pub fn count_attempt(service: u32) {
+    if let Some(s) = SERVICE_STATS.get_ptr_mut(service) {
+        // SAFETY: a per-CPU map value, only this CPU writes it while the program runs.
+        unsafe { (*s).new_flows += 1 };
+    }
+}
+
+/// The first packet of a new flow of `service` to `backend` whose service counted it as a
+/// connection already ([`count_attempt`]).
+#[inline(always)]
+pub fn count_opened(service: u32, backend: u32, bytes: usize) {
+    if let Some(s) = SERVICE_STATS.get_ptr_mut(service) {
+        add(s, bytes, false);
+    }
+    if let Some(b) = BACKEND_STATS.get_ptr_mut(backend) {
+        add(b, bytes, true);
+    }
+}
+
 #[inline(always)]
 fn add(t: *mut TrafficStats, bytes: usize, new_flow: bool) {
     // SAFETY: a per-CPU map value, only this CPU writes it while the program runs.

@@ -494,6 +494,10 @@ fn key(slot: u32) -> Option<&'static CookieKey> {
 #[inline(never)]
 fn answer_syn<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>, now: u64) -> u64 {
     let (ctx, flow) = (opaque(ctx), opaque(flow));
+    // A new connection of the service (what `syn_proxy = "auto"` measures).
+    if let Some(svc) = flow::service::<F>(flow) {
+        stats::count_attempt(svc.id);
+    }
     let Some(w) = work() else {
         return pack((DROP, counter::DROP_MALFORMED));
     };
@@ -651,7 +655,7 @@ fn create<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>, hash: u64, now: u64, h
     ct_store::<F>(&k, hash, &entry, now, p);
     stats::count(counter::CT_NEW);
     stats::count(counter::SYN_PROXY_ACK_VALID);
-    stats::count_traffic(svc.id, backend_id, ctx.data_end() - ctx.data(), true);
+    stats::count_opened(svc.id, backend_id, ctx.data_end() - ctx.data());
     stage::<F>(ctx, PROXY_SYN)
 }
 

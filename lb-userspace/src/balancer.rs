@@ -186,7 +186,8 @@ struct ServiceState {
     key: AnyServiceKey,
     info: ServiceInfo,
     keep_flows: bool,
-    /// Its new connections go through the SYN proxy (`syn_proxy = "on"`).
+    /// Its new connections go through the SYN proxy now (`syn_proxy = "on"`, or `"auto"`
+    /// engaged).
     syn_proxy: bool,
     on_all_unhealthy: AllUnhealthy,
     forwarding: Forwarding,
@@ -231,6 +232,16 @@ impl ServiceState {
             && self.syn_proxy == old.syn_proxy
             && !self.dirty
             && self.ring_inputs() == old.ring_inputs()
+    }
+}
+
+/// Whether a service with `setting` is proxied now: an automatic proxy keeps what it was across
+/// a reload (`old`: the service before it).
+fn syn_proxy_now(setting: SynProxy, old: Option<&ServiceState>) -> bool {
+    match setting {
+        SynProxy::Off => false,
+        SynProxy::On => true,
+        SynProxy::Auto => old.is_some_and(|o| o.syn_proxy),
     }
 }
 
@@ -524,7 +535,7 @@ impl Balancer {
             settings_changed.push(old_service.map(|o| {
                 o.key != key
                     || o.keep_flows != (s.existing_flows == ExistingFlows::Keep)
-                    || o.syn_proxy != (s.syn_proxy == SynProxy::On)
+                    || o.syn_proxy != syn_proxy_now(s.syn_proxy, Some(*o))
                     || o.on_all_unhealthy != s.on_all_unhealthy
                     || o.forwarding != s.forwarding
             }));
@@ -536,7 +547,7 @@ impl Balancer {
                     flags,
                 },
                 keep_flows: s.existing_flows == ExistingFlows::Keep,
-                syn_proxy: s.syn_proxy == SynProxy::On,
+                syn_proxy: syn_proxy_now(s.syn_proxy, old_service.copied()),
                 on_all_unhealthy: s.on_all_unhealthy,
                 forwarding: s.forwarding,
                 answer_ping: s.answer_ping,
@@ -807,6 +818,29 @@ impl Balancer {
         self.update(service, backend, writer, |b| {
             std::mem::replace(&mut b.ejected, ejected) != ejected
         })
+    }
+
+    /// Whether service `sid`'s new connections go through the SYN proxy now.
+    pub fn syn_proxy(&self, sid: usize) -> bool {
+        self.services.get(sid).is_some_and(|s| s.syn_proxy)
+    }
+
+    /// Engages or releases service `sid`'s SYN proxy (`syn_proxy = "auto"`): writes its flags.
+    /// Returns whether it changed.
+    pub fn set_syn_proxy(
+        &mut self,
+        sid: usize,
+        on: bool,
+        writer: &mut dyn MapWriter,
+    ) -> anyhow::Result<bool> {
+        self.epoch += 1;
+        let s = self.services.get_mut(sid).context("no such service")?;
+        if std::mem::replace(&mut s.syn_proxy, on) == on {
+            return Ok(false);
+        }
+        s.dirty = true;
+        self.sync_ring(sid, writer)?;
+        Ok(true)
     }
 
     /// (service, backend) positions of a backend id.

@@ -26,6 +26,7 @@ pub mod quic_table;
 pub mod resources;
 pub mod rtnl;
 pub mod source;
+pub mod synproxy_auto;
 pub mod trace;
 pub mod tunnels;
 

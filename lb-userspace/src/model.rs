@@ -232,6 +232,16 @@ pub struct ServiceStatus {
     /// return).
     #[serde(default = "nat")]
     pub forwarding: String,
+    /// Its `syn_proxy` setting: "off", "on" or "auto".
+    #[serde(default = "off")]
+    pub syn_proxy: String,
+    /// Whether the SYN proxy answers its new connections now (always with "on"; with "auto"
+    /// while engaged).
+    #[serde(default)]
+    pub syn_proxy_engaged: bool,
+    /// With "auto": its new connections a second as last measured (once a second).
+    #[serde(default)]
+    pub syn_proxy_rate: Option<f64>,
     /// The failures lb's passive checks can see in this service's traffic ("refused",
     /// "connect_timeout", "unreachable", "no_data"): fewer with direct server return, whose
     /// replies bypass lb. Empty while the service's passive checks are off.
@@ -343,6 +353,10 @@ pub struct DiscoveryStatus {
 
 fn nat() -> String {
     "nat".to_owned()
+}
+
+fn off() -> String {
+    "off".to_owned()
 }
 
 /// A service's state (seed 004), from its backends.

@@ -243,3 +243,106 @@ fn wait_until(mut done: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// `syn_proxy = "auto"`: a flood of SYNs from spoofed sources engages the proxy within seconds
+/// (an event, the status), the client's requests are served throughout, and once the flood
+/// has ended for `syn_proxy_release_after` the proxy releases (another event).
+#[test]
+fn an_automatic_proxy_engages_under_a_flood_and_releases_after_it() {
+    require_root();
+    let sb = Sandbox::build(Arms::Two, 2, 8080).unwrap();
+    let config = config(
+        &sb,
+        "conntrack = { size = 16384 }\nsyn_proxy_engage_rate = 5000\n\
+         syn_proxy_release_rate = 1000\nsyn_proxy_release_after = \"2s\"\n",
+    )
+    .replace("syn_proxy = \"on\"", "syn_proxy = \"auto\"");
+    let daemon = Daemon::start(&sb.lb, &config).unwrap();
+    let client = &sb.client;
+    let request = || http_get(&client.ns, &format!("http://{VIP}/"));
+    wait_until(|| request().is_ok());
+    let engaged = |d: &Daemon| {
+        d.status().is_ok_and(|s| {
+            s.services
+                .iter()
+                .any(|s| s.name == "web" && s.syn_proxy == "auto" && s.syn_proxy_engaged)
+        })
+    };
+    assert!(!engaged(&daemon), "standing by before the flood");
+    let before = daemon.status().unwrap();
+    let flood = Flood::start(
+        &client.ns,
+        FloodSpec {
+            ifname: client.ifname.clone(),
+            smac: client.ns.mac(&client.ifname).unwrap(),
+            dmac: sb.lb.mac(&sb.lb_ports[0].ifname).unwrap(),
+            prefix: [10, 99],
+            to: (VIP, 80),
+            flows: 60_000,
+            max_frames: 2_000_000,
+            max_time: Duration::from_secs(8),
+            rate: Some(50_000),
+        },
+    )
+    .unwrap();
+    let started = Instant::now();
+    wait_until(|| engaged(&daemon));
+    let engaged_after = started.elapsed();
+    let (mut ok, mut failed) = (0u64, 0u64);
+    while flood.running() {
+        match request() {
+            Ok(()) => ok += 1,
+            Err(e) => {
+                eprintln!("request failed: {e}");
+                failed += 1;
+            }
+        }
+    }
+    let sent = flood.finish();
+    let ended = Instant::now();
+    let during = daemon.status().unwrap();
+    let moved = |name: &str| during.counter(name).unwrap_or(0) - before.counter(name).unwrap_or(0);
+    eprintln!(
+        "auto: flood of {sent} SYNs: {ok} of {} requests succeeded; syn_proxy_synack {}, ct_new {}",
+        ok + failed,
+        moved("syn_proxy_synack"),
+        moved("ct_new"),
+    );
+    assert!(
+        ok * 100 >= (ok + failed) * 95,
+        "{ok} of {} requests during the flood succeeded",
+        ok + failed
+    );
+    // Most of the flood met the proxy (it engaged in its first seconds).
+    assert!(
+        moved("syn_proxy_synack") * 2 >= sent,
+        "{} of {sent} flood SYNs answered with a cookie",
+        moved("syn_proxy_synack")
+    );
+    // Released a little after the flood ended.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while engaged(&daemon) {
+        assert!(Instant::now() < deadline, "the proxy did not release");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!(
+        "auto: engaged {engaged_after:?} after the flood began, released {:?} after it ended",
+        ended.elapsed()
+    );
+    let events = daemon.events().unwrap();
+    let changes: Vec<(String, String)> = events
+        .events
+        .iter()
+        .filter(|e| e.source == "syn_proxy" && e.service == "web")
+        .map(|e| (e.from.clone(), e.to.clone()))
+        .collect();
+    assert_eq!(
+        changes,
+        [
+            ("off".to_owned(), "on".to_owned()),
+            ("on".to_owned(), "off".to_owned())
+        ],
+        "{events:?}"
+    );
+    request().unwrap();
+}

@@ -306,7 +306,20 @@ fn section(out: &mut String, s: &ServiceStatus) {
         s.backends.len(),
         escape(&s.vip),
         escape(&s.protocol),
-        escape(&s.forwarding),
+        escape(&if s.syn_proxy == "off" {
+            s.forwarding.clone()
+        } else {
+            format!(
+                "{}, SYN proxy {}{}",
+                s.forwarding,
+                s.syn_proxy,
+                match (s.syn_proxy.as_str(), s.syn_proxy_engaged) {
+                    ("auto", true) => " (engaged)",
+                    ("auto", false) => " (standing by)",
+                    _ => "",
+                }
+            )
+        }),
         escape(&if s.through_tunnel {
             format!("{} through the tunnel", s.check)
         } else {
@@ -720,6 +733,9 @@ mod tests {
             vip: "10.1.0.1:80".to_owned(),
             protocol: "tcp".to_owned(),
             forwarding: "nat".to_owned(),
+            syn_proxy: "off".to_owned(),
+            syn_proxy_engaged: false,
+            syn_proxy_rate: None,
             passive_signals: Vec::new(),
             check: "http".to_owned(),
             through_tunnel: false,

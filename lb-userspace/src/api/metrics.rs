@@ -125,6 +125,22 @@ pub fn render(status: &Status) -> String {
         "How the service's packets reach its backends (mode: nat, ipip, gue); always 1.",
         forwarding,
     );
+    let syn_proxy = status
+        .services
+        .iter()
+        .filter(|s| s.syn_proxy != "off")
+        .map(|s| {
+            let l = [("service", s.name.as_str()), ("mode", s.syn_proxy.as_str())];
+            format!("{} {}", labels(&l), u8::from(s.syn_proxy_engaged))
+        })
+        .collect();
+    family(
+        &mut out,
+        "lb_service_syn_proxy_engaged",
+        "gauge",
+        "Whether the SYN proxy answers the service's new connections now (mode: on, auto); services with syn_proxy off are not listed.",
+        syn_proxy,
+    );
     family(
         &mut out,
         "lb_service_failure_window_seconds",
@@ -532,6 +548,9 @@ mod tests {
                 vip: "10.1.0.1:80".to_owned(),
                 protocol: "tcp".to_owned(),
                 forwarding: "nat".to_owned(),
+                syn_proxy: "off".to_owned(),
+                syn_proxy_engaged: false,
+                syn_proxy_rate: None,
                 passive_signals: Vec::new(),
                 check: "http".to_owned(),
                 through_tunnel: false,
@@ -732,6 +751,8 @@ lb_events_total 5
     /// `small` with every optional family present: the source of docs/metrics.md.
     fn everything() -> Status {
         let mut s = small();
+        s.services[0].syn_proxy = "auto".to_owned();
+        s.services[0].syn_proxy_engaged = true;
         s.services[0].discovery = Some(crate::model::DiscoveryStatus {
             name: "web.example.internal".to_owned(),
             record: "A".to_owned(),

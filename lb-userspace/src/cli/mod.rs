@@ -443,6 +443,18 @@ pub async fn status(api: ApiArgs, service: Option<String>) -> anyhow::Result<()>
                 println!("  unhealthy after {per_kind} failures in a row");
             }
         }
+        if s.syn_proxy != "off" {
+            let rate = s
+                .syn_proxy_rate
+                .map(|r| format!(", {r:.0} new connections/s"))
+                .unwrap_or_default();
+            let engaged = if s.syn_proxy_engaged {
+                "engaged"
+            } else {
+                "standing by"
+            };
+            println!("  SYN proxy {}: {engaged}{rate}", s.syn_proxy);
+        }
         if !s.passive_signals.is_empty() {
             println!("  passive checks see: {}", s.passive_signals.join(", "));
         }

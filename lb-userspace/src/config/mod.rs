@@ -160,6 +160,8 @@ pub struct Lb {
     /// A file holding the SYN cookie key (32 hex digits), shared by every lb host behind the
     /// same routers; none: each daemon draws its own at start.
     pub syn_cookie_key_file: Option<PathBuf>,
+    /// When `syn_proxy = "auto"` engages and releases.
+    pub syn_proxy_auto: crate::synproxy_auto::Thresholds,
     /// UDP destination port of `gue` encapsulation (the backends decapsulate there).
     pub gue_port: u16,
     /// `[lb.announce]`: route health injection (None: lb announces nothing).
@@ -227,6 +229,20 @@ pub enum SynProxy {
     /// Every SYN is answered by lb with a cookie; only a client that completes the handshake
     /// gets a flow and reaches a backend.
     On,
+    /// On while the service's new connections a second are above `[lb]
+    /// syn_proxy_engage_rate`, off again after `syn_proxy_release_after` below
+    /// `syn_proxy_release_rate`.
+    Auto,
+}
+
+impl SynProxy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::On => "on",
+            Self::Auto => "auto",
+        }
+    }
 }
 
 /// What happens to a flow whose backend became unavailable.

@@ -216,6 +216,38 @@ fn read_lb(f: &Fields) -> Option<Lb> {
         )
         .map(|n| n as u32);
     let syn_cookie_key_file = Some(f.str("syn_cookie_key_file").map(PathBuf::from));
+    let auto = crate::synproxy_auto::Thresholds::default();
+    let engage_rate = f.int_in(
+        "syn_proxy_engage_rate",
+        1..=100_000_000,
+        auto.engage_rate as i64,
+    );
+    let release_rate = f.int_in(
+        "syn_proxy_release_rate",
+        0..=100_000_000,
+        auto.release_rate as i64,
+    );
+    let release_after = f.duration(
+        "syn_proxy_release_after",
+        Duration::from_secs(1)..=Duration::from_secs(86400),
+        auto.release_after,
+    );
+    if let (Some(e), Some(r)) = (engage_rate, release_rate)
+        && r > e
+    {
+        f.problem(
+            "syn_proxy_release_rate",
+            format!("{r} is above syn_proxy_engage_rate ({e}): the proxy would engage and release at once"),
+        );
+    }
+    let syn_proxy_auto = match (engage_rate, release_rate, release_after) {
+        (Some(e), Some(r), Some(after)) if r <= e => Some(crate::synproxy_auto::Thresholds {
+            engage_rate: e as u64,
+            release_rate: r as u64,
+            release_after: after,
+        }),
+        _ => None,
+    };
     let gue_port = f
         .int_in(
             "gue_port",
@@ -250,6 +282,7 @@ fn read_lb(f: &Fields) -> Option<Lb> {
         dsr_flood_rate: dsr_flood_rate?,
         syn_proxy_flows: syn_proxy_flows?,
         syn_cookie_key_file: syn_cookie_key_file?,
+        syn_proxy_auto: syn_proxy_auto?,
         gue_port: gue_port?,
         announce: announce?,
     })
@@ -533,10 +566,14 @@ fn read_service(f: &Fields, announce_on: bool) -> Option<Service> {
     );
     let syn_proxy = f.choice(
         "syn_proxy",
-        &[("off", SynProxy::Off), ("on", SynProxy::On)],
+        &[
+            ("off", SynProxy::Off),
+            ("on", SynProxy::On),
+            ("auto", SynProxy::Auto),
+        ],
         SynProxy::Off,
     );
-    if syn_proxy == Some(SynProxy::On) {
+    if syn_proxy.is_some_and(|p| p != SynProxy::Off) {
         if protocol == Some(Protocol::Udp) {
             f.problem("syn_proxy", "the SYN proxy is for TCP services");
         } else if forwarding.is_some_and(|fw| fw != Forwarding::Nat) {
@@ -945,6 +982,14 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
         );
         assert_eq!(parse(&on).unwrap().services[0].syn_proxy, SynProxy::On);
         assert_eq!(parse(GOOD).unwrap().services[0].syn_proxy, SynProxy::Off);
+        let auto = on.replace("syn_proxy = \"on\"", "syn_proxy = \"auto\"");
+        assert_eq!(parse(&auto).unwrap().services[0].syn_proxy, SynProxy::Auto);
+        assert_eq!(
+            problems(&auto.replace("[lb]\n", "[lb]\nsyn_proxy_release_rate = 30000\n")),
+            [
+                "lb.syn_proxy_release_rate: 30000 is above syn_proxy_engage_rate (20000): the proxy would engage and release at once"
+            ]
+        );
         assert_eq!(
             problems(&on.replace("protocol = \"tcp\"", "protocol = \"udp\"")),
             ["service[0].syn_proxy: the SYN proxy is for TCP services"]
@@ -962,8 +1007,8 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
             ]
         );
         assert_eq!(
-            problems(&on.replace("syn_proxy = \"on\"", "syn_proxy = \"auto\"")),
-            ["service[0].syn_proxy: expected one of off, on, got \"auto\""]
+            problems(&on.replace("syn_proxy = \"on\"", "syn_proxy = \"maybe\"")),
+            ["service[0].syn_proxy: expected one of off, on, auto, got \"maybe\""]
         );
         let v6 = on
             .replace("10.100.0.1:80", "[2001:db8::1]:80")

@@ -16,6 +16,7 @@ mod running;
 mod signal;
 mod state;
 mod status;
+mod synproxy;
 mod writer;
 
 pub use crate::api::RequestError;

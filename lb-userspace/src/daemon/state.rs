@@ -77,6 +77,8 @@ pub(super) struct Inner {
     pub traffic: HashMap<u32, (u64, Option<Instant>)>,
     /// Route health injection (None without `[lb.announce]`).
     pub announcer: Option<Announcer>,
+    /// The services with `syn_proxy = "auto"`, by name: when their proxy engages.
+    pub syn_auto: HashMap<String, crate::synproxy_auto::Auto>,
 }
 
 /// What a backend shows: health state (with admin and weight folded in), counters, latency,
@@ -172,6 +174,7 @@ impl Shared {
             passive: Ejector::default(),
             started: Instant::now(),
             traffic: HashMap::new(),
+            syn_auto: HashMap::new(),
         }
     }
 

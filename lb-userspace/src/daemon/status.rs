@@ -165,6 +165,9 @@ fn build(inner: &Inner) -> anyhow::Result<Status> {
                 vip: s.vip.to_string(),
                 protocol: s.protocol.as_str().to_owned(),
                 forwarding: s.forwarding.as_str().to_owned(),
+                syn_proxy: s.syn_proxy.as_str().to_owned(),
+                syn_proxy_engaged: inner.balancer.syn_proxy(sid),
+                syn_proxy_rate: inner.syn_auto.get(&s.name).map(|a| a.rate()),
                 passive_signals: passive_signals(s)
                     .iter()
                     .map(|s| s.as_str().to_owned())

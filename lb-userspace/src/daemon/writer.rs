@@ -102,6 +102,7 @@ pub fn spawn(
                         }
                         Work::Traffic => {
                             shared.traffic_poll();
+                            shared.syn_proxy_poll();
                             notifier.alive(|| shared.summary());
                             reread |= read_at.elapsed() >= REREAD_EVERY;
                         }
