@@ -17,7 +17,7 @@ use aya::programs::Xdp;
 use clap::Parser;
 use lb_common::FlowKey;
 use lb_tests::{
-    fixture::{XDP_PASS, XDP_REDIRECT, run_once, verdict_name},
+    fixture::{XDP_PASS, XDP_REDIRECT, XDP_TX, run_once, verdict_name},
     packet::{Packet, TCP_ACK, TCP_PSH, TCP_SYN},
     testnet::{BACKEND_MAC, TestNet, ne},
 };
@@ -57,6 +57,12 @@ struct Args {
 const CONNTRACK: u32 = 262_144;
 
 const SERVICES: &str = r#"
+[[service]]
+name = "proxied"
+vip = "10.100.0.6:80"
+syn_proxy = "on"
+backends = [{ address = "10.0.2.2:8080" }, { address = "10.0.2.3:8080" }, { address = "10.0.2.4:8080" }, { address = "10.0.2.5:8080" }]
+
 [[service]]
 name = "web"
 vip = "10.100.0.1:80"
@@ -393,6 +399,7 @@ fn measure(
         cases.truncate(6);
     } else {
         cases.extend(dsr_cases(net, n)?);
+        cases.extend(proxy_cases(net, n)?);
     }
     let first_quic = cases.len();
     cases.extend(quic_cases(net, n, first_quic)?);
@@ -485,6 +492,104 @@ fn dsr_cases(net: &TestNet, n: usize) -> anyhow::Result<Vec<Case>> {
         out.push(Case::new(name_est, vec![data], net.vc, XDP_REDIRECT).nat(est_nat));
     }
     Ok(out)
+}
+
+/// The SYN proxy (issue 39): a SYN answered with a cookie and the cookie's ACK (each a
+/// different flow; compared with full NAT's new flow, case 2), and a proxied flow's client
+/// segment with a timestamp, translated (compared with full NAT's established flow, case 4).
+fn proxy_cases(net: &TestNet, n: usize) -> anyhow::Result<Vec<Case>> {
+    const VIP: &str = "10.100.0.6:80";
+    let client = |i: usize| format!("10.0.1.{}:{}", 200 + (i / 50000) as u8, 1024 + (i % 50000));
+    // Linux's SYN options (MSS, SACK-permitted, timestamps, window scale).
+    let syn_opts = [
+        2, 4, 5, 180, 4, 2, 8, 10, 0, 0, 0, 7, 0, 0, 0, 0, 1, 3, 3, 7,
+    ];
+    let syn = |c: &str| {
+        Packet::tcp(c, VIP, TCP_SYN)
+            .seq(1000, 0)
+            .tcp_options(&syn_opts)
+            .build()
+    };
+    // The SYN+ACK's cookie and timestamp (TCP at 34, its TSval at 34 + 20 + 8).
+    let answer = |frame: &[u8]| -> anyhow::Result<(u32, u32)> {
+        let r = run_once(net.dp.program(), frame, net.vc)?;
+        if r.verdict != XDP_TX {
+            bail!("setup SYN to the proxied VIP: {}", verdict_name(r.verdict));
+        }
+        let word = |at: usize| u32::from_be_bytes(r.output[at..at + 4].try_into().unwrap());
+        Ok((word(38), word(62)))
+    };
+    let ack = |c: &str, cookie: u32, tsecr: u32, flags: u8, payload: &[u8]| {
+        let mut ts = vec![1, 1, 8, 10, 0, 0, 0, 8];
+        ts.extend(tsecr.to_be_bytes());
+        Packet::tcp(c, VIP, flags)
+            .seq(1001, cookie.wrapping_add(1))
+            .window(502)
+            .tcp_options(&ts)
+            .payload(payload)
+            .build()
+    };
+    let syns: Vec<Vec<u8>> = (0..n).map(|i| syn(&client(i))).collect();
+    let mut acks = Vec::with_capacity(n);
+    for (i, s) in syns.iter().enumerate() {
+        let (cookie, tsval) = answer(s)?;
+        acks.push(ack(&client(i), cookie, tsval, TCP_ACK, &[]));
+    }
+    // One connection opened to the end: the backend's SYN+ACK answered too.
+    let c = "10.0.1.199:40000";
+    let (cookie, tsval) = answer(&syn(c))?;
+    let r = run_once(
+        net.dp.program(),
+        &ack(c, cookie, tsval, TCP_ACK, &[]),
+        net.vc,
+    )?;
+    if r.verdict != XDP_REDIRECT {
+        bail!("setup ACK to the proxied VIP: {}", verdict_name(r.verdict));
+    }
+    // lb's SYN to the backend, from its SNAT address and port: the backend answers it.
+    let out = &r.output;
+    let backend = std::net::Ipv4Addr::new(out[30], out[31], out[32], out[33]);
+    let snat_port = u16::from_be_bytes([out[34], out[35]]);
+    let synack = Packet::tcp(
+        &format!("{backend}:8080"),
+        &format!("10.0.2.1:{snat_port}"),
+        TCP_SYN | TCP_ACK,
+    )
+    .macs(BACKEND_MAC, net.vb_mac)
+    .seq(5000, 1001)
+    .window(65160)
+    .tcp_options(&[
+        2, 4, 5, 180, 4, 2, 8, 10, 0, 1, 0, 0, 0, 0, 0, 8, 1, 3, 3, 7,
+    ])
+    .build();
+    let r = run_once(net.dp.program(), &synack, net.vb)?;
+    if r.verdict != XDP_REDIRECT {
+        bail!("setup backend SYN+ACK: {}", verdict_name(r.verdict));
+    }
+    let data = ack(c, cookie, tsval, TCP_ACK | TCP_PSH, &[0x55; 64]);
+    Ok(vec![
+        Case::new(
+            "SYN proxy: a SYN answered with a cookie (XDP_TX), each a different flow",
+            syns,
+            net.vc,
+            XDP_TX,
+        )
+        .nat(2),
+        Case::new(
+            "SYN proxy: the cookie's ACK (flow created, SYN to the backend), each a different flow",
+            acks,
+            net.vc,
+            XDP_REDIRECT,
+        )
+        .nat(2),
+        Case::new(
+            "SYN proxy: established flow, translated (with a timestamp)",
+            vec![data],
+            net.vc,
+            XDP_REDIRECT,
+        )
+        .nat(4),
+    ])
 }
 
 /// QUIC: a short header on an established flow (its backend's own server ID checked) and a
