@@ -20,7 +20,7 @@ use crate::{
     maps::{FLOOD, PROGS, RINGS, SERVICE_HINT, SYN_RATE, TOO_BIG, params},
     nat::{self, Rewrite},
     parse::{Flow, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
-    passive,
+    passive, proxied,
     ptr::ptr_at,
     quic, ratelimit, snat, stats,
     table::{ct_find, ct_live, ct_store, nat_find},
@@ -57,9 +57,12 @@ pub fn forward<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>, quic_vip: bool) -
     if let Some(slot) = ct_find::<F>(&k, hash, p) {
         // SAFETY: a map value; other CPUs may write it too, all fields are plain integers.
         let e = unsafe { &mut (*slot).entry };
-        // A flow of the SYN proxy is translated by the proxy's program: one test of a value
-        // loaded anyway.
-        if e.flags & ct_flags::PROXIED != 0 {
+        // A flow of the SYN proxy: its common segment translated here, any other by the
+        // proxy's programs; one test of a value loaded anyway for the rest. It cannot move to
+        // another backend (its handshake was that backend's).
+        if e.flags & ct_flags::PROXIED != 0
+            && !(ct_live(e, now, p) && proxied::to_backend::<F>(ctx, flow))
+        {
             return to_proxy::<F>(ctx, PROXY_ENTRY);
         }
         // A SYN on a closing flow is the client reusing its port: a new connection.
@@ -67,12 +70,19 @@ pub fn forward<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>, quic_vip: bool) -
         // A QUIC packet naming another backend than its live flow's: the connection it belongs
         // to lives there (this 4-tuple was another's), the flow moves. Read last, for live
         // flows only: a dead entry makes a new flow, which reads the connection ID itself.
-        if ct_live(e, now, p)
-            && !reused
-            && !(quic && quic::names_other::<F>(ctx, flow, e.service_id, e.backend_id))
+        // One call of `established` for both kinds: each inlined copy costs the IPv6 program
+        // stack it cannot spare. The flag is read anew each time, not kept: a value known on one
+        // path let LLVM give that path its own copy.
+        if e.flags & ct_flags::PROXIED != 0
+            || ct_live(e, now, p)
+                && !reused
+                && !(quic && quic::names_other::<F>(ctx, flow, e.service_id, e.backend_id))
         {
             if let Some(v) = established::<F>(ctx, flow, e, hash, now) {
                 return v;
+            }
+            if e.flags & ct_flags::PROXIED != 0 {
+                return (xdp_action::XDP_DROP, counter::DROP_NO_BACKEND);
             }
             stats::count(counter::CT_RESCHEDULED);
             if trace::on() {
@@ -464,7 +474,10 @@ pub fn reply<F: Family, const IN_PROXY: bool>(
     let slot = nat_find::<F>(&k, k.hash(), p)?;
     // SAFETY: a map value of plain integers.
     let held = unsafe { &mut (*slot).entry };
-    if !IN_PROXY && held.flags & nat_flags::PROXIED != 0 {
+    if !IN_PROXY
+        && held.flags & nat_flags::PROXIED != 0
+        && !proxied::to_client::<F>(ctx, flow, held)
+    {
         return Some(to_proxy::<F>(ctx, PROXY_ENTRY));
     }
     let now = clock::now();

@@ -18,6 +18,7 @@ mod nat;
 mod outer;
 mod parse;
 mod passive;
+mod proxied;
 use lb_ebpf::ptr;
 mod quic; // shared with the decapsulator: lb-ebpf's library
 mod ratelimit;

@@ -329,7 +329,55 @@ fn every_step(f: &Fam) {
             .window(502)
             .tcp_options(&want),
     );
-    assert!(n.counter(SYN_PROXY_TRANSLATED) >= 3);
+
+    // 7. The timestamp laid out otherwise (TS, NOP, NOP; the balancer's own translation takes
+    // Linux's NOP, NOP, TS only): the proxy's option walk translates it the same.
+    let mut ts_first = ts_option(11, lb_ts.wrapping_add(5));
+    ts_first.rotate_left(2);
+    let out = n.run(
+        "client segment, TS first",
+        &Packet::tcp(&client, &vip, TCP_ACK)
+            .seq(1019, cookie + 18)
+            .window(502)
+            .tcp_options(&ts_first)
+            .build(),
+        vc,
+        XDP_REDIRECT,
+    );
+    let mut want = ts_option(11, backend_ts + 5);
+    want.rotate_left(2);
+    n.expect(
+        "TS first translated",
+        &out,
+        &Packet::tcp(&snat, &backend, TCP_ACK)
+            .macs(vb_mac, BACKEND_MAC)
+            .ttl(63)
+            .seq(1019, 5018)
+            .window(502)
+            .tcp_options(&want),
+    );
+
+    // 8. A backend segment without options: its sequence number and window only.
+    let out = n.run(
+        "backend ACK, no options",
+        &Packet::tcp(&backend, &snat, TCP_ACK)
+            .macs(BACKEND_MAC, vb_mac)
+            .seq(5018, 1019)
+            .window(3)
+            .build(),
+        vb,
+        XDP_REDIRECT,
+    );
+    n.expect(
+        "backend ACK translated",
+        &out,
+        &Packet::tcp(&vip, &client, TCP_ACK)
+            .macs(LB_MAC, CLIENT_MAC)
+            .ttl(63)
+            .seq(cookie + 18, 1019)
+            .window(12),
+    );
+    assert!(n.counter(SYN_PROXY_TRANSLATED) >= 5);
     assert_eq!(ts_off, lb_ts.wrapping_sub(backend_ts));
 }
 
