@@ -26,7 +26,8 @@ use lb::{
     dataplane::{self, Dataplane},
 };
 use lb_common::{
-    AddrSet, BackendInfo, ServiceInfo, ServiceKey, addr_flags, addr_set, backend_flags, map_name,
+    AddrSet, BackendInfo, ServiceInfo, ServiceKey, addr_flags, addr_set, backend_flags, counter,
+    map_name,
 };
 use lb_tests::{
     inproc::wait_for_neighbours,
@@ -559,6 +560,54 @@ fn open_connection_survives_a_restart() {
     for port in &sb.lb_ports {
         assert!(!sb.lb.xdp_attached(&port.ifname).unwrap());
     }
+}
+
+/// Issue 39: a flow of the SYN proxy lives in pinned maps too (its translation, its table
+/// entries): open connections of both families keep working while the daemon is down and after
+/// a new run adopts the maps, and new ones are proxied.
+#[test]
+fn open_proxied_connections_survive_a_restart() {
+    require_root();
+    let pins = PinDir::new();
+    let sb = Sandbox::build(Arms::Two, 2, 8080).unwrap();
+    let text = sb.config6(80, &[], "", true).replace(
+        "protocol = \"tcp\"\n",
+        "protocol = \"tcp\"\nsyn_proxy = \"on\"\n",
+    );
+    let config = config::parse(&text)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .unwrap();
+    let vip = SocketAddr::from((VIP, 80));
+    let vip6 = SocketAddr::from((lb_tests::topology::VIP6, 80));
+    let dp = start(&sb, &config, pins.path());
+    let (mut conn, _) = connect(&sb.client.ns, vip).unwrap();
+    echo(&mut conn, b"before\n").unwrap();
+    let (mut conn6, _) = connect(&sb.client.ns, vip6).unwrap();
+    echo(&mut conn6, b"before, over IPv6\n").unwrap();
+    let opened = |dp: &Dataplane| dp.stats().unwrap().counters[counter::SYN_PROXY_OPENED as usize];
+    assert_eq!(opened(&dp), 2, "both connections went through the proxy");
+
+    drop(dp);
+    echo(&mut conn, b"while down\n").unwrap();
+    echo(&mut conn6, b"while down, over IPv6\n").unwrap();
+
+    let mut dp = start(&sb, &config, pins.path());
+    assert!(dp.adopted());
+    // Far more than a window's worth each way: sequence numbers and timestamps are still
+    // translated with the offsets of before.
+    let chunk: Vec<u8> = (0..64 * 1024).map(|i| (i % 253) as u8).collect();
+    for _ in 0..4 {
+        echo(&mut conn, &chunk).unwrap();
+        echo(&mut conn6, &chunk).unwrap();
+    }
+    let (mut other, _) = connect(&sb.client.ns, vip).unwrap();
+    echo(&mut other, b"new connection\n").unwrap();
+    let (mut other6, _) = connect(&sb.client.ns, vip6).unwrap();
+    echo(&mut other6, b"new connection, over IPv6\n").unwrap();
+    assert_eq!(opened(&dp), 4, "the new connections went through the proxy");
+
+    dp.detach_all();
+    assert!(!pins.path().exists());
 }
 
 /// Ring slots are written through a mapping of LB_RINGS, without a system call per slot: what
