@@ -119,6 +119,83 @@ fn ipv6_connections_through_a_proxied_vip() {
     assert_eq!(c("drop_syn_proxy_options"), 0);
 }
 
+/// A lossy link (one in 40 of the backend's segments lost on the way to the client, both
+/// families): the client's SACK blocks reach the backend in the backend's numbers, so its
+/// recovery uses them (Linux counts SACK recoveries, and SACK blocks it finds invalid), and
+/// every byte comes back intact.
+#[test]
+fn a_lossy_link_recovers_with_sack_through_the_proxy() {
+    require_root();
+    let sb = Sandbox::build(Arms::Two, 2, 8080).unwrap();
+    let config = format!(
+        "{}\n[[service]]\nname = \"echo6\"\nvip = \"[{VIP6}]:7\"\nsyn_proxy = \"on\"\n\
+         backends = [{}]\n[service.check]\nkind = \"none\"\n",
+        config(&sb, ""),
+        sb.backends_toml(true, &[]),
+    );
+    let daemon = Daemon::start(&sb.lb, &config).unwrap();
+    // The loss: a random drop at the client's input, for the echo's segments only.
+    let client = &sb.client.ns;
+    client.input_chain("accept").unwrap();
+    client
+        .nft(&[
+            "add", "rule", "inet", "lbt", "in", "tcp", "sport", "7", "numgen", "random", "mod",
+            "40", "==", "0", "drop",
+        ])
+        .unwrap();
+    let sack = |what: &str| -> u64 {
+        sb.backends
+            .iter()
+            .map(|b| tcp_ext(&b.ns, what))
+            .sum::<u64>()
+    };
+    let (recoveries, discarded) = (sack("TCPSackRecovery"), sack("TCPSACKDiscard"));
+    let translated = daemon.status().unwrap().counter("syn_proxy_translated");
+    for (i, vip) in [SocketAddr::from((VIP, 7)), SocketAddr::from((VIP6, 7))]
+        .into_iter()
+        .enumerate()
+    {
+        let (conn, _) = servers::connect(client, vip).unwrap();
+        echo_transfer(conn, 4 << 20, i as u8);
+    }
+    let (recoveries, discarded) = (
+        sack("TCPSackRecovery") - recoveries,
+        sack("TCPSACKDiscard") - discarded,
+    );
+    let translated = daemon
+        .status()
+        .unwrap()
+        .counter("syn_proxy_translated")
+        .unwrap_or(0)
+        - translated.unwrap_or(0);
+    eprintln!(
+        "lossy link: {recoveries} SACK recoveries at the backends, {discarded} SACK blocks \
+         discarded, {translated} segments translated"
+    );
+    assert!(recoveries > 0, "the backends never recovered with SACK");
+    assert_eq!(
+        discarded, 0,
+        "the backends found SACK blocks out of their window"
+    );
+}
+
+/// A `TcpExt` counter of namespace `ns` (/proc/net/netstat follows the reading thread's).
+fn tcp_ext(ns: &lb_tests::netns::Netns, name: &str) -> u64 {
+    let text = ns
+        .enter(|| std::fs::read_to_string("/proc/thread-self/net/netstat"))
+        .unwrap();
+    let mut lines = text.lines();
+    while let (Some(names), Some(values)) = (lines.next(), lines.next()) {
+        if !names.starts_with("TcpExt:") {
+            continue;
+        }
+        let at = names.split_whitespace().position(|n| n == name);
+        let at = at.unwrap_or_else(|| panic!("no TcpExt counter {name}"));
+        return values.split_whitespace().nth(at).unwrap().parse().unwrap();
+    }
+    panic!("no TcpExt line");
+}
+
 /// A flood of SYNs from spoofed sources (each frame another address of 10.99.0.0/16, the
 /// test's own, bounded in count and time) at a proxied full-NAT service with a 16,384-flow
 /// table, while a client makes one request after another: the requests are served, the flood's
