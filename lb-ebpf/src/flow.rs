@@ -58,10 +58,13 @@ pub fn forward<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>, quic_vip: bool) -
         // SAFETY: a map value; other CPUs may write it too, all fields are plain integers.
         let e = unsafe { &mut (*slot).entry };
         // A flow of the SYN proxy: its common segment translated here, any other by the
-        // proxy's programs; one test of a value loaded anyway for the rest. It cannot move to
+        // proxy's programs (a closing flow's all: a new connection on its 4-tuple is told from
+        // them there); one test of a value loaded anyway for the rest. It cannot move to
         // another backend (its handshake was that backend's).
         if e.flags & ct_flags::PROXIED != 0
-            && !(ct_live(e, now, p) && proxied::to_backend::<F>(ctx, flow))
+            && !(ct_live(e, now, p)
+                && e.state != ct_state::TCP_CLOSING
+                && proxied::to_backend::<F>(ctx, flow))
         {
             return to_proxy::<F>(ctx, PROXY_ENTRY);
         }

@@ -97,7 +97,12 @@ pub fn handle<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> Verdict {
     if let Some(slot) = ct_find::<F>(&k, k.hash(), p) {
         // SAFETY: a map value of plain integers.
         let e = unsafe { &(*slot).entry };
-        if e.flags & ct_flags::PROXIED != 0 && ct_live(e, now, p) {
+        // A closing flow's 4-tuple used again at once (a client cycling through its ports):
+        // the cookie's ACK of the new connection opens it, not translated as the old one's.
+        if e.flags & ct_flags::PROXIED != 0
+            && ct_live(e, now, p)
+            && !(e.state == ct_state::TCP_CLOSING && cookie_ack(ctx, flow))
+        {
             return stash_and::<F>(ctx, flow, PROXY_TRANSLATE);
         }
     }
@@ -560,6 +565,19 @@ fn cookie_check<A: FlowAddr>(flow: &Flow<A>, isn: u32, cookie: u32) -> u64 {
         .and_then(|k| check_cookie(k, &fw, isn, cookie, t))
         .or_else(|| key(1).and_then(|k| check_cookie(k, &fw, isn, cookie, t)))
         .map_or(NONE, u64::from)
+}
+
+/// Whether the client's segment `flow` is a pure ACK (no SYN, FIN or RST) whose
+/// acknowledgement validates as a cookie: a new connection's, whatever the table holds.
+#[inline(always)]
+fn cookie_ack<A: FlowAddr>(ctx: &XdpContext, flow: &Flow<A>) -> bool {
+    if flow.tcp_flags & (TCP_SYN | TCP_FIN | TCP_RST | TCP_ACK) != TCP_ACK {
+        return false;
+    }
+    read_at_checked::<Hdr>(ctx.data(), ctx.data_end(), flow.l4_off).is_some_and(|h| {
+        let (isn, cookie) = (be32(&h, 4).wrapping_sub(1), be32(&h, 8).wrapping_sub(1));
+        cookie_check(flow, isn, cookie) != NONE
+    })
 }
 
 /// An ACK without a flow (its options in this CPU's `work().old`): with a valid cookie, the
