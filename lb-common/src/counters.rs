@@ -129,6 +129,13 @@ pub mod counter {
             /// The backend never answered lb's SYN for a proxied connection (within 3 s of the
             /// first): the client's next segment is answered with a RST (XDP_TX).
             SYN_PROXY_RESET = "syn_proxy_reset",
+            /// The backend answered lb's SYN for a proxied connection with an earlier
+            /// connection's ACK (it still holds that connection's 4-tuple in TIME_WAIT, and
+            /// refused the SYN for its timestamp): lb sends the SYN again at once with a
+            /// timestamp past that connection's (XDP_TX); without timestamps, or a second
+            /// time, it resets the earlier connection, and the client's next probe sends the
+            /// SYN again.
+            SYN_PROXY_STALE = "syn_proxy_stale",
         }
         informational {
             /// IPv4 header with options (IHL > 5); parsed past them.

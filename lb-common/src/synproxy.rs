@@ -65,6 +65,9 @@ pub mod proxy_state {
 pub mod proxy_opts {
     pub const TS: u8 = 1;
     pub const SACK: u8 = 2;
+    /// lb's SYN again carried a timestamp past a TIME_WAIT's ([`super::ProxyFlow::cts_off`]):
+    /// done once a flow.
+    pub const TS_MOVED: u8 = 4;
 }
 
 /// A proxied flow's translation, keyed by its client → VIP key. Sequence numbers in host order.
@@ -82,10 +85,16 @@ pub struct ProxyFlow {
     /// lb's timestamp to the client less the backend's (wrapping): added to the backend's
     /// TSval, taken from the client's TSecr.
     pub ts_off: u32,
+    /// Added to the client's TSval towards the backend, taken from the backend's TSecr
+    /// (wrapping). 0 unless the backend's TIME_WAIT of an earlier connection on the same
+    /// 4-tuple refused lb's SYN for an older timestamp: lb's SYN again then carries one just
+    /// past that connection's, which the TIME_WAIT accepts (see the datapath's `syn_past`).
+    pub cts_off: u32,
     /// lb's TSval in its SYN+ACK (the client echoed it) and the client's TSval in its ACK: the
     /// SYN to the backend carries the latter, the offset is computed from the former.
     pub lb_tsval: u32,
     pub client_tsval: u32,
+    pub _pad0: u32,
     /// When lb sent the backend its (first) SYN, coarse monotonic nanoseconds.
     pub syn_at: u64,
     /// The client's MSS (from the cookie), host order.
@@ -104,7 +113,7 @@ pub struct ProxyFlow {
 // The layouts both sides rely on, checked wherever this crate builds (the BPF object too).
 const _: () = {
     assert!(core::mem::size_of::<CookieKey>() == 16);
-    assert!(core::mem::size_of::<ProxyFlow>() == 40);
+    assert!(core::mem::size_of::<ProxyFlow>() == 48);
 };
 
 #[cfg(feature = "user")]
@@ -311,9 +320,10 @@ fn put32(b: &mut [u8; MAX_OPTS], at: usize, v: u32) {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WalkMode {
     Read,
-    /// A client's segment to the backend: SACK blocks plus `seq_off`, the TSecr less `ts_off`.
+    /// A client's segment to the backend: SACK blocks plus `seq_off`, the TSval plus
+    /// `cts_off`, the TSecr less `ts_off`.
     ToBackend,
-    /// A backend's segment to the client: the TSval plus `ts_off`.
+    /// A backend's segment to the client: the TSval plus `ts_off`, the TSecr less `cts_off`.
     ToClient,
 }
 
@@ -325,6 +335,7 @@ pub struct Walker {
     pub mode: WalkMode,
     pub seq_off: u32,
     pub ts_off: u32,
+    pub cts_off: u32,
     /// What was read so far.
     pub syn: SynOpts,
     /// The options are malformed.
@@ -339,6 +350,7 @@ impl Walker {
             mode,
             seq_off: 0,
             ts_off: 0,
+            cts_off: 0,
             syn: SynOpts {
                 wscale: NO_WSCALE,
                 ..SynOpts::default()
@@ -369,11 +381,11 @@ impl TcpOpts {
     }
 
     /// Translates the options of a client's segment to the backend (`to_backend`: SACK blocks
-    /// plus `seq_off`, the TSecr less `ts_off`) or of a backend's to the client (the TSval plus
-    /// `ts_off`). `false` if malformed: what was translated before the fault stays so, and the
-    /// caller drops the segment.
+    /// plus `seq_off`, the TSval plus `cts_off`, the TSecr less `ts_off`) or of a backend's to
+    /// the client (the TSval plus `ts_off`, the TSecr less `cts_off`). `false` if malformed:
+    /// what was translated before the fault stays so, and the caller drops the segment.
     #[inline(always)]
-    pub fn translate(&mut self, to_backend: bool, seq_off: u32, ts_off: u32) -> bool {
+    pub fn translate(&mut self, to_backend: bool, seq_off: u32, ts_off: u32, cts_off: u32) -> bool {
         let mode = if to_backend {
             WalkMode::ToBackend
         } else {
@@ -382,6 +394,7 @@ impl TcpOpts {
         let mut w = Walker::new(mode);
         w.seq_off = seq_off;
         w.ts_off = ts_off;
+        w.cts_off = cts_off;
         self.walk(w).is_some()
     }
 
@@ -435,8 +448,14 @@ impl TcpOpts {
             (OPT_TS, 10) => {
                 w.syn.ts = Some((be32(b, at + 2), be32(b, at + 6)));
                 match w.mode {
-                    WalkMode::ToBackend => put32(b, at + 6, be32(b, at + 6).wrapping_sub(w.ts_off)),
-                    WalkMode::ToClient => put32(b, at + 2, be32(b, at + 2).wrapping_add(w.ts_off)),
+                    WalkMode::ToBackend => {
+                        put32(b, at + 2, be32(b, at + 2).wrapping_add(w.cts_off));
+                        put32(b, at + 6, be32(b, at + 6).wrapping_sub(w.ts_off));
+                    }
+                    WalkMode::ToClient => {
+                        put32(b, at + 2, be32(b, at + 2).wrapping_add(w.ts_off));
+                        put32(b, at + 6, be32(b, at + 6).wrapping_sub(w.cts_off));
+                    }
                     WalkMode::Read => {}
                 }
             }
@@ -757,15 +776,21 @@ mod tests {
             1, 1, 8, 10, 0, 0, 0, 5, 0, 0, 3, 232, 1, 1, 5, 18, 0, 0, 0, 100, 0, 0, 0, 200, 0, 0,
             1, 44, 0, 0, 1, 144,
         ]);
-        assert!(o.translate(true, 10, 1));
+        assert!(o.translate(true, 10, 1, 0));
         assert_eq!(o.timestamps(), Some(Some((5, 999))));
         assert_eq!(be32(&o.bytes, 16), 110);
         assert_eq!(be32(&o.bytes, 20), 210);
         assert_eq!(be32(&o.bytes, 24), 310);
         assert_eq!(be32(&o.bytes, 28), 410);
-        assert!(o.translate(false, 7, u32::MAX));
+        assert!(o.translate(false, 7, u32::MAX, 0));
         assert_eq!(o.timestamps(), Some(Some((4, 999))));
+        // The client's own clock moved past a TIME_WAIT's (cts_off): its TSval towards the
+        // backend, the backend's TSecr back.
+        assert!(o.translate(true, 0, 0, 3));
+        assert_eq!(o.timestamps(), Some(Some((7, 999))));
+        assert!(o.translate(false, 0, 0, 3));
+        assert_eq!(o.timestamps(), Some(Some((7, 996))));
         let mut bad = opts(&[8, 10, 0, 0]);
-        assert!(!bad.translate(true, 1, 1));
+        assert!(!bad.translate(true, 1, 1, 0));
     }
 }

@@ -20,7 +20,8 @@ use crate::{
 const NOP_NOP_TS: [u8; 4] = [1, 1, 8, 10];
 
 /// Translates the client's segment of `flow` towards the backend: the acknowledgement plus the
-/// sequence offset, the TSecr less the timestamp offset. `false`, with nothing changed, when
+/// sequence offset, the TSval plus the client's timestamp offset (0 but after a TIME_WAIT, see
+/// synproxy.rs), the TSecr less the timestamp offset. `false`, with nothing changed, when
 /// this segment is not one for here. Out of line (a BPF-to-BPF call), its key built here, not
 /// passed: inlined, or with the caller's key kept for it, its stack took the IPv6 balancer's
 /// past BPF's 512 bytes.
@@ -31,21 +32,22 @@ pub fn to_backend<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> bool {
         return false;
     }
     let key = FlowKeyOf::new(flow.saddr, flow.daddr, flow.sport, flow.dport, PROTO_TCP);
-    let Some((seq_off, ts_off, _)) = open::<F>(&key) else {
+    let Some(o) = open::<F>(&key) else {
         return false;
     };
     let ack = flow.tcp_flags & TCP_ACK != 0;
     quick(ctx.data(), ctx.data_end(), flow.l4_off, |w| match w {
-        Word::Ack if ack => w_add(seq_off),
-        Word::TsEcr => w_sub(ts_off),
+        Word::Ack if ack => w_add(o.seq_off),
+        Word::TsVal => w_add(o.cts_off),
+        Word::TsEcr => w_sub(o.ts_off),
         _ => Change::Keep,
     })
 }
 
 /// Translates the backend's segment of `flow` (the return path's entry `nat`) towards the
 /// client: the sequence number less the sequence offset, the window in lb's scale, the TSval
-/// plus the timestamp offset. `false`, with nothing changed, when this segment is not one for
-/// here.
+/// plus the timestamp offset, the TSecr less the client's. `false`, with nothing changed, when
+/// this segment is not one for here.
 #[inline(never)]
 pub fn to_client<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>, nat: &NatEntryOf<F::A>) -> bool {
     let (ctx, flow, nat) = (opaque(ctx), opaque(flow), opaque(nat));
@@ -59,25 +61,26 @@ pub fn to_client<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>, nat: &NatEntryO
         nat.vip_port,
         PROTO_TCP,
     );
-    let Some((seq_off, ts_off, wshift)) = open::<F>(&key) else {
+    let Some(o) = open::<F>(&key) else {
         return false;
     };
     quick(ctx.data(), ctx.data_end(), flow.l4_off, |w| match w {
-        Word::Seq => w_sub(seq_off),
-        Word::Window => Change::Window(wshift),
-        Word::TsVal => w_add(ts_off),
+        Word::Seq => w_sub(o.seq_off),
+        Word::Window => Change::Window(o.wshift),
+        Word::TsVal => w_add(o.ts_off),
+        Word::TsEcr => w_sub(o.cts_off),
         _ => Change::Keep,
     })
 }
 
-/// The flow's offsets (sequence, timestamp, window shift), if its backend has answered: three
-/// values, not the entry (the balancer has no stack to spare for a copy).
+/// The flow's translation, if its backend has answered: a reference to the map value, not a
+/// copy (the balancer has no stack to spare for one).
 #[inline(always)]
-fn open<F: Family>(key: &FlowKeyOf<F::A>) -> Option<(u32, u32, i8)> {
+fn open<F: Family>(key: &FlowKeyOf<F::A>) -> Option<&'static ProxyFlow> {
     let pf = F::proxies().get_ptr(key)?;
     // SAFETY: a map value of plain integers.
     let pf: &ProxyFlow = unsafe { &*pf };
-    (pf.state == proxy_state::OPEN).then_some((pf.seq_off, pf.ts_off, pf.wshift))
+    (pf.state == proxy_state::OPEN).then_some(pf)
 }
 
 /// The words of a segment the translation may change.
@@ -100,12 +103,12 @@ enum Change {
 
 #[inline(always)]
 fn w_add(v: u32) -> Change {
-    Change::Add(v)
+    if v == 0 { Change::Keep } else { Change::Add(v) }
 }
 
 #[inline(always)]
 fn w_sub(v: u32) -> Change {
-    Change::Add(v.wrapping_neg())
+    w_add(v.wrapping_neg())
 }
 
 /// Applies `change` to the segment at `l4_off` if its options are none or the lone timestamp:

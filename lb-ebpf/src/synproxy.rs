@@ -295,7 +295,17 @@ fn walk(w: &mut ProxyWork, walker: Walker, on_new: bool) -> Option<SynOpts> {
             0,
         )
     };
-    (!w.walker.bad).then_some(w.walker.syn)
+    // Read back through volatile loads: `w` is a `&mut`, which LLVM takes for memory nothing
+    // else changes, and the callback's changes reach it through another pointer (`work()`);
+    // plain loads were answered with the values stored above (a walk that read no timestamp).
+    // SAFETY: reads of fields of a valid map value.
+    let (bad, syn) = unsafe {
+        (
+            core::ptr::read_volatile(&w.walker.bad),
+            core::ptr::read_volatile(&w.walker.syn),
+        )
+    };
+    (!bad).then_some(syn)
 }
 
 /// One step of the walk in this CPU's `PROXY_WORK`: 1 (stop) when it is over.
@@ -312,6 +322,7 @@ fn translate(w: &mut ProxyWork, mode: WalkMode, pf: &ProxyFlow) -> bool {
     let mut walker = Walker::new(mode);
     walker.seq_off = pf.seq_off;
     walker.ts_off = pf.ts_off;
+    walker.cts_off = pf.cts_off;
     walk(w, walker, true).is_some()
 }
 
@@ -643,8 +654,10 @@ fn create<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>, hash: u64, now: u64, h
         client_isn: isn,
         seq_off: 0,
         ts_off: 0,
+        cts_off: 0,
         lb_tsval,
         client_tsval,
+        _pad0: 0,
         syn_at: now,
         mss: COOKIE_MSS[(mss_idx & 3) as usize],
         state: proxy_state::PENDING,
@@ -730,7 +743,7 @@ fn send_syn<F: Family>(
     } else {
         window
     };
-    let ts = (pf.opts & proxy_opts::TS != 0).then_some(pf.client_tsval);
+    let ts = (pf.opts & proxy_opts::TS != 0).then_some(pf.client_tsval.wrapping_add(pf.cts_off));
     opts.set_backend_syn(
         pf.mss,
         ts,
@@ -865,6 +878,71 @@ fn pending<F: Family>(
     stage::<F>(ctx, PROXY_SYN)
 }
 
+/// The backend's answer to lb's SYN is an ACK (`ack` its acknowledgement, its options in
+/// `w.old`) of an earlier connection on the same 4-tuple: its TIME_WAIT refused the SYN, whose
+/// sequence number and timestamp are the client's, unrelated to the earlier connection's when
+/// the SNAT port was another client's (SNAT ports come round within seconds, TIME_WAIT lasts a
+/// minute; Linux clients start each connection's timestamps at a random offset). A client's
+/// own kernel would reset it and send its SYN again; lb has one packet to send, and cannot wait
+/// for the client (its zero-window probe comes 200 ms later). So, once a flow, the SYN goes
+/// again at once with a timestamp just past the one the ACK echoes, which the TIME_WAIT
+/// accepts (RFC 6191), the client's timestamps moved by as much for the flow's life
+/// (`cts_off`). Without timestamps, or a second time: a RST at the acknowledged sequence
+/// number (RFC 793), which ends the TIME_WAIT, and the client's next probe sends the SYN.
+#[inline(always)]
+fn stale<F: Family>(
+    ctx: &XdpContext,
+    flow: &Flow<F::A>,
+    pf: &mut ProxyFlow,
+    ack: u32,
+    w: &mut ProxyWork,
+) -> Verdict {
+    let echoed = walk(w, Walker::new(WalkMode::Read), false).and_then(|o| o.ts);
+    let out = match echoed {
+        Some((_, ecr)) if pf.opts & (proxy_opts::TS | proxy_opts::TS_MOVED) == proxy_opts::TS => {
+            pf.cts_off = ecr.wrapping_add(1).wrapping_sub(pf.client_tsval);
+            pf.opts |= proxy_opts::TS_MOVED;
+            w.new.set_backend_syn(
+                pf.mss,
+                Some(ecr.wrapping_add(1)),
+                pf.opts & proxy_opts::SACK != 0,
+                pf.client_wscale,
+            );
+            Out {
+                seq: pf.client_isn,
+                ack: 0,
+                flags: TCP_SYN,
+                window: u16::MAX,
+                payload: 0,
+            }
+        }
+        _ => {
+            w.new.set_timestamp(None);
+            Out {
+                seq: ack,
+                ack: 0,
+                flags: TCP_RST,
+                window: 0,
+                payload: 0,
+            }
+        }
+    };
+    let sent = turn_back::<F>(ctx, flow).and_then(|()| {
+        emit::<F>(
+            ctx,
+            flow,
+            (&flow.daddr, &flow.saddr),
+            (flow.dport, flow.sport),
+            &out,
+            &w.new,
+        )
+    });
+    match sent {
+        Some(()) => (xdp_action::XDP_TX, counter::SYN_PROXY_STALE),
+        None => (DROP, counter::DROP_MALFORMED),
+    }
+}
+
 /// Backend → SNAT address: [`NONE`] when no proxied flow's.
 #[inline(never)]
 fn from_backend<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> u64 {
@@ -942,8 +1020,10 @@ fn backend_segment<F: Family>(
         } else {
             rescale(window, -(PROXY_WSCALE as i8))
         };
-        w.new
-            .set_timestamp(syn.ts.map(|(val, ecr)| (val.wrapping_add(pf.ts_off), ecr)));
+        w.new.set_timestamp(
+            syn.ts
+                .map(|(val, ecr)| (val.wrapping_add(pf.ts_off), ecr.wrapping_sub(pf.cts_off))),
+        );
         let out = Out {
             seq: pf.cookie,
             ack,
@@ -970,6 +1050,9 @@ fn backend_segment<F: Family>(
     let mut new_h = *h;
     if pf.state != proxy_state::OPEN {
         w.new = w.old;
+        if flags & (TCP_SYN | TCP_ACK | TCP_RST) == TCP_ACK {
+            return stale::<F>(ctx, flow, pf, ack, w);
+        }
         // The backend refused lb's SYN: its RST goes on to the client, in lb's numbers.
         if flags & TCP_RST == 0 {
             return invalid;

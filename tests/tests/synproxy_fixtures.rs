@@ -382,6 +382,151 @@ fn every_step(f: &Fam) {
 }
 
 #[test]
+fn a_time_wait_on_the_backend_gets_a_syn_past_its_timestamp_ipv4() {
+    time_wait(&V4);
+}
+
+#[test]
+fn a_time_wait_on_the_backend_gets_a_syn_past_its_timestamp_ipv6() {
+    time_wait(&V6);
+}
+
+/// The backend still holds an earlier connection's 4-tuple in TIME_WAIT and answers lb's SYN
+/// with that connection's ACK (its timestamp echoed): lb sends the SYN again at once with a
+/// timestamp past it, and moves the client's timestamps by as much both ways for the flow's
+/// life. Without timestamps it resets the earlier connection instead.
+fn time_wait(f: &Fam) {
+    require_root();
+    let mut e = TestNet::new("ring_size = 1009", SERVICES).unwrap();
+    e.dp.set_cookie_keys(KEY, None).unwrap();
+    let (vc, vb, vb_mac) = (e.vc, e.vb, e.vb_mac);
+    let snat_port = e.snat_port(f.client, 40000, f.vip, 80, 6);
+    let n = Net { e };
+    let (client, vip) = (at(f.client, 40000), at(f.vip, 80));
+    let (backend, snat) = (at(f.backend, 8080), at(f.snat, snat_port));
+    let (tcp, opts) = (f.tcp, f.tcp + 20);
+
+    let syn = Packet::tcp(&client, &vip, TCP_SYN)
+        .seq(1000, 0)
+        .tcp_options(&syn_options(7));
+    let out = n.run("SYN", &syn.build(), vc, XDP_TX);
+    let (cookie, lb_ts) = (be32(&out, tcp + 4), be32(&out, opts + 8));
+    let ack = Packet::tcp(&client, &vip, TCP_ACK)
+        .seq(1001, cookie + 1)
+        .window(502)
+        .tcp_options(&ts_option(8, lb_ts));
+    n.run("ACK", &ack.build(), vc, XDP_REDIRECT);
+
+    // The TIME_WAIT's ACK: its last acknowledgement, its timestamp echoing the earlier
+    // connection's last (5000, past the client's 8).
+    let stale = Packet::tcp(&backend, &snat, TCP_ACK)
+        .macs(BACKEND_MAC, vb_mac)
+        .seq(777_000, 999_000)
+        .window(64)
+        .tcp_options(&ts_option(4242, 5000));
+    let out = n.run("TIME_WAIT's ACK", &stale.build(), vb, XDP_TX);
+    n.expect(
+        "SYN again, its timestamp past the TIME_WAIT's",
+        &out,
+        &Packet::tcp(&snat, &backend, TCP_SYN)
+            .macs(vb_mac, BACKEND_MAC)
+            .ttl(63)
+            .seq(1000, 0)
+            .window(u16::MAX)
+            .tcp_options(&[
+                2, 4, 5, 180, 4, 2, 8, 10, 0, 0, 0x13, 0x89, 0, 0, 0, 0, 1, 3, 3, 7,
+            ]),
+    );
+    assert_eq!(n.counter(SYN_PROXY_STALE), 1);
+    let cts_off = 5001u32 - 8;
+
+    // The backend's SYN+ACK echoes 5001: the client's window update echoes its own 8.
+    let synack = Packet::tcp(&backend, &snat, TCP_SYN | TCP_ACK)
+        .macs(BACKEND_MAC, vb_mac)
+        .seq(5000, 1001)
+        .window(65160)
+        .tcp_options(&[
+            2, 4, 5, 180, 4, 2, 8, 10, 0, 1, 0x5f, 0x90, 0, 0, 0x13, 0x89, 1, 3, 3, 9,
+        ]);
+    let out = n.run("backend SYN+ACK", &synack.build(), vb, XDP_REDIRECT);
+    let backend_ts = 0x0001_5f90u32;
+    n.expect(
+        "window update",
+        &out,
+        &Packet::tcp(&vip, &client, TCP_ACK)
+            .macs(LB_MAC, CLIENT_MAC)
+            .ttl(63)
+            .seq(cookie, 1001)
+            .window(65160 >> 7)
+            .tcp_options(&ts_option(lb_ts, 8))
+            .payload(&[0]),
+    );
+
+    // Both ways the client's timestamps are moved by as much (the balancer's own translation).
+    let data = Packet::tcp(&client, &vip, TCP_ACK | TCP_PSH)
+        .seq(1001, cookie + 1)
+        .window(502)
+        .tcp_options(&ts_option(9, lb_ts))
+        .payload(b"GET /");
+    let out = n.run("client data", &data.build(), vc, XDP_REDIRECT);
+    n.expect(
+        "client data translated",
+        &out,
+        &Packet::tcp(&snat, &backend, TCP_ACK | TCP_PSH)
+            .macs(vb_mac, BACKEND_MAC)
+            .ttl(63)
+            .seq(1001, 5001)
+            .window(502)
+            .tcp_options(&ts_option(9 + cts_off, backend_ts))
+            .payload(b"GET /"),
+    );
+    let reply = Packet::tcp(&backend, &snat, TCP_ACK | TCP_PSH)
+        .macs(BACKEND_MAC, vb_mac)
+        .seq(5001, 1006)
+        .window(100)
+        .tcp_options(&ts_option(backend_ts + 5, 9 + cts_off))
+        .payload(b"200");
+    let out = n.run("backend data", &reply.build(), vb, XDP_REDIRECT);
+    n.expect(
+        "backend data translated",
+        &out,
+        &Packet::tcp(&vip, &client, TCP_ACK | TCP_PSH)
+            .macs(LB_MAC, CLIENT_MAC)
+            .ttl(63)
+            .seq(cookie + 1, 1006)
+            .window(400)
+            .tcp_options(&ts_option(lb_ts.wrapping_add(5), 9))
+            .payload(b"200"),
+    );
+
+    // A client without timestamps: the earlier connection is reset at its acknowledgement.
+    let client = at(f.client, 40001);
+    let snat = at(f.snat, n.e.snat_port(f.client, 40001, f.vip, 80, 6));
+    let syn = Packet::tcp(&client, &vip, TCP_SYN)
+        .seq(3000, 0)
+        .tcp_options(&[2, 4, 5, 180]);
+    let out = n.run("SYN, no timestamps", &syn.build(), vc, XDP_TX);
+    let cookie = be32(&out, tcp + 4);
+    let ack = Packet::tcp(&client, &vip, TCP_ACK).seq(3001, cookie + 1);
+    n.run("ACK, no timestamps", &ack.build(), vc, XDP_REDIRECT);
+    let stale = Packet::tcp(&backend, &snat, TCP_ACK)
+        .macs(BACKEND_MAC, vb_mac)
+        .seq(888_000, 123_456)
+        .window(64);
+    let out = n.run("TIME_WAIT's ACK, no timestamps", &stale.build(), vb, XDP_TX);
+    n.expect(
+        "RST at its acknowledgement",
+        &out,
+        &Packet::tcp(&snat, &backend, TCP_RST)
+            .macs(vb_mac, BACKEND_MAC)
+            .ttl(63)
+            .seq(123_456, 0)
+            .window(0),
+    );
+    assert_eq!(n.counter(SYN_PROXY_STALE), 2);
+}
+
+#[test]
 fn acks_without_a_valid_cookie_are_dropped() {
     require_root();
     let mut e = TestNet::new("ring_size = 1009", SERVICES).unwrap();
