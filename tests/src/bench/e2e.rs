@@ -44,15 +44,18 @@ pub const SERVICE_PORT: u16 = 7000;
 pub enum Target {
     Direct,
     Lb,
+    /// lb with its SYN proxy on for both services (issue 39: ≥ 0.9× lb's throughput).
+    LbProxy,
     Nft,
     Haproxy,
     Nginx,
 }
 
 impl Target {
-    pub const ALL: [Target; 5] = [
+    pub const ALL: [Target; 6] = [
         Target::Direct,
         Target::Lb,
+        Target::LbProxy,
         Target::Nft,
         Target::Haproxy,
         Target::Nginx,
@@ -62,6 +65,7 @@ impl Target {
         match self {
             Target::Direct => "direct",
             Target::Lb => "lb",
+            Target::LbProxy => "lb, SYN proxy",
             Target::Nft => "nft DNAT",
             Target::Haproxy => "HAProxy",
             Target::Nginx => "nginx stream",
@@ -71,7 +75,8 @@ impl Target {
     pub fn vip(self) -> Option<Ipv4Addr> {
         match self {
             Target::Direct => None,
-            Target::Lb => Some(Ipv4Addr::new(10, 100, 0, 1)),
+            // The same VIP and service as lb's, the proxy on: one daemon runs at a time.
+            Target::Lb | Target::LbProxy => Some(Ipv4Addr::new(10, 100, 0, 1)),
             Target::Nft => Some(Ipv4Addr::new(10, 100, 0, 2)),
             Target::Haproxy => Some(Ipv4Addr::new(10, 100, 0, 3)),
             Target::Nginx => Some(Ipv4Addr::new(10, 100, 0, 4)),
@@ -82,7 +87,7 @@ impl Target {
     pub fn processes(self) -> &'static [&'static str] {
         match self {
             Target::Direct | Target::Nft => &[],
-            Target::Lb => &["lb"],
+            Target::Lb | Target::LbProxy => &["lb"],
             Target::Haproxy => &["haproxy"],
             Target::Nginx => &["nginx"],
         }
@@ -223,14 +228,14 @@ impl Bed {
 }
 
 /// lb's config for the end-to-end runs: the iperf3 and HTTP services on its VIP; `lb_extra`
-/// lines in `[lb]`.
-fn lb_config(bed: &Bed, lb_extra: &str) -> String {
+/// lines in `[lb]`, `service_extra` in each service.
+fn lb_config(bed: &Bed, lb_extra: &str, service_extra: &str) -> String {
     let vip = Target::Lb.vip().expect("a VIP");
     let b = bed.backend();
     format!(
         "[lb]\ninterfaces = [{}]\nxdp_mode = \"native\"\n{lb_extra}\n\n\
-         [[service]]\nname = \"iperf\"\nvip = \"{vip}:{IPERF_PORT}\"\nbackends = [{{ address = \"{b}:{IPERF_PORT}\" }}]\n\n\
-         [[service]]\nname = \"http\"\nvip = \"{vip}:{VIP_HTTP_PORT}\"\nbackends = [{{ address = \"{b}:{HTTP_PORT}\" }}]\n",
+         [[service]]\nname = \"iperf\"\nvip = \"{vip}:{IPERF_PORT}\"\n{service_extra}\nbackends = [{{ address = \"{b}:{IPERF_PORT}\" }}]\n\n\
+         [[service]]\nname = \"http\"\nvip = \"{vip}:{VIP_HTTP_PORT}\"\n{service_extra}\nbackends = [{{ address = \"{b}:{HTTP_PORT}\" }}]\n",
         bed.sb.interfaces_toml()
     )
 }
@@ -420,8 +425,13 @@ impl E2e {
         let mut xdp = None;
         let mut _nft = None;
         match target {
-            Target::Lb => {
-                let d = Daemon::start(&bed.sb.lb, &lb_config(bed, ""))?;
+            Target::Lb | Target::LbProxy => {
+                let proxy = if target == Target::LbProxy {
+                    "syn_proxy = \"on\""
+                } else {
+                    ""
+                };
+                let d = Daemon::start(&bed.sb.lb, &lb_config(bed, "", proxy))?;
                 wait_for_neighbours(&bed.sb, &BTreeSet::from([backend.into()]))?;
                 daemon = Some((counters(&d)?, d));
                 if cpu {
