@@ -224,14 +224,15 @@ impl Default for Conntrack {
 /// Whether lb's SYN proxy answers a TCP service's new connections (`syn_proxy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SynProxy {
-    /// Connections go to the backends as they come (the default).
+    /// Connections go to the backends as they come (the default of UDP and direct server
+    /// return services, which cannot be proxied).
     Off,
     /// Every SYN is answered by lb with a cookie; only a client that completes the handshake
     /// gets a flow and reaches a backend.
     On,
     /// On while the service's new connections a second are above `[lb]
     /// syn_proxy_engage_rate`, off again after `syn_proxy_release_after` below
-    /// `syn_proxy_release_rate`.
+    /// `syn_proxy_release_rate` (the default of TCP full-NAT services).
     Auto,
 }
 

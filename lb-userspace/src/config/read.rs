@@ -571,8 +571,15 @@ fn read_service(f: &Fields, announce_on: bool) -> Option<Service> {
             ("on", SynProxy::On),
             ("auto", SynProxy::Auto),
         ],
-        SynProxy::Off,
+        SynProxy::Auto,
     );
+    // `auto` by default where the proxy can be (TCP, full NAT); off where it cannot.
+    let proxiable = protocol == Some(Protocol::Tcp) && forwarding == Some(Forwarding::Nat);
+    let syn_proxy = if f.has("syn_proxy") || proxiable {
+        syn_proxy
+    } else {
+        syn_proxy.map(|_| SynProxy::Off)
+    };
     if syn_proxy.is_some_and(|p| p != SynProxy::Off) {
         if protocol == Some(Protocol::Udp) {
             f.problem("syn_proxy", "the SYN proxy is for TCP services");
@@ -981,7 +988,19 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
             "protocol = \"tcp\"\nsyn_proxy = \"on\"\n",
         );
         assert_eq!(parse(&on).unwrap().services[0].syn_proxy, SynProxy::On);
-        assert_eq!(parse(GOOD).unwrap().services[0].syn_proxy, SynProxy::Off);
+        // Unsaid: `auto` where the proxy can be, off where it cannot (no error there).
+        assert_eq!(parse(GOOD).unwrap().services[0].syn_proxy, SynProxy::Auto);
+        let udp = GOOD.replace("protocol = \"tcp\"", "protocol = \"udp\"");
+        assert_eq!(parse(&udp).unwrap().services[0].syn_proxy, SynProxy::Off);
+        let dsr = GOOD
+            .replace(
+                "protocol = \"tcp\"",
+                "protocol = \"tcp\"\nforwarding = \"ipip\"",
+            )
+            .replace(":8080", ":80");
+        assert_eq!(parse(&dsr).unwrap().services[0].syn_proxy, SynProxy::Off);
+        let off = on.replace("syn_proxy = \"on\"", "syn_proxy = \"off\"");
+        assert_eq!(parse(&off).unwrap().services[0].syn_proxy, SynProxy::Off);
         let auto = on.replace("syn_proxy = \"on\"", "syn_proxy = \"auto\"");
         assert_eq!(parse(&auto).unwrap().services[0].syn_proxy, SynProxy::Auto);
         assert_eq!(

@@ -426,10 +426,12 @@ impl E2e {
         let mut _nft = None;
         match target {
             Target::Lb | Target::LbProxy => {
+                // Off, not the default `auto`: this row is lb without the proxy, whatever the
+                // connection rate (wrk's reaches `syn_proxy_engage_rate`).
                 let proxy = if target == Target::LbProxy {
                     "syn_proxy = \"on\""
                 } else {
-                    ""
+                    "syn_proxy = \"off\""
                 };
                 let d = Daemon::start(&bed.sb.lb, &lb_config(bed, "", proxy))?;
                 wait_for_neighbours(&bed.sb, &BTreeSet::from([backend.into()]))?;
