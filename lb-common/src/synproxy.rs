@@ -88,7 +88,7 @@ pub struct ProxyFlow {
     /// Added to the client's TSval towards the backend, taken from the backend's TSecr
     /// (wrapping). 0 unless the backend's TIME_WAIT of an earlier connection on the same
     /// 4-tuple refused lb's SYN for an older timestamp: lb's SYN again then carries one just
-    /// past that connection's, which the TIME_WAIT accepts (see the datapath's `syn_past`).
+    /// past that connection's, which the TIME_WAIT accepts (see the datapath's `stale`).
     pub cts_off: u32,
     /// lb's TSval in its SYN+ACK (the client echoed it) and the client's TSval in its ACK: the
     /// SYN to the backend carries the latter, the offset is computed from the former.

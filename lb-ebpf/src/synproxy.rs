@@ -490,6 +490,32 @@ fn turn_back<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> Option<()> {
     F::rewrite_ip(data, data_end, flow.l3_off, (&flow.daddr, &flow.saddr), 0)
 }
 
+/// Answers the sender of `flow` with `out` and options `opts` in place of its segment
+/// (XDP_TX), counted as `reason`.
+#[inline(always)]
+fn answer<F: Family>(
+    ctx: &XdpContext,
+    flow: &Flow<F::A>,
+    out: &Out,
+    opts: &TcpOpts,
+    reason: u32,
+) -> Verdict {
+    let sent = turn_back::<F>(ctx, flow).and_then(|()| {
+        emit::<F>(
+            ctx,
+            flow,
+            (&flow.daddr, &flow.saddr),
+            (flow.dport, flow.sport),
+            out,
+            opts,
+        )
+    });
+    match sent {
+        Some(()) => (xdp_action::XDP_TX, reason),
+        None => (DROP, counter::DROP_MALFORMED),
+    }
+}
+
 /// The cookie's words of `flow` (client → VIP).
 #[inline(always)]
 fn words<A: FlowAddr>(flow: &Flow<A>) -> [u64; 5] {
@@ -549,20 +575,7 @@ fn synack<F: Family>(
         window: 0,
         payload: 0,
     };
-    let sent = turn_back::<F>(ctx, flow).and_then(|()| {
-        emit::<F>(
-            ctx,
-            flow,
-            (&flow.daddr, &flow.saddr),
-            (flow.dport, flow.sport),
-            &out,
-            &w.new,
-        )
-    });
-    match sent {
-        Some(()) => (xdp_action::XDP_TX, counter::SYN_PROXY_SYNACK),
-        None => (DROP, counter::DROP_MALFORMED),
-    }
+    answer::<F>(ctx, flow, &out, &w.new, counter::SYN_PROXY_SYNACK)
 }
 
 /// The MSS index of the cookie `cookie` if it is valid for a SYN with sequence number `isn` of
@@ -856,20 +869,7 @@ fn pending<F: Family>(
             payload: 0,
         };
         w.new.set_timestamp(None);
-        let sent = turn_back::<F>(ctx, flow).and_then(|()| {
-            emit::<F>(
-                ctx,
-                flow,
-                (&flow.daddr, &flow.saddr),
-                (flow.dport, flow.sport),
-                &out,
-                &w.new,
-            )
-        });
-        return match sent {
-            Some(()) => (xdp_action::XDP_TX, counter::SYN_PROXY_RESET),
-            None => (DROP, counter::DROP_MALFORMED),
-        };
+        return answer::<F>(ctx, flow, &out, &w.new, counter::SYN_PROXY_RESET);
     }
     if flow.payload_len != 0 {
         return (DROP, counter::DROP_SYN_PROXY_PENDING);
@@ -927,20 +927,7 @@ fn stale<F: Family>(
             }
         }
     };
-    let sent = turn_back::<F>(ctx, flow).and_then(|()| {
-        emit::<F>(
-            ctx,
-            flow,
-            (&flow.daddr, &flow.saddr),
-            (flow.dport, flow.sport),
-            &out,
-            &w.new,
-        )
-    });
-    match sent {
-        Some(()) => (xdp_action::XDP_TX, counter::SYN_PROXY_STALE),
-        None => (DROP, counter::DROP_MALFORMED),
-    }
+    answer::<F>(ctx, flow, &out, &w.new, counter::SYN_PROXY_STALE)
 }
 
 /// Backend → SNAT address: [`NONE`] when no proxied flow's.

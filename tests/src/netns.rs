@@ -25,6 +25,17 @@ fn next_id() -> u32 {
 }
 
 /// Runs a command, failing with its output when it fails.
+/// Field `field` of the `prefix` lines (names, then values) of /proc/net/snmp or netstat text.
+pub fn stat_field(text: &str, prefix: &str, field: &str) -> Option<u64> {
+    let mut lines = text.lines().filter(|l| l.starts_with(prefix));
+    let (names, values) = (lines.next()?, lines.next()?);
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(n, _)| *n == field)
+        .and_then(|(_, v)| v.parse().ok())
+}
+
 pub fn sh(cmd: &mut Command) -> anyhow::Result<String> {
     let out = cmd
         .stdin(Stdio::null())
@@ -173,6 +184,17 @@ impl Netns {
         // /proc/sys/net follows the network namespace of the thread that opens it.
         self.enter(|| std::fs::write(&path, value))
             .with_context(|| format!("writing {path} in {}", self.name()))
+    }
+
+    /// Counter `field` of this namespace's /proc/net/netstat, on its `prefix` lines (`TcpExt:`,
+    /// `IpExt:`).
+    pub fn netstat(&self, prefix: &str, field: &str) -> anyhow::Result<u64> {
+        // /proc/thread-self/net follows the network namespace of the thread that reads it.
+        let text = self
+            .enter(|| std::fs::read_to_string("/proc/thread-self/net/netstat"))
+            .with_context(|| format!("reading netstat in {}", self.name()))?;
+        stat_field(&text, prefix, field)
+            .with_context(|| format!("no {prefix} {field} in {}'s netstat", self.name()))
     }
 
     /// `nft ARGS` inside the namespace (rules die with it).

@@ -167,14 +167,7 @@ fn a_vip_answers_ping_and_drops_what_no_service_takes() {
     );
 }
 
-/// Field `field` of the `prefix` lines (names, then values) of /proc/net/snmp or netstat.
+/// Field `field` of the `prefix` lines of /proc/net/snmp or netstat; 0 if absent.
 fn stat(text: &str, prefix: &str, field: &str) -> u64 {
-    let mut lines = text.lines().filter(|l| l.starts_with(prefix));
-    let (names, values) = (lines.next().unwrap_or(""), lines.next().unwrap_or(""));
-    names
-        .split_whitespace()
-        .zip(values.split_whitespace())
-        .find(|(n, _)| *n == field)
-        .and_then(|(_, v)| v.parse().ok())
-        .unwrap_or(0)
+    lb_tests::netns::stat_field(text, prefix, field).unwrap_or(0)
 }

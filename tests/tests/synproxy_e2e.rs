@@ -280,7 +280,7 @@ fn a_lossy_link_recovers_with_sack_through_the_proxy() {
     let sack = |what: &str| -> u64 {
         sb.backends
             .iter()
-            .map(|b| tcp_ext(&b.ns, what))
+            .map(|b| b.ns.netstat("TcpExt:", what).unwrap())
             .sum::<u64>()
     };
     let (recoveries, discarded) = (sack("TCPSackRecovery"), sack("TCPSACKDiscard"));
@@ -311,23 +311,6 @@ fn a_lossy_link_recovers_with_sack_through_the_proxy() {
         discarded, 0,
         "the backends found SACK blocks out of their window"
     );
-}
-
-/// A `TcpExt` counter of namespace `ns` (/proc/net/netstat follows the reading thread's).
-fn tcp_ext(ns: &lb_tests::netns::Netns, name: &str) -> u64 {
-    let text = ns
-        .enter(|| std::fs::read_to_string("/proc/thread-self/net/netstat"))
-        .unwrap();
-    let mut lines = text.lines();
-    while let (Some(names), Some(values)) = (lines.next(), lines.next()) {
-        if !names.starts_with("TcpExt:") {
-            continue;
-        }
-        let at = names.split_whitespace().position(|n| n == name);
-        let at = at.unwrap_or_else(|| panic!("no TcpExt counter {name}"));
-        return values.split_whitespace().nth(at).unwrap().parse().unwrap();
-    }
-    panic!("no TcpExt line");
 }
 
 /// A flood of SYNs from spoofed sources (each frame another address of 10.99.0.0/16, the

@@ -231,15 +231,7 @@ fn plain_still_healthy(daemon: &Daemon, sb: &Sandbox, i: usize) {
 /// TcpExt TCPSynRetrans, both families): one left without an answer is retransmitted after a
 /// second, one reset is not.
 fn syn_retransmitted(ns: &Netns) -> u64 {
-    let out = ns.exec(&["cat", "/proc/net/netstat"]).unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut ext = text.lines().filter(|l| l.starts_with("TcpExt:"));
-    let (names, values) = (ext.next().unwrap(), ext.next().unwrap());
-    let at = names
-        .split_whitespace()
-        .position(|n| n == "TCPSynRetrans")
-        .unwrap();
-    values.split_whitespace().nth(at).unwrap().parse().unwrap()
+    ns.netstat("TcpExt:", "TCPSynRetrans").unwrap()
 }
 
 /// Connections in SYN-RECV on `ns` (`ss`): half-open ones the prober left.
