@@ -255,8 +255,8 @@ fn request_from_port(port: u16) -> std::io::Result<String> {
 
 /// A lossy link (one in 40 of the backend's segments lost on the way to the client, both
 /// families): the client's SACK blocks reach the backend in the backend's numbers, so its
-/// recovery uses them (Linux counts SACK recoveries, and SACK blocks it finds invalid), and
-/// every byte comes back intact.
+/// recovery uses them (Linux counts SACK recoveries, and SACK blocks it finds invalid: next to
+/// none), and every byte comes back intact.
 #[test]
 fn a_lossy_link_recovers_with_sack_through_the_proxy() {
     require_root();
@@ -307,9 +307,12 @@ fn a_lossy_link_recovers_with_sack_through_the_proxy() {
          discarded, {translated} segments translated"
     );
     assert!(recoveries > 0, "the backends never recovered with SACK");
-    assert_eq!(
-        discarded, 0,
-        "the backends found SACK blocks out of their window"
+    // Untranslated blocks are all out of the backend's window (17,807 discarded against 18
+    // recoveries, with the translation broken on purpose); a loaded machine may reorder an ACK
+    // now and then, whose stale block Linux discards too (1 against 81 in a full test run).
+    assert!(
+        discarded * 10 <= recoveries,
+        "the backends found {discarded} SACK blocks out of their window ({recoveries} recoveries)"
     );
 }
 
