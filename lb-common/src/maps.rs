@@ -115,6 +115,10 @@ pub mod map_name {
     pub const PROXY: &str = "LB_PROXY";
     /// `LruHashMap<FlowKey6, ProxyFlow>`: the same for IPv6.
     pub const PROXY6: &str = "LB_PROXY6";
+    /// `Array<ProxyFast>` of [`crate::PROXY_FAST_SLOTS`]: the open proxied IPv4 flows' offsets
+    /// where the balancer reads them, by flow hash. Per run: the proxy's programs fill it again.
+    pub const PROXY_FAST: &str = "LB_PROXY_FAST";
+    pub const PROXY_FAST6: &str = "LB_PROXY_FAST6";
     /// `ProgramArray` of [`crate::PROXY_SLOTS`]: the SYN proxy's programs, one a family. Per
     /// run, apart from [`PROGS`] (whose size is part of the pinned layout).
     pub const PROXY_PROGS: &str = "LB_PROXY_PROGS";

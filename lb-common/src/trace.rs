@@ -36,6 +36,21 @@ pub mod trace_kind {
     /// A SYN of a direct-server-return service in flood mode: sent to its backend
     /// ([`super::TraceNote::flood_backend`]) without a connection table entry.
     pub const FLOOD: u8 = 6;
+    /// The SYN proxy answered a SYN with its cookie's SYN+ACK (no state taken).
+    pub const PROXY_COOKIE: u8 = 7;
+    /// A client's ACK returned a valid cookie: the flow was created (its backend, its SNAT
+    /// port) and lb sent the backend a SYN.
+    pub const PROXY_CREATED: u8 = 8;
+    /// lb sent the backend its SYN again (at the client's probe: the backend had not answered).
+    pub const PROXY_SYN_AGAIN: u8 = 9;
+    /// The backend's SYN+ACK: the client got its window, the flow is translated from now on.
+    pub const PROXY_OPENED: u8 = 10;
+    /// The backend refused lb's SYN (its RST went on to the client) or never answered (the
+    /// client was reset).
+    pub const PROXY_FAILED: u8 = 11;
+    /// The backend answered lb's SYN from the TIME_WAIT of an earlier connection on the same
+    /// 4-tuple: lb sent the SYN again past its timestamp, or reset the TIME_WAIT.
+    pub const PROXY_STALE: u8 = 12;
 }
 
 /// [`TraceNote::service_id`] / [`TraceNote::backend_id`] when there is none.
@@ -106,8 +121,8 @@ pub struct TraceNote {
     /// 4 or 6; 0 for a frame `lb_trace` could not read.
     pub family: u8,
     /// The kind a new flow's record takes instead of [`trace_kind::NEW_FLOW`], set by the
-    /// balancer for that packet ([`trace_kind::QUIC_ROUTED`], [`trace_kind::FLOOD`]); 0: none.
-    /// Taken off with the note's hand-off.
+    /// balancer for that packet ([`trace_kind::QUIC_ROUTED`], [`trace_kind::FLOOD`]), or the
+    /// SYN proxy's decision about it (`PROXY_*`); 0: none. Taken off with the note's hand-off.
     pub new_kind: u8,
     pub _pad0: u8,
     /// A flood-mode SYN's backend, which no table entry holds (kind [`trace_kind::FLOOD`]).

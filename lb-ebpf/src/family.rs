@@ -9,16 +9,16 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use lb_common::{
-    ADDR_WAYS, Addr6, AddrSetOf, BackendInfoOf, CtSlotOf, FlowAddr, NatSlotOf, Params, ProxyFlow,
-    ServiceInfo, ServiceKeyOf, addr_set,
+    ADDR_WAYS, Addr6, AddrSetOf, BackendInfoOf, CtSlotOf, FlowAddr, NatSlotOf, Params, ProxyFast,
+    ProxyFlow, ServiceInfo, ServiceKeyOf, addr_set,
 };
 use network_types::{ip::Ipv4Hdr, ip::Ipv6Hdr};
 
 use crate::{
     csum::{diff16, diff32, update},
     maps::{
-        ADDRS, ADDRS6, BACKENDS, BACKENDS6, CONNTRACK, CONNTRACK6, NAT, NAT6, PROXY, PROXY6,
-        SEARCH, SEARCH6, SERVICES, SERVICES6, SnatSearch,
+        ADDRS, ADDRS6, BACKENDS, BACKENDS6, CONNTRACK, CONNTRACK6, NAT, NAT6, PROXY, PROXY_FAST,
+        PROXY_FAST6, PROXY6, SEARCH, SEARCH6, SERVICES, SERVICES6, SnatSearch,
     },
     outer,
     ptr::{ptr_at_mut, store_addr6},
@@ -39,6 +39,8 @@ pub trait Family {
     const PROXY_MSS: u16;
     /// The proxied flows' translations.
     fn proxies() -> &'static LruHashMap<lb_common::FlowKeyOf<Self::A>, ProxyFlow>;
+    /// The open proxied flows' offsets where the balancer reads them (lb_common's `ProxyFast`).
+    fn proxy_fast() -> &'static Array<ProxyFast>;
     fn addrs() -> &'static Array<AddrSetOf<Self::A>>;
     fn services() -> &'static HashMap<ServiceKeyOf<Self::A>, ServiceInfo>;
     fn backends() -> &'static Array<BackendInfoOf<Self::A>>;
@@ -122,6 +124,10 @@ impl Family for V4 {
     #[inline(always)]
     fn proxies() -> &'static LruHashMap<lb_common::FlowKey, ProxyFlow> {
         &PROXY
+    }
+    #[inline(always)]
+    fn proxy_fast() -> &'static Array<ProxyFast> {
+        &PROXY_FAST
     }
     #[inline(always)]
     fn addr_sum(a: &u32, b: &u32) -> u32 {
@@ -258,6 +264,10 @@ impl Family for V6 {
     #[inline(always)]
     fn proxies() -> &'static LruHashMap<lb_common::FlowKey6, ProxyFlow> {
         &PROXY6
+    }
+    #[inline(always)]
+    fn proxy_fast() -> &'static Array<ProxyFast> {
+        &PROXY_FAST6
     }
     #[inline(always)]
     fn addr_sum(a: &Addr6, b: &Addr6) -> u32 {

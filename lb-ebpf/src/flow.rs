@@ -64,7 +64,7 @@ pub fn forward<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>, quic_vip: bool) -
         if e.flags & ct_flags::PROXIED != 0
             && !(ct_live(e, now, p)
                 && e.state != ct_state::TCP_CLOSING
-                && proxied::to_backend::<F>(ctx, flow))
+                && proxied::to_backend::<F>(ctx, flow, hash))
         {
             return to_proxy::<F>(ctx, PROXY_ENTRY);
         }

@@ -145,6 +145,7 @@ mod prog {
             Some(flow) => stage(ctx, &flow),
             None => (xdp_action::XDP_DROP, counter::DROP_MALFORMED),
         };
+        trace::decided(ctx, (action, reason));
         trace::dropped(ctx, (action, reason));
         stats::count(reason);
         action
@@ -162,6 +163,7 @@ mod prog {
             Some(Parsed::Flow(flow)) => stage(ctx, &flow),
             _ => (xdp_action::XDP_DROP, counter::DROP_MALFORMED),
         };
+        trace::decided(ctx, (action, reason));
         trace::dropped(ctx, (action, reason));
         stats::count(reason);
         action

@@ -231,6 +231,16 @@ pub static PROXY: LruHashMap<FlowKey, lb_common::ProxyFlow> =
 pub static PROXY6: LruHashMap<FlowKey6, lb_common::ProxyFlow> =
     LruHashMap::with_max_entries(lb_common::DEFAULT_PROXY_FLOWS, 0);
 
+/// The open proxied IPv4 flows' offsets, by flow hash, where the balancer reads them.
+#[map(name = "LB_PROXY_FAST")] // lb_common::map_name::PROXY_FAST
+pub static PROXY_FAST: Array<lb_common::ProxyFast> =
+    Array::with_max_entries(lb_common::PROXY_FAST_SLOTS, 0);
+
+/// The same for IPv6.
+#[map(name = "LB_PROXY_FAST6")] // lb_common::map_name::PROXY_FAST6
+pub static PROXY_FAST6: Array<lb_common::ProxyFast> =
+    Array::with_max_entries(lb_common::PROXY_FAST_SLOTS, 0);
+
 /// The SYN proxy's programs, one a family (tail calls). Per run, apart from `PROGS`.
 #[map(name = "LB_PROXY_PROGS")] // lb_common::map_name::PROXY_PROGS
 pub static PROXY_PROGS: ProgramArray = ProgramArray::with_max_entries(lb_common::PROXY_SLOTS, 0);

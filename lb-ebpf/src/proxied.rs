@@ -3,10 +3,14 @@
 //! timestamps that carries no SACK blocks). Its words change in place, the checksum with them;
 //! every other segment of a proxied flow goes to the SYN proxy's programs (synproxy.rs), whose
 //! option walk and tail calls cost an established packet twice an unproxied one's (lb-bench).
+//! The offsets come from the flow's slot of a small array (lb_common's `ProxyFast`), not from
+//! the proxy's LRU hash map, whose lookup was most of what was left of the difference.
 #![cfg_attr(not(target_arch = "bpf"), allow(dead_code))]
 
 use aya_ebpf::programs::XdpContext;
-use lb_common::{FlowKeyOf, NatEntryOf, PROTO_TCP, ProxyFlow, counter, proxy_state, rescale};
+use lb_common::{
+    FlowAddr, NatEntryOf, PROTO_TCP, ProxyFast, counter, proxy_fast_ports, proxy_fast_slot, rescale,
+};
 
 use crate::{
     csum::{diff16, update},
@@ -19,20 +23,18 @@ use crate::{
 /// The first option word of Linux's lone timestamp: NOP, NOP, kind 8, length 10.
 const NOP_NOP_TS: [u8; 4] = [1, 1, 8, 10];
 
-/// Translates the client's segment of `flow` towards the backend: the acknowledgement plus the
-/// sequence offset, the TSval plus the client's timestamp offset (0 but after a TIME_WAIT, see
-/// synproxy.rs), the TSecr less the timestamp offset. `false`, with nothing changed, when
-/// this segment is not one for here. Out of line (a BPF-to-BPF call), its key built here, not
-/// passed: inlined, or with the caller's key kept for it, its stack took the IPv6 balancer's
-/// past BPF's 512 bytes.
+/// Translates the client's segment of `flow` (whose hash is `hash`) towards the backend: the
+/// acknowledgement plus the sequence offset, the TSval plus the client's timestamp offset (0
+/// but after a TIME_WAIT, see synproxy.rs), the TSecr less the timestamp offset. `false`, with
+/// nothing changed, when this segment is not one for here. Out of line (a BPF-to-BPF call):
+/// inlined, its stack took the IPv6 balancer's past BPF's 512 bytes.
 #[inline(never)]
-pub fn to_backend<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> bool {
+pub fn to_backend<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>, hash: u64) -> bool {
     let (ctx, flow) = (opaque(ctx), opaque(flow));
     if flow.tcp_flags & TCP_SYN != 0 {
         return false;
     }
-    let key = FlowKeyOf::new(flow.saddr, flow.daddr, flow.sport, flow.dport, PROTO_TCP);
-    let Some(o) = open::<F>(&key) else {
+    let Some(o) = open::<F>(hash, proxy_fast_ports(flow.sport, flow.dport)) else {
         return false;
     };
     let ack = flow.tcp_flags & TCP_ACK != 0;
@@ -54,14 +56,14 @@ pub fn to_client<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>, nat: &NatEntryO
     if flow.tcp_flags & TCP_SYN != 0 {
         return false;
     }
-    let key = FlowKeyOf::new(
+    let hash = F::A::flow_hash(
         nat.client_addr,
         nat.vip_addr,
         nat.client_port,
         nat.vip_port,
         PROTO_TCP,
     );
-    let Some(o) = open::<F>(&key) else {
+    let Some(o) = open::<F>(hash, proxy_fast_ports(nat.client_port, nat.vip_port)) else {
         return false;
     };
     quick(ctx.data(), ctx.data_end(), flow.l4_off, |w| match w {
@@ -73,14 +75,12 @@ pub fn to_client<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>, nat: &NatEntryO
     })
 }
 
-/// The flow's translation, if its backend has answered: a reference to the map value, not a
-/// copy (the balancer has no stack to spare for one).
+/// The flow's offsets, if its backend has answered and its slot holds them: a reference to the
+/// map value, not a copy (the balancer has no stack to spare for one).
 #[inline(always)]
-fn open<F: Family>(key: &FlowKeyOf<F::A>) -> Option<&'static ProxyFlow> {
-    let pf = F::proxies().get_ptr(key)?;
-    // SAFETY: a map value of plain integers.
-    let pf: &ProxyFlow = unsafe { &*pf };
-    (pf.state == proxy_state::OPEN).then_some(pf)
+fn open<F: Family>(hash: u64, ports: u32) -> Option<&'static ProxyFast> {
+    let f = F::proxy_fast().get(proxy_fast_slot(hash).0)?;
+    f.holds(hash, ports).then_some(f)
 }
 
 /// The words of a segment the translation may change.

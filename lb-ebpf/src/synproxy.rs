@@ -30,8 +30,9 @@ use lb_common::{
     BackendInfoOf, COOKIE_MSS, COOKIE_TICK_SHIFT, CookieKey, CtEntry, FlowAddr, FlowKeyOf,
     MAX_OPTS, NO_WSCALE, NextHop, PROTO_TCP, PROXY_OPEN, PROXY_SYN, PROXY_TRANSLATE, PROXY_WSCALE,
     ProxyFlow, SynOpts, TcpOpts, WalkMode, Walker, addr_flags, backend_flags, check_cookie,
-    cookie_words, counter, ct_flags, ct_state, make_cookie, mss_index, nat_flags, proxy_opts,
-    proxy_state, rescale, service_flags, ts_decode, ts_encode,
+    cookie_words, counter, ct_flags, ct_state, make_cookie, mss_index, nat_flags, proxy_fast_ports,
+    proxy_fast_slot, proxy_opts, proxy_state, rescale, service_flags, trace_kind, ts_decode,
+    ts_encode,
 };
 use network_types::eth::EthHdr;
 
@@ -45,6 +46,7 @@ use crate::{
     ptr::{opaque, ptr_at_mut_checked, read_at_checked},
     stats,
     table::{ct_find, ct_live, ct_store},
+    trace,
     verdict::{Verdict, send_out},
 };
 
@@ -79,7 +81,9 @@ pub fn handle<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> Verdict {
     if flags & addr_flags::SNAT != 0 {
         let v = from_backend::<F>(ctx, flow);
         if v != NONE {
-            return unpack(v);
+            let v = unpack(v);
+            after_reply::<F>(flow, v.1);
+            return v;
         }
     }
     if flags & addr_flags::VIP == 0 {
@@ -91,6 +95,9 @@ pub fn handle<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> Verdict {
     let p = params();
     let now = clock::now();
     if is_new_syn(flow.tcp_flags) {
+        if trace::on() {
+            noted::<F>(trace_kind::PROXY_COOKIE, flow);
+        }
         return unpack(answer_syn::<F>(ctx, flow, now));
     }
     let k = FlowKeyOf::new(flow.saddr, flow.daddr, flow.sport, flow.dport, flow.proto);
@@ -682,6 +689,8 @@ fn create<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>, hash: u64, now: u64, h
     if F::proxies().insert(&k, &w.flow, 0).is_err() {
         return (DROP, counter::DROP_NAT_FULL);
     }
+    // An earlier connection's offsets on this 4-tuple would translate this one's segments.
+    forget::<F>(hash, proxy_fast_ports(flow.sport, flow.dport));
     let entry = CtEntry {
         backend_id,
         service_id: svc.id,
@@ -700,6 +709,9 @@ fn create<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>, hash: u64, now: u64, h
     stats::count(counter::CT_NEW);
     stats::count(counter::SYN_PROXY_ACK_VALID);
     stats::count_opened(svc.id, backend_id, ctx.data_end() - ctx.data());
+    if trace::on() {
+        noted::<F>(trace_kind::PROXY_CREATED, flow);
+    }
     stage::<F>(ctx, PROXY_SYN)
 }
 
@@ -830,6 +842,7 @@ fn translate_client<F: Family>(
     if !translate(w, WalkMode::ToBackend, pf) {
         return (DROP, counter::DROP_SYN_PROXY_OPTIONS);
     }
+    remember::<F>(pf, hash, proxy_fast_ports(flow.sport, flow.dport));
     let mut new_h = *h;
     if h[13] & TCP_ACK != 0 {
         put32(&mut new_h, 8, be32(h, 8).wrapping_add(pf.seq_off));
@@ -869,12 +882,18 @@ fn pending<F: Family>(
             payload: 0,
         };
         w.new.set_timestamp(None);
+        if trace::on() {
+            noted::<F>(trace_kind::PROXY_FAILED, flow);
+        }
         return answer::<F>(ctx, flow, &out, &w.new, counter::SYN_PROXY_RESET);
     }
     if flow.payload_len != 0 {
         return (DROP, counter::DROP_SYN_PROXY_PENDING);
     }
     stats::count(counter::SYN_PROXY_SYN_AGAIN);
+    if trace::on() {
+        noted::<F>(trace_kind::PROXY_SYN_AGAIN, flow);
+    }
     stage::<F>(ctx, PROXY_SYN)
 }
 
@@ -963,6 +982,90 @@ fn reply_segment<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> Option<Verdi
         return Some((DROP, counter::DROP_MALFORMED));
     };
     Some(backend_segment::<F>(ctx, flow, pf, &h, w))
+}
+
+/// After [`from_backend`] handled a backend's segment of a proxied flow (`flow`, its verdict's
+/// counter `reason`): the flow's offsets put back where the balancer reads them ([`remember`]:
+/// the flow opened, or its slot was another's), and the proxy's decision noted for the trace.
+/// Out of line, its tables looked up again: in `from_backend`, the key or the hash kept across
+/// the segment's handling took the IPv6 program's stack past BPF's 512 bytes.
+#[inline(never)]
+fn after_reply<F: Family>(flow: &Flow<F::A>, reason: u32) {
+    let flow = opaque(flow);
+    let k = FlowKeyOf::new(flow.saddr, flow.daddr, flow.sport, flow.dport, flow.proto);
+    let Some(slot) = crate::table::nat_find::<F>(&k, k.hash(), params()) else {
+        return;
+    };
+    // SAFETY: a map value of plain integers.
+    let nat = unsafe { &(*slot).entry };
+    let fwd = FlowKeyOf::new(
+        nat.client_addr,
+        nat.vip_addr,
+        nat.client_port,
+        nat.vip_port,
+        PROTO_TCP,
+    );
+    // SAFETY: read-only use of a map value of plain integers.
+    let Some(pf) = (unsafe { F::proxies().get(&fwd) }) else {
+        return;
+    };
+    let open = pf.state == proxy_state::OPEN;
+    if open {
+        remember::<F>(pf, fwd.hash(), proxy_fast_ports(fwd.sport, fwd.dport));
+    }
+    if trace::on() {
+        let kind = if reason == counter::SYN_PROXY_STALE {
+            trace_kind::PROXY_STALE
+        } else if flow.tcp_flags & TCP_SYN != 0 && open {
+            trace_kind::PROXY_OPENED
+        } else if flow.tcp_flags & TCP_RST != 0 && !open {
+            trace_kind::PROXY_FAILED
+        } else {
+            return;
+        };
+        trace::proxy(kind, fwd.src, fwd.dst, fwd.sport, fwd.dport);
+    }
+}
+
+/// Notes the proxy's decision `kind` about the client's segment `flow` for the trace (behind
+/// [`trace::on`]).
+#[inline(always)]
+fn noted<F: Family>(kind: u8, flow: &Flow<F::A>) {
+    trace::proxy(kind, flow.saddr, flow.daddr, flow.sport, flow.dport);
+}
+
+/// Puts open flow `pf`'s offsets (the flow's hash `hash`, key ports `ports`) where the
+/// balancer translates its common segments itself (proxied.rs): when it opens, and again from
+/// any segment that came here (the slot was another flow's, or a new daemon's is empty).
+#[inline(always)]
+fn remember<F: Family>(pf: &ProxyFlow, hash: u64, ports: u32) {
+    if let Some(f) = F::proxy_fast().get_ptr_mut(proxy_fast_slot(hash).0) {
+        // SAFETY: an array map value of plain integers. Field by field: a whole value built
+        // first would be a copy on the stack.
+        unsafe {
+            (*f).open = 0;
+            (*f).seq_off = pf.seq_off;
+            (*f).ts_off = pf.ts_off;
+            (*f).cts_off = pf.cts_off;
+            (*f).wshift = pf.wshift;
+            (*f).tag = proxy_fast_slot(hash).1;
+            (*f).ports = ports;
+            (*f).open = 1;
+        }
+    }
+}
+
+/// Takes the offsets of the flow with `hash` and `ports` out of the balancer's reach.
+#[inline(always)]
+fn forget<F: Family>(hash: u64, ports: u32) {
+    if let Some(f) = F::proxy_fast().get_ptr_mut(proxy_fast_slot(hash).0) {
+        // SAFETY: an array map value of plain integers.
+        unsafe {
+            if (*f).holds(hash, ports) {
+                (*f).open = 0;
+            }
+        }
+    }
 }
 
 #[inline(always)]

@@ -113,10 +113,69 @@ pub fn quic_routed() {
     }
 }
 
+/// A decision of the SYN proxy (`kind`, a `PROXY_*` of [`trace_kind`]) about the connection
+/// `client:cport → vip:vport`, noted for the record its stage writes when it ends
+/// ([`decided`]): the frame is rewritten by then, turned back or towards the backend. Called
+/// behind [`on`].
+#[inline(always)]
+pub fn proxy<A: FlowAddr>(kind: u8, client: A, vip: A, cport: u16, vport: u16) {
+    if let Some(c) = TRACE_CPU.get_ptr_mut(0) {
+        // SAFETY: as in `rescheduled`.
+        let n = unsafe { &mut (*c).note };
+        n.new_kind = kind;
+        describe_as(n, client, vip, cport, vport, PROTO_TCP);
+    }
+}
+
+/// The end of a SYN proxy stage (verdict `v`): the decision [`proxy`] noted for this packet,
+/// if any, handed to `lb_trace`. A dropped packet's is left to [`dropped`], whose record says
+/// why it was dropped.
+#[inline(always)]
+pub fn decided(ctx: &XdpContext, v: Verdict) {
+    if v.0 == xdp_action::XDP_DROP || !on() {
+        return;
+    }
+    let Some(c) = TRACE_CPU.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: as in `rescheduled`.
+    if unsafe { (*c).note.new_kind } != 0 {
+        hand_off_as(ctx, v, trace_kind::NEW_FLOW, |_| {});
+    }
+}
+
 /// Describes the packet in this CPU's note and tail-calls `lb_trace`. Returns only when the
 /// slot is empty (no daemon reads the trace).
 #[inline(always)]
 fn hand_off<A: FlowAddr>(ctx: &XdpContext, v: Verdict, kind: u8, flow: Option<&Flow<A>>) {
+    hand_off_as(ctx, v, kind, |n| match flow {
+        Some(f) => describe_as(n, f.saddr, f.daddr, f.sport, f.dport, f.proto),
+        None => n.described = 0,
+    })
+}
+
+/// The note's flow, described by the program that writes it.
+#[inline(always)]
+fn describe_as<A: FlowAddr>(
+    n: &mut TraceNote,
+    client: A,
+    vip: A,
+    cport: u16,
+    vport: u16,
+    proto: u8,
+) {
+    n.client = client.to_addr6();
+    n.vip = vip.to_addr6();
+    n.client_port = cport;
+    n.vip_port = vport;
+    n.proto = proto;
+    n.family = if core::mem::size_of::<A>() == 4 { 4 } else { 6 };
+    n.described = 1;
+}
+
+/// [`hand_off`] with the note described by `describe`.
+#[inline(always)]
+fn hand_off_as(ctx: &XdpContext, v: Verdict, kind: u8, describe: impl FnOnce(&mut TraceNote)) {
     let Some(c) = TRACE_CPU.get_ptr_mut(0) else {
         return;
     };
@@ -131,18 +190,7 @@ fn hand_off<A: FlowAddr>(ctx: &XdpContext, v: Verdict, kind: u8, flow: Option<&F
         kind
     };
     n.new_kind = 0;
-    match flow {
-        Some(f) => {
-            n.client = f.saddr.to_addr6();
-            n.vip = f.daddr.to_addr6();
-            n.client_port = f.sport;
-            n.vip_port = f.dport;
-            n.proto = f.proto;
-            n.family = if core::mem::size_of::<A>() == 4 { 4 } else { 6 };
-            n.described = 1;
-        }
-        None => n.described = 0,
-    }
+    describe(n);
     // SAFETY: the program array holds lb_trace, an XDP program of this object. (Its result
     // is a unit on the host, where this is only type-checked, and must be used on BPF.)
     #[allow(clippy::let_unit_value)]

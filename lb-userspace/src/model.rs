@@ -784,8 +784,10 @@ pub struct TraceLine {
     /// Unix time the daemon read it, seconds.
     pub time: f64,
     /// "new_flow", "rescheduled", "midstream" (re-created mid-stream), "quic_routed" (a QUIC
-    /// connection's new 4-tuple sent to the backend its connection ID names), "dropped", or
-    /// "notice" (the trace's own: started, records not shown, ended).
+    /// connection's new 4-tuple sent to the backend its connection ID names), "flood" (a
+    /// direct-server-return SYN in flood mode), the SYN proxy's decisions ("proxy_cookie",
+    /// "proxy_created", "proxy_syn_again", "proxy_opened", "proxy_failed", "proxy_stale"),
+    /// "dropped", or "notice" (the trace's own: started, records not shown, ended).
     pub kind: String,
     /// The whole line as `lb trace` prints it after the time.
     pub text: String,

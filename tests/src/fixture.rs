@@ -251,3 +251,41 @@ mod tests {
         assert!(lines[1].starts_with("      got   01 [09]    "), "{d}");
     }
 }
+
+/// The datapath trace's records as aya-log hands them over, read back by the daemon's parser
+/// (a logger for `Dataplane::take_trace`).
+#[derive(Clone, Default)]
+pub struct Collect(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl log::Log for Collect {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+    fn log(&self, record: &log::Record<'_>) {
+        self.0.lock().unwrap().push(record.args().to_string());
+    }
+    fn flush(&self) {}
+}
+
+impl Collect {
+    /// The records collected since the last call, parsed as the daemon parses them.
+    pub fn take(&self) -> Vec<lb::trace::Record> {
+        let lines = std::mem::take(&mut *self.0.lock().unwrap());
+        lines
+            .iter()
+            .map(|l| lb::trace::Record::parse(l).unwrap_or_else(|| panic!("not a record: {l}")))
+            .collect()
+    }
+}
+
+/// A trace of every packet, at 1000 records a second, without a deadline.
+pub fn everything() -> lb_common::TraceFilter {
+    lb_common::TraceFilter {
+        service_id: lb_common::TRACE_NONE,
+        rate: 1000,
+        rate_scaled: lb_common::Params::per_2_32_ns(1000),
+        client_prefix: 0,
+        client: [0; 4],
+        until_ns: u64::MAX,
+    }
+}

@@ -8,10 +8,10 @@ use std::net::IpAddr;
 
 use lb_common::{
     COOKIE_TICK_SHIFT, CookieKey, addr6, check_cookie, cookie_words, counter::*, make_cookie,
-    mapped, ts_decode,
+    mapped, trace_kind, ts_decode,
 };
 use lb_tests::{
-    fixture::{XDP_DROP, XDP_REDIRECT, XDP_TX, hex_diff, run_once},
+    fixture::{Collect, XDP_DROP, XDP_REDIRECT, XDP_TX, everything, hex_diff, run_once},
     packet::{CLIENT_MAC, LB_MAC, Packet, TCP_ACK, TCP_PSH, TCP_RST, TCP_SYN, at},
     require_root,
     testnet::{BACKEND_MAC, TestNet, ne},
@@ -163,6 +163,10 @@ fn every_step(f: &Fam) {
     require_root();
     let mut e = TestNet::new("ring_size = 1009", SERVICES).unwrap();
     e.dp.set_cookie_keys(KEY, None).unwrap();
+    // Traced all along: each of the proxy's decisions is a record, its translations are not.
+    let collect = Collect::default();
+    let (mut trace, mut logger) = e.dp.take_trace(collect.clone()).unwrap();
+    trace.start(&everything()).unwrap();
     let (vc, vb, vb_mac) = (e.vc, e.vb, e.vb_mac);
     let snat_port = e.snat_port(f.client, 40000, f.vip, 80, 6);
     let n = Net { e };
@@ -379,6 +383,33 @@ fn every_step(f: &Fam) {
     );
     assert!(n.counter(SYN_PROXY_TRANSLATED) >= 5);
     assert_eq!(ts_off, lb_ts.wrapping_sub(backend_ts));
+
+    n.e.ns.enter(|| logger.flush());
+    let r = collect.take();
+    let kinds: Vec<_> = r.iter().map(|r| (r.kind, r.reason)).collect();
+    assert_eq!(
+        kinds,
+        [
+            (trace_kind::PROXY_COOKIE, SYN_PROXY_SYNACK),
+            (trace_kind::PROXY_CREATED, FWD_REDIRECT),
+            (trace_kind::DROPPED, DROP_SYN_PROXY_PENDING),
+            (trace_kind::PROXY_OPENED, FWD_REDIRECT),
+        ],
+        "{r:#?}"
+    );
+    let ip: IpAddr = f.client.parse().unwrap();
+    for r in &r {
+        assert_eq!((r.client, r.client_port, r.vip_port), (Some(ip), 40000, 80));
+        assert!(r.service.is_some(), "{r:?}");
+    }
+    assert_eq!(r[0].backend, None, "a cookie takes no state");
+    let created = r[1];
+    assert!(created.backend.is_some());
+    assert_eq!(created.snat_port, snat_port);
+    assert_eq!(
+        (r[3].backend, r[3].snat_port),
+        (created.backend, created.snat_port)
+    );
 }
 
 #[test]
@@ -399,6 +430,9 @@ fn time_wait(f: &Fam) {
     require_root();
     let mut e = TestNet::new("ring_size = 1009", SERVICES).unwrap();
     e.dp.set_cookie_keys(KEY, None).unwrap();
+    let collect = Collect::default();
+    let (mut trace, mut logger) = e.dp.take_trace(collect.clone()).unwrap();
+    trace.start(&everything()).unwrap();
     let (vc, vb, vb_mac) = (e.vc, e.vb, e.vb_mac);
     let snat_port = e.snat_port(f.client, 40000, f.vip, 80, 6);
     let n = Net { e };
@@ -524,6 +558,33 @@ fn time_wait(f: &Fam) {
             .window(0),
     );
     assert_eq!(n.counter(SYN_PROXY_STALE), 2);
+
+    // Then the backend refuses lb's SYN: its RST goes on to the client, the handshake failed.
+    let refused = Packet::tcp(&backend, &snat, TCP_RST | TCP_ACK)
+        .macs(BACKEND_MAC, vb_mac)
+        .seq(0, 3001);
+    n.run("backend RST", &refused.build(), vb, XDP_REDIRECT);
+    assert_eq!(n.counter(SYN_PROXY_FAILED), 1);
+
+    n.e.ns.enter(|| logger.flush());
+    let r = collect.take();
+    let kinds: Vec<_> = r.iter().map(|r| (r.kind, r.client_port)).collect();
+    use trace_kind::*;
+    assert_eq!(
+        kinds,
+        [
+            (PROXY_COOKIE, 40000),
+            (PROXY_CREATED, 40000),
+            (PROXY_STALE, 40000),
+            (PROXY_OPENED, 40000),
+            (PROXY_COOKIE, 40001),
+            (PROXY_CREATED, 40001),
+            (PROXY_STALE, 40001),
+            (PROXY_FAILED, 40001),
+        ],
+        "{r:#?}"
+    );
+    assert_eq!(r[2].reason, SYN_PROXY_STALE);
 }
 
 #[test]

@@ -3,15 +3,12 @@
 //! datapath, every verdict still counted once when `lb_trace` counts it, and nothing written
 //! while the gate is closed.
 
-use std::{
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::time::Duration;
 
 use lb::trace::Record;
-use lb_common::{Params, TRACE_NONE, TraceFilter, counter, trace_kind};
+use lb_common::{Params, TraceFilter, counter, trace_kind};
 use lb_tests::{
-    fixture::{XDP_DROP, XDP_REDIRECT, run_once, verdict_name},
+    fixture::{Collect, XDP_DROP, XDP_REDIRECT, everything, run_once, verdict_name},
     packet::{Packet, TCP_ACK, TCP_PSH, TCP_SYN},
     require_root,
     testnet::TestNet,
@@ -39,42 +36,6 @@ name = "drained"
 vip = "10.100.0.3:80"
 backends = [{ address = "10.0.2.4:8080", weight = 0 }]
 "#;
-
-/// The records aya-log hands over, as read back by the daemon's parser.
-#[derive(Clone, Default)]
-struct Collect(Arc<Mutex<Vec<String>>>);
-
-impl log::Log for Collect {
-    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
-        true
-    }
-    fn log(&self, record: &log::Record<'_>) {
-        self.0.lock().unwrap().push(record.args().to_string());
-    }
-    fn flush(&self) {}
-}
-
-impl Collect {
-    /// The records collected since the last call, parsed as the daemon parses them.
-    fn take(&self) -> Vec<Record> {
-        let lines = std::mem::take(&mut *self.0.lock().unwrap());
-        lines
-            .iter()
-            .map(|l| Record::parse(l).unwrap_or_else(|| panic!("not a record: {l}")))
-            .collect()
-    }
-}
-
-fn everything() -> TraceFilter {
-    TraceFilter {
-        service_id: TRACE_NONE,
-        rate: 1000,
-        rate_scaled: Params::per_2_32_ns(1000),
-        client_prefix: 0,
-        client: [0; 4],
-        until_ns: u64::MAX,
-    }
-}
 
 #[test]
 fn records_filters_counting_and_the_deadline() {

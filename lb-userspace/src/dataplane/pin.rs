@@ -79,8 +79,9 @@ pub const SCRATCH: [&str; 10] = [
 ///
 /// And the SYN proxy's cookie keys (each daemon writes them before attaching; a new random key
 /// fails only the handshakes in flight across the restart, whose clients send their SYN again)
-/// and program array (like the trace's).
-pub const PER_RUN: [&str; 14] = [
+/// and program array (like the trace's), and its cache of open flows' offsets (the proxy's
+/// programs fill it again from the pinned flows).
+pub const PER_RUN: [&str; 16] = [
     map_name::FLOOD,
     map_name::QUIC_LAYOUTS,
     map_name::QUIC_IDS,
@@ -94,6 +95,8 @@ pub const PER_RUN: [&str; 14] = [
     map_name::TRACE_PROG,
     map_name::COOKIE_KEYS,
     map_name::PROXY_PROGS,
+    map_name::PROXY_FAST,
+    map_name::PROXY_FAST6,
     map_name::AYA_LOGS,
 ];
 

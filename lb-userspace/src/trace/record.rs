@@ -217,6 +217,12 @@ pub fn line(r: &Record, names: &Names, time: f64) -> TraceLine {
         trace_kind::MIDSTREAM => "midstream",
         trace_kind::QUIC_ROUTED => "quic_routed",
         trace_kind::FLOOD => "flood",
+        trace_kind::PROXY_COOKIE => "proxy_cookie",
+        trace_kind::PROXY_CREATED => "proxy_created",
+        trace_kind::PROXY_SYN_AGAIN => "proxy_syn_again",
+        trace_kind::PROXY_OPENED => "proxy_opened",
+        trace_kind::PROXY_FAILED => "proxy_failed",
+        trace_kind::PROXY_STALE => "proxy_stale",
         _ => "dropped",
     };
     let mut text = String::from(match r.kind {
@@ -225,6 +231,12 @@ pub fn line(r: &Record, names: &Names, time: f64) -> TraceLine {
         trace_kind::MIDSTREAM => "re-created mid-stream",
         trace_kind::QUIC_ROUTED => "new QUIC path by connection ID",
         trace_kind::FLOOD => "new flow in flood mode (no table entry)",
+        trace_kind::PROXY_COOKIE => "SYN proxy: SYN answered with a cookie",
+        trace_kind::PROXY_CREATED => "SYN proxy: cookie valid, flow created, SYN to the backend",
+        trace_kind::PROXY_SYN_AGAIN => "SYN proxy: SYN to the backend again",
+        trace_kind::PROXY_OPENED => "SYN proxy: backend answered, flow open",
+        trace_kind::PROXY_FAILED => "SYN proxy: backend refused or silent, client reset",
+        trace_kind::PROXY_STALE => "SYN proxy: backend's TIME_WAIT answered, SYN past it",
         _ => "dropped",
     });
     let _ = write!(
@@ -242,7 +254,10 @@ pub fn line(r: &Record, names: &Names, time: f64) -> TraceLine {
     text.push(':');
     let verdict_name = verdict.as_deref().unwrap_or("?");
     let dropped_verdict = r.reason < counter::VERDICTS && verdict_name.starts_with("drop_");
-    if r.kind == trace_kind::DROPPED {
+    if r.kind == trace_kind::PROXY_COOKIE {
+        // No state taken: no backend yet.
+        text.push_str(" no state taken");
+    } else if r.kind == trace_kind::DROPPED {
         if let Some(prev) = r.prev {
             let _ = write!(text, " rescheduled off backend {},", names.backend(prev));
         }
@@ -432,6 +447,31 @@ mod tests {
         assert_eq!(
             l.text,
             "new flow in flood mode (no table entry) 10.0.1.2:40000 → 10.100.0.1:80 tcp (dns): backend 10.0.2.11:8080 (id 1), dsr gue"
+        );
+        // The SYN proxy's decisions: a cookie names no backend (none is chosen yet); the
+        // flow's later ones are named like a new flow.
+        let cookie = Record {
+            kind: trace_kind::PROXY_COOKIE,
+            reason: counter::SYN_PROXY_SYNACK,
+            backend: None,
+            snat_port: 0,
+            ..r
+        };
+        let l = line(&cookie, &n, 0.0);
+        assert_eq!(l.kind, "proxy_cookie");
+        assert_eq!(
+            l.text,
+            "SYN proxy: SYN answered with a cookie 10.0.1.2:40000 → 10.100.0.1:80 tcp (web): no state taken"
+        );
+        let opened = Record {
+            kind: trace_kind::PROXY_OPENED,
+            ..r
+        };
+        let l = line(&opened, &n, 0.0);
+        assert_eq!(l.kind, "proxy_opened");
+        assert_eq!(
+            l.text,
+            "SYN proxy: backend answered, flow open 10.0.1.2:40000 → 10.100.0.1:80 tcp (web): backend 10.0.2.11:8080 (id 1), snat port 31337"
         );
         let failed = Record {
             reason: counter::DROP_NO_ROUTE,
