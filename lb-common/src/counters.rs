@@ -8,6 +8,10 @@ pub struct TrafficStats {
     pub packets: u64,
     pub bytes: u64,
     pub new_flows: u64,
+    /// TCP flows past their handshake: the client's ACK after its SYN (a proxied flow's after
+    /// its cookie), or a flow met mid-stream. `new_flows` less these, over the SYN timeout,
+    /// are the half-open connections `syn_proxy = "auto"` measures.
+    pub handshakes: u64,
 }
 
 /// Declares, in the module it is invoked in, each counter's index (in list order), `NAMES`,
@@ -225,7 +229,7 @@ pub mod counter {
 // The layouts both sides rely on, checked wherever this crate builds (the BPF object too).
 const _: () = {
     use core::mem::size_of;
-    assert!(size_of::<TrafficStats>() == 24);
+    assert!(size_of::<TrafficStats>() == 32);
 };
 
 #[cfg(feature = "user")]

@@ -175,6 +175,7 @@ pub fn established<F: Family>(
         } else if e.state == ct_state::TCP_SYN {
             if flow.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_ACK {
                 e.state = ct_state::TCP_ESTABLISHED;
+                stats::count_handshake(e.service_id, e.backend_id);
             } else if is_new_syn(flow.tcp_flags) {
                 // Before last_seen is refreshed below: it still dates the first SYN.
                 passive::syn_again::<F>(e, backend, flow, now);
@@ -356,6 +357,9 @@ fn new_flow<F: Family>(
         stats::count(counter::CT_NEW);
     }
     stats::count_traffic(svc.id, backend_id, ctx.data_end() - ctx.data(), true);
+    if midstream {
+        stats::count_handshake(svc.id, backend_id);
+    }
     let v = deliver::<F>(ctx, flow, backend, &nh, snat_port, hash);
     // The trace names the backend and port from the connection table: only the flow's
     // addressing (in `flow`, still live in the caller) is kept for it past the delivery.

@@ -49,6 +49,20 @@ pub fn count_opened(service: u32, backend: u32, bytes: usize) {
     }
 }
 
+/// A TCP flow of `service` to `backend` past its handshake, or met mid-stream: not half-open
+/// (see `TrafficStats::handshakes`). Once a flow.
+#[inline(always)]
+pub fn count_handshake(service: u32, backend: u32) {
+    if let Some(s) = SERVICE_STATS.get_ptr_mut(service) {
+        // SAFETY: a per-CPU map value, only this CPU writes it while the program runs.
+        unsafe { (*s).handshakes += 1 };
+    }
+    if let Some(b) = BACKEND_STATS.get_ptr_mut(backend) {
+        // SAFETY: as above.
+        unsafe { (*b).handshakes += 1 };
+    }
+}
+
 #[inline(always)]
 fn add(t: *mut TrafficStats, bytes: usize, new_flow: bool) {
     // SAFETY: a per-CPU map value, only this CPU writes it while the program runs.

@@ -242,6 +242,10 @@ pub struct ServiceStatus {
     /// With "auto": its new connections a second as last measured (once a second).
     #[serde(default)]
     pub syn_proxy_rate: Option<f64>,
+    /// With "auto": its half-open connections as last measured (SYNs of the last SYN timeout
+    /// whose handshake did not complete).
+    #[serde(default)]
+    pub syn_proxy_half_open: Option<u64>,
     /// The failures lb's passive checks can see in this service's traffic ("refused",
     /// "connect_timeout", "unreachable", "no_data"): fewer with direct server return, whose
     /// replies bypass lb. Empty while the service's passive checks are off.

@@ -443,7 +443,8 @@ fn wait_until(mut done: impl FnMut() -> bool) {
 
 /// `syn_proxy = "auto"`: a flood of SYNs from spoofed sources engages the proxy within seconds
 /// (an event, the status), the client's requests are served throughout, and once the flood
-/// has ended for `syn_proxy_release_after` the proxy releases (another event).
+/// has ended for `syn_proxy_release_after` the proxy releases (another event). The rate alone:
+/// the half-open thresholds are out of reach here (the next test has them).
 #[test]
 fn an_automatic_proxy_engages_under_a_flood_and_releases_after_it() {
     require_root();
@@ -451,7 +452,8 @@ fn an_automatic_proxy_engages_under_a_flood_and_releases_after_it() {
     let config = config(
         &sb,
         "conntrack = { size = 16384 }\nsyn_proxy_engage_rate = 5000\n\
-         syn_proxy_release_rate = 1000\nsyn_proxy_release_after = \"2s\"\n",
+         syn_proxy_release_rate = 1000\nsyn_proxy_release_after = \"2s\"\n\
+         syn_proxy_engage_half_open = 100000000\nsyn_proxy_release_half_open = 100000000\n",
     )
     .replace("syn_proxy = \"on\"", "syn_proxy = \"auto\"");
     let daemon = Daemon::start(&sb.lb, &config).unwrap();
@@ -541,5 +543,113 @@ fn an_automatic_proxy_engages_under_a_flood_and_releases_after_it() {
         ],
         "{events:?}"
     );
+    request().unwrap();
+}
+
+/// `syn_proxy = "auto"` also engages on half-open connections: a flood too slow for the rate
+/// threshold (here 2,000 SYNs a second against a rate threshold never reached) whose SYNs never
+/// complete passes `syn_proxy_engage_half_open` within a couple of seconds, while the client's
+/// own connections, which complete, do not count. It releases once the flood's SYNs are older
+/// than the SYN timeout.
+#[test]
+fn an_automatic_proxy_engages_on_half_open_connections() {
+    require_root();
+    let sb = Sandbox::build(Arms::Two, 2, 8080).unwrap();
+    let config = config(
+        &sb,
+        "conntrack = { size = 16384, tcp_syn_timeout = \"4s\" }\n\
+         syn_proxy_engage_rate = 1000000\nsyn_proxy_release_rate = 1000000\n\
+         syn_proxy_engage_half_open = 2000\nsyn_proxy_release_half_open = 500\n\
+         syn_proxy_release_after = \"1s\"\n",
+    )
+    .replace("syn_proxy = \"on\"", "syn_proxy = \"auto\"");
+    let daemon = Daemon::start(&sb.lb, &config).unwrap();
+    let client = &sb.client;
+    let request = || http_get(&client.ns, &format!("http://{VIP}/"));
+    wait_until(|| request().is_ok());
+    let web = |d: &Daemon| {
+        d.status()
+            .ok()
+            .and_then(|s| s.services.into_iter().find(|s| s.name == "web"))
+    };
+    // The client's own connections complete: nothing half-open, standing by.
+    for _ in 0..50 {
+        request().unwrap();
+    }
+    wait_until(|| web(&daemon).is_some_and(|s| s.syn_proxy_half_open.is_some()));
+    let quiet = web(&daemon).unwrap();
+    assert!(!quiet.syn_proxy_engaged, "standing by before the flood");
+    assert!(
+        quiet.syn_proxy_half_open.unwrap() < 50,
+        "completed connections are not half-open: {:?}",
+        quiet.syn_proxy_half_open
+    );
+    let flood = Flood::start(
+        &client.ns,
+        FloodSpec {
+            ifname: client.ifname.clone(),
+            smac: client.ns.mac(&client.ifname).unwrap(),
+            dmac: sb.lb.mac(&sb.lb_ports[0].ifname).unwrap(),
+            prefix: [10, 99],
+            to: (VIP, 80),
+            flows: 60_000,
+            max_frames: 20_000,
+            max_time: Duration::from_secs(6),
+            rate: Some(2_000),
+        },
+    )
+    .unwrap();
+    let started = Instant::now();
+    wait_until(|| web(&daemon).is_some_and(|s| s.syn_proxy_engaged));
+    let engaged_after = started.elapsed();
+    let at_engage = web(&daemon).unwrap();
+    let (mut ok, mut failed) = (0u64, 0u64);
+    while flood.running() {
+        match request() {
+            Ok(()) => ok += 1,
+            Err(e) => {
+                eprintln!("request failed: {e}");
+                failed += 1;
+            }
+        }
+    }
+    let sent = flood.finish();
+    let ended = Instant::now();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while web(&daemon).is_some_and(|s| s.syn_proxy_engaged) {
+        assert!(Instant::now() < deadline, "the proxy did not release");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!(
+        "auto by half-open: {sent} flood SYNs at 2,000/s; engaged {engaged_after:?} after the \
+         flood began ({:?} half-open, {:?} new connections/s); {ok} of {} requests succeeded; \
+         released {:?} after it ended",
+        at_engage.syn_proxy_half_open,
+        at_engage.syn_proxy_rate,
+        ok + failed,
+        ended.elapsed()
+    );
+    assert!(
+        ok * 100 >= (ok + failed) * 95,
+        "{ok} of {} requests during the flood succeeded",
+        ok + failed
+    );
+    let events = daemon.events().unwrap();
+    let changes: Vec<_> = events
+        .events
+        .iter()
+        .filter(|e| e.source == "syn_proxy" && e.service == "web")
+        .collect();
+    assert_eq!(changes.len(), 2, "{changes:?}");
+    assert_eq!((&*changes[0].from, &*changes[0].to), ("off", "on"));
+    assert!(
+        changes[0]
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.contains("above syn_proxy_engage_half_open 2000")),
+        "{:?}",
+        changes[0].reason
+    );
+    assert_eq!((&*changes[1].from, &*changes[1].to), ("on", "off"));
     request().unwrap();
 }

@@ -448,12 +448,16 @@ pub async fn status(api: ApiArgs, service: Option<String>) -> anyhow::Result<()>
                 .syn_proxy_rate
                 .map(|r| format!(", {r:.0} new connections/s"))
                 .unwrap_or_default();
+            let half_open = s
+                .syn_proxy_half_open
+                .map(|n| format!(", {n} half-open"))
+                .unwrap_or_default();
             let engaged = if s.syn_proxy_engaged {
                 "engaged"
             } else {
                 "standing by"
             };
-            println!("  SYN proxy {}: {engaged}{rate}", s.syn_proxy);
+            println!("  SYN proxy {}: {engaged}{rate}{half_open}", s.syn_proxy);
         }
         if !s.passive_signals.is_empty() {
             println!("  passive checks see: {}", s.passive_signals.join(", "));

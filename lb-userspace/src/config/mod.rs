@@ -231,8 +231,9 @@ pub enum SynProxy {
     /// gets a flow and reaches a backend.
     On,
     /// On while the service's new connections a second are above `[lb]
-    /// syn_proxy_engage_rate`, off again after `syn_proxy_release_after` below
-    /// `syn_proxy_release_rate` (the default of TCP full-NAT services).
+    /// syn_proxy_engage_rate` or its half-open connections above `syn_proxy_engage_half_open`,
+    /// off again after `syn_proxy_release_after` below both release thresholds (the default of
+    /// TCP full-NAT services).
     Auto,
 }
 

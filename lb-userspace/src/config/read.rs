@@ -227,6 +227,24 @@ fn read_lb(f: &Fields) -> Option<Lb> {
         0..=100_000_000,
         auto.release_rate as i64,
     );
+    let engage_half_open = f.int_in(
+        "syn_proxy_engage_half_open",
+        1..=100_000_000,
+        auto.engage_half_open as i64,
+    );
+    let release_half_open = f.int_in(
+        "syn_proxy_release_half_open",
+        0..=100_000_000,
+        auto.release_half_open as i64,
+    );
+    if let (Some(e), Some(r)) = (engage_half_open, release_half_open)
+        && r > e
+    {
+        f.problem(
+            "syn_proxy_release_half_open",
+            format!("{r} is above syn_proxy_engage_half_open ({e}): the proxy would engage and release at once"),
+        );
+    }
     let release_after = f.duration(
         "syn_proxy_release_after",
         Duration::from_secs(1)..=Duration::from_secs(86400),
@@ -240,12 +258,24 @@ fn read_lb(f: &Fields) -> Option<Lb> {
             format!("{r} is above syn_proxy_engage_rate ({e}): the proxy would engage and release at once"),
         );
     }
-    let syn_proxy_auto = match (engage_rate, release_rate, release_after) {
-        (Some(e), Some(r), Some(after)) if r <= e => Some(crate::synproxy_auto::Thresholds {
-            engage_rate: e as u64,
-            release_rate: r as u64,
-            release_after: after,
-        }),
+    let syn_proxy_auto = match (
+        engage_rate,
+        release_rate,
+        engage_half_open,
+        release_half_open,
+        release_after,
+        &conntrack,
+    ) {
+        (Some(e), Some(r), Some(eh), Some(rh), Some(after), Some(ct)) if r <= e && rh <= eh => {
+            Some(crate::synproxy_auto::Thresholds {
+                engage_rate: e as u64,
+                release_rate: r as u64,
+                engage_half_open: eh as u64,
+                release_half_open: rh as u64,
+                release_after: after,
+                half_open_window: ct.tcp_syn_timeout,
+            })
+        }
         _ => None,
     };
     let gue_port = f
@@ -1008,6 +1038,21 @@ backends = [ { address = "10.0.2.2:8080", weight = 1 }, { address = "10.0.3.2:80
             [
                 "lb.syn_proxy_release_rate: 30000 is above syn_proxy_engage_rate (20000): the proxy would engage and release at once"
             ]
+        );
+        assert_eq!(
+            problems(&auto.replace("[lb]\n", "[lb]\nsyn_proxy_release_half_open = 10001\n")),
+            [
+                "lb.syn_proxy_release_half_open: 10001 is above syn_proxy_engage_half_open (10000): the proxy would engage and release at once"
+            ]
+        );
+        let slow = auto.replace(
+            "[lb]\n",
+            "[lb]\nsyn_proxy_engage_half_open = 300\nsyn_proxy_release_half_open = 30\nconntrack = { tcp_syn_timeout = \"5s\" }\n",
+        );
+        let t = parse(&slow).unwrap().lb.syn_proxy_auto;
+        assert_eq!(
+            (t.engage_half_open, t.release_half_open, t.half_open_window),
+            (300, 30, Duration::from_secs(5))
         );
         assert_eq!(
             problems(&on.replace("protocol = \"tcp\"", "protocol = \"udp\"")),

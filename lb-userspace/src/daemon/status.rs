@@ -168,6 +168,7 @@ fn build(inner: &Inner) -> anyhow::Result<Status> {
                 syn_proxy: s.syn_proxy.as_str().to_owned(),
                 syn_proxy_engaged: inner.balancer.syn_proxy(sid),
                 syn_proxy_rate: inner.syn_auto.get(&s.name).map(|a| a.rate()),
+                syn_proxy_half_open: inner.syn_auto.get(&s.name).map(|a| a.half_open()),
                 passive_signals: passive_signals(s)
                     .iter()
                     .map(|s| s.as_str().to_owned())

@@ -58,34 +58,51 @@ impl Shared {
                 let Some(id) = balancer.service_id(sid) else {
                     continue;
                 };
-                let count = stats.services.get(id as usize).map_or(0, |c| c.new_flows);
+                let (syns, handshakes) = stats
+                    .services
+                    .get(id as usize)
+                    .map_or((0, 0), |c| (c.new_flows, c.handshakes));
                 let auto = autos
                     .entry(s.name.clone())
                     .or_insert_with(|| Auto::new(balancer.syn_proxy(sid)));
-                let Some(change) = auto.observe(&thresholds, count, now) else {
+                let Some(change) = auto.observe(&thresholds, syns, handshakes, now) else {
                     continue;
                 };
-                let (on, rate, reason) = match change {
-                    Change::Engaged { rate } => (
+                let t = &thresholds;
+                let (on, m, reason) = match change {
+                    Change::Engaged(m) if m.rate > t.engage_rate as f64 => (
                         true,
-                        rate,
+                        m,
                         format!(
-                            "{rate:.0} new connections a second, above syn_proxy_engage_rate {}",
-                            thresholds.engage_rate
+                            "{:.0} new connections a second, above syn_proxy_engage_rate {}",
+                            m.rate, t.engage_rate
                         ),
                     ),
-                    Change::Released { rate } => (
-                        false,
-                        rate,
+                    Change::Engaged(m) => (
+                        true,
+                        m,
                         format!(
-                            "{rate:.0} new connections a second, below syn_proxy_release_rate {} for {:?}",
-                            thresholds.release_rate, thresholds.release_after
+                            "{} half-open connections, above syn_proxy_engage_half_open {}",
+                            m.half_open, t.engage_half_open
+                        ),
+                    ),
+                    Change::Released(m) => (
+                        false,
+                        m,
+                        format!(
+                            "{:.0} new connections a second and {} half-open, below syn_proxy_release_rate {} and syn_proxy_release_half_open {} for {:?}",
+                            m.rate,
+                            m.half_open,
+                            t.release_rate,
+                            t.release_half_open,
+                            t.release_after
                         ),
                     ),
                 };
+                let (rate, half_open) = (m.rate, m.half_open);
                 match balancer.set_syn_proxy(sid, on, dataplane) {
                     Ok(_) => {
-                        info!(service = %s.name, engaged = on, rate, "SYN proxy {}", if on { "engaged" } else { "released" });
+                        info!(service = %s.name, engaged = on, rate, half_open, "SYN proxy {}", if on { "engaged" } else { "released" });
                         events.push(Event {
                             service: s.name.clone(),
                             from: if on { "off" } else { "on" }.to_owned(),

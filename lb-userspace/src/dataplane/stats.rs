@@ -25,6 +25,8 @@ pub struct TrafficCounters {
     pub packets: u64,
     pub bytes: u64,
     pub new_flows: u64,
+    /// TCP flows past their handshake (lb_common's `TrafficStats::handshakes`).
+    pub handshakes: u64,
 }
 
 impl Stats {
@@ -61,6 +63,7 @@ fn traffic(ebpf: &Ebpf, name: &str, n: u32) -> anyhow::Result<Vec<TrafficCounter
                     packets: a.packets + v.packets,
                     bytes: a.bytes + v.bytes,
                     new_flows: a.new_flows + v.new_flows,
+                    handshakes: a.handshakes + v.handshakes,
                 }))
         })
         .collect()
