@@ -76,6 +76,7 @@ fn service(name: &str, vip: &str, backends: Vec<BackendStatus>) -> ServiceStatus
         syn_proxy: "off".to_owned(),
         syn_proxy_engaged: false,
         syn_proxy_rate: None,
+        syn_proxy_half_open: None,
         passive_signals: Vec::new(),
         check: "http".to_owned(),
         through_tunnel: false,
