@@ -653,3 +653,217 @@ fn an_automatic_proxy_engages_on_half_open_connections() {
     assert_eq!((&*changes[1].from, &*changes[1].to), ("on", "off"));
     request().unwrap();
 }
+
+/// A raw IPv4 TCP socket in the client's namespace: segments written whole (IP header
+/// included), every TCP segment the namespace receives read back.
+struct RawTcp(std::os::fd::OwnedFd);
+
+impl RawTcp {
+    fn open(ns: &lb_tests::netns::Netns) -> Self {
+        use std::os::fd::FromRawFd as _;
+        ns.enter(|| {
+            // SAFETY: plain socket calls on a descriptor this owns.
+            unsafe {
+                let fd = libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_TCP);
+                assert!(fd >= 0, "raw socket: {}", std::io::Error::last_os_error());
+                let fd = std::os::fd::OwnedFd::from_raw_fd(fd);
+                let timeout = libc::timeval {
+                    tv_sec: 3,
+                    tv_usec: 0,
+                };
+                let set = |opt, v: *const libc::c_void, len| {
+                    let r = libc::setsockopt(
+                        std::os::fd::AsRawFd::as_raw_fd(&fd),
+                        if opt == libc::IP_HDRINCL {
+                            libc::IPPROTO_IP
+                        } else {
+                            libc::SOL_SOCKET
+                        },
+                        opt,
+                        v,
+                        len,
+                    );
+                    assert_eq!(r, 0, "setsockopt: {}", std::io::Error::last_os_error());
+                };
+                let one: libc::c_int = 1;
+                set(
+                    libc::IP_HDRINCL,
+                    (&raw const one).cast(),
+                    size_of::<libc::c_int>() as u32,
+                );
+                set(
+                    libc::SO_RCVTIMEO,
+                    (&raw const timeout).cast(),
+                    size_of::<libc::timeval>() as u32,
+                );
+                Self(fd)
+            }
+        })
+    }
+
+    /// Sends `frame`'s IPv4 packet (its Ethernet header left out) to its destination.
+    fn send(&self, frame: &[u8]) {
+        let packet = &frame[14..];
+        let dst: [u8; 4] = packet[16..20].try_into().unwrap();
+        let to = libc::sockaddr_in {
+            sin_family: libc::AF_INET as u16,
+            sin_port: 0,
+            sin_addr: libc::in_addr {
+                s_addr: u32::from_ne_bytes(dst),
+            },
+            sin_zero: [0; 8],
+        };
+        // SAFETY: a buffer and an address of the sizes given.
+        let n = unsafe {
+            libc::sendto(
+                std::os::fd::AsRawFd::as_raw_fd(&self.0),
+                packet.as_ptr().cast(),
+                packet.len(),
+                0,
+                (&raw const to).cast(),
+                size_of::<libc::sockaddr_in>() as u32,
+            )
+        };
+        assert_eq!(
+            n,
+            packet.len() as isize,
+            "sendto: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+
+    /// The sequence number of the SYN+ACK from `VIP:80` to client port `port`.
+    fn synack_seq(&self, port: u16) -> u32 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut buf = [0u8; 2048];
+        while Instant::now() < deadline {
+            // SAFETY: a buffer of the size given.
+            let n = unsafe {
+                libc::recv(
+                    std::os::fd::AsRawFd::as_raw_fd(&self.0),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    0,
+                )
+            };
+            if n < 40 {
+                continue;
+            }
+            let ip = &buf[..n as usize];
+            let tcp = &ip[usize::from(ip[0] & 15) * 4..];
+            let (sport, dport) = (
+                u16::from_be_bytes([tcp[0], tcp[1]]),
+                u16::from_be_bytes([tcp[2], tcp[3]]),
+            );
+            if ip[12..16] == VIP.octets() && sport == 80 && dport == port && tcp[13] == 0x12 {
+                return u32::from_be_bytes(tcp[4..8].try_into().unwrap());
+            }
+        }
+        panic!("no SYN+ACK for client port {port}");
+    }
+}
+
+/// Issue 39: the cookie key rotates while lb runs. A new key written into
+/// `syn_cookie_key_file` and a reload make it the current key; the one before still validates
+/// the cookies it made (a client answered just before the rotation completes its handshake
+/// after it), and is gone after the next rotation. A key file that cannot be read fails the
+/// reload and changes nothing.
+#[test]
+fn the_cookie_key_rotates_while_running() {
+    use lb_tests::{daemon::TempDir, packet::Packet};
+    require_root();
+    let sb = Sandbox::build(Arms::Two, 2, 8080).unwrap();
+    let dir = TempDir::new().unwrap();
+    let key_file = dir.0.join("cookie.key");
+    let write_key = |k: &str| std::fs::write(&key_file, format!("{k}\n")).unwrap();
+    write_key("000102030405060708090a0b0c0d0e0f");
+    let config = config(
+        &sb,
+        &format!("syn_cookie_key_file = \"{}\"\n", key_file.display()),
+    );
+    let daemon = Daemon::start(&sb.lb, &config).unwrap();
+    let client = &sb.client;
+    wait_until(|| http_get(&client.ns, &format!("http://{VIP}/")).is_ok());
+    // The client's kernel would reset the SYN+ACKs its sockets did not ask for (and a RST is
+    // an invalid segment at the proxy): held back.
+    client.ns.nft(&["add", "table", "inet", "lbt"]).unwrap();
+    client
+        .ns
+        .nft(&[
+            "add",
+            "chain",
+            "inet",
+            "lbt",
+            "out",
+            "{ type filter hook output priority 0; policy accept; }",
+        ])
+        .unwrap();
+    client
+        .ns
+        .nft(&[
+            "add", "rule", "inet", "lbt", "out", "tcp", "flags", "rst", "drop",
+        ])
+        .unwrap();
+    let raw = RawTcp::open(&client.ns);
+    let me = client.addr();
+    let syn = |port: u16| -> u32 {
+        raw.send(
+            &Packet::tcp(&format!("{me}:{port}"), &format!("{VIP}:80"), 0x02)
+                .seq(1000, 0)
+                .build(),
+        );
+        raw.synack_seq(port)
+    };
+    let ack = |port: u16, cookie: u32| {
+        raw.send(
+            &Packet::tcp(&format!("{me}:{port}"), &format!("{VIP}:80"), 0x10)
+                .seq(1001, cookie.wrapping_add(1))
+                .build(),
+        )
+    };
+    let counter = |name: &str| daemon.status().unwrap().counter(name).unwrap_or(0);
+    let reload = || daemon.lb(&["reload"]);
+
+    // Two clients answered under the first key.
+    let (c1, c2) = (syn(41001), syn(41002));
+    write_key("101112131415161718191a1b1c1d1e1f");
+    assert!(reload().status.success(), "first rotation");
+    // The first completes its handshake after the rotation: a flow.
+    let valid = counter("syn_proxy_ack_valid");
+    ack(41001, c1);
+    wait_until(|| counter("syn_proxy_ack_valid") == valid + 1);
+    // A third is answered under the second key.
+    let c3 = syn(41003);
+    // A key file that cannot be read: the reload fails, the keys stay.
+    write_key("not a key");
+    let rejected = reload();
+    assert!(!rejected.status.success(), "an unreadable key is refused");
+    assert!(
+        String::from_utf8_lossy(&rejected.stderr).contains("syn_cookie_key_file"),
+        "{}",
+        String::from_utf8_lossy(&rejected.stderr)
+    );
+    write_key("202122232425262728292a2b2c2d2e2f");
+    assert!(reload().status.success(), "second rotation");
+    // The second key's cookie still validates (so it was the second key's), the first key's
+    // no longer does.
+    let (valid, invalid) = (
+        counter("syn_proxy_ack_valid"),
+        counter("drop_syn_proxy_invalid"),
+    );
+    ack(41003, c3);
+    wait_until(|| counter("syn_proxy_ack_valid") == valid + 1);
+    ack(41002, c2);
+    wait_until(|| counter("drop_syn_proxy_invalid") == invalid + 1);
+    assert_eq!(counter("syn_proxy_ack_valid"), valid + 1);
+    let rotations = daemon
+        .events()
+        .unwrap()
+        .events
+        .iter()
+        .filter(|e| e.source == "syn_cookie_key")
+        .count();
+    assert_eq!(rotations, 2);
+    // Real clients connect throughout.
+    http_get(&client.ns, &format!("http://{VIP}/")).unwrap();
+}

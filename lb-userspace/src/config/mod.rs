@@ -82,11 +82,6 @@ impl Lb {
             "syn_proxy_flows",
             self.syn_proxy_flows == other.syn_proxy_flows,
         );
-        // Read at start: several hosts must change their shared key together, by restarts.
-        check(
-            "syn_cookie_key_file",
-            self.syn_cookie_key_file == other.syn_cookie_key_file,
-        );
         // BIRD's config names the table: moving lb's routes to another one while running would
         // withdraw every VIP from a BIRD still reading the old. Whether lb announces at all
         // changes with a restart too (`grace` may change: it is read when lb stops).

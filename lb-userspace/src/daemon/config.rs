@@ -467,6 +467,15 @@ impl Shared {
     ) -> Result<(Changes, ProbeChanges), RequestError> {
         crate::dataplane::check_ipv6_forwarding(&new)
             .map_err(|e| RequestError::Invalid(vec![format!("{e:#}")]))?;
+        // Read before anything changes: a key file that cannot be read fails the change. It is
+        // read at every change, so writing a new key into it and reloading rotates the key.
+        let cookie_key = new
+            .lb
+            .syn_cookie_key_file
+            .as_deref()
+            .map(|file| crate::dataplane::cookie::key(Some(file)))
+            .transpose()
+            .map_err(|e| RequestError::Invalid(vec![format!("lb.syn_cookie_key_file: {e:#}")]))?;
         let mut guard = self.lock();
         let inner = &mut *guard;
         applicable(inner, &new)?;
@@ -501,6 +510,23 @@ impl Shared {
                 return Err(RequestError::Failed(e));
             }
         };
+        if let Some(key) = cookie_key {
+            match inner.dataplane.rotate_cookie_key(key) {
+                Ok(true) => {
+                    info!("SYN cookie key rotated; the previous one stays valid for its cookies");
+                    self.events.push(Event::daemon(
+                        "syn_cookie_key".to_owned(),
+                        format!(
+                            "rotated from {}: the previous key still validates its cookies",
+                            source
+                        ),
+                    ));
+                }
+                Ok(false) => {}
+                // The maps are written; a key write failing is a bug, not a reason to undo.
+                Err(e) => error!(error = %format!("{e:#}"), "rotating the SYN cookie key failed"),
+            }
+        }
         inner.members = super::state::members(&new);
         inner.config = new;
         inner.set_reporting();

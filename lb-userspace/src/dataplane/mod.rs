@@ -107,6 +107,8 @@ pub struct Dataplane {
     /// The bpffs directory holding the pins, if pinned, and our lock on it.
     pin: Option<(PathBuf, pin::DirLock)>,
     adopted: bool,
+    /// The current SYN cookie key (LB_COOKIE_KEYS' first slot).
+    cookie_key: CookieKey,
     /// LB_RINGS: ring slots are written through mappings of it.
     rings: Rings,
     ring_size: u32,
@@ -211,8 +213,9 @@ impl Dataplane {
             .map_mut(map_name::COOKIE_KEYS)
             .context("map LB_COOKIE_KEYS missing")
             .and_then(|m| Ok(Array::<_, CookieKey>::try_from(m)?))?;
+        let cookie_key = cookie::key(lb.syn_cookie_key_file.as_deref())?;
         dp_keys
-            .set(0, &cookie::key(lb.syn_cookie_key_file.as_deref())?, 0)
+            .set(0, &cookie_key, 0)
             .context("writing the SYN cookie key")?;
         let rings = match ebpf.map(map_name::RINGS) {
             Some(aya::maps::Map::Array(map)) => Rings::new(map.fd().as_fd(), ring_entries)
@@ -227,6 +230,7 @@ impl Dataplane {
             egress_error: None,
             pin: pin.map(Path::to_owned).zip(lock),
             adopted,
+            cookie_key,
             ring_size: lb.ring_size,
             params,
             services: 0,
@@ -235,16 +239,29 @@ impl Dataplane {
     }
 
     /// Sets the SYN cookie keys: `current`, and `previous` (still valid for its cookies; None:
-    /// none).
+    /// none). The previous first: the key `current` replaces is valid at every instant when it
+    /// is `previous`.
     pub fn set_cookie_keys(
         &mut self,
         current: CookieKey,
         previous: Option<CookieKey>,
     ) -> anyhow::Result<()> {
         let mut keys = self.array::<CookieKey>(map_name::COOKIE_KEYS)?;
-        keys.set(0, &current, 0)?;
         keys.set(1, &previous.unwrap_or_default(), 0)?;
+        keys.set(0, &current, 0)?;
+        self.cookie_key = current;
         Ok(())
+    }
+
+    /// Makes `key` the SYN cookie key unless it is already: the key before it stays valid for
+    /// the cookies it made (two keys live across a rotation). Whether it changed.
+    pub fn rotate_cookie_key(&mut self, key: CookieKey) -> anyhow::Result<bool> {
+        if key == self.cookie_key {
+            return Ok(false);
+        }
+        self.set_cookie_keys(key, Some(self.cookie_key))
+            .context("writing the SYN cookie keys")?;
+        Ok(true)
     }
 
     /// Whether the maps came from a previous run's pins (their content is that run's: connection
