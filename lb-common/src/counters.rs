@@ -140,6 +140,12 @@ pub mod counter {
             /// time, it resets the earlier connection, and the client's next probe sends the
             /// SYN again.
             SYN_PROXY_STALE = "syn_proxy_stale",
+            /// A segment the SYN proxy would answer with one of its own or rebuild (a SYN, a
+            /// client's ACK without a flow, a backend's SYN+ACK or segment without data) whose
+            /// TCP checksum is wrong: dropped, as the receiving stack would (its sender sends it
+            /// again). The proxy's own segments get checksums computed anew, which must not
+            /// make a damaged segment a right one.
+            DROP_SYN_PROXY_CHECKSUM = "drop_syn_proxy_checksum",
         }
         informational {
             /// IPv4 header with options (IHL > 5); parsed past them.

@@ -53,7 +53,9 @@ pub fn to_backend<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>, hash: u64) -> 
 #[inline(never)]
 pub fn to_client<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>, nat: &NatEntryOf<F::A>) -> bool {
     let (ctx, flow, nat) = (opaque(ctx), opaque(flow), opaque(nat));
-    if flow.tcp_flags & TCP_SYN != 0 {
+    // A segment the reply path would drop for its TTL goes to the proxy's program, which drops
+    // it before writing anything.
+    if flow.tcp_flags & TCP_SYN != 0 || flow.ttl <= 1 {
         return false;
     }
     let hash = F::A::flow_hash(

@@ -21,7 +21,7 @@ use core::ffi::c_void;
 
 use aya_ebpf::{
     bindings::xdp_action,
-    helpers::{bpf_ktime_get_tai_ns, bpf_loop, bpf_xdp_adjust_tail},
+    helpers::{bpf_csum_diff, bpf_ktime_get_tai_ns, bpf_loop, bpf_xdp_adjust_tail},
     macros::map,
     maps::PerCpuArray,
     programs::XdpContext,
@@ -78,6 +78,23 @@ pub fn handle<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> Verdict {
         return (DROP, counter::DROP_SYN_PROXY_INVALID);
     }
     let flags = lookup_addr::<F>(flow.daddr);
+    // The segments answered with one of lb's own are checked first (at one call site: each
+    // costs the verifier a walk of its own). A backend's SYN+ACK becomes the client's window
+    // update and one without data may be a TIME_WAIT's ACK (its data segments are translated);
+    // a client's SYN is answered with the cookie's SYN+ACK.
+    let answered = if flags & addr_flags::SNAT != 0 {
+        flow.tcp_flags & TCP_SYN != 0 || flow.payload_len == 0
+    } else {
+        flags & addr_flags::VIP != 0 && is_new_syn(flow.tcp_flags)
+    };
+    if answered && !segment_ok::<F>(ctx, flow) {
+        return (DROP, counter::DROP_SYN_PROXY_CHECKSUM);
+    }
+    // Either way, before anything is written: a backend's SYN+ACK becomes the window update
+    // before its reply's bookkeeping, which would drop it then.
+    if flow.ttl <= 1 {
+        return (DROP, counter::DROP_TTL);
+    }
     if flags & addr_flags::SNAT != 0 {
         let v = from_backend::<F>(ctx, flow);
         if v != NONE {
@@ -88,9 +105,6 @@ pub fn handle<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> Verdict {
     }
     if flags & addr_flags::VIP == 0 {
         return (xdp_action::XDP_PASS, counter::PASS_NOT_VIP);
-    }
-    if flow.ttl <= 1 {
-        return (DROP, counter::DROP_TTL);
     }
     let p = params();
     let now = clock::now();
@@ -484,6 +498,66 @@ fn emit<F: Family>(
     Some(())
 }
 
+/// Whether the TCP segment of `flow` (header, options, payload, with the pseudo-header) has a
+/// right checksum. For the segments the proxy answers with one of its own or rebuilds: those get
+/// checksums computed anew, which must not make a damaged segment a right one (a translated
+/// segment's checksum is updated incrementally: a wrong one stays wrong). Up to 1,596 bytes: a
+/// longer one is refused too (a handshake's segments are short).
+#[inline(never)]
+fn segment_ok<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> bool {
+    const BLOCK: usize = 64;
+    let (ctx, flow) = (opaque(ctx), opaque(flow));
+    let (data, data_end) = (ctx.data(), ctx.data_end());
+    let Some(h) = read_at_checked::<[u8; 14]>(data, data_end, flow.l4_off) else {
+        return false;
+    };
+    let len = usize::from(h[12] >> 4) * 4 + usize::from(flow.payload_len);
+    let mut sum = u64::from(F::addr_sum(&flow.saddr, &flow.daddr))
+        + u64::from(u16::from_ne_bytes([0, PROTO_TCP]))
+        + u64::from(u16::from_ne_bytes((len as u16).to_be_bytes()));
+    let (mut at, end) = (flow.l4_off, flow.l4_off + len);
+    // 64-byte blocks summed by the kernel, then 4-byte words, then what is left.
+    for _ in 0..24 {
+        if at + BLOCK > end {
+            break;
+        }
+        let Some(p) = ptr_at_mut_checked::<[u32; BLOCK / 4]>(data, data_end, at) else {
+            return false;
+        };
+        // SAFETY: a bounds-checked block of the packet, read only; no `from` words.
+        let s = unsafe { bpf_csum_diff(core::ptr::null_mut(), 0, p.cast(), BLOCK as u32, 0) };
+        sum += u64::from(s as u32);
+        at += BLOCK;
+    }
+    for _ in 0..BLOCK / 4 {
+        if at + 4 > end {
+            break;
+        }
+        let Some(w) = read_at_checked::<[u8; 4]>(data, data_end, at) else {
+            return false;
+        };
+        sum += u64::from(u16::from_ne_bytes([w[0], w[1]]))
+            + u64::from(u16::from_ne_bytes([w[2], w[3]]));
+        at += 4;
+    }
+    if at + 2 <= end {
+        let Some(w) = read_at_checked::<[u8; 2]>(data, data_end, at) else {
+            return false;
+        };
+        sum += u64::from(u16::from_ne_bytes(w));
+        at += 2;
+    }
+    if at < end {
+        let Some(b) = read_at_checked::<u8>(data, data_end, at) else {
+            return false;
+        };
+        sum += u64::from(u16::from_ne_bytes([b, 0]));
+        at += 1;
+    }
+    let sum = (sum & 0xffff_ffff) + (sum >> 32);
+    at == end && fold((sum & 0xffff_ffff) as u32 + (sum >> 32) as u32) == 0xffff
+}
+
 /// Turns the frame back to where it came from: MACs and IP addresses swapped (TTL lowered).
 #[inline(always)]
 fn turn_back<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> Option<()> {
@@ -616,6 +690,9 @@ fn cookie_ack<A: FlowAddr>(ctx: &XdpContext, flow: &Flow<A>) -> bool {
 #[inline(always)]
 fn create<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>, hash: u64, now: u64, h: &Hdr) -> Verdict {
     let invalid = (DROP, counter::DROP_SYN_PROXY_INVALID);
+    if !segment_ok::<F>(ctx, flow) {
+        return (DROP, counter::DROP_SYN_PROXY_CHECKSUM);
+    }
     let Some(w) = work() else {
         return invalid;
     };
@@ -870,6 +947,10 @@ fn pending<F: Family>(
     if h[13] & (TCP_RST | TCP_FIN) != 0 {
         flow::closing(e, h[13], ct_flags::FIN_CLIENT, now);
         return (DROP, counter::DROP_SYN_PROXY_PENDING);
+    }
+    // Answered below with a RST or a SYN of lb's own: checked.
+    if !segment_ok::<F>(ctx, flow) {
+        return (DROP, counter::DROP_SYN_PROXY_CHECKSUM);
     }
     if now.saturating_sub(pf.syn_at) > PENDING_TIMEOUT_NS {
         flow::closing(e, TCP_RST, 0, now);
@@ -1140,7 +1221,8 @@ fn backend_segment<F: Family>(
     let mut new_h = *h;
     if pf.state != proxy_state::OPEN {
         w.new = w.old;
-        if flags & (TCP_SYN | TCP_ACK | TCP_RST) == TCP_ACK {
+        // (Without data: its checksum was checked; a TIME_WAIT's ACK carries none.)
+        if flags & (TCP_SYN | TCP_ACK | TCP_RST) == TCP_ACK && flow.payload_len == 0 {
             return stale::<F>(ctx, flow, pf, ack, w);
         }
         // The backend refused lb's SYN: its RST goes on to the client, in lb's numbers.

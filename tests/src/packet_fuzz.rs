@@ -10,12 +10,15 @@
 //! - TX and REDIRECT send a frame whose checksums (IPv4, TCP/UDP, ICMP, the quoted IPv4 header)
 //!   are right where the input's were and wrong where the input's were (lb updates checksums
 //!   incrementally, as IPVS and netfilter NAT do: it neither checks nor launders them), to a
-//!   backend or to a client lb has seen. An encapsulated frame (direct server return) carries
+//!   backend or to a client lb has seen (the SYN proxy's own segments too: it answers only
+//!   segments whose checksum it checked, so a damaged one is dropped, never made right). An
+//!   encapsulated frame (direct server return) carries
 //!   the input's datagram unchanged behind a right outer IPv4 checksum; lb's own answer to a
 //!   packet too big has right checksums and quotes the input as it came.
 //!
 //! Frames start from seeds covering every path of both families (new and live flows both ways,
-//! UDP, echo, ICMP / ICMPv6 errors about flows from either side, fragments, IPv4 options, IPv6
+//! UDP, echo, ICMP / ICMPv6 errors about flows from either side, the SYN proxy's handshake and
+//! translated segments, fragments, IPv4 options, IPv6
 //! extension headers, neighbour discovery, VLAN tags, other protocols and addresses). Each is first cut at every length, then they are mutated: random frames, flipped
 //! bytes, header fields set to edge values, truncations at any offset, garbage appended, VLAN
 //! tags added, destinations pointed at lb's addresses. A failure names the seed and shows both
@@ -121,6 +124,18 @@ forwarding = "ipip"
 backends = [{ address = "[2001:db8:2::5]:443" }]
 
 [[service]]
+name = "proxied"
+vip = "10.100.0.5:80"
+syn_proxy = "on"
+backends = [{ address = "10.0.2.7:8080" }]
+
+[[service]]
+name = "proxied6"
+vip = "[2001:db8:100::5]:80"
+syn_proxy = "on"
+backends = [{ address = "[2001:db8:2::7]:8080" }]
+
+[[service]]
 name = "quic"
 vip = "10.100.0.1:443"
 protocol = "udp"
@@ -144,8 +159,9 @@ backends = [{ address = "10.0.2.5:443", server_id = 7 }, { address = "10.0.2.6:4
 "#;
 
 /// Addresses a mutated destination is pointed at: VIPs, SNAT addresses, others.
-const TARGETS: [[u8; 4]; 7] = [
+const TARGETS: [[u8; 4]; 8] = [
     [10, 100, 0, 1],
+    [10, 100, 0, 5],
     [10, 100, 0, 2],
     [10, 100, 0, 3],
     [10, 100, 0, 4],
@@ -155,8 +171,9 @@ const TARGETS: [[u8; 4]; 7] = [
 ];
 
 /// IPv6 addresses a mutated destination is pointed at: VIPs, SNAT addresses, others.
-const TARGETS6: [[u8; 16]; 6] = [
+const TARGETS6: [[u8; 16]; 7] = [
     [0x20, 1, 0xd, 0xb8, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+    [0x20, 1, 0xd, 0xb8, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5],
     [0x20, 1, 0xd, 0xb8, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
     [0x20, 1, 0xd, 0xb8, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4],
     [0x20, 1, 0xd, 0xb8, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
@@ -306,6 +323,130 @@ fn quic_payloads(offset: u8, bytes: u8, config: u8, id: u64) -> Vec<Vec<u8>> {
         quic::initial(),
         cut,
     ]
+}
+
+/// The SYN proxy's services (`proxied`, `proxied6`): a connection opened through the cookie
+/// (SYN, the cookie's ACK, the backend's SYN+ACK), then its segments both ways, those the
+/// balancer translates itself and those with SACK blocks the proxy's programs translate; the
+/// SYN and the cookie's ACK of a connection not made yet; the backend's SYN+ACK again. Client
+/// timestamps throughout, so every option path is there to mutate.
+fn proxy_seeds(
+    run: &dyn Fn(&[u8], u32) -> anyhow::Result<crate::fixture::RunResult>,
+    (vc, vb, vb_mac): (u32, u32, [u8; 6]),
+    seed: &mut dyn FnMut(Vec<u8>, u32),
+) -> anyhow::Result<()> {
+    let be32 = |b: &[u8], at: usize| u32::from_be_bytes(b[at..at + 4].try_into().expect("4"));
+    let ts = |val: u32, ecr: u32| {
+        let mut o = vec![1, 1, 8, 10];
+        o.extend(val.to_be_bytes());
+        o.extend(ecr.to_be_bytes());
+        o
+    };
+    // MSS 1460, SACK permitted, timestamps, window scale 7.
+    let syn_opts = |val: u32| {
+        let mut o = vec![2, 4, 5, 180, 4, 2, 8, 10];
+        o.extend(val.to_be_bytes());
+        o.extend([0, 0, 0, 0, 1, 3, 3, 7]);
+        o
+    };
+    for (vip, client_ip, l4) in [
+        ("10.100.0.5:80", "10.0.1.2", 34),
+        ("[2001:db8:100::5]:80", "[2001:db8:1::2]", 54),
+    ] {
+        // SYN → lb's SYN+ACK (the cookie, lb's timestamp); the ACK of the cookie → lb's SYN
+        // to the backend.
+        let handshake = |port: u16| -> anyhow::Result<(Packet, Packet)> {
+            let client = format!("{client_ip}:{port}");
+            let syn = Packet::tcp(&client, vip, TCP_SYN)
+                .seq(1000, 0)
+                .tcp_options(&syn_opts(7));
+            let out = run(&syn.build(), vc)?;
+            anyhow::ensure!(
+                out.verdict == XDP_TX,
+                "proxied SYN to {vip}: {}",
+                verdict_name(out.verdict)
+            );
+            let (cookie, lb_ts) = (be32(&out.output, l4 + 4), be32(&out.output, l4 + 28));
+            let ack = Packet::tcp(&client, vip, TCP_ACK)
+                .seq(1001, cookie.wrapping_add(1))
+                .window(502)
+                .tcp_options(&ts(8, lb_ts));
+            Ok((syn, ack))
+        };
+        let (syn, ack) = handshake(47400)?;
+        let out = run(&ack.build(), vc)?;
+        anyhow::ensure!(
+            out.verdict == XDP_REDIRECT,
+            "the cookie's ACK to {vip}: {}",
+            verdict_name(out.verdict)
+        );
+        let (snat, backend) = addressing(&out.output);
+        let from_backend = |flags: u8, seq: u32, opts: &[u8], data: &[u8]| {
+            Packet::tcp(&backend, &snat, flags)
+                .seq(seq, 1001)
+                .window(300)
+                .tcp_options(opts)
+                .payload(data)
+                .macs(BACKEND_MAC, vb_mac)
+        };
+        let synack = from_backend(
+            TCP_SYN | TCP_ACK,
+            5000,
+            &[
+                2, 4, 5, 180, 4, 2, 8, 10, 0, 0, 0x10, 0, 0, 0, 0, 8, 1, 3, 3, 9,
+            ],
+            b"",
+        );
+        let out = run(&synack.build(), vb)?;
+        anyhow::ensure!(
+            out.verdict == XDP_REDIRECT,
+            "the backend's SYN+ACK from {backend}: {}",
+            verdict_name(out.verdict)
+        );
+        let lb_ts = be32(&ack.clone().build(), l4 + 28);
+        let client = format!("{client_ip}:47400");
+        let data = Packet::tcp(&client, vip, TCP_ACK | TCP_PSH)
+            .seq(1001, be32(&ack.clone().build(), l4 + 8))
+            .window(502)
+            .tcp_options(&ts(9, lb_ts))
+            .payload(b"GET / HTTP/1.1\r\n\r\n");
+        let mut sack = ts(10, lb_ts);
+        let cookie = be32(&ack.clone().build(), l4 + 8).wrapping_sub(1);
+        sack.extend([1, 1, 5, 10]);
+        sack.extend(cookie.wrapping_add(101).to_be_bytes());
+        sack.extend(cookie.wrapping_add(201).to_be_bytes());
+        seed(syn.build(), vc);
+        seed(ack.build(), vc);
+        seed(data.build(), vc);
+        seed(
+            Packet::tcp(&client, vip, TCP_ACK)
+                .seq(1019, cookie.wrapping_add(18))
+                .tcp_options(&sack)
+                .build(),
+            vc,
+        );
+        seed(
+            Packet::tcp(&client, vip, TCP_FIN | TCP_ACK)
+                .tcp_options(&ts(11, lb_ts))
+                .build(),
+            vc,
+        );
+        seed(Packet::tcp(&client, vip, TCP_RST).build(), vc);
+        seed(synack.build(), vb);
+        seed(
+            from_backend(TCP_ACK | TCP_PSH, 5001, &ts(0x1005, 9), &[0x41; 300]).build(),
+            vb,
+        );
+        seed(from_backend(TCP_ACK, 5001, &[], b"").build(), vb);
+        seed(from_backend(TCP_RST, 5001, &[], b"").build(), vb);
+        // A connection not made yet: its SYN, and its cookie's ACK (run by the fuzzer first).
+        let (syn, ack) = handshake(47401)?;
+        seed(syn.build(), vc);
+        seed(ack.build(), vc);
+        // A SYN with data (whose data the proxy drops).
+        seed(syn.payload(b"early").build(), vc);
+    }
+    Ok(())
 }
 
 impl Bed {
@@ -572,6 +713,7 @@ impl Bed {
         seed(syn.clone().ether_type(0x86dd).build(), vc);
         seed(syn.clone().ether_type(0x0806).build(), vc);
         dsr_seeds(vc, &mut seed);
+        proxy_seeds(&run, (vc, vb, net.vb_mac), &mut seed)?;
         let backends = net
             .balancer
             .backend_addresses()
@@ -757,7 +899,8 @@ fn class(c: u32) -> u32 {
     use counter::*;
     match c {
         PASS_NOT_IP | PASS_NOT_VIP | PASS_MALFORMED | PASS_FRAGMENT | PASS_EXT_HEADERS => XDP_PASS,
-        FWD_TX | ICMP_ECHO_REPLY | ICMP_TOO_BIG => XDP_TX,
+        FWD_TX | ICMP_ECHO_REPLY | ICMP_TOO_BIG | SYN_PROXY_SYNACK | SYN_PROXY_RESET
+        | SYN_PROXY_STALE => XDP_TX,
         FWD_REDIRECT => XDP_REDIRECT,
         _ => XDP_DROP,
     }

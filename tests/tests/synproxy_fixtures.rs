@@ -618,3 +618,46 @@ fn acks_without_a_valid_cookie_are_dropped() {
     assert_eq!(n.counter(SYN_PROXY_ACK_VALID), 1);
     assert_eq!(n.counter(CT_NEW), 1);
 }
+
+/// The segments the proxy answers with one of its own (a SYN, a cookie's ACK) are checked:
+/// with a damaged TCP checksum they are dropped, not answered with a segment whose checksum
+/// lb computed anew, which would make a damaged segment a right one. With it right, the same
+/// segments are answered; with data, the data is checked too.
+#[test]
+fn segments_with_a_wrong_checksum_are_not_answered() {
+    require_root();
+    let mut e = TestNet::new("ring_size = 1009", SERVICES).unwrap();
+    e.dp.set_cookie_keys(KEY, None).unwrap();
+    let vc = e.vc;
+    let n = Net { e };
+    for f in [&V4, &V6] {
+        let (client, vip) = (at(f.client, 42000), at(f.vip, 80));
+        let damaged = |p: Packet| {
+            let mut b = p.build();
+            b[f.tcp + 16] ^= 0x40;
+            b
+        };
+        let syn = Packet::tcp(&client, &vip, TCP_SYN)
+            .seq(1000, 0)
+            .tcp_options(&syn_options(7));
+        let before = n.counter(DROP_SYN_PROXY_CHECKSUM);
+        n.run("damaged SYN", &damaged(syn.clone()), vc, XDP_DROP);
+        // Damaged in its data, which the checksum covers (an odd length: the last byte alone).
+        let mut with_data = syn.clone().payload(b"early data").build();
+        let last = with_data.len() - 1;
+        with_data[last] ^= 1;
+        n.run("SYN, damaged data", &with_data, vc, XDP_DROP);
+        let out = n.run(
+            "SYN",
+            &syn.clone().payload(b"early data").build(),
+            vc,
+            XDP_TX,
+        );
+        let cookie = be32(&out, f.tcp + 4);
+        let ack = Packet::tcp(&client, &vip, TCP_ACK).seq(1001, cookie.wrapping_add(1));
+        n.run("damaged ACK", &damaged(ack.clone()), vc, XDP_DROP);
+        assert_eq!(n.counter(DROP_SYN_PROXY_CHECKSUM), before + 3, "{}", f.vip);
+        n.run("ACK", &ack.build(), vc, XDP_REDIRECT);
+    }
+    assert_eq!(n.counter(SYN_PROXY_ACK_VALID), 2);
+}
