@@ -7,7 +7,12 @@
 //!  bounce: vc ──XDP_TX──▶ sc          lb two-arm: vc ──XDP_REDIRECT──▶ vb ──▶ sb
 //!  [sink] so ── vo [lb ns]                      lb one-arm full NAT: vo ──XDP_TX──▶ so
 //!  [sink] sa ── va [lb ns]                      lb one-arm DSR: va ──IP in IP, XDP_TX──▶ sa
+//!  [sink] sp ── vp [lb ns]                      lb SYN proxy: vp ──SYN+ACK, XDP_TX──▶ sp
 //! ```
+//! The SYN proxy's case sends SYNs of 10,000 flows to a proxied service, each answered with a
+//! cookie's SYN+ACK straight back: the rate of SYN+ACKs one core answers a flood with. Its
+//! SYNs carry 4 bytes of data (which the proxy checks and drops), where the cycle writes its
+//! flow's number: 58-byte frames, the size of the SYN+ACK the sink writes the next one over.
 //! One-arm: the client and the backend are behind the same interface, so lb's route lookup
 //! gives the ingress interface and lb sends with XDP_TX, as the bounce does; two-arm: the
 //! backend is behind another interface, reached with XDP_REDIRECT through lb's devmap. (Live-frames
@@ -88,6 +93,7 @@ pub const ONE_ARM_MANY: &str = "lb one-arm full NAT (XDP_TX): 10 000 flows";
 pub const TWO_ARM: &str = "lb two-arm full NAT (XDP_REDIRECT): 1 flow";
 pub const TWO_ARM_MANY: &str = "lb two-arm full NAT (XDP_REDIRECT): 10 000 flows";
 pub const LB_DSR: &str = "lb one-arm direct server return (ipip; XDP_TX): 1 flow";
+pub const PROXY_SYN: &str = "lb SYN proxy: SYNs answered with a cookie (XDP_TX): 10 000 flows";
 
 /// Sum of the `xdp_drops` counters of a veth (`ethtool -S`).
 fn xdp_drops(ns: &Netns, ifname: &str) -> anyhow::Result<u64> {
@@ -154,9 +160,12 @@ pub fn run(rounds: usize, frames: u32, only: &[String]) -> anyhow::Result<Rate> 
     // One-arm: client and backend behind the same interface (DSR; full NAT).
     let (va, sa) = veth(&lbns, "10.0.3.1/24", &sink, "10.0.3.2/24")?;
     let (vo, so) = veth(&lbns, "10.0.4.1/24", &sink, "10.0.4.2/24")?;
+    // The SYN proxy's clients, answered back out of the same interface.
+    let (vp, sp) = veth(&lbns, "10.0.5.1/24", &sink, "10.0.5.2/24")?;
     let mac = |ns: &Netns, ifname: &str| ns.mac(ifname);
     let (sc_mac, sb_mac) = (mac(&sink, &sc.ifname)?, mac(&sink, &sb.ifname)?);
     let (sa_mac, so_mac) = (mac(&sink, &sa.ifname)?, mac(&sink, &so.ifname)?);
+    let sp_mac = mac(&sink, &sp.ifname)?;
     let fmt_mac = |m: [u8; 6]| {
         m.iter()
             .map(|b| format!("{b:02x}"))
@@ -168,6 +177,7 @@ pub fn run(rounds: usize, frames: u32, only: &[String]) -> anyhow::Result<Rate> 
         ("10.0.2.2", sb_mac, &vb.ifname),
         ("10.0.3.3", sa_mac, &va.ifname),
         ("10.0.4.3", so_mac, &vo.ifname),
+        ("10.0.5.2", sp_mac, &vp.ifname),
     ] {
         lbns.ip(&[
             "neigh",
@@ -183,18 +193,20 @@ pub fn run(rounds: usize, frames: u32, only: &[String]) -> anyhow::Result<Rate> 
     }
     // No SYN rate limit: the setup opens 10,000 connections from one address at once.
     let text = format!(
-        "[lb]\ninterfaces = [\"{}\", \"{}\", \"{}\", \"{}\"]\nsyn_rate_per_source = 0\n\n\
+        "[lb]\ninterfaces = [\"{}\", \"{}\", \"{}\", \"{}\", \"{}\"]\nsyn_rate_per_source = 0\n\n\
          [[service]]\nname = \"rate\"\nvip = \"10.100.0.1:80\"\n\
          backends = [{{ address = \"10.0.2.2:8080\" }}]\n\n[[service]]\nname = \"dsr\"\n\
          vip = \"10.100.0.2:80\"\nforwarding = \"ipip\"\nbackends = [{{ address = \"10.0.3.3:80\" }}]\n\n\
          [[service]]\nname = \"onearm\"\nvip = \"10.100.0.3:80\"\n\
-         backends = [{{ address = \"10.0.4.3:8080\" }}]\n",
-        vc.ifname, vb.ifname, va.ifname, vo.ifname
+         backends = [{{ address = \"10.0.4.3:8080\" }}]\n\n\
+         [[service]]\nname = \"proxied\"\nvip = \"10.100.0.4:80\"\nsyn_proxy = \"on\"\n\
+         backends = [{{ address = \"10.0.2.2:8080\" }}]\n",
+        vc.ifname, vb.ifname, va.ifname, vo.ifname, vp.ifname
     );
     let config = lb::config::parse(&text).map_err(|e| anyhow::anyhow!("rate config: {e}"))?;
     let (dp, _balancer) = lbns.enter(|| -> anyhow::Result<_> {
         let (mut dp, b) = lb::daemon::prepare(&config)?;
-        for iface in [&vc.ifname, &vb.ifname, &va.ifname, &vo.ifname] {
+        for iface in [&vc.ifname, &vb.ifname, &va.ifname, &vo.ifname, &vp.ifname] {
             dp.add_redirect_target(iface)?;
         }
         Ok((dp, b))
@@ -202,12 +214,20 @@ pub fn run(rounds: usize, frames: u32, only: &[String]) -> anyhow::Result<Rate> 
     let (vc_idx, vc_mac) = (lbns.ifindex(&vc.ifname)?, lbns.mac(&vc.ifname)?);
     let (va_idx, va_mac) = (lbns.ifindex(&va.ifname)?, lbns.mac(&va.ifname)?);
     let (vo_idx, vo_mac) = (lbns.ifindex(&vo.ifname)?, lbns.mac(&vo.ifname)?);
+    let (vp_idx, vp_mac) = (lbns.ifindex(&vp.ifname)?, lbns.mac(&vp.ifname)?);
 
     let two_arm = ("10.0.1.2", "10.100.0.1:80", (sc_mac, vc_mac));
     let dsr = ("10.0.3.2", "10.100.0.2:80", (sa_mac, va_mac));
     let one_arm = ("10.0.4.2", "10.100.0.3:80", (so_mac, vo_mac));
     let [two_frame, dsr_frame, one_frame] =
         [two_arm, dsr, one_arm].map(|(c, v, m)| data_frame(c, v, m));
+    // A SYN of 58 bytes, the size of lb's SYN+ACK to it (the sink writes the next SYN over
+    // the SYN+ACK, which must hold it): 4 bytes of data carry the cycle's number.
+    let syn_frame = Packet::tcp("10.0.5.2:40000", "10.100.0.4:80", TCP_SYN)
+        .seq(1000, 0)
+        .payload(&[0x55; 4])
+        .macs(sp_mac, vp_mac)
+        .build();
     if bpf::max_flows(&two_frame) < FLOWS {
         bail!("the template cannot cycle through {FLOWS} flows");
     }
@@ -224,12 +244,14 @@ pub fn run(rounds: usize, frames: u32, only: &[String]) -> anyhow::Result<Rate> 
     let two_sink = sink_for("bench_sink", &two_frame)?;
     let dsr_sink = sink_for("bench_sink_dsr", &dsr_frame)?;
     let one_sink = sink_for("bench_sink_one", &one_frame)?;
+    let syn_sink = sink_for("bench_sink_syn", &syn_frame)?;
     let _links = sink.enter(|| -> anyhow::Result<_> {
         Ok([
             bpf::attach(two_sink.fd(), sink.ifindex(&sc.ifname)?)?,
             bpf::attach(two_sink.fd(), sink.ifindex(&sb.ifname)?)?,
             bpf::attach(dsr_sink.fd(), sink.ifindex(&sa.ifname)?)?,
             bpf::attach(one_sink.fd(), sink.ifindex(&so.ifname)?)?,
+            bpf::attach(syn_sink.fd(), sink.ifindex(&sp.ifname)?)?,
         ])
     })?;
     let drop = Program::load("bench_drop", &bpf::just(bpf::XDP_DROP))?;
@@ -268,6 +290,13 @@ pub fn run(rounds: usize, frames: u32, only: &[String]) -> anyhow::Result<Rate> 
             Some(&sb.ifname),
         ),
         (LB_DSR, lb_fd, 1, (&dsr_frame, va_idx), Some(&sa.ifname)),
+        (
+            PROXY_SYN,
+            lb_fd,
+            FLOWS,
+            (&syn_frame, vp_idx),
+            Some(&sp.ifname),
+        ),
     ];
     let programs: Vec<_> = programs
         .into_iter()
@@ -318,8 +347,9 @@ pub fn run(rounds: usize, frames: u32, only: &[String]) -> anyhow::Result<Rate> 
     }
     let lb_after = counters(&dp)?;
     // The census, untimed: twice round each many-flow cycle, frames counted by SNAT port.
-    for (c, &(_, fd, flows, (frame, ingress), _)) in programs.iter().enumerate() {
-        if flows == 1 {
+    for (c, &(name, fd, flows, (frame, ingress), _)) in programs.iter().enumerate() {
+        // (The proxy's SYN+ACKs all come from the VIP's port: its count is `syn_proxy_synack`.)
+        if flows == 1 || name == PROXY_SYN {
             continue;
         }
         let n = 2 * flows;

@@ -313,6 +313,7 @@ fn draw_charts(dir: &Path, res: &Results) -> anyhow::Result<Vec<String>> {
                 rate::TWO_ARM => "2-arm, 1 flow".into(),
                 rate::TWO_ARM_MANY => "2-arm, 10k".into(),
                 rate::LB_DSR => "DSR, 1 flow".into(),
+                rate::PROXY_SYN => "SYN proxy, 10k".into(),
                 other => other.into(),
             })
             .collect();
