@@ -554,8 +554,12 @@ fn segment_ok<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> bool {
         sum += u64::from(u16::from_ne_bytes([b, 0]));
         at += 1;
     }
-    let sum = (sum & 0xffff_ffff) + (sum >> 32);
-    at == end && fold((sum & 0xffff_ffff) as u32 + (sum >> 32) as u32) == 0xffff
+    // Folded in 64 bits: every carry kept.
+    let mut sum = (sum & 0xffff_ffff) + (sum >> 32);
+    for _ in 0..3 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    at == end && sum == 0xffff
 }
 
 /// Turns the frame back to where it came from: MACs and IP addresses swapped (TTL lowered).
