@@ -1043,19 +1043,7 @@ fn from_backend<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> u64 {
 
 #[inline(always)]
 fn reply_segment<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> Option<Verdict> {
-    let p = params();
-    let k = FlowKeyOf::new(flow.saddr, flow.daddr, flow.sport, flow.dport, flow.proto);
-    let slot = crate::table::nat_find::<F>(&k, k.hash(), p)?;
-    // SAFETY: a map value of plain integers.
-    let nat = unsafe { &(*slot).entry };
-    let fwd = FlowKeyOf::new(
-        nat.client_addr,
-        nat.vip_addr,
-        nat.client_port,
-        nat.vip_port,
-        PROTO_TCP,
-    );
-    let Some(pf) = F::proxies().get_ptr_mut(&fwd) else {
+    let Some(pf) = reply_flow::<F>(flow)?.1 else {
         return Some((DROP, counter::DROP_SYN_PROXY_INVALID));
     };
     // SAFETY: a map value of plain integers.
@@ -1069,18 +1057,13 @@ fn reply_segment<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>) -> Option<Verdi
     Some(backend_segment::<F>(ctx, flow, pf, &h, w))
 }
 
-/// After [`from_backend`] handled a backend's segment of a proxied flow (`flow`, its verdict's
-/// counter `reason`): the flow's offsets put back where the balancer reads them ([`remember`]:
-/// the flow opened, or its slot was another's), and the proxy's decision noted for the trace.
-/// Out of line, its tables looked up again: in `from_backend`, the key or the hash kept across
-/// the segment's handling took the IPv6 program's stack past BPF's 512 bytes.
-#[inline(never)]
-fn after_reply<F: Family>(flow: &Flow<F::A>, reason: u32) {
-    let flow = opaque(flow);
+/// The proxied flow a backend's segment `flow` belongs to: its client → VIP key (from the
+/// return path's entry) and its translation, if the proxy's map holds it. `None`: no return
+/// path entry.
+#[inline(always)]
+fn reply_flow<F: Family>(flow: &Flow<F::A>) -> Option<(FlowKeyOf<F::A>, Option<*mut ProxyFlow>)> {
     let k = FlowKeyOf::new(flow.saddr, flow.daddr, flow.sport, flow.dport, flow.proto);
-    let Some(slot) = crate::table::nat_find::<F>(&k, k.hash(), params()) else {
-        return;
-    };
+    let slot = crate::table::nat_find::<F>(&k, k.hash(), params())?;
     // SAFETY: a map value of plain integers.
     let nat = unsafe { &(*slot).entry };
     let fwd = FlowKeyOf::new(
@@ -1090,10 +1073,22 @@ fn after_reply<F: Family>(flow: &Flow<F::A>, reason: u32) {
         nat.vip_port,
         PROTO_TCP,
     );
-    // SAFETY: read-only use of a map value of plain integers.
-    let Some(pf) = (unsafe { F::proxies().get(&fwd) }) else {
+    let pf = F::proxies().get_ptr_mut(&fwd);
+    Some((fwd, pf))
+}
+
+/// After [`from_backend`] handled a backend's segment of a proxied flow (`flow`, its verdict's
+/// counter `reason`): the flow's offsets put back where the balancer reads them ([`remember`]:
+/// the flow opened, or its slot was another's), and the proxy's decision noted for the trace.
+/// Out of line, its tables looked up again: in `from_backend`, the key or the hash kept across
+/// the segment's handling took the IPv6 program's stack past BPF's 512 bytes.
+#[inline(never)]
+fn after_reply<F: Family>(flow: &Flow<F::A>, reason: u32) {
+    let Some((fwd, Some(pf))) = reply_flow::<F>(opaque(flow)) else {
         return;
     };
+    // SAFETY: a map value of plain integers, read only.
+    let pf = unsafe { &*pf };
     let open = pf.state == proxy_state::OPEN;
     if open {
         remember::<F>(pf, fwd.hash(), proxy_fast_ports(fwd.sport, fwd.dport));

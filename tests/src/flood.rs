@@ -103,6 +103,25 @@ impl Flood {
         self.thread.as_ref().is_some_and(|t| !t.is_finished())
     }
 
+    /// Runs `request` again and again while the flood lasts: how many succeeded and failed
+    /// (each failure printed).
+    pub fn meanwhile<E: std::fmt::Display>(
+        &self,
+        mut request: impl FnMut() -> Result<(), E>,
+    ) -> (u64, u64) {
+        let (mut ok, mut failed) = (0u64, 0u64);
+        while self.running() {
+            match request() {
+                Ok(()) => ok += 1,
+                Err(e) => {
+                    eprintln!("request failed: {e}");
+                    failed += 1;
+                }
+            }
+        }
+        (ok, failed)
+    }
+
     /// Frames sent so far.
     pub fn sent(&self) -> u64 {
         self.sent.load(Ordering::Relaxed)

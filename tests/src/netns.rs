@@ -211,6 +211,14 @@ impl Netns {
         self.nft(&["add", "chain", "inet", "lbt", "in", &chain])
     }
 
+    /// Creates table `inet lbt` (if need be) with an output chain `out` of `policy`; more rules
+    /// can be added to that chain with [`Netns::nft`].
+    pub fn output_chain(&self, policy: &str) -> anyhow::Result<()> {
+        self.nft(&["add", "table", "inet", "lbt"])?;
+        let chain = format!("{{ type filter hook output priority 0; policy {policy}; }}");
+        self.nft(&["add", "chain", "inet", "lbt", "out", &chain])
+    }
+
     /// Makes the namespace silently drop everything it receives (a host that stopped answering).
     pub fn drop_all_input(&self) -> anyhow::Result<()> {
         self.input_chain("drop")

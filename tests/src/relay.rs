@@ -88,8 +88,9 @@ impl Drop for Relay {
 }
 
 /// A packet socket bound to `ifname` of the calling thread's namespace, every protocol, with a
-/// receive timeout (so the relay sees its stop flag).
-pub(crate) fn packet_socket(ifname: &str) -> anyhow::Result<OwnedFd> {
+/// receive timeout (so the relay sees its stop flag). Also the flood's, and tests' that send
+/// frames of their own.
+pub fn packet_socket(ifname: &str) -> anyhow::Result<OwnedFd> {
     let proto = (libc::ETH_P_ALL as u16).to_be();
     // SAFETY: plain socket(2).
     let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(proto)) };

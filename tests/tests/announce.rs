@@ -773,16 +773,7 @@ fn drain_restart_and_stop() {
     let lb_ns = &bed.sb.lb;
     lb_ns.input_chain("drop").unwrap();
     let start = unix_now();
-    lb_ns
-        .nft(&[
-            "add",
-            "chain",
-            "inet",
-            "lbt",
-            "out",
-            "{ type filter hook output priority 0; policy drop; }",
-        ])
-        .unwrap();
+    lb_ns.output_chain("drop").unwrap();
     let gone = routes
         .wait(ip(WEB), false, Duration::from_secs(5))
         .expect("the router drops a silent host's routes");

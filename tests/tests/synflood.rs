@@ -267,16 +267,7 @@ fn a_spoofed_flood_at_a_dsr_service_leaves_the_connection_table_alone() {
             .status()
             .is_ok_and(|s| s.counter("dsr_flood").unwrap_or(0) > 0)
     });
-    let (mut ok, mut failed) = (0u64, 0u64);
-    while flood.running() {
-        match request() {
-            Ok(()) => ok += 1,
-            Err(e) => {
-                eprintln!("request failed: {e}");
-                failed += 1;
-            }
-        }
-    }
+    let (ok, failed) = flood.meanwhile(request);
     let sent = flood.finish();
     let after = daemon.status().unwrap();
     let moved = |name: &str| after.counter(name).unwrap_or(0) - before.counter(name).unwrap_or(0);

@@ -329,32 +329,9 @@ fn a_spoofed_flood_at_a_proxied_service_never_reaches_the_backends() {
     let request = || http_get(&client.ns, &format!("http://{VIP}/"));
     wait_until(|| request().is_ok());
     let before = daemon.status().unwrap();
-    let flood = Flood::start(
-        &client.ns,
-        FloodSpec {
-            ifname: client.ifname.clone(),
-            smac: client.ns.mac(&client.ifname).unwrap(),
-            dmac: sb.lb.mac(&sb.lb_ports[0].ifname).unwrap(),
-            prefix: [10, 99],
-            to: (VIP, 80),
-            flows: 60_000,
-            max_frames: 2_000_000,
-            max_time: Duration::from_secs(5),
-            // What 2 shared cores carry beside the client's own SYN-ACKs being answered.
-            rate: Some(100_000),
-        },
-    )
-    .unwrap();
-    let (mut ok, mut failed) = (0u64, 0u64);
-    while flood.running() {
-        match request() {
-            Ok(()) => ok += 1,
-            Err(e) => {
-                eprintln!("request failed: {e}");
-                failed += 1;
-            }
-        }
-    }
+    // What 2 shared cores carry beside the client's own SYN-ACKs being answered.
+    let flood = flood_at_web(&sb, 2_000_000, Duration::from_secs(5), 100_000);
+    let (ok, failed) = flood.meanwhile(request);
     let sent = flood.finish();
     let after = daemon.status().unwrap();
     let moved = |name: &str| after.counter(name).unwrap_or(0) - before.counter(name).unwrap_or(0);
@@ -401,6 +378,27 @@ fn a_spoofed_flood_at_a_proxied_service_never_reaches_the_backends() {
         moved("ct_new")
     );
     assert!(daemon.status().is_ok(), "the daemon stays up");
+}
+
+/// A flood of SYNs from spoofed sources (10.99.0.0/16, 60,000 flows) from the client at the
+/// `web` service, of `max_frames` frames in `max_time` at most, `rate` a second.
+fn flood_at_web(sb: &Sandbox, max_frames: u64, max_time: Duration, rate: u64) -> Flood {
+    let client = &sb.client;
+    Flood::start(
+        &client.ns,
+        FloodSpec {
+            ifname: client.ifname.clone(),
+            smac: client.ns.mac(&client.ifname).unwrap(),
+            dmac: sb.lb.mac(&sb.lb_ports[0].ifname).unwrap(),
+            prefix: [10, 99],
+            to: (VIP, 80),
+            flows: 60_000,
+            max_frames,
+            max_time,
+            rate: Some(rate),
+        },
+    )
+    .unwrap()
 }
 
 /// One HTTP GET of `url` by curl in `ns` (3 s at most): `Err` names what curl said unless it
@@ -469,34 +467,11 @@ fn an_automatic_proxy_engages_under_a_flood_and_releases_after_it() {
     };
     assert!(!engaged(&daemon), "standing by before the flood");
     let before = daemon.status().unwrap();
-    let flood = Flood::start(
-        &client.ns,
-        FloodSpec {
-            ifname: client.ifname.clone(),
-            smac: client.ns.mac(&client.ifname).unwrap(),
-            dmac: sb.lb.mac(&sb.lb_ports[0].ifname).unwrap(),
-            prefix: [10, 99],
-            to: (VIP, 80),
-            flows: 60_000,
-            max_frames: 2_000_000,
-            max_time: Duration::from_secs(8),
-            rate: Some(50_000),
-        },
-    )
-    .unwrap();
+    let flood = flood_at_web(&sb, 2_000_000, Duration::from_secs(8), 50_000);
     let started = Instant::now();
     wait_until(|| engaged(&daemon));
     let engaged_after = started.elapsed();
-    let (mut ok, mut failed) = (0u64, 0u64);
-    while flood.running() {
-        match request() {
-            Ok(()) => ok += 1,
-            Err(e) => {
-                eprintln!("request failed: {e}");
-                failed += 1;
-            }
-        }
-    }
+    let (ok, failed) = flood.meanwhile(request);
     let sent = flood.finish();
     let ended = Instant::now();
     let during = daemon.status().unwrap();
@@ -584,35 +559,12 @@ fn an_automatic_proxy_engages_on_half_open_connections() {
         "completed connections are not half-open: {:?}",
         quiet.syn_proxy_half_open
     );
-    let flood = Flood::start(
-        &client.ns,
-        FloodSpec {
-            ifname: client.ifname.clone(),
-            smac: client.ns.mac(&client.ifname).unwrap(),
-            dmac: sb.lb.mac(&sb.lb_ports[0].ifname).unwrap(),
-            prefix: [10, 99],
-            to: (VIP, 80),
-            flows: 60_000,
-            max_frames: 20_000,
-            max_time: Duration::from_secs(6),
-            rate: Some(2_000),
-        },
-    )
-    .unwrap();
+    let flood = flood_at_web(&sb, 20_000, Duration::from_secs(6), 2_000);
     let started = Instant::now();
     wait_until(|| web(&daemon).is_some_and(|s| s.syn_proxy_engaged));
     let engaged_after = started.elapsed();
     let at_engage = web(&daemon).unwrap();
-    let (mut ok, mut failed) = (0u64, 0u64);
-    while flood.running() {
-        match request() {
-            Ok(()) => ok += 1,
-            Err(e) => {
-                eprintln!("request failed: {e}");
-                failed += 1;
-            }
-        }
-    }
+    let (ok, failed) = flood.meanwhile(request);
     let sent = flood.finish();
     let ended = Instant::now();
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -654,80 +606,44 @@ fn an_automatic_proxy_engages_on_half_open_connections() {
     request().unwrap();
 }
 
-/// A raw IPv4 TCP socket in the client's namespace: segments written whole (IP header
-/// included), every TCP segment the namespace receives read back.
-struct RawTcp(std::os::fd::OwnedFd);
+/// The client's interface as a packet socket (the flood's and the relay's): frames sent
+/// whole, the frames arriving read back.
+struct Frames {
+    fd: std::os::fd::OwnedFd,
+    /// The client's MAC and lb's.
+    macs: ([u8; 6], [u8; 6]),
+}
 
-impl RawTcp {
-    fn open(ns: &lb_tests::netns::Netns) -> Self {
-        use std::os::fd::FromRawFd as _;
-        ns.enter(|| {
-            // SAFETY: plain socket calls on a descriptor this owns.
-            unsafe {
-                let fd = libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_TCP);
-                assert!(fd >= 0, "raw socket: {}", std::io::Error::last_os_error());
-                let fd = std::os::fd::OwnedFd::from_raw_fd(fd);
-                let timeout = libc::timeval {
-                    tv_sec: 3,
-                    tv_usec: 0,
-                };
-                let set = |opt, v: *const libc::c_void, len| {
-                    let r = libc::setsockopt(
-                        std::os::fd::AsRawFd::as_raw_fd(&fd),
-                        if opt == libc::IP_HDRINCL {
-                            libc::IPPROTO_IP
-                        } else {
-                            libc::SOL_SOCKET
-                        },
-                        opt,
-                        v,
-                        len,
-                    );
-                    assert_eq!(r, 0, "setsockopt: {}", std::io::Error::last_os_error());
-                };
-                let one: libc::c_int = 1;
-                set(
-                    libc::IP_HDRINCL,
-                    (&raw const one).cast(),
-                    size_of::<libc::c_int>() as u32,
-                );
-                set(
-                    libc::SO_RCVTIMEO,
-                    (&raw const timeout).cast(),
-                    size_of::<libc::timeval>() as u32,
-                );
-                Self(fd)
-            }
-        })
+impl Frames {
+    fn open(sb: &Sandbox) -> Self {
+        let client = &sb.client;
+        Self {
+            fd: client
+                .ns
+                .enter(|| lb_tests::relay::packet_socket(&client.ifname))
+                .unwrap(),
+            macs: (
+                client.ns.mac(&client.ifname).unwrap(),
+                sb.lb.mac(&sb.lb_ports[0].ifname).unwrap(),
+            ),
+        }
     }
 
-    /// Sends `frame`'s IPv4 packet (its Ethernet header left out) to its destination.
-    fn send(&self, frame: &[u8]) {
-        let packet = &frame[14..];
-        let dst: [u8; 4] = packet[16..20].try_into().unwrap();
-        let to = libc::sockaddr_in {
-            sin_family: libc::AF_INET as u16,
-            sin_port: 0,
-            sin_addr: libc::in_addr {
-                s_addr: u32::from_ne_bytes(dst),
-            },
-            sin_zero: [0; 8],
-        };
-        // SAFETY: a buffer and an address of the sizes given.
+    fn send(&self, packet: lb_tests::packet::Packet) {
+        let frame = packet.macs(self.macs.0, self.macs.1).build();
+        // SAFETY: a valid descriptor bound to its interface, and a buffer of that length.
         let n = unsafe {
-            libc::sendto(
-                std::os::fd::AsRawFd::as_raw_fd(&self.0),
-                packet.as_ptr().cast(),
-                packet.len(),
+            libc::send(
+                std::os::fd::AsRawFd::as_raw_fd(&self.fd),
+                frame.as_ptr().cast(),
+                frame.len(),
                 0,
-                (&raw const to).cast(),
-                size_of::<libc::sockaddr_in>() as u32,
             )
         };
         assert_eq!(
             n,
-            packet.len() as isize,
-            "sendto: {}",
+            frame.len() as isize,
+            "send: {}",
             std::io::Error::last_os_error()
         );
     }
@@ -737,25 +653,36 @@ impl RawTcp {
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut buf = [0u8; 2048];
         while Instant::now() < deadline {
-            // SAFETY: a buffer of the size given.
+            // SAFETY: all-zero is a valid sockaddr_ll.
+            let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+            let mut len = size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+            // SAFETY: a valid descriptor, buffer and address of those lengths.
             let n = unsafe {
-                libc::recv(
-                    std::os::fd::AsRawFd::as_raw_fd(&self.0),
+                libc::recvfrom(
+                    std::os::fd::AsRawFd::as_raw_fd(&self.fd),
                     buf.as_mut_ptr().cast(),
                     buf.len(),
                     0,
+                    (&raw mut from).cast(),
+                    &mut len,
                 )
             };
-            if n < 40 {
+            // (Timed out, or what the namespace itself sends.)
+            if n < 54 || from.sll_pkttype == libc::PACKET_OUTGOING || buf[12..14] != [8, 0] {
                 continue;
             }
-            let ip = &buf[..n as usize];
+            let ip = &buf[14..n as usize];
             let tcp = &ip[usize::from(ip[0] & 15) * 4..];
             let (sport, dport) = (
                 u16::from_be_bytes([tcp[0], tcp[1]]),
                 u16::from_be_bytes([tcp[2], tcp[3]]),
             );
-            if ip[12..16] == VIP.octets() && sport == 80 && dport == port && tcp[13] == 0x12 {
+            if ip[9] == 6
+                && ip[12..16] == VIP.octets()
+                && sport == 80
+                && dport == port
+                && tcp[13] == 0x12
+            {
                 return u32::from_be_bytes(tcp[4..8].try_into().unwrap());
             }
         }
@@ -770,7 +697,10 @@ impl RawTcp {
 /// reload and changes nothing.
 #[test]
 fn the_cookie_key_rotates_while_running() {
-    use lb_tests::{daemon::TempDir, packet::Packet};
+    use lb_tests::{
+        daemon::TempDir,
+        packet::{Packet, TCP_ACK, TCP_SYN},
+    };
     require_root();
     let sb = Sandbox::build(Arms::Two, 2, 8080).unwrap();
     let dir = TempDir::new().unwrap();
@@ -786,39 +716,24 @@ fn the_cookie_key_rotates_while_running() {
     wait_until(|| http_get(&client.ns, &format!("http://{VIP}/")).is_ok());
     // The client's kernel would reset the SYN+ACKs its sockets did not ask for (and a RST is
     // an invalid segment at the proxy): held back.
-    client.ns.nft(&["add", "table", "inet", "lbt"]).unwrap();
-    client
-        .ns
-        .nft(&[
-            "add",
-            "chain",
-            "inet",
-            "lbt",
-            "out",
-            "{ type filter hook output priority 0; policy accept; }",
-        ])
-        .unwrap();
+    client.ns.output_chain("accept").unwrap();
     client
         .ns
         .nft(&[
             "add", "rule", "inet", "lbt", "out", "tcp", "flags", "rst", "drop",
         ])
         .unwrap();
-    let raw = RawTcp::open(&client.ns);
+    let frames = Frames::open(&sb);
     let me = client.addr();
     let syn = |port: u16| -> u32 {
-        raw.send(
-            &Packet::tcp(&format!("{me}:{port}"), &format!("{VIP}:80"), 0x02)
-                .seq(1000, 0)
-                .build(),
-        );
-        raw.synack_seq(port)
+        frames
+            .send(Packet::tcp(&format!("{me}:{port}"), &format!("{VIP}:80"), TCP_SYN).seq(1000, 0));
+        frames.synack_seq(port)
     };
     let ack = |port: u16, cookie: u32| {
-        raw.send(
-            &Packet::tcp(&format!("{me}:{port}"), &format!("{VIP}:80"), 0x10)
-                .seq(1001, cookie.wrapping_add(1))
-                .build(),
+        frames.send(
+            Packet::tcp(&format!("{me}:{port}"), &format!("{VIP}:80"), TCP_ACK)
+                .seq(1001, cookie.wrapping_add(1)),
         )
     };
     let counter = |name: &str| daemon.status().unwrap().counter(name).unwrap_or(0);

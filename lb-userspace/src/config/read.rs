@@ -217,61 +217,46 @@ fn read_lb(f: &Fields) -> Option<Lb> {
         .map(|n| n as u32);
     let syn_cookie_key_file = Some(f.str("syn_cookie_key_file").map(PathBuf::from));
     let auto = crate::synproxy_auto::Thresholds::default();
-    let engage_rate = f.int_in(
+    // An engage threshold and the release threshold below it (equal at most).
+    let pair = |engage: &'static str, release: &'static str, defaults: (u64, u64)| {
+        let e = f.int_in(engage, 1..=100_000_000, defaults.0 as i64);
+        let r = f.int_in(release, 0..=100_000_000, defaults.1 as i64);
+        match (e, r) {
+            (Some(e), Some(r)) if r > e => {
+                f.problem(
+                    release,
+                    format!(
+                        "{r} is above {engage} ({e}): the proxy would engage and release at once"
+                    ),
+                );
+                None
+            }
+            (Some(e), Some(r)) => Some((e as u64, r as u64)),
+            _ => None,
+        }
+    };
+    let rates = pair(
         "syn_proxy_engage_rate",
-        1..=100_000_000,
-        auto.engage_rate as i64,
-    );
-    let release_rate = f.int_in(
         "syn_proxy_release_rate",
-        0..=100_000_000,
-        auto.release_rate as i64,
+        (auto.engage_rate, auto.release_rate),
     );
-    let engage_half_open = f.int_in(
+    let half_open = pair(
         "syn_proxy_engage_half_open",
-        1..=100_000_000,
-        auto.engage_half_open as i64,
-    );
-    let release_half_open = f.int_in(
         "syn_proxy_release_half_open",
-        0..=100_000_000,
-        auto.release_half_open as i64,
+        (auto.engage_half_open, auto.release_half_open),
     );
-    if let (Some(e), Some(r)) = (engage_half_open, release_half_open)
-        && r > e
-    {
-        f.problem(
-            "syn_proxy_release_half_open",
-            format!("{r} is above syn_proxy_engage_half_open ({e}): the proxy would engage and release at once"),
-        );
-    }
     let release_after = f.duration(
         "syn_proxy_release_after",
         Duration::from_secs(1)..=Duration::from_secs(86400),
         auto.release_after,
     );
-    if let (Some(e), Some(r)) = (engage_rate, release_rate)
-        && r > e
-    {
-        f.problem(
-            "syn_proxy_release_rate",
-            format!("{r} is above syn_proxy_engage_rate ({e}): the proxy would engage and release at once"),
-        );
-    }
-    let syn_proxy_auto = match (
-        engage_rate,
-        release_rate,
-        engage_half_open,
-        release_half_open,
-        release_after,
-        &conntrack,
-    ) {
-        (Some(e), Some(r), Some(eh), Some(rh), Some(after), Some(ct)) if r <= e && rh <= eh => {
+    let syn_proxy_auto = match (rates, half_open, release_after, &conntrack) {
+        (Some((engage_rate, release_rate)), Some((eh, rh)), Some(after), Some(ct)) => {
             Some(crate::synproxy_auto::Thresholds {
-                engage_rate: e as u64,
-                release_rate: r as u64,
-                engage_half_open: eh as u64,
-                release_half_open: rh as u64,
+                engage_rate,
+                release_rate,
+                engage_half_open: eh,
+                release_half_open: rh,
                 release_after: after,
                 half_open_window: ct.tcp_syn_timeout,
             })
