@@ -249,8 +249,47 @@ fn request_from_port(port: u16) -> std::io::Result<String> {
     stream.write_all(b"GET / HTTP/1.0\r\n\r\n")?;
     let mut reply = Vec::new();
     stream.read_to_end(&mut reply)?;
+    if port != 0 {
+        // The port is used again at once: the 4-tuple is busy until the backend has acknowledged
+        // this side's FIN (LAST_ACK), and a connect before that fails with EADDRNOTAVAIL.
+        stream.shutdown(std::net::Shutdown::Write)?;
+        closed(fd, Duration::from_secs(10))?;
+    }
     let reply = String::from_utf8_lossy(&reply);
     Ok(reply.lines().next().unwrap_or_default().to_owned())
+}
+
+/// Waits until the TCP socket `fd` is CLOSED (its FIN acknowledged), up to `limit`.
+fn closed(fd: libc::c_int, limit: Duration) -> std::io::Result<()> {
+    let deadline = Instant::now() + limit;
+    loop {
+        // SAFETY: `info` and `len` are valid for the call; `fd` is an open socket.
+        let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_INFO,
+                (&mut info as *mut libc::tcp_info).cast(),
+                &mut len,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        const TCP_CLOSE: u8 = 7;
+        if info.tcpi_state == TCP_CLOSE {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(std::io::Error::other(format!(
+                "the connection's close was not acknowledged within {limit:?} (TCP state {})",
+                info.tcpi_state
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// A lossy link (one in 40 of the backend's segments lost on the way to the client, both
