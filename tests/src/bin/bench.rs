@@ -51,6 +51,13 @@ struct Args {
     /// (established flow, the same SYN created anew, a new flow into cold tables).
     #[arg(long, value_name = "DIR")]
     katran: Option<PathBuf>,
+    /// Only the cases whose name holds this text (and the empty program), sampled `--passes`
+    /// times over: a loop to profile (`perf record -a` around it), not a table to publish.
+    #[arg(long, value_name = "TEXT")]
+    only: Option<String>,
+    /// Rounds of `--iterations` samples per case (with `--only`).
+    #[arg(long, default_value_t = 1, requires = "only")]
+    passes: usize,
 }
 
 /// Connection-table entries of the one-flow rows, lb's and (per CPU) Katran's.
@@ -184,6 +191,7 @@ fn main() -> anyhow::Result<()> {
                 args.iterations,
                 args.ipv4_only,
                 !args.detached,
+                (args.only.as_deref(), args.passes),
             )
         })?
     };
@@ -320,6 +328,7 @@ fn measure(
     n: usize,
     ipv4_only: bool,
     attached: bool,
+    (only, passes): (Option<&str>, usize),
 ) -> anyhow::Result<(String, Option<String>)> {
     let (data, reply) = established(net, "10.0.1.2:40000", "10.100.0.1:80")?;
     let (data6, reply6) = established(net, "[2001:db8:1::2]:40000", "[2001:db8:100::1]:80")?;
@@ -419,6 +428,25 @@ fn measure(
     // Warm up, then sample the cases round-robin.
     for _ in 0..200 {
         run(net, katran.as_deref_mut(), &cases[0], 0)?;
+    }
+    if let Some(only) = only {
+        // A case that creates flows makes them again from the second pass on (anew, not
+        // into cold tables): a profile of its cold misses needs one pass.
+        cases.retain(|c| c.prog == Prog::Empty || c.name.contains(only));
+        for c in &mut cases {
+            // The cases compared with may be gone.
+            (c.ipv4, c.nat, c.udp) = (None, None, None);
+        }
+        if cases.len() == 1 {
+            bail!("--only {only}: no case's name holds it");
+        }
+        for i in 0..n * passes {
+            for case in cases.iter_mut() {
+                let ns = run(net, katran.as_deref_mut(), case, i % n)?;
+                case.samples.push(ns);
+            }
+        }
+        return Ok((report(&mut cases, n * passes, attached), None));
     }
     for i in 0..n {
         for case in cases.iter_mut() {
