@@ -66,10 +66,14 @@ pub mod map_name {
     /// `PerCpuArray<u32>` of one entry: the MTU a packet too big for its path is answered with,
     /// handed to the program that answers ([`crate::TOO_BIG_PROG`]). Never pinned.
     pub const TOO_BIG: &str = "LB_TOO_BIG";
-    /// `PerCpuArray<u32>` of one entry: the service of this CPU's last new flow, the guess whose
-    /// ring line a SYN requests before its connection table lookup. Holds a hint only (a wrong
-    /// one costs a line read): never pinned.
+    /// `PerCpuArray<ServiceHint>` of [`SERVICE_HINTS`](crate::SERVICE_HINTS) entries: each CPU's
+    /// last answer of the service map for a destination (see [`ServiceHint`](crate::ServiceHint)),
+    /// valid while [`SERVICES_GEN`] has not moved. Never pinned: a new load starts without.
     pub const SERVICE_HINT: &str = "LB_SERVICE_HINT";
+    /// `Array<u32>` of one entry: the service maps' generation, moved on by every change of
+    /// [`SERVICES`] or [`SERVICES6`] (after it), which voids the datapath's remembered answers.
+    /// Pinned: a new daemon's changes void the answers of the programs it replaces too.
+    pub const SERVICES_GEN: &str = "LB_SERVICES_GEN";
     /// `PerCpuArray<QuicServerKey>` of one entry: the key of a QUIC server lookup, built off
     /// the stack. Never pinned.
     pub const QUIC_KEY: &str = "LB_QUIC_KEY";

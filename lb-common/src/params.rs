@@ -103,6 +103,26 @@ pub fn service_hint<A: FlowAddr>(addr: A, port: u16, proto: u8) -> u32 {
     (k.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as u32 & (SERVICE_HINTS - 1)
 }
 
+/// A CPU's memory of a destination's service, slot [`service_hint`] of its per-CPU array
+/// ([`map_name::SERVICE_HINT`](crate::map_name::SERVICE_HINT)): what the service map answered
+/// for `addr:port` (`proto`), and the service generation
+/// ([`map_name::SERVICES_GEN`](crate::map_name::SERVICES_GEN)) it answered under. While that
+/// generation is current the answer stands, and a new flow to the destination does not look the
+/// service map up (a hash map: a call, a hash, a walk); any change of the service map moves the
+/// generation on. A SYN also reads `info.id` before its connection table lookup, as a guess of
+/// its ring (valid or not: a wrong guess costs a line read).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServiceHint {
+    /// The destination as IPv6 words (an IPv4 address IPv4-mapped, [`FlowAddr::to_addr6`]).
+    pub addr: crate::Addr6,
+    pub port: u16,
+    pub proto: u8,
+    pub _pad: u8,
+    pub generation: u32,
+    pub info: crate::ServiceInfo,
+}
+
 /// Flag bits of [`Params::flags`].
 pub mod param_flags {
     /// Translate ICMP errors about balanced flows (`translate_icmp`); off: drop them.

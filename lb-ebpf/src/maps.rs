@@ -12,9 +12,9 @@ use lb_common::{
     DEFAULT_CONNTRACK_SIZE, DEFAULT_CONNTRACK6_SIZE, DEFAULT_MAX_BACKENDS, DEFAULT_MAX_SERVICES,
     DEFAULT_RING_SIZE, FlowKey, FlowKey6, FlowKeyOf, MAX_TX_PORTS, NatEntryOf, NatSlot, NatSlot6,
     NextHop, PROBE_REPLIES_SIZE, PROG_SLOTS, Params, ProbeReply, ProbeReply6, QuicServerId,
-    QuicServerKey, SIGNALS_RING_BYTES, SYN_BUCKETS, ServiceInfo, ServiceKey, ServiceKey6,
-    TUNNEL_SLOTS, TokenBucket, TraceCpu, TraceFilter, TrafficStats, TunnelProbe, TunnelProbe6,
-    counter,
+    QuicServerKey, SIGNALS_RING_BYTES, SYN_BUCKETS, ServiceHint, ServiceInfo, ServiceKey,
+    ServiceKey6, TUNNEL_SLOTS, TokenBucket, TraceCpu, TraceFilter, TrafficStats, TunnelProbe,
+    TunnelProbe6, counter,
 };
 
 /// Datapath parameters; userspace overrides this read-only global when loading.
@@ -160,11 +160,15 @@ pub static PARSE_SCRATCH: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0)
 #[map(name = "LB_TOO_BIG")] // lb_common::map_name::TOO_BIG
 pub static TOO_BIG: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
-/// The service of this CPU's last new flow to a destination, by [`lb_common::service_hint`]: a
-/// guess for warming a SYN's ring line (flow.rs).
+/// This CPU's last answer of the service map for a destination, by [`lb_common::service_hint`]
+/// (see [`lb_common::ServiceHint`] and flow.rs).
 #[map(name = "LB_SERVICE_HINT")] // lb_common::map_name::SERVICE_HINT
-pub static SERVICE_HINT: PerCpuArray<u32> =
+pub static SERVICE_HINT: PerCpuArray<ServiceHint> =
     PerCpuArray::with_max_entries(lb_common::SERVICE_HINTS, 0);
+
+/// The service maps' generation (see [`lb_common::map_name::SERVICES_GEN`]).
+#[map(name = "LB_SERVICES_GEN")] // lb_common::map_name::SERVICES_GEN
+pub static SERVICES_GEN: Array<u32> = Array::with_max_entries(1, 0);
 
 /// Service id → its QUIC layout word (0: not QUIC); see quic.rs.
 #[map(name = "LB_QUIC_LAYOUTS")] // lb_common::map_name::QUIC_LAYOUTS

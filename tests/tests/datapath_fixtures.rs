@@ -4,7 +4,7 @@
 
 use lb_common::counter::*;
 use lb_tests::{
-    fixture::{Fixture, XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX},
+    fixture::{Fixture, XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX, run_once, verdict_name},
     packet::{
         CLIENT_MAC, ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED, ICMP_TIME_EXCEEDED, LB_MAC, Packet,
         TCP_ACK, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN, verify_checksums,
@@ -925,4 +925,85 @@ fn the_programs_stay_well_inside_the_verifiers_limit() {
             "{name}: {n} instructions processed of 1,000,000"
         );
     }
+}
+
+/// A change of a service reaches the next new flow to it at once, in both families: each CPU
+/// keeps the service map's last answer per destination (a new flow then skips the hash map's
+/// lookup), and every change of the service maps voids what they keep. Each change below is
+/// made after a new flow to the same destination was answered, so a kept answer would show.
+#[test]
+fn a_change_of_a_service_reaches_its_next_new_flow() {
+    require_root();
+    let services = r#"
+[[service]]
+name = "web"
+vip = "10.100.0.1:80"
+backends = [{ address = "10.0.2.2:8080" }]
+
+[[service]]
+name = "web6"
+vip = "[2001:db8:100::1]:80"
+backends = [{ address = "[2001:db8:2::2]:8080" }]
+"#;
+    let mut e = TestNet::new("", services).unwrap();
+    let mut port = 41000u16;
+    let mut syn = |e: &TestNet, vip: &str| {
+        port += 1;
+        let client = if vip.starts_with('[') {
+            format!("[2001:db8:1::2]:{port}")
+        } else {
+            format!("{CLIENT}:{port}")
+        };
+        let frame = Packet::tcp(&client, vip, TCP_SYN).build();
+        let r =
+            e.ns.enter(|| run_once(e.dp.program(), &frame, e.vc))
+                .unwrap();
+        verdict_name(r.verdict)
+    };
+    for (name, vip) in [("web", "10.100.0.1:80"), ("web6", "[2001:db8:100::1]:80")] {
+        let sid = e.balancer.service_index(name).unwrap();
+        assert_eq!(
+            syn(&e, vip),
+            "XDP_REDIRECT",
+            "{name}: a new flow is forwarded"
+        );
+        assert_eq!(syn(&e, vip), "XDP_REDIRECT", "{name}: and the next");
+        e.balancer.set_syn_proxy(sid, true, &mut e.dp).unwrap();
+        assert_eq!(
+            syn(&e, vip),
+            "XDP_TX",
+            "{name}: proxied: answered with a cookie"
+        );
+        e.balancer.set_syn_proxy(sid, false, &mut e.dp).unwrap();
+        assert_eq!(
+            syn(&e, vip),
+            "XDP_REDIRECT",
+            "{name}: released: forwarded again"
+        );
+    }
+    // Both services removed by a reload, their VIPs kept by others: their next SYNs find none.
+    let text = format!(
+        "[lb]\ninterfaces = [\"{}\", \"{}\"]\n[[service]]\nname = \"other\"\n\
+         vip = \"10.100.0.1:81\"\nbackends = [{{ address = \"10.0.2.2:8080\" }}]\n\
+         [[service]]\nname = \"other6\"\nvip = \"[2001:db8:100::1]:81\"\n\
+         backends = [{{ address = \"[2001:db8:2::2]:8080\" }}]\n",
+        e.vc_name, e.vb_name
+    );
+    let config = lb::config::parse(&text).unwrap();
+    let TestNet {
+        ns, dp, balancer, ..
+    } = &mut e;
+    ns.enter(|| {
+        balancer.apply(
+            &config,
+            |sid, backend| lb::daemon::snat_address(&config, sid, backend),
+            |_, _, _| true,
+            dp,
+        )
+    })
+    .unwrap();
+    let dropped = e.dp.stats().unwrap().counter(DROP_NO_SERVICE);
+    assert_eq!(syn(&e, "10.100.0.1:80"), "XDP_DROP");
+    assert_eq!(syn(&e, "[2001:db8:100::1]:80"), "XDP_DROP");
+    assert_eq!(e.dp.stats().unwrap().counter(DROP_NO_SERVICE), dropped + 2);
 }

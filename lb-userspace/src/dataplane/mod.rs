@@ -707,6 +707,19 @@ impl Dataplane {
         )?)
     }
 
+    /// Moves the service maps' generation on, after a change of them: the datapath's remembered
+    /// answers of the service map are void (see [`lb_common::ServiceHint`]).
+    fn services_changed(&mut self) -> anyhow::Result<()> {
+        let mut generation = self.array::<u32>(map_name::SERVICES_GEN)?;
+        let next = generation
+            .get(&0, 0)
+            .context("reading the service generation")?
+            .wrapping_add(1);
+        generation
+            .set(0, &next, 0)
+            .context("writing the service generation")
+    }
+
     fn array<V: Pod>(&mut self, name: &str) -> anyhow::Result<Array<&mut MapData, V>> {
         Ok(Array::try_from(
             self.ebpf
@@ -738,7 +751,8 @@ impl MapWriter for Dataplane {
                 .hash_map::<ServiceKey6, ServiceInfo>(map_name::SERVICES6)?
                 .insert(&key, &info, 0),
         }
-        .context("writing the service map")
+        .context("writing the service map")?;
+        self.services_changed()
     }
 
     fn set_backend(&mut self, id: u32, info: AnyBackend) -> anyhow::Result<()> {
@@ -783,7 +797,7 @@ impl MapWriter for Dataplane {
                 .remove(&key),
         };
         match removed {
-            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => self.services_changed(),
             Err(e) => Err(anyhow::Error::new(e).context("removing a service")),
         }
     }

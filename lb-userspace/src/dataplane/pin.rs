@@ -26,7 +26,7 @@ pub const BPFFS: &str = "/sys/fs/bpf";
 /// Every map of the XDP object that holds state, pinned under these names. `Dataplane::load`
 /// checks that the object has no other map besides [`SCRATCH`] and the `.rodata`/`.bss`
 /// sections of globals.
-pub const MAPS: [&str; 22] = [
+pub const MAPS: [&str; 23] = [
     map_name::ADDRS,
     map_name::SERVICES,
     map_name::BACKENDS,
@@ -49,6 +49,7 @@ pub const MAPS: [&str; 22] = [
     map_name::NAT6,
     map_name::PROXY,
     map_name::PROXY6,
+    map_name::SERVICES_GEN,
 ];
 
 /// Maps that hold nothing from one packet to the next: never pinned.
