@@ -150,3 +150,32 @@ impl Drop for Flood {
         self.join();
     }
 }
+
+impl crate::topology::Sandbox {
+    /// A flood of SYNs from spoofed sources (10.99.0.0/16, 60,000 flows) from the client
+    /// through lb's first port to `to`: `max_frames` frames in `max_time` at most, `rate` a
+    /// second.
+    pub fn syn_flood(
+        &self,
+        to: (Ipv4Addr, u16),
+        max_frames: u64,
+        max_time: Duration,
+        rate: u64,
+    ) -> anyhow::Result<Flood> {
+        let client = &self.client;
+        Flood::start(
+            &client.ns,
+            FloodSpec {
+                ifname: client.ifname.clone(),
+                smac: client.ns.mac(&client.ifname)?,
+                dmac: self.lb.mac(&self.lb_ports[0].ifname)?,
+                prefix: [10, 99],
+                to,
+                flows: 60_000,
+                max_frames,
+                max_time,
+                rate: Some(rate),
+            },
+        )
+    }
+}

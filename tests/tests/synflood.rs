@@ -209,10 +209,7 @@ impl Drop for Reap<'_> {
 /// Before: every flood SYN took an entry (over 100,000 `ct_new`), evicting live flows.
 #[test]
 fn a_spoofed_flood_at_a_dsr_service_leaves_the_connection_table_alone() {
-    use lb_tests::{
-        decap::DecapGuard,
-        flood::{Flood, FloodSpec},
-    };
+    use lb_tests::decap::DecapGuard;
     const RATE: u64 = 1000;
     require_root();
     let mut sb = Sandbox::build(Arms::Two, 2, 8080).unwrap();
@@ -244,24 +241,12 @@ fn a_spoofed_flood_at_a_dsr_service_leaves_the_connection_table_alone() {
     wait_until(|| request().is_ok());
     let before = daemon.status().unwrap();
 
-    let flood = Flood::start(
-        &client.ns,
-        FloodSpec {
-            ifname: client.ifname.clone(),
-            smac: client.ns.mac(&client.ifname).unwrap(),
-            dmac: sb.lb.mac(&sb.lb_ports[0].ifname).unwrap(),
-            prefix: [10, 99],
-            to: (VIP, HTTP_PORT),
-            flows: 60_000,
-            max_frames: 2_000_000,
-            max_time: Duration::from_secs(5),
-            // 50 times the flood rate of both CPUs together, and what 2 shared cores carry
-            // beside the backends' kernels answering each SYN (as fast as one core sends, the
-            // machine itself is the bottleneck: legitimate requests time out waiting for a CPU).
-            rate: Some(100_000),
-        },
-    )
-    .unwrap();
+    // 50 times the flood rate of both CPUs together, and what 2 shared cores carry
+    // beside the backends' kernels answering each SYN (as fast as one core sends, the
+    // machine itself is the bottleneck: legitimate requests time out waiting for a CPU).
+    let flood = sb
+        .syn_flood((VIP, HTTP_PORT), 2_000_000, Duration::from_secs(5), 100_000)
+        .unwrap();
     wait_until(|| {
         daemon
             .status()

@@ -15,7 +15,6 @@ use std::{
 
 use lb_tests::{
     daemon::Daemon,
-    flood::{Flood, FloodSpec},
     require_root, servers,
     topology::{Arms, HTTP_PORT, Sandbox, VIP, VIP6},
     traffic::echo_transfer,
@@ -369,7 +368,9 @@ fn a_spoofed_flood_at_a_proxied_service_never_reaches_the_backends() {
     wait_until(|| request().is_ok());
     let before = daemon.status().unwrap();
     // What 2 shared cores carry beside the client's own SYN-ACKs being answered.
-    let flood = flood_at_web(&sb, 2_000_000, Duration::from_secs(5), 100_000);
+    let flood = sb
+        .syn_flood((VIP, 80), 2_000_000, Duration::from_secs(5), 100_000)
+        .unwrap();
     let (ok, failed) = flood.meanwhile(request);
     let sent = flood.finish();
     let after = daemon.status().unwrap();
@@ -417,27 +418,6 @@ fn a_spoofed_flood_at_a_proxied_service_never_reaches_the_backends() {
         moved("ct_new")
     );
     assert!(daemon.status().is_ok(), "the daemon stays up");
-}
-
-/// A flood of SYNs from spoofed sources (10.99.0.0/16, 60,000 flows) from the client at the
-/// `web` service, of `max_frames` frames in `max_time` at most, `rate` a second.
-fn flood_at_web(sb: &Sandbox, max_frames: u64, max_time: Duration, rate: u64) -> Flood {
-    let client = &sb.client;
-    Flood::start(
-        &client.ns,
-        FloodSpec {
-            ifname: client.ifname.clone(),
-            smac: client.ns.mac(&client.ifname).unwrap(),
-            dmac: sb.lb.mac(&sb.lb_ports[0].ifname).unwrap(),
-            prefix: [10, 99],
-            to: (VIP, 80),
-            flows: 60_000,
-            max_frames,
-            max_time,
-            rate: Some(rate),
-        },
-    )
-    .unwrap()
 }
 
 /// One HTTP GET of `url` by curl in `ns` (3 s at most): `Err` names what curl said unless it
@@ -506,7 +486,9 @@ fn an_automatic_proxy_engages_under_a_flood_and_releases_after_it() {
     };
     assert!(!engaged(&daemon), "standing by before the flood");
     let before = daemon.status().unwrap();
-    let flood = flood_at_web(&sb, 2_000_000, Duration::from_secs(8), 50_000);
+    let flood = sb
+        .syn_flood((VIP, 80), 2_000_000, Duration::from_secs(8), 50_000)
+        .unwrap();
     let started = Instant::now();
     wait_until(|| engaged(&daemon));
     let engaged_after = started.elapsed();
@@ -598,7 +580,9 @@ fn an_automatic_proxy_engages_on_half_open_connections() {
         "completed connections are not half-open: {:?}",
         quiet.syn_proxy_half_open
     );
-    let flood = flood_at_web(&sb, 20_000, Duration::from_secs(6), 2_000);
+    let flood = sb
+        .syn_flood((VIP, 80), 20_000, Duration::from_secs(6), 2_000)
+        .unwrap();
     let started = Instant::now();
     wait_until(|| web(&daemon).is_some_and(|s| s.syn_proxy_engaged));
     let engaged_after = started.elapsed();

@@ -710,6 +710,7 @@ impl Dataplane {
     /// Moves the service maps' generation on, after a change of them: the datapath's remembered
     /// answers of the service map are void (see [`lb_common::ServiceHint`]).
     fn services_changed(&mut self) -> anyhow::Result<()> {
+        // Read, not counted here: an adopted map goes on from the previous daemon's count.
         let mut generation = self.array::<u32>(map_name::SERVICES_GEN)?;
         let next = generation
             .get(&0, 0)
