@@ -175,7 +175,7 @@ pub fn nat_claim<F: Family>(
         sb
     } else {
         // The slow path of a full set: which of the two may give way (a lookup each).
-        let (ra, rb) = (
+        let ((ra, ca), (rb, cb)) = (
             yields::<F>(na, now, p, scratch),
             yields::<F>(nb, now, p, scratch),
         );
@@ -183,11 +183,20 @@ pub fn nat_claim<F: Family>(
             return Claim::Full;
         }
         stats::count(counter::NAT_EVICTED);
-        if ra > rb || ra == rb && na.entry.last_seen <= nb.entry.last_seen {
-            sa
-        } else {
-            sb
+        let (target, handshake) =
+            if ra > rb || ra == rb && na.entry.last_seen <= nb.entry.last_seen {
+                (sa, ca)
+            } else {
+                (sb, cb)
+            };
+        // A handshake that loses its return entry loses its connection entry too: kept, its
+        // packets would go on out through the port while the replies found no entry (the
+        // kernel answered them with a RST). Its next packet makes the flow again, port and all.
+        if let Some(ct) = handshake {
+            // SAFETY: an array map value of plain integers; proto 0 marks a free slot.
+            unsafe { (*ct).key.proto = 0 };
         }
+        target
     };
     // SAFETY: as above; field by field (see ct_store).
     unsafe {
@@ -223,29 +232,30 @@ fn holder<F: Family>(
 
 /// How readily the live flow holding `slot` gives way to a new one, 0 (never: established,
 /// or answered) to 3: closed both ways (3); out of the connection table and never answered beyond
-/// a SYN+ACK, a SYN flood's leftover (2); a handshake in progress (1). A SYN flood's flows, which
-/// the attacker's kernel resets, go before the handshakes of real clients.
+/// a SYN+ACK, a SYN flood's leftover (2); a handshake in progress (1), with its connection table
+/// slot. A SYN flood's flows, which the attacker's kernel resets, go before the handshakes of
+/// real clients.
 #[inline(always)]
 fn yields<F: Family>(
     slot: &NatSlotOf<F::A>,
     now: u64,
     p: &Params,
     scratch: &mut FlowKeyOf<F::A>,
-) -> u32 {
+) -> (u32, Option<*mut CtSlotOf<F::A>>) {
     match holder::<F>(slot, now, p, scratch) {
         Some(ct) => {
             // SAFETY: an array map value of plain integers.
             let e = unsafe { &(*ct).entry };
             if ct_flags::closed(e.flags) {
-                3
+                (3, None)
             } else if e.state == ct_state::TCP_SYN {
-                1
+                (1, Some(ct))
             } else {
-                0
+                (0, None)
             }
         }
-        None if slot.entry.flags & nat_flags::ANSWERED == 0 => 2,
-        None => 0,
+        None if slot.entry.flags & nat_flags::ANSWERED == 0 => (2, None),
+        None => (0, None),
     }
 }
 

@@ -166,7 +166,6 @@ impl TestNet {
         self.ns.enter(|| run_fixtures(&self.dp, fixtures));
     }
 
-    /// The SNAT port the datapath tries first for a client flow.
     /// A TCP segment `backend` → `snat` (ADDR:PORT each) with `flags`, arriving on the backend
     /// side: the reply of a flow, forwarded to its client (any output) and counted as a reply.
     pub fn from_backend(&self, desc: &str, backend: &str, snat: &str, flags: u8) -> Fixture {
@@ -184,6 +183,7 @@ impl TestNet {
         .also(lb_common::counter::REPLY)
     }
 
+    /// The SNAT port the datapath tries first for a client flow.
     pub fn snat_port(&self, client: &str, cport: u16, vip: &str, vport: u16, proto: u8) -> u16 {
         snat_port_candidate(flow_hash(client, cport, vip, vport, proto), 0, &self.params)
     }

@@ -603,6 +603,109 @@ fn answered_half_open_flows_make_room_in_the_nat_table() {
     );
 }
 
+/// A flood's handshakes can push a real client's handshake out of the NAT table (both in their
+/// handshake, the older gives way). Its connection entry must go with it: the flow kept going
+/// out on its SNAT port while the backend's replies to it found no NAT entry, went to the
+/// kernel and were answered with a RST (the synflood test's legitimate requests that hung).
+/// Now its next packet makes the flow again, on the same port, and the replies find it.
+#[test]
+fn a_handshake_whose_nat_entry_gives_way_is_made_again_by_its_next_packet() {
+    use lb_common::{FlowKey, ways};
+    use lb_tests::testnet::{flow_hash, ne};
+    require_root();
+    let e = TestNet::new(
+        "ring_size = 1009\nconntrack = { size = 1024 }\nsyn_rate_per_source = 0",
+        SERVICES,
+    )
+    .unwrap();
+    let run = |frame: &[u8], ingress: u32| {
+        e.ns.enter(|| run_once(e.dp.program(), frame, ingress))
+            .unwrap()
+    };
+    let (vip, backend, snat_addr) = ("10.100.0.1", "10.0.2.2", "10.0.2.1");
+    let ct_set =
+        |client: &str, port: u16| ways(flow_hash(client, port, vip, 80, 6), e.params.table_mask);
+    let nat_set = |client: &str, port: u16| {
+        let snat = e.snat_port(client, port, vip, 80, 6);
+        let key = FlowKey::new(ne(backend), ne(snat_addr), 8080u16.to_be(), snat.to_be(), 6);
+        ways(key.hash(), e.params.nat_mask)
+    };
+    let from_backend = |snat: u16, flags: u8| {
+        Packet::tcp(
+            &format!("{backend}:8080"),
+            &format!("{snat_addr}:{snat}"),
+            flags,
+        )
+        .macs(BACKEND_MAC, e.vb_mac)
+        .build()
+    };
+    let client = |c: &str, flags: u8| Packet::tcp(c, "10.100.0.1:80", flags).build();
+    // The real client's handshake, answered by the backend.
+    let (real, real_port) = (CLIENT, 42600);
+    let real_addr = format!("{real}:{real_port}");
+    let p = e.snat_port(real, real_port, vip, 80, 6);
+    assert_eq!(
+        run(&client(&real_addr, TCP_SYN), e.vc).verdict,
+        XDP_REDIRECT
+    );
+    assert_eq!(
+        run(&from_backend(p, TCP_SYN | TCP_ACK), e.vb).verdict,
+        XDP_REDIRECT
+    );
+    // Two flood flows whose NAT entries share its set (not its connection table set), each
+    // answered by the backend after it: younger handshakes.
+    let flood: Vec<String> = (0..u32::MAX)
+        .map(|i| {
+            (
+                format!("10.0.{}.{}", 3 + i / 250 % 200, 1 + i % 250),
+                1024 + (i % 60000) as u16,
+            )
+        })
+        .filter(|(a, port)| {
+            nat_set(a, *port) == nat_set(real, real_port)
+                && ct_set(a, *port) != ct_set(real, real_port)
+        })
+        .take(2)
+        .map(|(a, port)| format!("{a}:{port}"))
+        .collect();
+    for f in &flood {
+        let (a, port) = f.split_once(':').unwrap();
+        let port: u16 = port.parse().unwrap();
+        assert_eq!(
+            run(&client(f, TCP_SYN), e.vc).verdict,
+            XDP_REDIRECT,
+            "flood SYN {f}"
+        );
+        let fp = e.snat_port(a, port, vip, 80, 6);
+        assert_eq!(
+            run(&from_backend(fp, TCP_SYN | TCP_ACK), e.vb).verdict,
+            XDP_REDIRECT,
+            "flood SYN+ACK {f}"
+        );
+    }
+    assert_eq!(
+        e.dp.stats().unwrap().counter(NAT_EVICTED),
+        1,
+        "the real handshake gave way"
+    );
+    // The client's ACK and request go out on the same port, and the backend's answer comes back.
+    let ack = run(&client(&real_addr, TCP_ACK), e.vc);
+    assert_eq!(ack.verdict, XDP_REDIRECT);
+    assert_eq!(
+        u16::from_be_bytes([ack.output[34], ack.output[35]]),
+        p,
+        "same SNAT port"
+    );
+    let answer = run(&from_backend(p, TCP_ACK), e.vb);
+    assert_eq!(
+        answer.verdict,
+        XDP_REDIRECT,
+        "the backend's answer: {} (no NAT entry)",
+        verdict_name(answer.verdict)
+    );
+    assert_eq!(&answer.output[30..34], &[10, 0, 1, 2], "to the real client");
+}
+
 #[test]
 fn a_syn_on_a_closing_flow_starts_a_new_one() {
     let e = env();
