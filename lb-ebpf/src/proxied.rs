@@ -26,10 +26,24 @@ const NOP_NOP_TS: [u8; 4] = [1, 1, 8, 10];
 /// Translates the client's segment of `flow` (whose hash is `hash`) towards the backend: the
 /// acknowledgement plus the sequence offset, the TSval plus the client's timestamp offset (0
 /// but after a TIME_WAIT, see synproxy.rs), the TSecr less the timestamp offset. `false`, with
-/// nothing changed, when this segment is not one for here. Out of line (a BPF-to-BPF call):
-/// inlined, its stack took the IPv6 balancer's past BPF's 512 bytes.
-#[inline(never)]
+/// nothing changed, when this segment is not one for here. Inlined for IPv4; out of line (a
+/// BPF-to-BPF call) for IPv6, whose stack it took past BPF's 512 bytes inlined.
+#[inline(always)]
 pub fn to_backend<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>, hash: u64) -> bool {
+    if core::mem::size_of::<F::A>() == 4 {
+        to_backend_here::<F>(ctx, flow, hash)
+    } else {
+        to_backend_call::<F>(ctx, flow, hash)
+    }
+}
+
+#[inline(never)]
+fn to_backend_call<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>, hash: u64) -> bool {
+    to_backend_here::<F>(ctx, flow, hash)
+}
+
+#[inline(always)]
+fn to_backend_here<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>, hash: u64) -> bool {
     let (ctx, flow) = (opaque(ctx), opaque(flow));
     if flow.tcp_flags & TCP_SYN != 0 {
         return false;
@@ -156,13 +170,12 @@ fn quick(data: usize, data_end: usize, l4_off: usize, change: impl Fn(Word) -> C
                 (u32::from(u16::from_be(w[i])) << 16) | u32::from(rescale(old, shift))
             }
         };
-        for (j, half) in [(i, (new >> 16) as u16), (i + 1, new as u16)] {
-            let half = half.to_be();
-            if w[j] != half {
-                diff += diff16(w[j], half);
-                w[j] = half;
-            }
-        }
+        // Both halves written and summed, changed or not (an unchanged half adds one's
+        // complement zero): no branch per half.
+        let (hi, lo) = (((new >> 16) as u16).to_be(), (new as u16).to_be());
+        diff += diff16(w[i], hi) + diff16(w[i + 1], lo);
+        w[i] = hi;
+        w[i + 1] = lo;
     };
     apply(h, 2, change(Word::Seq));
     apply(h, 4, change(Word::Ack));

@@ -183,12 +183,12 @@ pub fn nat_claim<F: Family>(
             return Claim::Full;
         }
         stats::count(counter::NAT_EVICTED);
-        let (target, handshake) =
-            if ra > rb || ra == rb && na.entry.last_seen <= nb.entry.last_seen {
-                (sa, ca)
-            } else {
-                (sb, cb)
-            };
+        let (target, handshake) = if ra > rb || ra == rb && na.entry.last_seen <= nb.entry.last_seen
+        {
+            (sa, ca)
+        } else {
+            (sb, cb)
+        };
         // A handshake that loses its return entry loses its connection entry too: kept, its
         // packets would go on out through the port while the replies found no entry (the
         // kernel answered them with a RST). Its next packet makes the flow again, port and all.
