@@ -1025,6 +1025,31 @@ fn datapath_goals(s: &mut String, table: &str) {
             verdict(worst <= 1.0)
         );
     }
+    // Issue 42: IPv6 costs at most 1.2× IPv4 on the cases that decide capacity.
+    let v6: Vec<f64> = [
+        "IPv6: established flow",
+        "IPv6: new flow (SYN), each a different flow: cold table memory",
+    ]
+    .iter()
+    .filter_map(|c| cell(table, c, 6))
+    .collect();
+    if !v6.is_empty() {
+        let (best, worst) = min_max(&v6);
+        let _ = writeln!(
+            s,
+            "| datapath: IPv6 established and cold new flow ≤ 1.2× IPv4's | {best:.2}–{worst:.2}× | {} |",
+            verdict(worst <= 1.2)
+        );
+    }
+    // Issue 39: the SYN proxy's translation costs an open flow's packet at most a tenth more.
+    let proxied = "SYN proxy: established flow, translated (with a timestamp)";
+    if let Some(x) = cell(table, proxied, 7) {
+        let _ = writeln!(
+            s,
+            "| datapath: a proxied established packet ≤ 1.1× an unproxied one | {x:.2}× | {} |",
+            verdict(x <= 1.1)
+        );
+    }
 }
 
 /// The lowest median ratio among lb-bench's rows of established flows over many live flows in
@@ -1218,6 +1243,24 @@ mod tests {
             .collect::<Vec<_>>()
             .join("\n");
         assert_eq!(cold_read(&one_flow), None);
+    }
+
+    #[test]
+    fn the_ipv6_and_proxy_goals_read_their_columns() {
+        let table = format!(
+            "{TABLE}\
+| IPv6: established flow | 230.0 | 220 | 2.31× | 2.44× | 1.16× |  |
+| IPv6: new flow (SYN), each a different flow: cold table memory | 1800.0 | 1750 | 18.05× | 19.44× | 1.26× |  |
+| SYN proxy: established flow, translated (with a timestamp) | 200.0 | 200 | 2.01× | 2.22× |  | 1.05× |
+"
+        );
+        let mut s = String::new();
+        datapath_goals(&mut s, &table);
+        assert!(
+            s.contains("≤ 1.2× IPv4's | 1.16–1.26× | **not met** |"),
+            "{s}"
+        );
+        assert!(s.contains("≤ 1.1× an unproxied one | 1.05× | met |"), "{s}");
     }
 
     #[test]
