@@ -661,3 +661,52 @@ fn segments_with_a_wrong_checksum_are_not_answered() {
     }
     assert_eq!(n.counter(SYN_PROXY_ACK_VALID), 2);
 }
+
+/// Issue 39: lb hosts behind the same routers share the cookie key through
+/// `syn_cookie_key_file`, so a client whose SYN one host answered and whose ACK the routers send
+/// to another (their hash changed in between) still gets its connection. Three datapaths, each
+/// loaded as the daemon loads it: two reading the same key file, one with a key of its own.
+#[test]
+fn a_cookie_from_one_host_opens_the_flow_on_another_sharing_the_key_file() {
+    require_root();
+    let dir = lb_tests::daemon::TempDir::new().unwrap();
+    let key_file = dir.0.join("cookie.key");
+    std::fs::write(&key_file, "00112233445566778899aabbccddeeff\n").unwrap();
+    let shared = format!(
+        "ring_size = 1009\nsyn_cookie_key_file = \"{}\"",
+        key_file.display()
+    );
+    let net = |lb: &str| {
+        let e = TestNet::new(lb, SERVICES).unwrap();
+        let vc = e.vc;
+        (Net { e }, vc)
+    };
+    let (a, a_vc) = net(&shared);
+    let (b, b_vc) = net(&shared);
+    let (own, own_vc) = net("ring_size = 1009");
+    for (i, f) in [&V4, &V6].into_iter().enumerate() {
+        let (client, vip) = (at(f.client, 43000), at(f.vip, 80));
+        let syn = Packet::tcp(&client, &vip, TCP_SYN)
+            .seq(1000, 0)
+            .tcp_options(&syn_options(9))
+            .build();
+        let answer = a.run("SYN on host A", &syn, a_vc, XDP_TX);
+        let (cookie, tsval) = (be32(&answer, f.tcp + 4), be32(&answer, f.tcp + 20 + 8));
+        let ack = Packet::tcp(&client, &vip, TCP_ACK)
+            .seq(1001, cookie.wrapping_add(1))
+            .tcp_options(&ts_option(10, tsval))
+            .build();
+        own.run("ACK on a host with its own key", &ack, own_vc, XDP_DROP);
+        let out = b.run("ACK on host B", &ack, b_vc, XDP_REDIRECT);
+        assert_eq!(
+            out[f.tcp + 13] & (TCP_SYN | TCP_ACK),
+            TCP_SYN,
+            "{}: host B sends the backend a SYN",
+            f.vip
+        );
+        let n = i as u64 + 1;
+        assert_eq!(b.counter(SYN_PROXY_ACK_VALID), n, "{}", f.vip);
+        assert_eq!(own.counter(DROP_SYN_PROXY_INVALID), n, "{}", f.vip);
+        assert_eq!(a.counter(SYN_PROXY_SYNACK), n, "{}", f.vip);
+    }
+}

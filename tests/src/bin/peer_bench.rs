@@ -74,6 +74,8 @@ struct Args {
 
 struct Results {
     rate: Option<Rate>,
+    /// Why the packet rate was not measured: the kernel refused live-frames mode.
+    rate_refused: Option<String>,
     e2e: Option<E2e>,
     detect: Option<Detection>,
     maglev: Option<(Vec<maglev::Row>, usize, usize)>,
@@ -85,6 +87,14 @@ struct Results {
     datapath: Option<String>,
     /// Busy share of all CPUs during 1 s idle pauses between parts (others' load).
     background: Vec<(String, f64)>,
+}
+
+/// Whether `e` is the kernel refusing the operation to this process (EPERM).
+fn refused(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.raw_os_error() == Some(libc::EPERM))
+    })
 }
 
 /// Busy share of the machine's CPUs over `d` while this program idles: the other users' load.
@@ -131,6 +141,7 @@ fn run(args: &Args, started: Instant) -> anyhow::Result<()> {
     let load_start = bench::load();
     let mut res = Results {
         rate: None,
+        rate_refused: None,
         e2e: None,
         detect: None,
         maglev: None,
@@ -150,7 +161,17 @@ fn run(args: &Args, started: Instant) -> anyhow::Result<()> {
         .push(("before".into(), background_busy(Duration::from_secs(1))));
     if want(args, "rate") {
         eprintln!("==> packet rate (live frames)");
-        res.rate = Some(rate::run(rate_rounds, args.rate_frames, &args.rate_only)?);
+        match rate::run(rate_rounds, args.rate_frames, &args.rate_only) {
+            Ok(r) => res.rate = Some(r),
+            // A kernel that refuses live-frames mode to this process (EPERM: a sandbox's
+            // policy, seen on one build of this machine's kernel) leaves the section unmeasured
+            // and says so; the other parts still run.
+            Err(e) if refused(&e) => {
+                eprintln!("packet rate not measured: {e:#}");
+                res.rate_refused = Some(format!("{e:#}"));
+            }
+            Err(e) => return Err(e),
+        }
         res.background.push((
             "after packet rate".into(),
             background_busy(Duration::from_secs(1)),
@@ -632,7 +653,17 @@ fn report(res: &Results, ctx: &Context, img: &str) -> anyhow::Result<String> {
             s += &rate::markdown(r);
             let _ = writeln!(s, "\n![packet rate]({img}packet_rate.png)\n");
         }
-        None => s += "Not run.\n\n",
+        None => match &res.rate_refused {
+            Some(why) => {
+                let _ = writeln!(
+                    s,
+                    "Not measured: this machine's kernel refused live-frames mode to the \
+                     benchmark ({why}). The last run that measured it is in this file's git \
+                     history.\n"
+                );
+            }
+            None => s += "Not run.\n\n",
+        },
     }
 
     let _ = writeln!(s, "## 3. End to end\n");
