@@ -507,6 +507,16 @@ fn a_flood_overwrites_counted_entries_and_flows_recover() {
     );
 }
 
+/// The test network with tables of 1,024 flows (NAT: 2,048) and no per-source SYN limit: a few
+/// flows fill a set.
+fn small_tables() -> TestNet {
+    TestNet::new(
+        "ring_size = 1009\nconntrack = { size = 1024 }\nsyn_rate_per_source = 0",
+        SERVICES,
+    )
+    .unwrap()
+}
+
 /// Issue 13: a SYN flood whose flows the backend answers (SYN+ACK) and the attacker's kernel
 /// resets filled the NAT table with flows a new one could not displace (they had replies), and
 /// every new flow was dropped. Now such flows give way; an established flow keeps its entry,
@@ -514,11 +524,7 @@ fn a_flood_overwrites_counted_entries_and_flows_recover() {
 #[test]
 fn answered_half_open_flows_make_room_in_the_nat_table() {
     require_root();
-    let e = TestNet::new(
-        "ring_size = 1009\nconntrack = { size = 1024 }\nsyn_rate_per_source = 0",
-        SERVICES,
-    )
-    .unwrap();
+    let e = small_tables();
     let run = |frame: &[u8], ingress: u32| {
         e.ns.enter(|| lb_tests::fixture::run_once(e.dp.program(), frame, ingress))
             .unwrap()
@@ -613,11 +619,7 @@ fn a_handshake_whose_nat_entry_gives_way_is_made_again_by_its_next_packet() {
     use lb_common::{FlowKey, ways};
     use lb_tests::testnet::{flow_hash, ne};
     require_root();
-    let e = TestNet::new(
-        "ring_size = 1009\nconntrack = { size = 1024 }\nsyn_rate_per_source = 0",
-        SERVICES,
-    )
-    .unwrap();
+    let e = small_tables();
     let run = |frame: &[u8], ingress: u32| {
         e.ns.enter(|| run_once(e.dp.program(), frame, ingress))
             .unwrap()

@@ -1039,39 +1039,35 @@ fn datapath_goals(s: &mut String, table: &str) {
             verdict(x <= 6.0)
         );
     }
-    let dsr: Vec<f64> = [
-        "DSR ipip: established flow",
-        "DSR gue: established flow",
-        "IPv6 DSR ipip: established flow",
-        "IPv6 DSR gue: established flow",
-    ]
-    .iter()
-    .filter_map(|c| cell(table, c, 7))
-    .collect();
-    if !dsr.is_empty() {
-        let (best, worst) = min_max(&dsr);
-        let _ = writeln!(
-            s,
-            "| datapath: direct server return's established path ≤ 1× full NAT's | {best:.2}–{worst:.2}× | {} |",
-            verdict(worst <= 1.0)
-        );
-    }
+    range_goal(
+        s,
+        table,
+        &[
+            "DSR ipip: established flow",
+            "DSR gue: established flow",
+            "IPv6 DSR ipip: established flow",
+            "IPv6 DSR gue: established flow",
+        ],
+        7,
+        (
+            "datapath: direct server return's established path ≤ 1× full NAT's",
+            1.0,
+        ),
+    );
     // Issue 42: IPv6 costs at most 1.2× IPv4 on the cases that decide capacity.
-    let v6: Vec<f64> = [
-        "IPv6: established flow",
-        "IPv6: new flow (SYN), each a different flow: cold table memory",
-    ]
-    .iter()
-    .filter_map(|c| cell(table, c, 6))
-    .collect();
-    if !v6.is_empty() {
-        let (best, worst) = min_max(&v6);
-        let _ = writeln!(
-            s,
-            "| datapath: IPv6 established and cold new flow ≤ 1.2× IPv4's | {best:.2}–{worst:.2}× | {} |",
-            verdict(worst <= 1.2)
-        );
-    }
+    range_goal(
+        s,
+        table,
+        &[
+            "IPv6: established flow",
+            "IPv6: new flow (SYN), each a different flow: cold table memory",
+        ],
+        6,
+        (
+            "datapath: IPv6 established and cold new flow ≤ 1.2× IPv4's",
+            1.2,
+        ),
+    );
     // Issue 39: the SYN proxy's translation costs an open flow's packet at most a tenth more.
     let proxied = "SYN proxy: established flow, translated (with a timestamp)";
     if let Some(x) = cell(table, proxied, 7) {
@@ -1081,6 +1077,30 @@ fn datapath_goals(s: &mut String, table: &str) {
             verdict(x <= 1.1)
         );
     }
+}
+
+/// A goal row over several of lb-bench's rows: the range of their ratio in `column`, met when
+/// the worst is within `limit`.
+fn range_goal(
+    s: &mut String,
+    table: &str,
+    cases: &[&str],
+    column: usize,
+    (goal, limit): (&str, f64),
+) {
+    let v: Vec<f64> = cases
+        .iter()
+        .filter_map(|c| cell(table, c, column))
+        .collect();
+    if v.is_empty() {
+        return;
+    }
+    let (best, worst) = min_max(&v);
+    let _ = writeln!(
+        s,
+        "| {goal} | {best:.2}–{worst:.2}× | {} |",
+        verdict(worst <= limit)
+    );
 }
 
 /// The lowest median ratio among lb-bench's rows of established flows over many live flows in
