@@ -50,9 +50,12 @@ const CASES: [(&str, usize, f64); 3] = [
     ),
 ];
 
+/// Katran's cold new-flow case in `CASES`.
+const COLD: usize = 2;
+
 /// The same cold case like for like: lb's new flow to a direct-server-return backend through
 /// IP in IP, Katran's one forwarding mode (no NAT table, no SNAT port), against Katran's cold
-/// case (the third above). lb's row by its name: it is not measured with `--ipv4-only`.
+/// case ([`COLD`], with its goal). lb's row by its name: it is not measured with `--ipv4-only`.
 const LIKE_FOR_LIKE: (&str, &str) = (
     "vs Katran, like for like (IP in IP, no NAT): new flow (SYN), each a different flow: cold \
      table memory",
@@ -155,7 +158,7 @@ pub fn cases(k: &mut Started, ingress: u32, frames: &Frames) -> anyhow::Result<V
         case(0, vec![frames.established.to_vec()]),
         case(1, vec![frames.recreated.to_vec()])
             .forget(Forget::Katran(FlowKey::tcp(rc, rp, VIP, PORT))),
-        case(2, frames.new_flows.clone()),
+        case(COLD, frames.new_flows.clone()),
     ])
 }
 
@@ -215,7 +218,7 @@ pub fn report(k: &Started, cases: &mut [Case], first: usize, n: usize) -> anyhow
     let like = cases[..first]
         .iter()
         .position(|c| c.name == LIKE_FOR_LIKE.1)
-        .map(|lb| (LIKE_FOR_LIKE.0, 2, lb, 0.9));
+        .map(|lb| (LIKE_FOR_LIKE.0, COLD, lb, CASES[COLD].2));
     let rows = CASES
         .iter()
         .enumerate()
