@@ -1112,3 +1112,43 @@ backends = [{ address = "[2001:db8:2::2]:8080" }]
     assert_eq!(syn(&e, "[2001:db8:100::1]:80"), "XDP_DROP");
     assert_eq!(e.dp.stats().unwrap().counter(DROP_NO_SERVICE), dropped + 2);
 }
+
+/// The per-source SYN limit: a source's SYNs beyond its burst are dropped (counted), other
+/// sources' pass; a bucket refilled (how lb-bench creates one flow anew again and again under
+/// the limit at its default) lets its source's next SYN through.
+#[test]
+fn a_source_beyond_its_syn_rate_is_dropped_until_its_bucket_refills() {
+    require_root();
+    let mut e = TestNet::new("ring_size = 1009\nsyn_rate_per_source = 1", SERVICES).unwrap();
+    let syn = |client: &str, port: u16| {
+        Packet::tcp(&format!("{client}:{port}"), "10.100.0.1:80", TCP_SYN).build()
+    };
+    let run = |e: &TestNet, frame: &[u8]| {
+        e.ns.enter(|| run_once(e.dp.program(), frame, e.vc))
+            .unwrap()
+            .verdict
+    };
+    // One SYN a second, a burst of one: of SYNs sent back to back, all but the first within a
+    // second are dropped. (Five: a second's stall between two of them would refill a token.)
+    let before = e.dp.stats().unwrap().counter(DROP_SYN_RATE);
+    let dropped = (41000..41005)
+        .filter(|&port| run(&e, &syn(CLIENT, port)) == XDP_DROP)
+        .count() as u64;
+    assert!(dropped >= 1, "no SYN of five back to back was dropped");
+    assert_eq!(
+        e.dp.stats().unwrap().counter(DROP_SYN_RATE),
+        before + dropped
+    );
+    assert_eq!(
+        run(&e, &syn("10.0.1.3", 41000)),
+        XDP_REDIRECT,
+        "another source"
+    );
+    let source = u32::from(CLIENT.parse::<std::net::Ipv4Addr>().unwrap()).to_be();
+    e.dp.refill_syn_bucket(source).unwrap();
+    assert_eq!(
+        verdict_name(run(&e, &syn(CLIENT, 41005))),
+        "XDP_REDIRECT",
+        "after the refill"
+    );
+}

@@ -20,7 +20,10 @@ use std::{
 use anyhow::{Context as _, anyhow, bail};
 use aya::{
     Ebpf, EbpfError, EbpfLoader, Pod,
-    maps::{Array, DevMapHash, HashMap as BpfHashMap, MapData, MapError, ProgramArray},
+    maps::{
+        Array, DevMapHash, HashMap as BpfHashMap, MapData, MapError, PerCpuArray, PerCpuValues,
+        ProgramArray,
+    },
     programs::{
         ProgramError, SchedClassifier, Xdp, XdpMode,
         links::{FdLink, PinnedLink},
@@ -34,7 +37,7 @@ use lb_common::{
     PASS_PROGRAM_NAME, PROBE_ENCAP_PROGRAM_NAME, PROBE_REPLY_PROG, PROBE_REPLY_PROGRAM_NAME,
     PROGRAM_NAME, PROXY_PROGRAMS, Params, ProbeReply, ProbeReply6, QuicServerId, QuicServerKey,
     ServiceInfo, ServiceKey, ServiceKey6, TOO_BIG_PROG, TOO_BIG_PROGRAM_NAME, TRACE_PROGRAM_NAME,
-    TunnelProbe, TunnelProbe6, XDP6_PROG, XDP6_PROGRAM_NAME, map_name, ways,
+    TokenBucket, TunnelProbe, TunnelProbe6, XDP6_PROG, XDP6_PROGRAM_NAME, map_name, ways,
 };
 use tracing::{info, warn};
 
@@ -689,6 +692,24 @@ impl Dataplane {
                 .context("clearing the NAT slot")?;
         }
         Ok(true)
+    }
+
+    /// Fills, on every CPU, the SYN bucket of source `source` (network byte order) back to its
+    /// burst: its next SYN is allowed as if the source had sent none for a while. With
+    /// [`Self::forget_flow`], lets one flow be created anew over and over under the per-source
+    /// limit (lb-bench).
+    pub fn refill_syn_bucket(&mut self, source: u32) -> anyhow::Result<()> {
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
+        let mut buckets: PerCpuArray<&mut MapData, TokenBucket> = PerCpuArray::try_from(
+            self.ebpf
+                .map_mut(map_name::SYN_RATE)
+                .with_context(|| format!("map {} missing", map_name::SYN_RATE))?,
+        )?;
+        // A bucket last filled at time 0 refills to its burst on its next SYN (see ratelimit.rs).
+        let empty = PerCpuValues::try_from(vec![TokenBucket::default(); cpus.get() as usize])?;
+        buckets
+            .set(lb_common::syn_bucket(source), empty, 0)
+            .context("refilling the SYN bucket")
     }
 
     /// Counters summed over CPUs.

@@ -157,12 +157,13 @@ fn main() -> anyhow::Result<()> {
         bail!("--iterations must be 1..=60000 (one new flow per sample)");
     }
     let net = TestNet::new(
-        // The per-source SYN limit at its highest: the new-flow cases send up to 60,000 SYNs
-        // within a second from one address, all to be forwarded, and still pay for the limit.
-        // Flood mode at its highest rate, likewise: the direct-server-return new-flow rows time
-        // their table inserts and still pay for the count.
+        // The per-source SYN limit at its default: each new-flow case's SYNs come from a source
+        // of their own (see `source`), as a busy balancer's do, and pay for its bucket; the one
+        // flow created anew has its bucket refilled with its forgetting. Flood mode at its
+        // highest rate: the direct-server-return new-flow rows time their table inserts and
+        // still pay for the count.
         &format!(
-            "snat_ports = \"1024-65535\"\nsyn_rate_per_source = 1000000\ndsr_flood_rate = 10000000\n\
+            "snat_ports = \"1024-65535\"\ndsr_flood_rate = 10000000\n\
              conntrack = {{ size = {CONNTRACK}, ipv6_size = {CONNTRACK} }}"
         ),
         SERVICES,
@@ -333,16 +334,10 @@ fn measure(
     let (data, reply) = established(net, "10.0.1.2:40000", "10.100.0.1:80")?;
     let (data6, reply6) = established(net, "[2001:db8:1::2]:40000", "[2001:db8:100::1]:80")?;
     let new_flows: Vec<Vec<u8>> = (0..n)
-        .map(|i| {
-            let client = format!("10.0.1.{}:{}", 2 + (i / 50000) as u8, 1024 + (i % 50000));
-            Packet::tcp(&client, "10.100.0.1:80", TCP_SYN).build()
-        })
+        .map(|i| Packet::tcp(&source(0, i), "10.100.0.1:80", TCP_SYN).build())
         .collect();
     let new_flows6 = (0..n)
-        .map(|i| {
-            let client = format!("[2001:db8:1::{:x}]:{}", 2 + i / 50000, 1024 + (i % 50000));
-            Packet::tcp(&client, "[2001:db8:100::1]:80", TCP_SYN).build()
-        })
+        .map(|i| Packet::tcp(&source6(0, i), "[2001:db8:100::1]:80", TCP_SYN).build())
         .collect();
     let other = Packet::tcp("10.0.1.2:40000", "10.0.1.9:22", TCP_ACK)
         .payload(&[0x77; 64])
@@ -461,12 +456,32 @@ fn measure(
     Ok((report(&mut cases[..first_katran], n, attached), beside))
 }
 
+/// Client `i` of new-flow case `case`: an address of its own (10.(64 + case).0.0/16, `i` <
+/// 60,000), so that each SYN meets the per-source limit in a bucket of its own, as many clients'
+/// SYNs do.
+fn source(case: usize, i: usize) -> String {
+    let base = u32::from(std::net::Ipv4Addr::new(10, 64 + case as u8, 0, 0));
+    let addr = std::net::Ipv4Addr::from(base + i as u32);
+    format!("{addr}:{}", 1024 + i % 50000)
+}
+
+/// The same for IPv6, whose sources the limit buckets by /64: a /64 of its own
+/// (2001:db8:(0x4000 + case):i::/64).
+fn source6(case: usize, i: usize) -> String {
+    format!(
+        "[2001:db8:{:x}:{:x}::2]:{}",
+        0x4000 + case,
+        i,
+        1024 + i % 50000
+    )
+}
+
 /// Direct server return: a new flow (each a different one) and an established flow per mode
 /// and family, each compared with full NAT's case of its family (IPv4's at 2 and 4, IPv6's at
 /// 7 and 8).
 fn dsr_cases(net: &TestNet, n: usize) -> anyhow::Result<Vec<Case>> {
     let mut out = Vec::new();
-    for (name_new, name_est, vip, client, v6) in [
+    for (k, (name_new, name_est, vip, client, v6)) in [
         (
             "DSR ipip: new flow (SYN), each a different flow",
             "DSR ipip: established flow",
@@ -495,7 +510,10 @@ fn dsr_cases(net: &TestNet, n: usize) -> anyhow::Result<Vec<Case>> {
             "[2001:db8:1::2]:40002",
             true,
         ),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let syn = Packet::tcp(client, vip, TCP_SYN).build();
         let r = run_once(net.dp.program(), &syn, net.vc)?;
         if r.verdict != XDP_REDIRECT {
@@ -506,11 +524,10 @@ fn dsr_cases(net: &TestNet, n: usize) -> anyhow::Result<Vec<Case>> {
             .build();
         let flows = (0..n)
             .map(|i| {
-                let port = 1024 + (i % 50000);
                 let c = if v6 {
-                    format!("[2001:db8:1::{:x}]:{port}", 0x100 + i / 50000)
+                    source6(1 + k, i)
                 } else {
-                    format!("10.0.1.{}:{port}", 100 + (i / 50000) as u8)
+                    source(1 + k, i)
                 };
                 Packet::tcp(&c, vip, TCP_SYN).build()
             })
@@ -527,7 +544,7 @@ fn dsr_cases(net: &TestNet, n: usize) -> anyhow::Result<Vec<Case>> {
 /// segment with a timestamp, translated (compared with full NAT's established flow, case 4).
 fn proxy_cases(net: &TestNet, n: usize) -> anyhow::Result<Vec<Case>> {
     const VIP: &str = "10.100.0.6:80";
-    let client = |i: usize| format!("10.0.1.{}:{}", 200 + (i / 50000) as u8, 1024 + (i % 50000));
+    let client = |i: usize| source(5, i);
     // Linux's SYN options (MSS, SACK-permitted, timestamps, window scale).
     let syn_opts = [
         2, 4, 5, 180, 4, 2, 8, 10, 0, 0, 0, 7, 0, 0, 0, 0, 1, 3, 3, 7,
@@ -730,6 +747,7 @@ fn run(
     match (&case.forget, katran.as_deref_mut()) {
         (Some(Forget::Lb(key)), _) => {
             net.dp.forget_flow(key)?;
+            net.dp.refill_syn_bucket(key.src)?;
         }
         (Some(Forget::Katran(key)), Some(k)) => k.katran.forget(key)?,
         _ => {}

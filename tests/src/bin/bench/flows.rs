@@ -137,7 +137,7 @@ pub fn measure(live: usize, n: usize, attached: bool) -> anyhow::Result<Vec<Row>
     let slots = (2 * live).next_power_of_two() as u32;
     let mut net = TestNet::new(
         &format!(
-            "snat_ports = \"1024-65535\"\nsyn_rate_per_source = 1000000\n\
+            "snat_ports = \"1024-65535\"\n\
              conntrack = {{ size = {slots}, ipv6_size = 1024 }}"
         ),
         &services(),
