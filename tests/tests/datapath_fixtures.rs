@@ -1144,8 +1144,8 @@ fn a_source_beyond_its_syn_rate_is_dropped_until_its_bucket_refills() {
         XDP_REDIRECT,
         "another source"
     );
-    let source = u32::from(CLIENT.parse::<std::net::Ipv4Addr>().unwrap()).to_be();
-    e.dp.refill_syn_bucket(source).unwrap();
+    e.dp.refill_syn_bucket(lb_tests::testnet::ne(CLIENT))
+        .unwrap();
     assert_eq!(
         verdict_name(run(&e, &syn(CLIENT, 41005))),
         "XDP_REDIRECT",

@@ -197,9 +197,9 @@ pub fn report(k: &Started, cases: &mut [Case], first: usize, n: usize) -> anyhow
          a new flow into cold tables, lb's per-source SYN limit on at its default (each new \
          flow's SYN from a source of its own, as many clients' are). Katran forwards only by \
          encapsulation (its backends answer the clients directly): lb's full-NAT new flow also \
-         claims a NAT slot and a SNAT port, \
-         a second table Katran has no part of, so the last row compares lb doing what Katran \
-         does (a direct-server-return service, IP in IP) with Katran's same cold case.\n",
+         claims a NAT slot and a SNAT port, a second table Katran has no part of, so the last \
+         row compares lb doing what Katran does (a direct-server-return service, IP in IP) \
+         with Katran's same cold case.\n",
         katran::SOURCE,
         k.source.display(),
         k.commit
