@@ -37,6 +37,9 @@ pub mod map_name {
     pub const PROGS: &str = "LB_PROGS";
     /// `PerCpuArray<TokenBucket>` of [`crate::SYN_BUCKETS`]: the per-source SYN limit.
     pub const SYN_RATE: &str = "LB_SYN_RATE";
+    /// `PerCpuArray<SynCell>` of [`crate::SYN_SKETCH_CELLS`]: the sketch consulted before the
+    /// per-source SYN buckets.
+    pub const SYN_SKETCH: &str = "LB_SYN_SKETCH";
     /// `PerCpuArray<FloodWindow>` of `max_services`: each service's new TCP connections on each
     /// CPU, for the flood mode of direct server return.
     pub const FLOOD: &str = "LB_FLOOD";

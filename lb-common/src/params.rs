@@ -90,6 +90,61 @@ pub fn syn_bucket<A: FlowAddr>(addr: A) -> u32 {
     (fmix64(addr.prefix64()) as u32) & (SYN_BUCKETS - 1)
 }
 
+/// Cells of the per-CPU SYN sketch (a power of two): 8 KiB per CPU, small enough to stay in the
+/// caches while a SYN's connection and NAT table lines miss them, which the 256 KiB of buckets
+/// do not.
+pub const SYN_SKETCH_CELLS: u32 = 1 << 10;
+
+/// The sketch cell of source address `addr` (see [`SynCell`]): other bits of the mix that
+/// picks its bucket, so two sources sharing a cell rarely share a bucket too.
+#[inline(always)]
+pub fn syn_cell<A: FlowAddr>(addr: A) -> u32 {
+    ((fmix64(addr.prefix64()) >> 32) as u32) & (SYN_SKETCH_CELLS - 1)
+}
+
+/// One cell of the per-CPU SYN sketch, consulted before the per-source buckets: the new
+/// connections the sources hashing to it opened in `epoch` (coarse ns >> 30, about a second).
+/// While the count is within [`syn_quiet`] and the cell was not loud (beyond it) the epoch
+/// before, its SYNs pass without their bucket, a cold line for most new sources. The rest are
+/// the buckets'. So a burst may pass up to twice the quiet share more than the buckets alone
+/// would (once in each of two epochs it straddles) and a steady flood, loud every epoch, is held
+/// to the rate; a source is never billed for another's SYNs.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SynCell {
+    pub epoch: u32,
+    pub count: u16,
+    /// 1: the count went beyond the quiet share in the epoch before `epoch`.
+    pub loud: u16,
+}
+
+impl SynCell {
+    /// Counts a SYN of epoch `epoch` (coarse ns >> 30); true when it passes unbilled, false when
+    /// its bucket decides.
+    #[inline(always)]
+    pub fn quiet(&mut self, epoch: u32, quiet: u16) -> bool {
+        if self.epoch != epoch {
+            // Loud only after a loud epoch just before: a source that floods on is billed in
+            // full, one that went beyond a while ago is quiet again.
+            let loud = self.count > quiet && self.epoch.wrapping_add(1) == epoch;
+            *self = SynCell {
+                epoch,
+                count: 0,
+                loud: loud as u16,
+            };
+        }
+        self.count = self.count.saturating_add(1);
+        self.loud == 0 && self.count <= quiet
+    }
+}
+
+/// SYNs a sketch cell lets through unbilled per epoch under the limit `rate`: an eighth (0 below
+/// 8 a second: every SYN is its bucket's), within the count's range.
+#[inline(always)]
+pub fn syn_quiet(rate: u32) -> u16 {
+    (rate >> 3).min(u32::from(u16::MAX - 1)) as u16
+}
+
 /// Slots of the per-CPU service hint (see [`service_hint`]): a few VIP ports' worth, small
 /// enough to stay in the caches.
 pub const SERVICE_HINTS: u32 = 256;
@@ -201,6 +256,7 @@ const _: () = {
     assert!(size_of::<Params>() == 96);
     assert!(size_of::<FloodWindow>() == 16);
     assert!(size_of::<TokenBucket>() == 16);
+    assert!(size_of::<SynCell>() == 8);
 };
 
 #[cfg(feature = "user")]
@@ -210,6 +266,7 @@ mod pod {
     unsafe impl aya::Pod for super::Params {}
     unsafe impl aya::Pod for super::TokenBucket {}
     unsafe impl aya::Pod for super::FloodWindow {}
+    unsafe impl aya::Pod for super::SynCell {}
 }
 
 #[cfg(test)]
@@ -233,6 +290,41 @@ mod tests {
             assert!(two_seconds.is_some(), "{rate}/s overflows");
         }
         assert_eq!(Params::per_2_32_ns(0), 0);
+    }
+
+    /// A sketch cell passes its quiet share of an epoch unbilled and leaves the rest to the
+    /// buckets; an epoch beyond it makes the next one loud (every SYN billed), so a steady flood
+    /// is billed in full from its second epoch; a quiet epoch, or a gap, makes it quiet again.
+    #[test]
+    fn a_sketch_cell_is_quiet_within_its_share_and_loud_after_a_loud_epoch() {
+        let q = syn_quiet(10_000);
+        assert_eq!(q, 1250);
+        let mut c = SynCell::default();
+        let passed = |c: &mut SynCell, epoch, n| (0..n).filter(|_| c.quiet(epoch, q)).count();
+        assert_eq!(passed(&mut c, 7, 2000), 1250, "the first epoch: its share");
+        for epoch in 8..12 {
+            assert_eq!(passed(&mut c, epoch, 2000), 0, "a flood billed in full");
+        }
+        assert_eq!(
+            passed(&mut c, 12, 3),
+            0,
+            "loud after the flood's last epoch"
+        );
+        assert_eq!(passed(&mut c, 13, 5), 5, "quiet after a quiet epoch");
+        assert_eq!(passed(&mut c, 14, 1251), 1250);
+        assert_eq!(passed(&mut c, 16, 1), 1, "a loud epoch, then a gap: quiet");
+        // The count saturates: a share near the top of its range stays exact.
+        let top = syn_quiet(u32::MAX);
+        let mut c = SynCell::default();
+        assert_eq!(
+            (0..70_000).filter(|_| c.quiet(1, top)).count(),
+            usize::from(top)
+        );
+        assert_eq!(
+            syn_quiet(7),
+            0,
+            "below 8 a second every SYN is its bucket's"
+        );
     }
 
     /// A service under a flood is in flood mode from its rate's next SYN until a second after

@@ -12,9 +12,9 @@ use lb_common::{
     DEFAULT_CONNTRACK_SIZE, DEFAULT_CONNTRACK6_SIZE, DEFAULT_MAX_BACKENDS, DEFAULT_MAX_SERVICES,
     DEFAULT_RING_SIZE, FlowKey, FlowKey6, FlowKeyOf, MAX_TX_PORTS, NatEntryOf, NatSlot, NatSlot6,
     NextHop, PROBE_REPLIES_SIZE, PROG_SLOTS, Params, ProbeReply, ProbeReply6, QuicServerId,
-    QuicServerKey, SIGNALS_RING_BYTES, SYN_BUCKETS, ServiceHint, ServiceInfo, ServiceKey,
-    ServiceKey6, TUNNEL_SLOTS, TokenBucket, TraceCpu, TraceFilter, TrafficStats, TunnelProbe,
-    TunnelProbe6, counter,
+    QuicServerKey, SIGNALS_RING_BYTES, SYN_BUCKETS, SYN_SKETCH_CELLS, ServiceHint, ServiceInfo,
+    ServiceKey, ServiceKey6, SynCell, TUNNEL_SLOTS, TokenBucket, TraceCpu, TraceFilter,
+    TrafficStats, TunnelProbe, TunnelProbe6, counter,
 };
 
 /// Datapath parameters; userspace overrides this read-only global when loading.
@@ -116,6 +116,11 @@ pub static PROGS: ProgramArray = ProgramArray::with_max_entries(PROG_SLOTS, 0);
 /// The per-source SYN limit's buckets, per CPU (see flow.rs).
 #[map(name = "LB_SYN_RATE")]
 pub static SYN_RATE: PerCpuArray<TokenBucket> = PerCpuArray::with_max_entries(SYN_BUCKETS, 0);
+
+/// The sketch of new connections per source consulted before `SYN_RATE`, per CPU (see
+/// lb_common's `SynCell`).
+#[map(name = "LB_SYN_SKETCH")]
+pub static SYN_SKETCH: PerCpuArray<SynCell> = PerCpuArray::with_max_entries(SYN_SKETCH_CELLS, 0);
 
 /// Each service's new TCP connections per CPU: direct server return's flood mode (flow.rs).
 #[map(name = "LB_FLOOD")] // lb_common::map_name::FLOOD

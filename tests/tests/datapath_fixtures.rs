@@ -1113,6 +1113,105 @@ backends = [{ address = "[2001:db8:2::2]:8080" }]
     assert_eq!(e.dp.stats().unwrap().counter(DROP_NO_SERVICE), dropped + 2);
 }
 
+/// The SYN sketch in front of the per-source buckets: a source whose sketch cell is quiet passes
+/// without its bucket, so a loud source that empties a bucket it shares (by hash) does not
+/// drop the quiet one's first SYNs, which it did before the sketch. The loud one passes its
+/// burst and the quiet share more, no further (see `lb_common::SynCell`).
+#[test]
+fn a_quiet_source_is_not_dropped_for_a_loud_one_sharing_its_bucket() {
+    require_root();
+    // Per-CPU state: every SYN on one CPU.
+    lb_tests::fixture::on_cpu0();
+    // A token each 62.5 ms: none is earned in a run shorter than 50 ms.
+    const RATE: u32 = 16;
+    let quiet = usize::from(lb_common::syn_quiet(RATE));
+    assert!(quiet > 0, "the sketch is off below 8 SYNs a second");
+    let e = TestNet::new(
+        &format!("ring_size = 1009\nsyn_rate_per_source = {RATE}"),
+        SERVICES,
+    )
+    .unwrap();
+    let verdict = |client: &str, port: u16| {
+        let frame = Packet::tcp(&format!("{client}:{port}"), "10.100.0.1:80", TCP_SYN).build();
+        let v = e.ns.enter(|| run_once(e.dp.program(), &frame, e.vc));
+        verdict_name(v.unwrap().verdict)
+    };
+    let ne = lb_tests::testnet::ne;
+    // A source of 10.16.0.0/12 in `a`'s bucket and not in its cell.
+    let partner = |a: &str| {
+        (0u32..1 << 20)
+            .map(|i| std::net::Ipv4Addr::from(0x0a10_0000 + i).to_string())
+            .find(|b| {
+                lb_common::syn_bucket(ne(b)) == lb_common::syn_bucket(ne(a))
+                    && lb_common::syn_cell(ne(b)) != lb_common::syn_cell(ne(a))
+            })
+            .expect("a partner in a /12")
+    };
+    for attempt in 0..5 {
+        // Fresh sources each attempt: a bucket of their own, emptied by nobody yet.
+        let loud = format!("10.0.1.{}", 10 + attempt);
+        let quiet_src = partner(&loud);
+        let start = early_in_an_epoch();
+        let loud_passed = (40000..40000 + 3 * RATE as u16)
+            .filter(|&port| verdict(&loud, port) == "XDP_REDIRECT")
+            .count();
+        let quiet_verdicts: Vec<_> = (40000..=40000 + quiet as u16)
+            .map(|port| verdict(&quiet_src, port))
+            .collect();
+        let end = coarse_ns();
+        // A run that crossed into the sketch's next epoch or let a token be earned is done
+        // again: the counts below hold within one epoch and one bucket's burst.
+        if end >> 30 != start >> 30 || end - start >= 50_000_000 {
+            continue;
+        }
+        let mut expected = vec!["XDP_REDIRECT"; quiet];
+        expected.push("XDP_DROP");
+        assert_eq!(
+            quiet_verdicts, expected,
+            "the quiet source, {quiet_src}, after {loud} emptied their bucket"
+        );
+        assert_eq!(
+            loud_passed,
+            RATE as usize + quiet,
+            "the loud source's SYNs passed"
+        );
+        return;
+    }
+    panic!("five runs crossed the sketch's epoch or took 50 ms");
+}
+
+/// CLOCK_MONOTONIC_COARSE in ns: the datapath's clock (`bpf_ktime_get_coarse_ns`).
+fn coarse_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill.
+    assert_eq!(
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) },
+        0
+    );
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The coarse clock once it is at least 50 ms into an epoch of the SYN sketch (2^30 ns) with
+/// half a second of it left. The wait is for the clock, not for another party: the datapath's
+/// reading of it may lag a tick or two.
+fn early_in_an_epoch() -> u64 {
+    const EPOCH: u64 = 1 << 30;
+    const LEAD: u64 = 50_000_000;
+    let into = coarse_ns() % EPOCH;
+    let wait = if into < LEAD {
+        LEAD - into
+    } else if into > EPOCH - 500_000_000 {
+        EPOCH - into + LEAD
+    } else {
+        0
+    };
+    std::thread::sleep(std::time::Duration::from_nanos(wait));
+    coarse_ns()
+}
+
 /// The per-source SYN limit: a source's SYNs beyond its burst are dropped (counted), other
 /// sources' pass; a bucket refilled (how lb-bench creates one flow anew again and again under
 /// the limit at its default) lets its source's next SYN through.

@@ -76,14 +76,16 @@ pub const SCRATCH: [&str; 10] = [
 /// are attached.
 ///
 /// And direct server return's flood windows: a new load counts from nothing, at worst letting a
-/// flood's first second of SYNs into the table again.
+/// flood's first second of SYNs into the table again. The SYN sketch's too: a new load's first
+/// second lets each source at most the sketch's quiet share (an eighth of its rate) more.
 ///
 /// And the SYN proxy's cookie keys (each daemon writes them before attaching; a new random key
 /// fails only the handshakes in flight across the restart, whose clients send their SYN again)
 /// and program array (like the trace's), and its cache of open flows' offsets (the proxy's
 /// programs fill it again from the pinned flows).
-pub const PER_RUN: [&str; 16] = [
+pub const PER_RUN: [&str; 17] = [
     map_name::FLOOD,
+    map_name::SYN_SKETCH,
     map_name::QUIC_LAYOUTS,
     map_name::QUIC_IDS,
     map_name::QUIC_SERVERS,
