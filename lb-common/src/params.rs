@@ -90,9 +90,8 @@ pub fn syn_bucket<A: FlowAddr>(addr: A) -> u32 {
     (fmix64(addr.prefix64()) as u32) & (SYN_BUCKETS - 1)
 }
 
-/// Cells of the per-CPU SYN sketch (a power of two): 8 KiB per CPU, small enough to stay in the
-/// caches while a SYN's connection and NAT table lines miss them, which the 256 KiB of buckets
-/// do not.
+/// Cells of the per-CPU SYN sketch (a power of two): 8 KiB per CPU, which the caches mostly keep
+/// while a SYN's connection and NAT table lines miss them; they do not keep the buckets' 256 KiB.
 pub const SYN_SKETCH_CELLS: u32 = 1 << 10;
 
 /// The sketch cell of source address `addr` (see [`SynCell`]): other bits of the mix that

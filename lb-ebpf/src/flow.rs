@@ -52,7 +52,8 @@ pub fn forward<F: Family>(ctx: &XdpContext, flow: &Flow<F::A>, quic_vip: bool) -
     let hash = k.hash();
     // A SYN is nearly always a new flow, whose reads miss the caches in tables far larger than
     // them: the line of its Maglev pick is requested before the connection table is read, so
-    // its miss overlaps the table's instead of following it (the SYN sketch stays cached).
+    // its miss overlaps the table's instead of following it (the SYN sketch is small enough
+    // to be cached mostly: reading it early measured no gain).
     if flow.proto == PROTO_TCP && is_new_syn(flow.tcp_flags) {
         warm::<F>(flow, hash, p);
     }
@@ -449,8 +450,8 @@ fn flooded(id: u32, now: u64, p: &Params) -> bool {
 
 /// Whether a SYN of a new connection from `saddr` is within its source's rate (this CPU's bucket
 /// of it); always, with the limit off. The sketch answers first for sources whose cell is
-/// quiet, without reading the bucket: a cold line for most new sources (lb-bench: 0.2× Katran's
-/// cold SYN). See [`lb_common::SynCell`].
+/// quiet, without reading the bucket: a cold line for most new sources (lb-bench: up to 0.2×
+/// Katran's cold SYN, docs/performance.md). See [`lb_common::SynCell`].
 #[inline(always)]
 fn syn_allowed<A: lb_common::FlowAddr>(saddr: A, now: u64, p: &Params) -> bool {
     let rate = p.syn_rate_per_source;
