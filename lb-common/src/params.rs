@@ -87,22 +87,29 @@ pub const SYN_BUCKETS: u32 = 1 << 14;
 /// /64 (see [`FlowAddr::prefix64`]).
 #[inline(always)]
 pub fn syn_bucket<A: FlowAddr>(addr: A) -> u32 {
-    (fmix64(addr.prefix64()) as u32) & (SYN_BUCKETS - 1)
+    syn_slots(addr).1
 }
 
 /// Cells of the per-CPU SYN sketch (a power of two): 8 KiB per CPU, which the caches mostly keep
 /// while a SYN's connection and NAT table lines miss them; they do not keep the buckets' 256 KiB.
 pub const SYN_SKETCH_CELLS: u32 = 1 << 10;
 
-/// The sketch cell of source address `addr` (see [`SynCell`]): other bits of the mix that
-/// picks its bucket, so two sources sharing a cell rarely share a bucket too.
+/// The sketch cell (see [`SynCell`]) and the bucket of source address `addr`, from one mix:
+/// the cell from its other bits, so two sources sharing a cell rarely share a bucket too.
 #[inline(always)]
-pub fn syn_cell<A: FlowAddr>(addr: A) -> u32 {
-    ((fmix64(addr.prefix64()) >> 32) as u32) & (SYN_SKETCH_CELLS - 1)
+pub fn syn_slots<A: FlowAddr>(addr: A) -> (u32, u32) {
+    let mix = fmix64(addr.prefix64());
+    (
+        ((mix >> 32) as u32) & (SYN_SKETCH_CELLS - 1),
+        (mix as u32) & (SYN_BUCKETS - 1),
+    )
 }
 
+/// A sketch cell's epoch is the coarse clock's nanoseconds shifted right by this: about a second.
+pub const SYN_EPOCH_SHIFT: u32 = 30;
+
 /// One cell of the per-CPU SYN sketch, consulted before the per-source buckets: the new
-/// connections the sources hashing to it opened in `epoch` (coarse ns >> 30, about a second).
+/// connections the sources hashing to it opened in `epoch` (see [`SYN_EPOCH_SHIFT`]).
 /// While the count is within [`syn_quiet`] and the cell was not loud (beyond it) the epoch
 /// before, its SYNs pass without their bucket, a cold line for most new sources. The rest are
 /// the buckets'. So a burst may pass up to twice the quiet share more than the buckets alone
@@ -118,14 +125,15 @@ pub struct SynCell {
 }
 
 impl SynCell {
-    /// Counts a SYN of epoch `epoch` (coarse ns >> 30); true when it passes unbilled, false when
-    /// its bucket decides.
+    /// Counts a SYN at `now` (coarse ns) against the quiet share `share` ([`syn_quiet`]); true
+    /// when it passes unbilled, false when its bucket decides.
     #[inline(always)]
-    pub fn quiet(&mut self, epoch: u32, quiet: u16) -> bool {
+    pub fn quiet(&mut self, now: u64, share: u16) -> bool {
+        let epoch = (now >> SYN_EPOCH_SHIFT) as u32;
         if self.epoch != epoch {
             // Loud only after a loud epoch just before: a source that floods on is billed in
             // full, one that went beyond a while ago is quiet again.
-            let loud = self.count > quiet && self.epoch.wrapping_add(1) == epoch;
+            let loud = self.count > share && self.epoch.wrapping_add(1) == epoch;
             *self = SynCell {
                 epoch,
                 count: 0,
@@ -133,7 +141,7 @@ impl SynCell {
             };
         }
         self.count = self.count.saturating_add(1);
-        self.loud == 0 && self.count <= quiet
+        self.loud == 0 && self.count <= share
     }
 }
 
@@ -299,7 +307,11 @@ mod tests {
         let q = syn_quiet(10_000);
         assert_eq!(q, 1250);
         let mut c = SynCell::default();
-        let passed = |c: &mut SynCell, epoch, n| (0..n).filter(|_| c.quiet(epoch, q)).count();
+        let passed = |c: &mut SynCell, epoch: u64, n| {
+            (0..n)
+                .filter(|_| c.quiet(epoch << SYN_EPOCH_SHIFT, q))
+                .count()
+        };
         assert_eq!(passed(&mut c, 7, 2000), 1250, "the first epoch: its share");
         for epoch in 8..12 {
             assert_eq!(passed(&mut c, epoch, 2000), 0, "a flood billed in full");
@@ -316,7 +328,9 @@ mod tests {
         let top = syn_quiet(u32::MAX);
         let mut c = SynCell::default();
         assert_eq!(
-            (0..70_000).filter(|_| c.quiet(1, top)).count(),
+            (0..70_000)
+                .filter(|_| c.quiet(1 << SYN_EPOCH_SHIFT, top))
+                .count(),
             usize::from(top)
         );
         assert_eq!(

@@ -10,7 +10,7 @@ use lb_common::{
     BackendInfoOf, CtEntry, FlowAddr, FlowKeyOf, NO_BACKEND, NatEntryOf, NextHop, PROTO_TCP,
     PROTO_UDP, PROXY_ENTRY, Params, SELECT_TRIES, ServiceInfo, ServiceKeyOf, TOO_BIG_PROG,
     backend_flags, counter, ct_flags, ct_state, fmix64, nat_flags, service_flags, service_hint,
-    syn_bucket, syn_cell, syn_quiet,
+    syn_quiet, syn_slots,
 };
 use network_types::eth::EthHdr;
 
@@ -458,14 +458,14 @@ fn syn_allowed<A: lb_common::FlowAddr>(saddr: A, now: u64, p: &Params) -> bool {
     if rate == 0 {
         return true;
     }
-    let quiet = syn_quiet(rate);
-    if let Some(c) = SYN_SKETCH.get_ptr_mut(syn_cell(saddr)) {
+    let (cell, bucket) = syn_slots(saddr);
+    if let Some(c) = SYN_SKETCH.get_ptr_mut(cell) {
         // SAFETY: this CPU's slot of a per-CPU array of plain integers.
-        if unsafe { (*c).quiet((now >> 30) as u32, quiet) } {
+        if unsafe { (*c).quiet(now, syn_quiet(rate)) } {
             return true;
         }
     }
-    match SYN_RATE.get_ptr_mut(syn_bucket(saddr)) {
+    match SYN_RATE.get_ptr_mut(bucket) {
         // SAFETY: as above.
         Some(b) => ratelimit::take(unsafe { &mut *b }, rate, p.syn_rate_scaled, now),
         None => true,

@@ -2,7 +2,8 @@
 //! with its verdict, exact output bytes and the counter that must count it, in the fixed
 //! network of [`lb_tests::testnet`].
 
-use lb_common::counter::*;
+use lb::dataplane::monotonic_coarse_ns;
+use lb_common::{SYN_EPOCH_SHIFT, counter::*};
 use lb_tests::{
     fixture::{Fixture, XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX, run_once, verdict_name},
     packet::{
@@ -1139,11 +1140,12 @@ fn a_quiet_source_is_not_dropped_for_a_loud_one_sharing_its_bucket() {
     let ne = lb_tests::testnet::ne;
     // A source of 10.16.0.0/12 in `a`'s bucket and not in its cell.
     let partner = |a: &str| {
+        let (cell, bucket) = lb_common::syn_slots(ne(a));
         (0u32..1 << 20)
             .map(|i| std::net::Ipv4Addr::from(0x0a10_0000 + i).to_string())
             .find(|b| {
-                lb_common::syn_bucket(ne(b)) == lb_common::syn_bucket(ne(a))
-                    && lb_common::syn_cell(ne(b)) != lb_common::syn_cell(ne(a))
+                let (c, b) = lb_common::syn_slots(ne(b));
+                b == bucket && c != cell
             })
             .expect("a partner in a /12")
     };
@@ -1158,10 +1160,10 @@ fn a_quiet_source_is_not_dropped_for_a_loud_one_sharing_its_bucket() {
         let quiet_verdicts: Vec<_> = (40000..=40000 + quiet as u16)
             .map(|port| verdict(&quiet_src, port))
             .collect();
-        let end = coarse_ns();
+        let end = monotonic_coarse_ns();
         // A run that crossed into the sketch's next epoch or let a token be earned is done
         // again: the counts below hold within one epoch and one bucket's burst.
-        if end >> 30 != start >> 30 || end - start >= 50_000_000 {
+        if end >> SYN_EPOCH_SHIFT != start >> SYN_EPOCH_SHIFT || end - start >= 50_000_000 {
             continue;
         }
         let mut expected = vec!["XDP_REDIRECT"; quiet];
@@ -1180,27 +1182,13 @@ fn a_quiet_source_is_not_dropped_for_a_loud_one_sharing_its_bucket() {
     panic!("five runs crossed the sketch's epoch or took 50 ms");
 }
 
-/// CLOCK_MONOTONIC_COARSE in ns: the datapath's clock (`bpf_ktime_get_coarse_ns`).
-fn coarse_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec to fill.
-    assert_eq!(
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) },
-        0
-    );
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-/// The coarse clock once it is at least 50 ms into an epoch of the SYN sketch (2^30 ns) with
-/// half a second of it left. The wait is for the clock, not for another party: the datapath's
+/// The datapath's clock once it is at least 50 ms into an epoch of the SYN sketch with half a
+/// second of it left. The wait is for the clock, not for another party: the datapath's
 /// reading of it may lag a tick or two.
 fn early_in_an_epoch() -> u64 {
-    const EPOCH: u64 = 1 << 30;
+    const EPOCH: u64 = 1 << SYN_EPOCH_SHIFT;
     const LEAD: u64 = 50_000_000;
-    let into = coarse_ns() % EPOCH;
+    let into = monotonic_coarse_ns() % EPOCH;
     let wait = if into < LEAD {
         LEAD - into
     } else if into > EPOCH - 500_000_000 {
@@ -1209,7 +1197,7 @@ fn early_in_an_epoch() -> u64 {
         0
     };
     std::thread::sleep(std::time::Duration::from_nanos(wait));
-    coarse_ns()
+    monotonic_coarse_ns()
 }
 
 /// The per-source SYN limit: a source's SYNs beyond its burst are dropped (counted), other

@@ -58,6 +58,18 @@ pub fn object() -> &'static [u8] {
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lb-xdp"))
 }
 
+/// The clock of `bpf_ktime_get_coarse_ns`, in nanoseconds: the datapath's time (its deadlines,
+/// the SYN sketch's epochs).
+pub fn monotonic_coarse_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid pointer to a timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// Datapath parameters and map sizes from the config.
 pub fn params(lb: &config::Lb) -> Params {
     let ns = |d: std::time::Duration| d.as_nanos() as u64;

@@ -29,7 +29,10 @@ use tracing::{debug, info, warn};
 
 pub use record::{Filter, Names, Record};
 
-use crate::{dataplane::TraceMaps, model::TraceLine};
+use crate::{
+    dataplane::{TraceMaps, monotonic_coarse_ns},
+    model::TraceLine,
+};
 
 /// The longest a trace runs: a forgotten `lb trace` does not keep the datapath tracing.
 pub const MAX_DURATION: Duration = Duration::from_secs(600);
@@ -356,17 +359,6 @@ fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
-}
-
-/// The clock of `bpf_ktime_get_coarse_ns` (the datapath's deadlines).
-fn monotonic_coarse_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid pointer to a timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 #[cfg(test)]
