@@ -83,6 +83,22 @@ mod tests {
         crate::generated::check_or_write("docs/config.schema.json", &schema());
     }
 
+    /// The bytes a flow takes, as the table sizes' docs state them, are the slots' own: a
+    /// connection slot and two NAT slots (the NAT table has twice the slots).
+    #[test]
+    fn the_table_sizes_docs_state_the_slots_bytes() {
+        use core::mem::size_of;
+        use lb_common::{CtSlot, CtSlot6, NatSlot, NatSlot6};
+        for (key, ct, nat) in [
+            ("lb.conntrack.size", size_of::<CtSlot>(), size_of::<NatSlot>()),
+            ("lb.conntrack.ipv6_size", size_of::<CtSlot6>(), size_of::<NatSlot6>()),
+        ] {
+            let doc = docs::DOCS.iter().find(|d| d.path == key).unwrap().doc;
+            let bytes = format!("({ct} + 2 × {nat} bytes a flow)");
+            assert!(doc.contains(&bytes), "{key}: {doc:?} should say {bytes}");
+        }
+    }
+
     #[test]
     fn the_every_key_file_is_valid() {
         if let Err(e) = super::super::parse(EVERY_KEY) {
