@@ -90,8 +90,16 @@ mod tests {
         use core::mem::size_of;
         use lb_common::{CtSlot, CtSlot6, NatSlot, NatSlot6};
         for (key, ct, nat) in [
-            ("lb.conntrack.size", size_of::<CtSlot>(), size_of::<NatSlot>()),
-            ("lb.conntrack.ipv6_size", size_of::<CtSlot6>(), size_of::<NatSlot6>()),
+            (
+                "lb.conntrack.size",
+                size_of::<CtSlot>(),
+                size_of::<NatSlot>(),
+            ),
+            (
+                "lb.conntrack.ipv6_size",
+                size_of::<CtSlot6>(),
+                size_of::<NatSlot6>(),
+            ),
         ] {
             let doc = docs::DOCS.iter().find(|d| d.path == key).unwrap().doc;
             let bytes = format!("({ct} + 2 × {nat} bytes a flow)");
