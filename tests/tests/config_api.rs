@@ -399,6 +399,22 @@ impl Drop for Tmpfs {
     }
 }
 
+/// A backend this host has no route to is the request's fault: 400 with the reason, and
+/// nothing changes (it answered 500, found by the fuzzer below).
+#[test]
+fn a_backend_without_a_route_is_refused_and_changes_nothing() {
+    let (_sb, d) = start();
+    let before = std::fs::read(&d.config).unwrap();
+    let version = running(&d).version;
+    // 198.18.0.0/15 (benchmarking) is routed nowhere in the test's namespaces.
+    let path = format!("/v1/services/web/backends/198.18.0.1:{PORT}");
+    let (status, body) = api(&d, "PUT", &path, &[], Some(b"{}"));
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("no route to backend 198.18.0.1"), "{body}");
+    assert_eq!(std::fs::read(&d.config).unwrap(), before);
+    assert_eq!(running(&d).version, version);
+}
+
 #[test]
 fn a_full_disk_fails_the_change_and_keeps_the_file() {
     require_root();

@@ -481,11 +481,15 @@ impl Shared {
         applicable(inner, &new)?;
         let old_states: Vec<(String, SocketAddr, HealthState)> = inner.all_views();
         let checker = &inner.checker;
+        // A backend this host has no route to (no SNAT address) is the change's fault, not lb's.
+        let unroutable = std::cell::Cell::new(false);
         let changes = inner
             .balancer
             .apply(
                 &new,
-                |sid, backend| super::snat_address(&new, sid, backend),
+                |sid, backend| {
+                    super::snat_address(&new, sid, backend).inspect_err(|_| unroutable.set(true))
+                },
                 |sid, backend, _| {
                     // A backend joining a probe that already runs takes its verdict.
                     ProbeKey::of(&new.lb, &new.services[sid], backend)
@@ -494,7 +498,13 @@ impl Shared {
                 },
                 &mut inner.dataplane,
             )
-            .map_err(RequestError::Failed)?;
+            .map_err(|e| {
+                if unroutable.get() {
+                    RequestError::Invalid(vec![format!("{e:#}")])
+                } else {
+                    RequestError::Failed(e)
+                }
+            })?;
         let probes = match inner.checker.update(&new, inner.balancer.tunnels()) {
             Ok(probes) => probes,
             Err(e) => {
