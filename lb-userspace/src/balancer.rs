@@ -385,8 +385,9 @@ impl Balancer {
         let now = unix_now();
         let quarantine = config.lb.conntrack.tcp_established_timeout.as_secs().max(1);
         let mut changes = Changes::default();
-        // The previous state: this run's, or the adopted ids of a previous run.
-        let adopted = self.adopted.take();
+        // The previous state: this run's, or the adopted ids of a previous run (kept until a
+        // change is planned: a refused one must not lose them).
+        let adopted = self.adopted.clone();
         let old: HashMap<&str, &ServiceState> =
             self.services.iter().map(|s| (s.name.as_str(), s)).collect();
         let old_ids: HashMap<&str, &ServiceIds> = adopted
@@ -625,6 +626,7 @@ impl Balancer {
         let addr_table = self.addrs.plan(&addrs)?;
         let addr_table6 = self.addrs6.plan(&addrs6)?;
         let tunnels = self.tunnels.plan(config)?;
+        self.adopted = None;
         let kept: HashSet<&str> = services.iter().map(|s| s.name.as_str()).collect();
         let removed_services: Vec<&ServiceState> = self
             .services
@@ -1772,6 +1774,30 @@ mod tests {
             "adopted verdict from the closure"
         );
         assert_eq!(b2.backend_count(), b.backend_count());
+    }
+
+    /// A change refused while it is planned (here: no SNAT address) keeps the ids a restart
+    /// adopted: the next change that applies still uses them.
+    #[test]
+    fn a_refused_change_keeps_the_adopted_ids() {
+        let c1 = two_services(&["10.0.2.2:80", "10.0.2.3:80"], "");
+        let (mut b, mut maps) = build(&c1);
+        b.set_drained(0, 1, true, &mut maps).unwrap();
+        let c2 = two_services(&["10.0.2.3:80"], "");
+        b.apply(&c2, snat, |_, _, _| true, &mut maps).unwrap();
+        let ids = b.ids();
+        let mut fresh = MemoryMaps::default();
+        let mut b2 = Balancer::with_ids(&c2, Some(ids.clone()));
+        b2.apply(
+            &c2,
+            |_, _| anyhow::bail!("no route"),
+            |_, _, _| true,
+            &mut fresh,
+        )
+        .unwrap_err();
+        b2.apply(&c2, snat, |_, _, _| true, &mut fresh).unwrap();
+        assert_eq!(b2.ids(), ids);
+        assert_eq!(b2.admin(0, 0), Some(Admin::Drained));
     }
 
     #[test]
