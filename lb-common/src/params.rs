@@ -237,12 +237,21 @@ impl Params {
 /// most half full of live flows, so all 16 sets are full with p < 2.5e-10.
 pub const SNAT_PORT_TRIES: u32 = 16;
 
-/// The `try`-th SNAT port candidate (host order) for a flow with `hash`.
+/// The `try`-th SNAT port candidate (host order) for a flow with `hash`: the first from the hash
+/// itself (a flow made again, or on another lb host, asks for the same port first), each further
+/// one drawn anew from it. Not the next ports: a new flow meeting held ports took the first free
+/// one after them, which piled the held ports into runs, and a run of 16 refused new flows far
+/// more often than independent candidates are all held (u^16; see the test below).
 #[inline(always)]
 pub const fn snat_port_candidate(hash: u64, try_: u32, p: &Params) -> u16 {
     // checked_rem: a zero count must not become a division trap (the verifier rejects those).
     let count = p.snat_port_count as u32;
-    let offset = match (((hash >> 32) as u32).wrapping_add(try_)).checked_rem(count) {
+    let draw = if try_ == 0 {
+        hash
+    } else {
+        fmix64(hash ^ try_ as u64)
+    };
+    let offset = match ((draw >> 32) as u32).checked_rem(count) {
         Some(o) => o,
         None => 0,
     };
@@ -367,6 +376,47 @@ mod tests {
         // Rate 0 is never called by the datapath (off); u32::MAX never floods.
         let mut w = FloodWindow::default();
         assert!((0..1000).all(|i| !flood_step(&mut w, u32::MAX, t0 + i)));
+    }
+
+    /// A new flow's SNAT candidates after the first are drawn independently: with half of the
+    /// ports held, all 16 are held about u^16 of the time (1 in 65,000). Consecutive candidates
+    /// piled the held ports into runs (linear probing): 1 new flow in 260 met 16 held in a row.
+    #[test]
+    fn snat_candidates_do_not_pile_held_ports_into_runs() {
+        let p = Params::DEFAULT;
+        let count = p.snat_port_count as usize;
+        let mut held = [false; Params::DEFAULT.snat_port_count as usize];
+        let mut seed = 1u64;
+        let mut flow_hash = || {
+            seed += 1;
+            fmix64(seed)
+        };
+        let port = |h: u64, i: u32| (snat_port_candidate(h, i, &p) - p.snat_port_min) as usize;
+        // Half the ports taken as new flows take them: each its first free candidate.
+        let mut taken = 0;
+        while taken < count / 2 {
+            let h = flow_hash();
+            if let Some(i) = (0..SNAT_PORT_TRIES).find(|&i| !held[port(h, i)]) {
+                held[port(h, i)] = true;
+                taken += 1;
+            }
+        }
+        let trials = 100_000;
+        let refused = (0..trials)
+            .filter(|_| {
+                let h = flow_hash();
+                (0..SNAT_PORT_TRIES).all(|i| held[port(h, i)])
+            })
+            .count();
+        // About 1.5 expected.
+        assert!(
+            refused <= 10,
+            "{refused} of {trials} new flows found every candidate held at half the ports"
+        );
+        // The first candidate stays the flow's hash's: a flow made again, or on another lb
+        // host, finds the same port first.
+        let h = flow_hash();
+        assert_eq!(port(h, 0), ((h >> 32) % count as u64) as usize);
     }
 
     /// The ports of one VIP, and IPv6 VIPs of one /64, spread over the hint's slots: a
