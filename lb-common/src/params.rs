@@ -380,7 +380,7 @@ mod tests {
 
     /// A new flow's SNAT candidates after the first are drawn independently: with half of the
     /// ports held, all 16 are held about u^16 of the time (1 in 65,000). Consecutive candidates
-    /// piled the held ports into runs (linear probing): 1 new flow in 260 met 16 held in a row.
+    /// piled the held ports into runs (linear probing): 1 new flow in 180 met 16 held in a row.
     #[test]
     fn snat_candidates_do_not_pile_held_ports_into_runs() {
         let p = Params::DEFAULT;
