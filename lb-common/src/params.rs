@@ -383,9 +383,9 @@ mod tests {
     /// piled the held ports into runs (linear probing): 1 new flow in 180 met 16 held in a row.
     #[test]
     fn snat_candidates_do_not_pile_held_ports_into_runs() {
+        const COUNT: usize = Params::DEFAULT.snat_port_count as usize;
         let p = Params::DEFAULT;
-        let count = p.snat_port_count as usize;
-        let mut held = [false; Params::DEFAULT.snat_port_count as usize];
+        let mut held = [false; COUNT];
         let mut seed = 1u64;
         let mut flow_hash = || {
             seed += 1;
@@ -394,7 +394,7 @@ mod tests {
         let port = |h: u64, i: u32| (snat_port_candidate(h, i, &p) - p.snat_port_min) as usize;
         // Half the ports taken as new flows take them: each its first free candidate.
         let mut taken = 0;
-        while taken < count / 2 {
+        while taken < COUNT / 2 {
             let h = flow_hash();
             if let Some(i) = (0..SNAT_PORT_TRIES).find(|&i| !held[port(h, i)]) {
                 held[port(h, i)] = true;
@@ -416,7 +416,7 @@ mod tests {
         // The first candidate stays the flow's hash's: a flow made again, or on another lb
         // host, finds the same port first.
         let h = flow_hash();
-        assert_eq!(port(h, 0), ((h >> 32) % count as u64) as usize);
+        assert_eq!(port(h, 0), ((h >> 32) % COUNT as u64) as usize);
     }
 
     /// The ports of one VIP, and IPv6 VIPs of one /64, spread over the hint's slots: a
